@@ -1,0 +1,36 @@
+"""sessionroute: session-aware load balancing for multi-turn LLM inference.
+
+Layers (imports point up): ``types``/``clock``/``errors`` -> ``policies``, ``state``,
+``engine`` (pure) -> ``sim``, ``server``, ``emulator``, ``client`` -> ``workloads``,
+``experiments`` -> ``cli``. See ``shared/DESIGN.md``.
+"""
+
+from sessionroute.clock import Clock, ManualClock, MonotonicClock
+from sessionroute.errors import (
+    ConfigError,
+    NoWorkerAvailable,
+    SessionRouteError,
+    TraceFormatError,
+    UnknownPolicyError,
+    WorkerError,
+)
+from sessionroute.types import Decision, DecisionKind, EngineGauges, RouteRequest
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Clock",
+    "ConfigError",
+    "Decision",
+    "DecisionKind",
+    "EngineGauges",
+    "ManualClock",
+    "MonotonicClock",
+    "NoWorkerAvailable",
+    "RouteRequest",
+    "SessionRouteError",
+    "TraceFormatError",
+    "UnknownPolicyError",
+    "WorkerError",
+    "__version__",
+]

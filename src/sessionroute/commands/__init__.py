@@ -1,0 +1,1 @@
+"""Subcommands of the ``sessionroute`` CLI, one module each (see :mod:`sessionroute.cli`)."""

@@ -1,0 +1,48 @@
+"""The error tree. The HTTP boundary maps these to status codes in one place."""
+
+from __future__ import annotations
+
+__all__ = [
+    "ConfigError",
+    "NoWorkerAvailable",
+    "SessionRouteError",
+    "TraceFormatError",
+    "UnknownPolicyError",
+    "WorkerError",
+]
+
+
+class SessionRouteError(Exception):
+    """Base class of every error sessionroute raises on purpose."""
+
+
+class ConfigError(SessionRouteError, ValueError):
+    """A configuration value is invalid; the message names the key and value."""
+
+
+class UnknownPolicyError(ConfigError):
+    """A policy name is neither built in nor an importable ``module:Class``."""
+
+
+class NoWorkerAvailable(SessionRouteError):
+    """No healthy worker can take the request (HTTP 503 at the boundary)."""
+
+
+class WorkerError(SessionRouteError, ValueError):
+    """A worker admin operation is invalid (duplicate add, unknown remove): HTTP 400."""
+
+
+class TraceFormatError(SessionRouteError, ValueError):
+    """A trace file has a malformed row.
+
+    Attributes:
+        path: the file.
+        line: 1-based line number in the file.
+        field: the offending column or key.
+    """
+
+    def __init__(self, path: str, line: int, field: str, message: str) -> None:
+        super().__init__(f"{path}:{line}: field {field!r}: {message}")
+        self.path = path
+        self.line = line
+        self.field = field

@@ -1,0 +1,62 @@
+"""``least_loaded``: fewest in-flight requests; ties go to the least recently chosen worker."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from sessionroute.clock import Clock
+from sessionroute.policies.base import Policy, require_healthy
+from sessionroute.state.cluster import ClusterView
+from sessionroute.types import Decision, DecisionKind, RouteRequest
+
+__all__ = ["LeastLoadedConfig", "LeastLoadedPolicy", "LeastRecentlyChosen"]
+
+
+class LeastRecentlyChosen:
+    """Picks the worker with the fewest in-flight requests, ties to the least recently chosen.
+
+    A never-chosen worker counts as least recent; among never-chosen ones the earlier-added
+    wins. Each pick records its choice (a logical counter, not the clock).
+    """
+
+    __slots__ = ("_last", "_tick")
+
+    def __init__(self) -> None:
+        self._last: dict[str, int] = {}
+        self._tick = 0
+
+    def pick(self, candidates: Sequence[str], cluster: ClusterView) -> str:
+        last = self._last
+        best = candidates[0]
+        best_key = (cluster.in_flight(best), last.get(best, -1))
+        for w in candidates[1:]:
+            key = (cluster.in_flight(w), last.get(w, -1))
+            if key < best_key:
+                best, best_key = w, key
+        self._tick += 1
+        last[best] = self._tick
+        return best
+
+
+@dataclass(frozen=True, slots=True)
+class LeastLoadedConfig:
+    """``least_loaded`` has no options."""
+
+
+class LeastLoadedPolicy(Policy):
+    """Route every request to the healthy worker with the fewest in-flight requests."""
+
+    name: ClassVar[str] = "least_loaded"
+    Config: ClassVar[type[Any] | None] = LeastLoadedConfig
+
+    def __init__(self, config: Any = None, *, clock: Clock, rng: random.Random) -> None:
+        super().__init__(config, clock=clock, rng=rng)
+        self._picker = LeastRecentlyChosen()
+
+    def select(self, request: RouteRequest, cluster: ClusterView) -> Decision:
+        return Decision(
+            self._picker.pick(require_healthy(cluster), cluster), DecisionKind.STATELESS
+        )

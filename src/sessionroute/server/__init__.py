@@ -1,0 +1,1 @@
+"""sessionroute.server."""

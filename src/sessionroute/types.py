@@ -1,0 +1,75 @@
+"""Frozen request and decision views shared by policies, the simulator and the server."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+__all__ = ["Decision", "DecisionKind", "EngineGauges", "RouteRequest"]
+
+
+@dataclass(frozen=True, slots=True)
+class RouteRequest:
+    """What a policy may look at when it places one request.
+
+    Attributes:
+        session_id: the session (rollout, conversation) id, or None for a stateless request.
+        prompt_tokens: size estimate of the prompt in tokens (0 when unknown).
+        text: prompt text, only for content-aware policies in the live router.
+        tokens: token ids or block ids of the prompt, for content-aware policies in the
+            simulator (block ids are one id per KV block).
+        model: the requested model name, if any.
+        request_id: the per-request id (for logs), if any.
+        session_header: lower-case name of the header the session id came from; part of the
+            ``consistent_hash`` key (``header:<name>:<value>``) for parity with vllm-router.
+    """
+
+    session_id: str | None = None
+    prompt_tokens: int = 0
+    text: str | None = None
+    tokens: Sequence[int] | None = None
+    model: str | None = None
+    request_id: str | None = None
+    session_header: str = "x-session-id"
+
+
+class DecisionKind(enum.Enum):
+    """How a routing decision was reached (exported as ``decisions_total{kind=...}``)."""
+
+    NEW = "new"
+    """A session seen for the first time (or after expiry/release) was placed."""
+    STICKY = "sticky"
+    """A known session went to its pinned worker."""
+    REPINNED = "repinned"
+    """A known session's worker was unhealthy or removed, so it was placed elsewhere."""
+    STATELESS = "stateless"
+    """The request carried no session (or the policy keeps no session state)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The result of :meth:`sessionroute.policies.Policy.select`.
+
+    Attributes:
+        worker: the chosen worker id (its URL).
+        kind: how it was chosen.
+    """
+
+    worker: str
+    kind: DecisionKind
+
+
+@dataclass(frozen=True, slots=True)
+class EngineGauges:
+    """Engine-side load signals scraped from a replica's ``/metrics`` (vLLM names).
+
+    Attributes:
+        running: ``vllm:num_requests_running``.
+        waiting: ``vllm:num_requests_waiting``.
+        kv_usage: ``vllm:kv_cache_usage_perc`` in [0, 1].
+    """
+
+    running: int = 0
+    waiting: int = 0
+    kv_usage: float = 0.0
