@@ -1,0 +1,177 @@
+"""The self-contained ``report.html``: the comparison table and plots (matplotlib, PNG inline).
+
+Plots: RL step time per step; per-replica busy fraction, running requests, KV usage and hit
+rate over time (one panel per arm); TTFT and session-latency CDFs.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import numpy as np
+
+from sessionroute.experiments.results import ArmResult, get_path
+from sessionroute.experiments.table import TABLE_METRICS, format_value
+
+__all__ = ["render_plots", "write_report"]
+
+_SERIES = (
+    ("busy_fraction", "busy fraction"),
+    ("running", "running requests"),
+    ("kv_usage", "KV cache usage"),
+    ("hit_rate", "prefix-cache hit rate"),
+)
+
+
+def _png(fig: Any) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+    plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _step_plot(arms: Sequence[ArmResult]) -> str | None:
+    if not any(arm.runs and arm.runs[0].steps for arm in arms):
+        return None
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    for arm in arms:
+        steps = arm.runs[0].steps if arm.runs else []
+        if steps:
+            ax.plot([s["step"] for s in steps], [s["step_time_s"] for s in steps], label=arm.name)
+    ax.set_xlabel("RL step")
+    ax.set_ylabel("step time (s)")
+    ax.set_title("RL step time (first repeat)")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    return _png(fig)
+
+
+def _series_plot(arms: Sequence[ArmResult], key: str, label: str) -> str | None:
+    runs = [(arm, arm.runs[0].timeseries) for arm in arms if arm.runs and arm.runs[0].timeseries]
+    if not runs or not any(key in row for _, ts in runs for row in ts):
+        return None
+    fig, axes = plt.subplots(
+        1, len(runs), figsize=(4.2 * len(runs), 3.2), sharey=True, squeeze=False
+    )
+    for ax, (arm, ts) in zip(axes[0], runs, strict=True):
+        replicas = sorted({int(r["replica"]) for r in ts})
+        for rep in replicas:
+            rows = [r for r in ts if int(r["replica"]) == rep and r.get(key) is not None]
+            ax.plot([r["t"] for r in rows], [r[key] for r in rows], label=f"replica {rep}", lw=1)
+        ax.set_title(arm.name, fontsize=10)
+        ax.set_xlabel("time (s)")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel(label)
+    axes[0][-1].legend(fontsize=7)
+    fig.suptitle(f"{label} per replica over time")
+    return _png(fig)
+
+
+def _cdf_plot(arms: Sequence[ArmResult], key: str, label: str) -> str | None:
+    data = [(arm.name, [x for r in arm.runs for x in r.samples.get(key, [])]) for arm in arms]
+    data = [(n, v) for n, v in data if v]
+    if not data:
+        return None
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for name, values in data:
+        xs = np.sort(np.asarray(values, dtype=float))
+        ys = np.arange(1, len(xs) + 1) / len(xs)
+        ax.plot(xs, ys, label=name)
+    ax.set_xscale("log" if all(min(v) > 0 for _, v in data) else "linear")
+    ax.set_xlabel(label)
+    ax.set_ylabel("fraction")
+    ax.set_title(f"CDF of {label}")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    return _png(fig)
+
+
+def render_plots(arms: Sequence[ArmResult]) -> list[tuple[str, str]]:
+    """All plots as ``(title, base64 PNG)`` pairs; plots without data are skipped."""
+    out: list[tuple[str, str]] = []
+    step = _step_plot(arms)
+    if step:
+        out.append(("RL step time", step))
+    for key, label in _SERIES:
+        png = _series_plot(arms, key, label)
+        if png:
+            out.append((label, png))
+    for key, label in (("ttft_s", "TTFT (s)"), ("session_latency_s", "session latency (s)")):
+        png = _cdf_plot(arms, key, label)
+        if png:
+            out.append((label, png))
+    return out
+
+
+def _table_html(arms: Sequence[ArmResult]) -> str:
+    head = "".join(
+        f"<th>{html.escape(a.name)}<br><small>{html.escape(a.policy)}</small></th>" for a in arms
+    )
+    rows = []
+    base = arms[0].metrics if arms else {}
+    for path, label, higher in TABLE_METRICS:
+        values = [get_path(a.metrics, path) for a in arms]
+        if all(v is None for v in values):
+            continue
+        cells = []
+        for i, (arm, v) in enumerate(zip(arms, values, strict=True)):
+            cell = html.escape(format_value(v))
+            ci = get_path(arm.intervals, path)
+            if isinstance(ci, list) and len(ci) == 2:
+                cell += f" <small>[{format_value(ci[0])}, {format_value(ci[1])}]</small>"
+            b = get_path(base, path)
+            if i and isinstance(v, int | float) and isinstance(b, int | float) and b:
+                d = (float(v) - float(b)) / abs(float(b)) * 100
+                cls = (
+                    "good"
+                    if (d > 0) == higher and abs(d) >= 0.5
+                    else "bad"
+                    if abs(d) >= 0.5
+                    else ""
+                )
+                cell += f' <span class="{cls}">({d:+.1f}%)</span>'
+            cells.append(f"<td>{cell}</td>")
+        rows.append(f"<tr><th>{html.escape(label)}</th>{''.join(cells)}</tr>")
+    return f"<table><tr><th>metric</th>{head}</tr>{''.join(rows)}</table>"
+
+
+_CSS = """
+body{font-family:system-ui,sans-serif;margin:2em;max-width:1400px;color:#222}
+table{border-collapse:collapse;margin:1em 0}
+td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}
+th:first-child{text-align:left}.good{color:#080}.bad{color:#b00}img{max-width:100%}
+pre{background:#f6f6f6;padding:1em;overflow:auto}
+"""
+
+
+def write_report(
+    path: Path, title: str, arms: Sequence[ArmResult], experiment_toml: str, notes: str = ""
+) -> Path:
+    """Write the self-contained HTML report to ``path`` and return it."""
+    parts = [
+        "<!doctype html><html><head><meta charset='utf-8'>",
+        f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body>",
+        f"<h1>{html.escape(title)}</h1>",
+    ]
+    if notes:
+        parts.append(f"<p>{html.escape(notes)}</p>")
+    parts.append("<h2>Comparison</h2>")
+    parts.append(_table_html(arms))
+    parts.append(
+        "<p><small>Δ is relative to the first arm; green is better. With repeats, "
+        "cells show mean [95 % interval].</small></p>"
+    )
+    for plot_title, png in render_plots(arms):
+        parts.append(f"<h2>{html.escape(plot_title)}</h2><img src='data:image/png;base64,{png}'>")
+    parts.append(f"<h2>Experiment</h2><pre>{html.escape(experiment_toml)}</pre></body></html>")
+    path.write_text("\n".join(parts), encoding="utf-8")
+    return path

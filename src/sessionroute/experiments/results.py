@@ -1,0 +1,168 @@
+"""Experiment results: per-arm runs, aggregation over repeats, and the ``results.json`` document.
+
+Schema id ``sessionroute.results/1`` (``shared/WORKLOADS.md``, "What an experiment reports"):
+``{"schema", "experiment", "arms": [{"name", "policy", "policy_options", "metrics",
+"intervals", "repeats"}]}``. ``metrics`` holds the mean over repeats of every numeric leaf;
+``intervals`` the 95 % confidence interval (Student t) of each numeric leaf when repeats >= 2.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "SCHEMA_ID",
+    "ArmResult",
+    "RunOutput",
+    "aggregate_metrics",
+    "get_path",
+    "mean_ci95",
+    "results_document",
+]
+
+SCHEMA_ID = "sessionroute.results/1"
+
+# Two-sided 95 % Student t quantiles t_{0.975, df} for df = 1..30 (standard tables).
+_T975 = (
+    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
+)  # fmt: skip
+
+
+@dataclass(slots=True)
+class RunOutput:
+    """One run (one arm, one repeat).
+
+    Attributes:
+        seed: the seed used.
+        metrics: JSON-serializable metrics (keys of WORKLOADS.md).
+        timeseries: rows ``{"t": s, "replica": i, "busy_fraction", "running", "waiting",
+            "kv_usage", "hit_rate"}`` sampled over simulated (or wall) time.
+        steps: rows ``{"step": k, "t": s, "step_time_s": s}`` (RL workloads).
+        samples: raw distributions for plots, e.g. ``{"ttft_s": [...],
+            "session_latency_s": [...]}`` (seconds).
+    """
+
+    seed: int
+    metrics: dict[str, Any]
+    timeseries: list[dict[str, Any]] = field(default_factory=list)
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    samples: dict[str, list[float]] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class ArmResult:
+    """All runs of one arm."""
+
+    name: str
+    policy: str
+    policy_options: dict[str, Any]
+    runs: list[RunOutput] = field(default_factory=list)
+
+    @property
+    def metrics(self) -> dict[str, Any]:
+        """Mean over repeats of every numeric leaf (the single run's metrics when K == 1)."""
+        return aggregate_metrics([r.metrics for r in self.runs])[0]
+
+    @property
+    def intervals(self) -> dict[str, Any]:
+        """95 % intervals ``[lo, hi]`` per numeric leaf (empty when K < 2)."""
+        return aggregate_metrics([r.metrics for r in self.runs])[1]
+
+
+def mean_ci95(values: list[float]) -> tuple[float, float, float]:
+    """Mean and two-sided 95 % Student-t interval of ``values``: ``(mean, lo, hi)``.
+
+    With one value the interval is degenerate (``lo == hi == mean``).
+
+    Raises:
+        ValueError: if ``values`` is empty.
+    """
+    if not values:
+        raise ValueError("mean_ci95 needs at least one value")
+    arr = np.asarray(values, dtype=float)
+    m = float(arr.mean())
+    n = len(arr)
+    if n < 2:
+        return m, m, m
+    t = _T975[n - 2] if n - 1 <= len(_T975) else 1.96
+    half = t * float(arr.std(ddof=1)) / math.sqrt(n)
+    return m, m - half, m + half
+
+
+def _is_num(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def aggregate_metrics(runs: list[Mapping[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Mean of numeric leaves across runs, and their 95 % intervals (K >= 2).
+
+    Lists of dicts (per-replica rows) are aggregated element-wise; other values are taken
+    from the first run.
+    """
+    if not runs:
+        return {}, {}
+    first = runs[0]
+    means: dict[str, Any] = {}
+    cis: dict[str, Any] = {}
+    for key, v in first.items():
+        vals = [r.get(key) for r in runs]
+        if _is_num(v) and all(_is_num(x) for x in vals):
+            nums = [float(x) for x in vals]  # type: ignore[arg-type]
+            if any(math.isnan(x) for x in nums):
+                means[key] = float("nan")
+                continue
+            m, lo, hi = mean_ci95(nums)
+            means[key] = m if len(runs) > 1 or isinstance(v, float) else v
+            if len(runs) > 1:
+                cis[key] = [lo, hi]
+        elif isinstance(v, Mapping) and all(isinstance(x, Mapping) for x in vals):
+            sub_m, sub_c = aggregate_metrics(vals)  # type: ignore[arg-type]
+            means[key] = sub_m
+            if sub_c:
+                cis[key] = sub_c
+        elif isinstance(v, list) and v and all(isinstance(x, Mapping) for x in v):
+            lists = [x for x in vals if isinstance(x, list) and len(x) == len(v)]
+            if len(lists) == len(runs):
+                means[key] = [
+                    aggregate_metrics([lst[i] for lst in lists])[0] for i in range(len(v))
+                ]
+            else:
+                means[key] = v
+        else:
+            means[key] = v
+    return means, cis
+
+
+def get_path(d: Mapping[str, Any], path: str) -> Any:
+    """``get_path(m, "ttft_s.p50")`` -> nested value or None."""
+    cur: Any = d
+    for part in path.split("."):
+        if not isinstance(cur, Mapping) or part not in cur:
+            return None
+        cur = cur[part]
+    return cur
+
+
+def results_document(experiment: Mapping[str, Any], arms: list[ArmResult]) -> dict[str, Any]:
+    """The ``results.json`` document (schema ``sessionroute.results/1``)."""
+    out_arms = []
+    for arm in arms:
+        means, cis = aggregate_metrics([r.metrics for r in arm.runs])
+        out_arms.append(
+            {
+                "name": arm.name,
+                "policy": arm.policy,
+                "policy_options": arm.policy_options,
+                "metrics": means,
+                "intervals": cis,
+                "repeats": [{"seed": r.seed, "metrics": r.metrics} for r in arm.runs],
+            }
+        )
+    return {"schema": SCHEMA_ID, "experiment": dict(experiment), "arms": out_arms}

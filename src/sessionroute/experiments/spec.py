@@ -1,0 +1,337 @@
+"""Experiment files: TOML validated with pydantic, arms matched except for the policy.
+
+An experiment runs the same workload with the same seeds under several routing policies
+("arms"). Each arm may carry ``overrides`` (a partial experiment deep-merged over the shared
+settings); any resulting difference between arms other than the policy and the run
+identifiers is refused with the difference shown, unless listed in ``allow_differences``.
+
+Example::
+
+    name = "default"
+    [workload]
+    kind = "swe-rl"
+    steps = 20
+    [replicas]
+    count = 3
+    profile = "glm45air-h200-tp8"
+    [[arms]]
+    policy = "consistent_hash"
+    [[arms]]
+    policy = "sticky_least_loaded"
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from sessionroute.errors import ConfigError
+from sessionroute.experiments.envexpand import expand_env
+from sessionroute.policies.registry import make_config, policy_class
+
+__all__ = [
+    "ArmSpec",
+    "ExperimentSpec",
+    "ReplicaSpec",
+    "ResolvedArm",
+    "RouterSpec",
+    "RunSpec",
+    "WorkloadSpec",
+    "arm_differences",
+    "load_experiment",
+    "parse_experiment",
+    "resolve_arms",
+]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class WorkloadSpec(_Strict):
+    """What sessions are sent.
+
+    Attributes:
+        kind: ``swe-rl``, ``toy``, ``trace:weka``, ``trace:mooncake``, or a path to a trace file
+            in one of those formats.
+        steps: RL steps to simulate (``swe-rl``); ignored by traces.
+        options: workload-specific options (see docs/workloads.md); unknown ones are refused by
+            the workload itself.
+    """
+
+    kind: str = "swe-rl"
+    steps: int | None = Field(default=None, ge=1)
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
+class ReplicaSpec(_Strict):
+    """The replicas behind the router (simulated engine model, or live endpoints).
+
+    Attributes:
+        count: number of replicas (>= 1).
+        profile: step-time profile name (ENGINE.md) or a user profile from ``profiles_file``.
+        profiles_file: optional TOML with user-defined profiles.
+        block_size: simulated KV block size in tokens (a speed knob; capacity stays in tokens).
+        kv_capacity_tokens: override of the profile's KV capacity in tokens.
+        max_num_batched_tokens: override of the profile's per-step token budget.
+        max_num_seqs: override of the profile's maximum running requests.
+    """
+
+    count: int = Field(default=3, ge=1, le=1024)
+    profile: str = "glm45air-h200-tp8"
+    profiles_file: str | None = None
+    block_size: int | None = Field(default=None, ge=1)
+    kv_capacity_tokens: int | None = Field(default=None, ge=1)
+    max_num_batched_tokens: int | None = Field(default=None, ge=1)
+    max_num_seqs: int | None = Field(default=None, ge=1)
+
+
+class RouterSpec(_Strict):
+    """Router settings shared by the arms.
+
+    Attributes:
+        network_delay_s: one-way client<->router<->replica delay added per request (seconds).
+        session_headers: header names checked for the session id, in order.
+        send_session_header: False simulates clients that send no session header.
+        session_ttl_s: idle TTL of sticky sessions (seconds).
+        finish_sessions: release sessions when rollouts end (``POST /finish_session``).
+    """
+
+    network_delay_s: float = Field(default=0.0, ge=0)
+    session_headers: list[str] = Field(default_factory=lambda: ["x-session-id"])
+    send_session_header: bool = True
+    session_ttl_s: float = Field(default=7200.0, gt=0)
+    finish_sessions: bool = True
+
+
+class RunSpec(_Strict):
+    """Seeds and repeats.
+
+    Attributes:
+        seed: base seed; repeat ``k`` uses ``seed + k`` in every arm.
+        repeats: runs per arm (>= 1); with 2 or more, tables show mean and 95 % interval.
+    """
+
+    seed: int = 0
+    repeats: int = Field(default=1, ge=1, le=100)
+
+
+class ArmSpec(_Strict):
+    """One arm: a routing policy plus optional overrides.
+
+    Attributes:
+        name: display name (defaults to the policy name).
+        policy: registry name or ``module:Class``.
+        policy_options: options of the policy's Config.
+        overrides: partial experiment (workload/replicas/router/faults keys) merged over the
+            shared one; differences must be declared in ``allow_differences``.
+    """
+
+    name: str | None = None
+    policy: str
+    policy_options: dict[str, Any] = Field(default_factory=dict)
+    overrides: dict[str, Any] = Field(default_factory=dict)
+
+
+class FaultSpec(_Strict):
+    """A replica fault at a simulated time.
+
+    Attributes:
+        at_s: simulated time in seconds.
+        replica: replica index (0-based); for ``add``, ignored.
+        kind: ``down``, ``up``, ``slow``, ``drain`` or ``add``.
+        factor: slowdown factor for ``slow``.
+    """
+
+    at_s: float = Field(ge=0)
+    replica: int = Field(default=0, ge=0)
+    kind: str
+    factor: float = Field(default=1.0, gt=0)
+
+    @field_validator("kind")
+    @classmethod
+    def _kind(cls, v: str) -> str:
+        if v not in {"down", "up", "slow", "drain", "add"}:
+            raise ValueError(f"fault kind must be down, up, slow, drain or add, got {v!r}")
+        return v
+
+
+class ExperimentSpec(_Strict):
+    """A whole experiment file.
+
+    Attributes:
+        name: experiment name (used in the output directory).
+        description: free text.
+        workload, replicas, router, run: shared settings.
+        faults: replica faults applied in every arm.
+        arms: at least one arm.
+        allow_differences: dotted keys (e.g. ``router.finish_sessions``) arms may differ in.
+    """
+
+    name: str = "experiment"
+    description: str = ""
+    workload: WorkloadSpec = Field(default_factory=WorkloadSpec)
+    replicas: ReplicaSpec = Field(default_factory=ReplicaSpec)
+    router: RouterSpec = Field(default_factory=RouterSpec)
+    run: RunSpec = Field(default_factory=RunSpec)
+    faults: list[FaultSpec] = Field(default_factory=list)
+    arms: list[ArmSpec] = Field(min_length=1)
+    allow_differences: list[str] = Field(default_factory=list)
+
+
+class ResolvedArm(BaseModel):
+    """An arm with every setting merged in (what actually runs).
+
+    Attributes:
+        name: unique display name.
+        policy: registry name or ``module:Class``.
+        policy_options: validated options.
+        settings: the merged ``workload``/``replicas``/``router``/``run``/``faults`` dict.
+    """
+
+    model_config = ConfigDict(frozen=True)
+    name: str
+    policy: str
+    policy_options: dict[str, Any]
+    settings: dict[str, Any]
+
+
+def _format_validation(err: ValidationError, source: str) -> str:
+    lines = [f"{source}: invalid experiment:"]
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"])
+        if e["type"] == "extra_forbidden":
+            lines.append(f"  unknown key {loc!r}")
+        else:
+            lines.append(f"  {loc}: {e['msg']}")
+    return "\n".join(lines)
+
+
+def parse_experiment(
+    data: Mapping[str, Any], *, source: str = "<experiment>", env: Mapping[str, str] | None = None
+) -> ExperimentSpec:
+    """Validate a parsed experiment document (after ``${VAR}`` expansion).
+
+    Raises:
+        ConfigError: with every problem listed (unknown keys named, bad values explained).
+    """
+    expanded = expand_env(dict(data), os.environ if env is None else env)
+    try:
+        spec = ExperimentSpec.model_validate(expanded)
+    except ValidationError as err:
+        raise ConfigError(_format_validation(err, source)) from None
+    resolve_arms(spec)  # refuse unmatched arms and bad policies early
+    return spec
+
+
+def load_experiment(path: str | Path, env: Mapping[str, str] | None = None) -> ExperimentSpec:
+    """Read and validate a TOML experiment file.
+
+    Raises:
+        ConfigError: if the file is missing, not TOML, or invalid (message names the file).
+    """
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"cannot read experiment file {str(p)!r}: {exc.strerror}") from None
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{p}: not valid TOML: {exc}") from None
+    return parse_experiment(data, source=str(p), env=env)
+
+
+def _deep_merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        if isinstance(v, Mapping) and isinstance(out.get(k), dict):
+            out[k] = _deep_merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+def _flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}.{k}" if prefix else str(k)
+        if isinstance(v, Mapping) and v:
+            out.update(_flatten(v, key))
+        else:
+            out[key] = v
+    return out
+
+
+def arm_differences(a: ResolvedArm, b: ResolvedArm) -> dict[str, tuple[Any, Any]]:
+    """Dotted keys whose values differ between two arms' settings: key -> (a, b)."""
+    fa, fb = _flatten(a.settings), _flatten(b.settings)
+    return {k: (fa.get(k), fb.get(k)) for k in sorted(set(fa) | set(fb)) if fa.get(k) != fb.get(k)}
+
+
+def _allowed(key: str, allowed: list[str]) -> bool:
+    return any(key == a or key.startswith(a + ".") for a in allowed)
+
+
+_SHARED_KEYS = ("workload", "replicas", "router", "run", "faults")
+
+
+def resolve_arms(spec: ExperimentSpec) -> list[ResolvedArm]:
+    """Merge each arm's overrides, validate policies, and refuse unmatched arms.
+
+    Raises:
+        ConfigError: for an unknown policy or option, duplicate arm names, an override of an
+            unknown section, or arms that differ in anything but the policy (the differences
+            are listed) unless declared in ``allow_differences``.
+    """
+    base = spec.model_dump(include=set(_SHARED_KEYS))
+    arms: list[ResolvedArm] = []
+    seen: set[str] = set()
+    for i, arm in enumerate(spec.arms):
+        unknown = sorted(set(arm.overrides) - set(_SHARED_KEYS))
+        if unknown:
+            raise ConfigError(
+                f"arms[{i}].overrides: unknown section(s) {unknown}; allowed: {list(_SHARED_KEYS)}"
+            )
+        merged = _deep_merge(base, arm.overrides)
+        try:  # validate the merged settings with the same models
+            checked = ExperimentSpec.model_validate({**merged, "arms": [{"policy": arm.policy}]})
+        except ValidationError as err:
+            raise ConfigError(_format_validation(err, f"arms[{i}].overrides")) from None
+        settings = checked.model_dump(include=set(_SHARED_KEYS))
+        cls = policy_class(arm.policy)
+        make_config(cls, arm.policy_options)
+        name = arm.name or arm.policy
+        if name in seen:
+            raise ConfigError(f"duplicate arm name {name!r}: give each arm a distinct 'name'")
+        seen.add(name)
+        arms.append(
+            ResolvedArm(
+                name=name,
+                policy=arm.policy,
+                policy_options=dict(arm.policy_options),
+                settings=settings,
+            )
+        )
+    first = arms[0]
+    for other in arms[1:]:
+        diffs = {
+            k: v
+            for k, v in arm_differences(first, other).items()
+            if not _allowed(k, spec.allow_differences)
+        }
+        if diffs:
+            shown = "\n".join(
+                f"  {k}: {first.name}={a!r} vs {other.name}={b!r}" for k, (a, b) in diffs.items()
+            )
+            raise ConfigError(
+                f"arms {first.name!r} and {other.name!r} differ in more than the policy:\n{shown}\n"
+                'declare intended differences with allow_differences = ["<key>", ...]'
+            )
+    return arms
