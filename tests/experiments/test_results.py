@@ -1,0 +1,47 @@
+"""Aggregation over repeats and the results document schema."""
+
+from __future__ import annotations
+
+import pytest
+
+from sessionroute.experiments.results import (
+    SCHEMA_ID,
+    ArmResult,
+    RunOutput,
+    aggregate_metrics,
+    mean_ci95,
+    results_document,
+)
+
+
+def test_mean_ci95_known_values() -> None:
+    m, lo, hi = mean_ci95([1.0, 2.0, 3.0])
+    assert m == pytest.approx(2.0)
+    # t_{0.975,2} = 4.303, s = 1, n = 3 -> half width 4.303 / sqrt(3)
+    assert hi - m == pytest.approx(4.303 / 3**0.5, rel=1e-6)
+    assert lo == pytest.approx(2 * m - hi)
+    assert mean_ci95([5.0]) == (5.0, 5.0, 5.0)
+    with pytest.raises(ValueError):
+        mean_ci95([])
+
+
+def test_aggregate_nested_and_lists() -> None:
+    runs = [
+        {"a": 1.0, "s": {"p50": 2.0}, "per_replica": [{"x": 1.0}], "name": "k"},
+        {"a": 3.0, "s": {"p50": 4.0}, "per_replica": [{"x": 3.0}], "name": "k"},
+    ]
+    means, cis = aggregate_metrics(runs)
+    assert means["a"] == pytest.approx(2.0)
+    assert means["s"]["p50"] == pytest.approx(3.0)
+    assert means["per_replica"][0]["x"] == pytest.approx(2.0)
+    assert means["name"] == "k"
+    assert cis["a"][0] < 2.0 < cis["a"][1]
+
+
+def test_results_document_shape() -> None:
+    arm = ArmResult("a", "random", {}, [RunOutput(seed=1, metrics={"sessions_per_s": 2.0})])
+    doc = results_document({"name": "x"}, [arm])
+    assert doc["schema"] == SCHEMA_ID
+    assert doc["arms"][0]["metrics"]["sessions_per_s"] == 2.0
+    assert doc["arms"][0]["repeats"][0]["seed"] == 1
+    assert doc["arms"][0]["intervals"] == {}
