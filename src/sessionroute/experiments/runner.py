@@ -1,0 +1,161 @@
+"""Running an experiment: every arm, every repeat, with progress, then the output directory.
+
+The runner is independent of how an arm is executed: :func:`run_experiment` takes an
+``arm_runner`` (the simulator by default; the live runner for ``--live``) that turns one
+resolved arm and a seed into a :class:`~sessionroute.experiments.results.RunOutput`.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+import tomli_w
+
+from sessionroute.experiments.report import write_report
+from sessionroute.experiments.results import ArmResult, RunOutput, results_document
+from sessionroute.experiments.spec import ExperimentSpec, ResolvedArm, resolve_arms
+
+__all__ = ["ArmRunner", "ExperimentOutput", "default_out_dir", "run_experiment", "write_outputs"]
+
+ProgressFn = Callable[[float], None]
+"""Called with the fraction done of the current run, in [0, 1]."""
+
+
+class ArmRunner(Protocol):
+    """Executes one arm once: ``(arm, seed, progress) -> RunOutput``."""
+
+    def __call__(self, arm: ResolvedArm, seed: int, progress: ProgressFn) -> RunOutput: ...
+
+
+class ProgressReporter(Protocol):
+    """What the runner tells about progress (a rich progress display in the CLI)."""
+
+    def start_run(self, label: str) -> ProgressFn: ...
+
+    def end_run(self, label: str) -> None: ...
+
+
+@dataclass(slots=True)
+class ExperimentOutput:
+    """The results of a whole experiment."""
+
+    spec: ExperimentSpec
+    arms: list[ResolvedArm]
+    results: list[ArmResult]
+
+    def document(self) -> dict[str, Any]:
+        """The ``results.json`` document."""
+        return results_document(resolved_experiment(self.spec, self.arms), self.results)
+
+
+def resolved_experiment(spec: ExperimentSpec, arms: list[ResolvedArm]) -> dict[str, Any]:
+    """The fully resolved experiment as a plain dict (what ``config.resolved.toml`` holds)."""
+    doc = spec.model_dump(exclude={"arms"}, exclude_none=True)
+    doc["arms"] = [
+        {
+            "name": a.name,
+            "policy": a.policy,
+            "policy_options": a.policy_options,
+            "settings": a.settings,
+        }
+        for a in arms
+    ]
+    return doc
+
+
+def run_experiment(
+    spec: ExperimentSpec, arm_runner: ArmRunner, reporter: ProgressReporter | None = None
+) -> ExperimentOutput:
+    """Run every arm ``spec.run.repeats`` times (repeat k uses seed ``run.seed + k``).
+
+    Raises:
+        ConfigError: if the arms do not match (see :func:`resolve_arms`).
+    """
+    arms = resolve_arms(spec)
+    results: list[ArmResult] = []
+    for arm in arms:
+        result = ArmResult(arm.name, arm.policy, arm.policy_options)
+        for k in range(spec.run.repeats):
+            seed = spec.run.seed + k
+            label = arm.name if spec.run.repeats == 1 else f"{arm.name} #{k + 1}"
+            progress: ProgressFn = reporter.start_run(label) if reporter else (lambda f: None)
+            result.runs.append(arm_runner(arm, seed, progress))
+            if reporter:
+                reporter.end_run(label)
+        results.append(result)
+    return ExperimentOutput(spec, arms, results)
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-") or "experiment"
+
+
+def default_out_dir(name: str, now: datetime | None = None) -> Path:
+    """``runs/<YYYYmmdd-HHMMSS>-<name>/`` under the current directory."""
+    stamp = (now or datetime.now()).strftime("%Y%m%d-%H%M%S")
+    return Path("runs") / f"{stamp}-{_slug(name)}"
+
+
+def _clean_toml(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _clean_toml(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_clean_toml(v) for v in value if v is not None]
+    return value
+
+
+def write_outputs(output: ExperimentOutput, out_dir: Path) -> dict[str, Path]:
+    """Write ``results.json``, ``config.resolved.toml``, ``timeseries.csv``, ``steps.csv`` and
+    ``report.html`` into ``out_dir`` (created). Returns name -> path."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    doc = output.document()
+    paths = {
+        "results": out_dir / "results.json",
+        "config": out_dir / "config.resolved.toml",
+        "timeseries": out_dir / "timeseries.csv",
+        "steps": out_dir / "steps.csv",
+        "report": out_dir / "report.html",
+    }
+    paths["results"].write_text(json.dumps(doc, indent=2, default=_json_default), encoding="utf-8")
+    toml_text = tomli_w.dumps(_clean_toml(resolved_experiment(output.spec, output.arms)))
+    paths["config"].write_text(toml_text, encoding="utf-8")
+    _write_rows(paths["timeseries"], output.results, "timeseries")
+    _write_rows(paths["steps"], output.results, "steps")
+    write_report(
+        paths["report"],
+        f"sessionroute compare: {output.spec.name}",
+        output.results,
+        toml_text,
+        output.spec.description,
+    )
+    return paths
+
+
+def _json_default(value: Any) -> Any:
+    if hasattr(value, "item"):  # numpy scalars
+        return value.item()
+    raise TypeError(f"not JSON serializable: {type(value).__name__}")
+
+
+def _write_rows(path: Path, results: list[ArmResult], attr: str) -> None:
+    rows: list[dict[str, Any]] = []
+    for arm in results:
+        for k, run in enumerate(arm.runs):
+            for row in getattr(run, attr):
+                rows.append({"arm": arm.name, "repeat": k, **row})
+    fields: list[str] = []
+    for row in rows:
+        for key in row:
+            if key not in fields:
+                fields.append(key)
+    with path.open("w", newline="", encoding="utf-8") as fh:
+        writer = csv.DictWriter(fh, fieldnames=fields or ["arm", "repeat"])
+        writer.writeheader()
+        writer.writerows(rows)
