@@ -1,0 +1,137 @@
+"""Admin and probe endpoints: sessions, workers, liveness, readiness, health, models, metrics.
+
+Shapes and statuses follow ``shared/ROUTER.md`` ("Endpoints").
+"""
+
+from __future__ import annotations
+
+import aiohttp
+from aiohttp import web
+
+from sessionroute.errors import WorkerError
+from sessionroute.server.errors import error_for_exception, error_response
+from sessionroute.server.metrics import CONTENT_TYPE
+from sessionroute.server.router import Router
+
+__all__ = [
+    "add_worker",
+    "finish_session",
+    "health",
+    "list_workers",
+    "liveness",
+    "metrics",
+    "models",
+    "readiness",
+    "remove_worker",
+]
+
+ROUTER_KEY: web.AppKey[Router] = web.AppKey("sessionroute_router", Router)
+"""Where the :class:`Router` lives in the aiohttp application."""
+
+
+def _router(request: web.Request) -> Router:
+    return request.app[ROUTER_KEY]
+
+
+async def finish_session(request: web.Request) -> web.Response:
+    """``POST /finish_session?session_id=ID``: release a session (idempotent, 200).
+
+    The id is URL-decoded and matched exactly; an empty id is accepted as a no-op. A missing
+    ``session_id`` parameter is a 400 naming it.
+    """
+    if "session_id" not in request.query:
+        return error_response(400, "missing query parameter 'session_id'", "missing_session_id")
+    sid = request.query["session_id"]
+    if sid:
+        _router(request).core.finish_session(sid)
+    return web.json_response({"status": "ok", "session_id": sid})
+
+
+async def list_workers(request: web.Request) -> web.Response:
+    """``GET /list_workers``: ``{"urls": [...]}`` in the order they were added."""
+    return web.json_response({"urls": list(_router(request).core.cluster.workers())})
+
+
+def _url_param(request: web.Request) -> str | None:
+    url = request.query.get("url")
+    return url.rstrip("/") if url else None
+
+
+async def add_worker(request: web.Request) -> web.Response:
+    """``POST /add_worker?url=U``: add U once it passes its health check (400 otherwise)."""
+    url = _url_param(request)
+    if url is None:
+        return error_response(400, "missing query parameter 'url'", "missing_url")
+    try:
+        await _router(request).add_worker(url)
+    except WorkerError as exc:
+        return error_for_exception(exc)
+    return web.json_response({"status": "ok", "url": url})
+
+
+async def remove_worker(request: web.Request) -> web.Response:
+    """``POST /remove_worker?url=U``: remove U (400 when unknown); other sessions stay."""
+    url = _url_param(request)
+    if url is None:
+        return error_response(400, "missing query parameter 'url'", "missing_url")
+    try:
+        _router(request).remove_worker(url)
+    except WorkerError as exc:
+        return error_for_exception(exc)
+    return web.json_response({"status": "ok", "url": url})
+
+
+async def liveness(request: web.Request) -> web.Response:
+    """``GET /liveness``: 200 while the process serves."""
+    return web.json_response({"status": "alive"})
+
+
+async def readiness(request: web.Request) -> web.Response:
+    """``GET /readiness``: 200 with counts when a worker is available, else 503."""
+    cluster = _router(request).core.cluster
+    healthy, total = len(cluster.healthy()), len(cluster.workers())
+    body = {"healthy_workers": healthy, "total_workers": total}
+    if healthy:
+        return web.json_response({"status": "ready", **body})
+    return web.json_response({"status": "not_ready", **body}, status=503)
+
+
+async def health(request: web.Request) -> web.Response:
+    """``GET /health``: 200 when every worker is available, else 503 naming the others."""
+    cluster = _router(request).core.cluster
+    unhealthy = [u for u in cluster.workers() if not cluster.is_healthy(u)]
+    if unhealthy:
+        return web.json_response(
+            {"status": "unhealthy", "unhealthy_workers": unhealthy}, status=503
+        )
+    return web.json_response({"status": "healthy", "workers": len(cluster.workers())})
+
+
+async def models(request: web.Request) -> web.Response:
+    """``GET /v1/models``: the first available worker's answer; 503 when none, 502 if all fail."""
+    router = _router(request)
+    healthy = router.core.cluster.healthy()
+    if not healthy:
+        return error_response(503, "no healthy worker available", "no_worker_available")
+    errors: list[str] = []
+    for url in healthy:
+        try:
+            async with router.session.get(
+                url + "/v1/models",
+                headers=router.worker_headers,
+                timeout=aiohttp.ClientTimeout(total=router.settings.health_check_timeout_secs),
+            ) as resp:
+                body = await resp.read()
+                ctype = resp.headers.get("Content-Type", "application/json")
+                return web.Response(status=resp.status, body=body, headers={"Content-Type": ctype})
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            errors.append(f"{url}: {type(exc).__name__}")
+    return error_response(
+        502, "no worker answered /v1/models: " + "; ".join(errors), "upstream_unreachable"
+    )
+
+
+async def metrics(request: web.Request) -> web.Response:
+    """``GET /metrics``: Prometheus text format."""
+    body = _router(request).metrics.render()
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
