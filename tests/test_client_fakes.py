@@ -60,6 +60,7 @@ class FakeRouter:
         self.seen.append(Seen(request.path, headers, body))
 
     async def finish_session(self, request: web.Request) -> web.Response:
+        await self._record(request)
         sid = request.query.get("session_id")
         self.finishes.append(sid if sid is not None else "<missing>")
         self.finish_started.set()
