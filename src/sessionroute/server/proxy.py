@@ -217,9 +217,9 @@ async def _forward(
                     res = holder[0] = core.route(res.request)
                 except NoWorkerAvailable:
                     return error_response(
-                        502,
-                        f"upstream unreachable after {attempt} attempt(s): {last_error}",
-                        "upstream_unreachable",
+                        503,
+                        f"no worker available (last error: {last_error})",
+                        "no_worker_available",
                         headers={"x-request-id": rid},
                     )
         worker = res.worker
