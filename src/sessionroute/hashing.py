@@ -22,50 +22,40 @@ FURC_MAX = (1 << 23) - 1
 """The ``m`` argument vllm-router passes to ``furc_hash``: 2**23 - 1 buckets."""
 _FURC_SHIFT = 23
 _MAX_TRIES = 32
-_U64 = struct.Struct("<Q")
+_H8 = (FURC_SEED ^ ((8 * _M) & _MASK)) & _MASK  # initial state of murmur64a on 8 bytes
+_H4 = (FURC_SEED ^ ((4 * _M) & _MASK)) & _MASK  # initial state of murmur64a on 4 bytes
+_iter_u64 = struct.Struct("<Q").iter_unpack
 
 
 def murmur64a(data: bytes, seed: int = FURC_SEED) -> int:
     """MurmurHash64A of ``data`` (little-endian 8-byte blocks), a 64-bit unsigned int."""
     n = len(data)
     h = (seed ^ ((n * _M) & _MASK)) & _MASK
-    nblocks = n // 8
-    if nblocks:
-        for (k,) in struct.iter_unpack("<Q", data[: nblocks * 8]):
+    nb = n & ~7
+    if nb:
+        for (k,) in _iter_u64(data[:nb]):
             k = (k * _M) & _MASK
             k ^= k >> _R
-            k = (k * _M) & _MASK
-            h ^= k
-            h = (h * _M) & _MASK
-    tail = data[nblocks * 8 :]
-    if tail:
-        h ^= int.from_bytes(tail, "little")
-        h = (h * _M) & _MASK
+            h = ((h ^ ((k * _M) & _MASK)) * _M) & _MASK
+    if n & 7:
+        h = ((h ^ int.from_bytes(data[nb:], "little")) * _M) & _MASK
     h ^= h >> _R
     h = (h * _M) & _MASK
-    h ^= h >> _R
-    return h
+    return h ^ (h >> _R)
 
 
 def _rehash(k: int) -> int:
-    return murmur64a(_U64.pack(k))
+    """``murmur64a(le_u64(k))`` unrolled (mcrouter ``murmur_rehash_64A``)."""
+    k = (k * _M) & _MASK
+    k ^= k >> _R
+    h = ((_H8 ^ ((k * _M) & _MASK)) * _M) & _MASK
+    h ^= h >> _R
+    h = (h * _M) & _MASK
+    return h ^ (h >> _R)
 
 
-def furc(key: bytes | str, m: int = FURC_MAX) -> int:
-    """mcrouter's ``furc_hash``: map ``key`` to a bucket in ``[0, m)``.
-
-    Args:
-        key: bytes, or a str encoded as UTF-8.
-        m: number of buckets, ``1 <= m <= 2**23 - 1`` typically.
-
-    Raises:
-        ValueError: if ``m < 1``.
-    """
-    if m < 1:
-        raise ValueError(f"furc needs m >= 1, got {m}")
-    if m == 1:
-        return 0
-    data = key.encode() if isinstance(key, str) else key
+def _furc_generic(data: bytes, m: int) -> int:
+    """The literal furc loop (any ``m >= 2``); see :func:`furc`."""
     blocks = [murmur64a(data)]
 
     def bit(i: int) -> int:
@@ -94,13 +84,62 @@ def furc(key: bytes | str, m: int = FURC_MAX) -> int:
     return 0
 
 
+def _furc_max(data: bytes) -> int:
+    """``furc(data, FURC_MAX)`` with the first try unrolled (the later tries are 2**-22 rare).
+
+    The first try's descent stops at the highest set bit ``d`` of block 0's low 24 bits; the
+    number is then 1 followed by the bits at ``d + 23*j`` for ``j = 1 .. d-1``.
+    """
+    b = murmur64a(data)
+    d = (b & 0xFFFFFF).bit_length() - 1
+    if d < 0:
+        return 0
+    if d <= 1:
+        return 1
+    last = d + _FURC_SHIFT * (d - 1)
+    bits = b
+    blk = b
+    for i in range(1, (last >> 6) + 1):
+        blk = _rehash(blk)
+        bits |= blk << (i << 6)
+    num = 1
+    for a in range(d + _FURC_SHIFT, last + 1, _FURC_SHIFT):
+        num = (num << 1) | ((bits >> a) & 1)
+    if num < FURC_MAX:
+        return num
+    return _furc_generic(data, FURC_MAX)
+
+
+def furc(key: bytes | str, m: int = FURC_MAX) -> int:
+    """mcrouter's ``furc_hash``: map ``key`` to a bucket in ``[0, m)``.
+
+    Args:
+        key: bytes, or a str encoded as UTF-8.
+        m: number of buckets, ``1 <= m <= 2**23 - 1`` typically.
+
+    Raises:
+        ValueError: if ``m < 1``.
+    """
+    if m < 1:
+        raise ValueError(f"furc needs m >= 1, got {m}")
+    if m == 1:
+        return 0
+    data = key.encode() if isinstance(key, str) else key
+    if m == FURC_MAX:
+        return _furc_max(data)
+    return _furc_generic(data, m)
+
+
 def fbi_hash(key: str | bytes) -> int:
     """vllm-router's ``fbi_hash``: ``murmur64a(le_u32(furc(key)))``, a 64-bit unsigned int.
 
     Test vectors (``shared/ROUTER.md``): ``fbi_hash("") == 0xc0663e029346e424``,
     ``fbi_hash("abc") == 0xca00380dc6cd9f55``.
     """
-    return murmur64a(struct.pack("<I", furc(key)))
+    h = ((_H4 ^ _furc_max(key.encode() if isinstance(key, str) else key)) * _M) & _MASK
+    h ^= h >> _R
+    h = (h * _M) & _MASK
+    return h ^ (h >> _R)
 
 
 def rendezvous_score(session_id: str, worker: str) -> int:

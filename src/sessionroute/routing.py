@@ -24,12 +24,16 @@ class Reservation:
         worker: the chosen worker.
         kind: how it was chosen.
         done: True once completed (a second complete is ignored).
+        generation: the worker's add-order index when reserved (-1 if it was unknown, None to
+            release by URL alone); a worker removed and added again is a new generation, so
+            completing an old reservation never takes load off the new one.
     """
 
     request: RouteRequest
     worker: str
     kind: DecisionKind
     done: bool = False
+    generation: int | None = None
 
 
 @dataclass(slots=True)
@@ -62,14 +66,19 @@ class RoutingCore:
         self.decisions[d.kind] += 1
         if self.log is not None:
             self.log.append((request.session_id, d.worker, d.kind.value))
-        return Reservation(request, d.worker, d.kind)
+        return Reservation(request, d.worker, d.kind, generation=self._generation(d.worker))
+
+    def _generation(self, url: str) -> int:
+        return self.cluster.state(url).order if url in self.cluster else -1
 
     def complete(self, reservation: Reservation) -> bool:
         """Release what :meth:`route` reserved; returns False if already completed."""
         if reservation.done:
             return False
         reservation.done = True
-        self.cluster.release(reservation.worker, reservation.request.prompt_tokens)
+        gen = reservation.generation
+        if gen is None or gen == self._generation(reservation.worker):
+            self.cluster.release(reservation.worker, reservation.request.prompt_tokens)
         self.policy.on_complete(reservation.request, reservation.worker)
         return True
 

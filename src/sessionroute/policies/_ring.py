@@ -11,6 +11,7 @@ from bisect import bisect_left
 from collections.abc import Iterator
 
 from sessionroute.hashing import fbi_hash
+from sessionroute.policies._rendezvous import fbi_hash_many
 
 __all__ = ["POINTS_PER_WORKER", "HashRing", "KeyHashCache"]
 
@@ -54,7 +55,7 @@ class HashRing:
     def _worker_points(self, url: str) -> list[int]:
         pts = self._point_cache.get(url)
         if pts is None:
-            pts = [fbi_hash(f"{url}:{i}") for i in range(POINTS_PER_WORKER)]
+            pts = fbi_hash_many([f"{url}:{i}".encode() for i in range(POINTS_PER_WORKER)])
             self._point_cache[url] = pts
         return pts
 

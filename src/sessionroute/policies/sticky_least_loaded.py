@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 
 from sessionroute.clock import Clock
 from sessionroute.errors import ConfigError
-from sessionroute.hashing import rendezvous_score
+from sessionroute.policies._rendezvous import rendezvous_winner
 from sessionroute.policies.base import Policy, least_loaded_of, require_healthy
 from sessionroute.state.cluster import ClusterView
 from sessionroute.state.sessions import SessionStats, SessionTable
@@ -104,9 +104,7 @@ class StickyLeastLoadedPolicy(Policy):
         count = self.table.count
         fewest = min(count(w) for w in healthy)
         tied = [w for w in healthy if count(w) == fewest]
-        if len(tied) == 1:
-            return tied[0]
-        return max(tied, key=lambda w: rendezvous_score(sid, w))
+        return rendezvous_winner(sid, tied)
 
     def release_session(self, session_id: str) -> bool:
         self._displaced.discard(session_id)

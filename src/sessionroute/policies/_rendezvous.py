@@ -1,0 +1,146 @@
+"""Rendezvous (highest-random-weight) choice over many workers, bit-exact with vllm-router.
+
+``sticky_least_loaded`` places a new session on the tied worker with the highest
+``fbi_hash("<session id>:<worker url>")`` (vllm-router ``select_least_loaded``; on equal scores
+the earlier candidate wins). A pure-Python ``fbi_hash`` costs ~10-25 us, so an idle pool of 64
+workers would cost over a millisecond per new session. :func:`fbi_hash_many` computes the same
+hashes for a batch of keys with numpy (``uint64`` arithmetic wraps modulo 2**64 like the C code),
+and :func:`rendezvous_winner` uses it above :data:`BATCH_MIN` candidates.
+
+The batch follows :mod:`sessionroute.hashing` step by step: MurmurHash64A of each key, furc's
+bit stream of nine blocks (block ``i`` is the rehash of block ``i - 1``), the first furc try
+(highest set bit ``d`` of block 0's low 24 bits, then the bits at ``d + 23*j``), and the final
+MurmurHash64A of the 4-byte bucket. The 2**-22-rare keys whose first try fails fall back to
+the scalar :func:`sessionroute.hashing.fbi_hash`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from sessionroute.hashing import FURC_MAX, FURC_SEED, fbi_hash, rendezvous_score
+
+__all__ = ["BATCH_MIN", "fbi_hash_many", "rendezvous_winner"]
+
+BATCH_MIN = 16
+"""Below this many candidates the scalar hash is faster than the numpy batch."""
+
+_U64 = npt.NDArray[np.uint64]
+_MASK = 0xFFFFFFFFFFFFFFFF
+_MI = 0xC6A4A7935BD1E995
+_M = np.uint64(_MI)
+_R = np.uint64(47)
+_H8 = np.uint64((FURC_SEED ^ ((8 * _MI) & _MASK)) & _MASK)
+_H4 = np.uint64((FURC_SEED ^ ((4 * _MI) & _MASK)) & _MASK)
+_LOW24 = np.uint64(0xFFFFFF)
+_NBLOCKS = 9  # furc's first try reads bits up to 23 + 23 * 22 = 529 < 9 * 64
+_J = np.arange(1, 23, dtype=np.int64)  # reads j = 1 .. 22 of the first try
+
+
+def _fmix(h: _U64) -> _U64:
+    h ^= h >> _R
+    h *= _M
+    h ^= h >> _R
+    return h
+
+
+def _murmur_same_length(keys: Sequence[bytes], n: int) -> _U64:
+    """MurmurHash64A (seed ``FURC_SEED``) of equal-length ``keys`` of ``n`` bytes each."""
+    nb = n >> 3
+    width = nb + (1 if n & 7 else 0)
+    count = len(keys)
+    h = np.full(count, (FURC_SEED ^ ((n * _MI) & _MASK)) & _MASK, dtype=np.uint64)
+    if width == 0:
+        return _fmix(h)
+    pad = width * 8 - n
+    buf = b"".join(keys) if pad == 0 else b"".join(k + b"\0" * pad for k in keys)
+    blocks = np.frombuffer(buf, dtype="<u8").reshape(count, width).astype(np.uint64)
+    for c in range(nb):
+        k = blocks[:, c] * _M
+        k ^= k >> _R
+        k *= _M
+        h ^= k
+        h *= _M
+    if n & 7:
+        h ^= blocks[:, nb]  # the zero-padded tail equals the little-endian tail value
+        h *= _M
+    return _fmix(h)
+
+
+def _murmur_many(keys: Sequence[bytes]) -> _U64:
+    by_len: dict[int, list[int]] = {}
+    for i, k in enumerate(keys):
+        by_len.setdefault(len(k), []).append(i)
+    if len(by_len) == 1:
+        return _murmur_same_length(keys, len(keys[0]))
+    out = np.empty(len(keys), dtype=np.uint64)
+    for n, idx in by_len.items():
+        out[idx] = _murmur_same_length([keys[i] for i in idx], n)
+    return out
+
+
+def fbi_hash_many(keys: Sequence[bytes]) -> list[int]:
+    """``[fbi_hash(k) for k in keys]``, computed in one numpy batch (same 64-bit values).
+
+    Args:
+        keys: byte strings (encode str keys as UTF-8 first).
+
+    Returns:
+        One unsigned 64-bit hash per key, in order.
+    """
+    if not keys:
+        return []
+    b0 = _murmur_many(keys)
+    # Highest set bit of the low 24 bits (exact in float64); -1 when they are all zero.
+    d = np.frexp((b0 & _LOW24).astype(np.float64))[1].astype(np.int64) - 1
+    blocks = np.empty((len(keys), _NBLOCKS), dtype=np.uint64)
+    blocks[:, 0] = b0
+    cur = b0
+    for i in range(1, _NBLOCKS):
+        k = cur * _M
+        k ^= k >> _R
+        k *= _M
+        k ^= _H8
+        k *= _M
+        cur = _fmix(k)
+        blocks[:, i] = cur
+    bits = np.unpackbits(blocks.view(np.uint8), axis=1, bitorder="little")
+    pos = np.clip(d[:, None] + 23 * _J[None, :], 0, _NBLOCKS * 64 - 1)
+    got = np.take_along_axis(bits, pos, axis=1).astype(np.int64)
+    shift = d[:, None] - 1 - _J[None, :]
+    take = shift >= 0
+    num = (got << np.where(take, shift, 0)) * take
+    bucket = num.sum(axis=1) + (np.int64(1) << np.maximum(d - 1, 0))
+    bucket = np.where(d <= 1, np.where(d < 0, 0, 1), bucket)
+    h = bucket.astype(np.uint64) ^ _H4
+    h *= _M
+    out: list[int] = _fmix(h).tolist()
+    for i in np.flatnonzero(bucket >= FURC_MAX).tolist():
+        out[i] = fbi_hash(keys[i])
+    return out
+
+
+def rendezvous_winner(session_id: str, candidates: Sequence[str]) -> str:
+    """The candidate with the highest ``fbi_hash("<session_id>:<candidate>")``.
+
+    On equal scores the earlier candidate wins, as in vllm-router's ``select_least_loaded``.
+
+    Raises:
+        ValueError: if ``candidates`` is empty.
+    """
+    if not candidates:
+        raise ValueError("rendezvous_winner needs at least one candidate")
+    if len(candidates) == 1:
+        return candidates[0]
+    if len(candidates) < BATCH_MIN:
+        return max(candidates, key=lambda w: rendezvous_score(session_id, w))
+    scores = fbi_hash_many([f"{session_id}:{w}".encode() for w in candidates])
+    best = 0
+    best_score = scores[0]
+    for i in range(1, len(scores)):
+        if scores[i] > best_score:
+            best, best_score = i, scores[i]
+    return candidates[best]
