@@ -1,9 +1,10 @@
 """A small fake router (real aiohttp on 127.0.0.1) for the client tests, plus its own checks.
 
-It speaks just enough of ``shared/ROUTER.md`` and OpenAI's wire format: chat and text
-completions (streaming and not), ``/v1/models``, ``/echo`` and ``/finish_session``. It records
-the headers of every request and every ``finish_session`` call, and can be told to answer with
-scripted statuses, to fail the first chat calls, or to hang until it is stopped.
+It speaks just enough of ``shared/ROUTER.md`` and OpenAI's wire format: chat completions
+(streaming and not), ``/v1/models``, ``/health``, ``/echo`` and ``/finish_session``, so it can
+also stand in for a vLLM replica behind the real router. It records the headers of every
+request and every ``finish_session`` call, and can be told to answer with scripted statuses, to
+fail the first chat calls, or to hang until it is stopped.
 """
 
 from __future__ import annotations
@@ -115,6 +116,9 @@ class FakeRouter:
         model = {"id": "fake-model", "object": "model", "created": 0, "owned_by": "test"}
         return web.json_response({"object": "list", "data": [model]})
 
+    async def health(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
     async def echo(self, request: web.Request) -> web.Response:
         await self._record(request)
         return web.json_response({"session": request.headers.get("x-session-id")})
@@ -128,6 +132,7 @@ async def fake_router() -> AsyncIterator[FakeRouter]:
     app.router.add_post("/finish_session", state.finish_session)
     app.router.add_post("/v1/chat/completions", state.chat)
     app.router.add_get("/v1/models", state.models)
+    app.router.add_get("/health", state.health)
     app.router.add_route("*", "/echo", state.echo)
     runner = web.AppRunner(app, shutdown_timeout=1.0)
     await runner.setup()
