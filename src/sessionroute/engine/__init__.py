@@ -1,1 +1,29 @@
-"""sessionroute.engine."""
+"""A pure model of one vLLM V1 replica: prefix-cached KV blocks, scheduler and step time.
+
+See ``docs/engine.md`` and ``shared/ENGINE.md``. Everything is synchronous; time comes only from
+the arguments (:meth:`Replica.add_request`, :meth:`Replica.advance`).
+"""
+
+from sessionroute.engine.api import (
+    EngineRequest,
+    EngineRequestError,
+    ReplicaConfig,
+    ReplicaCounters,
+    RequestResult,
+    chain_block_keys,
+)
+from sessionroute.engine.profiles import PROFILES, StepTimeProfile, load_profiles
+from sessionroute.engine.replica import Replica
+
+__all__ = [
+    "PROFILES",
+    "EngineRequest",
+    "EngineRequestError",
+    "Replica",
+    "ReplicaConfig",
+    "ReplicaCounters",
+    "RequestResult",
+    "StepTimeProfile",
+    "chain_block_keys",
+    "load_profiles",
+]

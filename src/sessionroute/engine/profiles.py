@@ -1,0 +1,206 @@
+"""Step-time profiles of the replica model (``shared/ENGINE.md``, section "Step time").
+
+One engine step that schedules ``P`` uncached prefill tokens and ``D`` decoding sequences
+(``N = P + D``), whose decoding sequences hold ``C`` context tokens in total and whose prefill
+chunks have attention work ``A = sum(chunk * (tokens already in KV + chunk / 2))``, takes::
+
+    t_step = b0 + max(T_mem(N), b_tok * N) + b_kv * C + b_pa * A
+    T_mem(N) = (W_dense + W_exp * (1 - (1 - k/E) ** N)) / BW_eff
+
+seconds. ``max(T_mem, b_tok * N)`` is the weight-bound / compute-bound roofline (MoE expert
+coverage for ``T_mem``), ``b_kv * C`` decode attention over the KV cache, ``b_pa * A`` prefill
+attention over a cached prefix. Constants of the two built-in profiles come from the table in
+``ENGINE.md`` (public model shapes, H100/H200 datasheets, GPUStack and BLIS/inference-sim fits).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sessionroute.errors import ConfigError
+
+__all__ = ["PROFILES", "StepTimeProfile", "load_profiles"]
+
+
+@dataclass(frozen=True, slots=True)
+class StepTimeProfile:
+    """Constants of the step-time model for one model on one hardware/parallelism setup.
+
+    Attributes:
+        name: profile name, e.g. ``"glm45air-h200-tp8"``.
+        b0_s: fixed per-step overhead, seconds.
+        b_tok_s: compute cost per scheduled token, seconds.
+        b_kv_s: decode attention cost per context token of a decoding sequence, seconds.
+        b_pa_s: prefill attention cost per unit of ``A`` (token x token), seconds.
+        w_dense_bytes: dense (always read) weight bytes per GPU.
+        w_exp_bytes: routed-expert weight bytes per GPU (0 for a dense model).
+        k_over_e: active experts over total experts (``k/E``); irrelevant when
+            ``w_exp_bytes == 0``.
+        bw_eff_bytes_per_s: effective HBM bandwidth per GPU, bytes per second.
+        kv_capacity_tokens: KV cache capacity of the replica, tokens.
+        max_num_batched_tokens: vLLM ``max_num_batched_tokens`` (token budget per step).
+        max_num_seqs: vLLM ``max_num_seqs`` (running requests at most).
+        max_model_len: vLLM ``max_model_len`` (prompt + output tokens at most).
+    """
+
+    name: str
+    b0_s: float
+    b_tok_s: float
+    b_kv_s: float
+    b_pa_s: float
+    w_dense_bytes: float
+    w_exp_bytes: float
+    k_over_e: float
+    bw_eff_bytes_per_s: float
+    kv_capacity_tokens: int
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    max_model_len: int
+
+    def t_mem(self, num_tokens: int) -> float:
+        """Weight-read time ``T_mem(N)`` in seconds for ``num_tokens`` tokens in the step."""
+        coverage = 1.0 - (1.0 - self.k_over_e) ** num_tokens if self.w_exp_bytes else 0.0
+        return (self.w_dense_bytes + self.w_exp_bytes * coverage) / self.bw_eff_bytes_per_s
+
+    def step_time(
+        self,
+        prefill_tokens: int,
+        decode_seqs: int,
+        decode_context_tokens: int,
+        prefill_attention: float,
+    ) -> float:
+        """Duration of one engine step, seconds.
+
+        Args:
+            prefill_tokens: ``P``, uncached prefill tokens scheduled in the step.
+            decode_seqs: ``D``, decoding sequences in the step (one token each).
+            decode_context_tokens: ``C``, sum of the decoding sequences' context lengths.
+            prefill_attention: ``A``, sum over prefill chunks of
+                ``chunk * (tokens already in KV + chunk / 2)`` (token^2).
+
+        Returns:
+            ``b0 + max(T_mem(N), b_tok * N) + b_kv * C + b_pa * A`` with ``N = P + D``.
+        """
+        n = prefill_tokens + decode_seqs
+        compute = self.b_tok_s * n
+        mem = self.t_mem(n)
+        return (
+            self.b0_s
+            + (mem if mem > compute else compute)
+            + self.b_kv_s * decode_context_tokens
+            + self.b_pa_s * prefill_attention
+        )
+
+
+PROFILES: dict[str, StepTimeProfile] = {
+    "glm45air-h200-tp8": StepTimeProfile(
+        name="glm45air-h200-tp8",
+        b0_s=4.5e-3,
+        b_tok_s=16e-6,
+        b_kv_s=7.0e-9,
+        b_pa_s=0.7e-9,
+        w_dense_bytes=1.5e9,
+        w_exp_bytes=24.9e9,
+        k_over_e=8 / 128,
+        bw_eff_bytes_per_s=3.36e12,
+        kv_capacity_tokens=4_400_000,
+        max_num_batched_tokens=8192,
+        max_num_seqs=1024,
+        max_model_len=131072,
+    ),
+    "toy-8b-h100-tp1": StepTimeProfile(
+        name="toy-8b-h100-tp1",
+        b0_s=1.0e-3,
+        b_tok_s=20e-6,
+        b_kv_s=56e-9,
+        b_pa_s=1.3e-9,
+        w_dense_bytes=16e9,
+        w_exp_bytes=0.0,
+        k_over_e=1.0,
+        bw_eff_bytes_per_s=2.35e12,
+        kv_capacity_tokens=447_000,
+        max_num_batched_tokens=8192,
+        max_num_seqs=256,
+        max_model_len=32768,
+    ),
+}
+"""Built-in profiles of ``ENGINE.md``: ``glm45air-h200-tp8`` and ``toy-8b-h100-tp1``."""
+
+_FIELDS = {f.name: f for f in dataclasses.fields(StepTimeProfile)}
+_INT_FIELDS = {"kv_capacity_tokens", "max_num_batched_tokens", "max_num_seqs", "max_model_len"}
+
+
+def _profile_from_table(
+    name: str, table: dict[str, Any], known: dict[str, StepTimeProfile]
+) -> StepTimeProfile:
+    values: dict[str, Any] = {}
+    base_name = table.get("base")
+    if base_name is not None:
+        if base_name not in known:
+            raise ConfigError(f"profile {name!r}: unknown base profile {base_name!r}")
+        values = dataclasses.asdict(known[base_name])
+    for key, value in table.items():
+        if key == "base":
+            continue
+        if key not in _FIELDS or key == "name":
+            raise ConfigError(f"profile {name!r}: unknown key {key!r}")
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"profile {name!r}: {key} must be a number, got {value!r}")
+        if key in _INT_FIELDS and int(value) != value:
+            raise ConfigError(f"profile {name!r}: {key} must be an integer, got {value!r}")
+        if value < 0:
+            raise ConfigError(f"profile {name!r}: {key} must be >= 0, got {value!r}")
+        values[key] = int(value) if key in _INT_FIELDS else float(value)
+    values["name"] = name
+    missing = sorted(set(_FIELDS) - set(values))
+    if missing:
+        raise ConfigError(f"profile {name!r}: missing keys {missing} (or give base = '<name>')")
+    for key in ("bw_eff_bytes_per_s", *_INT_FIELDS):
+        if values[key] <= 0:
+            raise ConfigError(f"profile {name!r}: {key} must be > 0, got {values[key]!r}")
+    return StepTimeProfile(**values)
+
+
+def load_profiles(path: str | Path) -> dict[str, StepTimeProfile]:
+    """Read user-defined profiles from a TOML or JSON file (chosen by the suffix).
+
+    The file holds one table per profile, either at top level or under ``profiles``::
+
+        [profiles.my-gpu]
+        base = "toy-8b-h100-tp1"     # optional: start from a built-in or earlier profile
+        b0_s = 0.002
+        kv_capacity_tokens = 128000
+
+    Keys are the fields of :class:`StepTimeProfile` (except ``name``, which is the table name).
+
+    Args:
+        path: a ``.toml`` or ``.json`` file.
+
+    Returns:
+        The built-in profiles updated with the file's profiles, by name.
+
+    Raises:
+        ConfigError: unreadable file, unknown key, non-numeric or negative value, missing key.
+    """
+    p = Path(path)
+    try:
+        text = p.read_text()
+        data: Any = json.loads(text) if p.suffix.lower() == ".json" else tomllib.loads(text)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read profiles from {str(p)!r}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"profiles file {str(p)!r} must hold a table of profiles")
+    tables = data.get("profiles", data)
+    if not isinstance(tables, dict):
+        raise ConfigError(f"profiles file {str(p)!r}: 'profiles' must be a table")
+    out = dict(PROFILES)
+    for name, table in tables.items():
+        if not isinstance(table, dict):
+            raise ConfigError(f"profiles file {str(p)!r}: profile {name!r} must be a table")
+        out[name] = _profile_from_table(name, table, out)
+    return out
