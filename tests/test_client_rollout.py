@@ -124,6 +124,24 @@ async def test_discarded_retries_are_all_released() -> None:
         assert sorted(router.finishes) == sorted([first, second, third])
 
 
+async def test_custom_header_is_the_only_session_header() -> None:
+    async with fake_router() as router:
+        async with Rollout(router.url, header="x-user-id") as rollout:
+            first = rollout.session_id
+            await _turn(rollout)
+            second = rollout.new_session_id()
+            await _turn(rollout)
+            await rollout.httpx.get("/echo")
+            assert rollout.headers == {"x-user-id": second}
+        sent = [
+            (s.headers.get("x-user-id"), s.session)
+            for s in router.seen
+            if s.path != "/finish_session"
+        ]
+        assert sent == [(first, None), (second, None), (second, None)]
+        assert sorted(router.finishes) == sorted([first, second])
+
+
 async def test_release_false_never_calls_finish_session() -> None:
     async with fake_router() as router:
         async with Rollout(router.url, release=False) as rollout:

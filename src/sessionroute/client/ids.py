@@ -110,7 +110,7 @@ class SessionIds:
     def adopt(self, session_id: str) -> None:
         """Record an id that a request carried by hand, so it is released with the others.
 
-        Invalid ids are ignored (the HTTP library rejects them before they are sent).
+        Empty ids are ignored; others are recorded as sent (the server saw them as they are).
         """
         if session_id and session_id not in self._all:
             self._all[session_id] = None

@@ -20,13 +20,15 @@ import logging
 import threading
 from collections.abc import Awaitable, Callable, Mapping
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx
 
 from sessionroute.client.binding import (
     session_async_httpx_client,
+    session_async_openai,
     session_httpx_client,
+    session_openai,
     with_session,
 )
 from sessionroute.client.ids import SESSION_HEADER, SessionIds, router_root
@@ -44,6 +46,8 @@ if TYPE_CHECKING:
 __all__ = ["Rollout", "RolloutClosedError", "SyncRollout"]
 
 log = logging.getLogger("sessionroute.client")
+
+_Client = TypeVar("_Client", "OpenAI", "AsyncOpenAI")
 
 
 class RolloutClosedError(SessionRouteError, RuntimeError):
@@ -64,6 +68,8 @@ class _RolloutBase:
         header: str,
         releaser: object | None,
         release_policy: ReleasePolicy | None,
+        openai_kwargs: Mapping[str, Any] | None,
+        httpx_kwargs: Mapping[str, Any] | None,
     ) -> None:
         if releaser is not None and release_policy is not None:
             raise ConfigError(
@@ -76,6 +82,14 @@ class _RolloutBase:
         self._ids = SessionIds(session_id, prefix=prefix)
         self._closed = False
         self._auth = {"authorization": f"Bearer {api_key}"} if api_key else {}
+        self._release_policy = release_policy
+        self._openai_kwargs = dict(openai_kwargs or {})
+        self._httpx_kwargs = {
+            "base_url": self.router_url,
+            "headers": self._auth,
+            **(httpx_kwargs or {}),
+        }
+        self._bound: tuple[str, Any] | None = None
 
     @property
     def session_id(self) -> str:
@@ -112,6 +126,13 @@ class _RolloutBase:
     def _check_open(self) -> None:
         if self._closed:
             raise RolloutClosedError(f"rollout {self._ids.current!r} is closed")
+
+    def _bind(self, base: _Client) -> _Client:
+        """A copy of the OpenAI client ``base`` bound to the current id (cached per id)."""
+        if self._bound is None or self._bound[0] != self.session_id:
+            self._bound = (self.session_id, with_session(base, self.session_id, header=self.header))
+        bound: _Client = self._bound[1]
+        return bound
 
     def _ids_to_release(self) -> list[str]:
         return list(self._ids.all) if self.release_enabled else []
@@ -181,14 +202,12 @@ class Rollout(_RolloutBase):
             header=header,
             releaser=releaser,
             release_policy=release_policy,
+            openai_kwargs=openai_kwargs,
+            httpx_kwargs=httpx_kwargs,
         )
         self._releaser = releaser
-        self._release_policy = release_policy
         self._openai_base = openai_client
         self._owns_openai = openai_client is None
-        self._openai_kwargs = dict(openai_kwargs or {})
-        self._httpx_kwargs = dict(httpx_kwargs or {})
-        self._bound: tuple[str, AsyncOpenAI] | None = None
         self._httpx: httpx.AsyncClient | None = None
         self._close_task: asyncio.Task[None] | None = None
 
@@ -202,13 +221,14 @@ class Rollout(_RolloutBase):
         """
         self._check_open()
         if self._openai_base is None:
-            from openai import AsyncOpenAI
-
-            kwargs = {"base_url": f"{self.router_url}/v1", "api_key": self.api_key or "EMPTY"}
-            self._openai_base = AsyncOpenAI(**{**kwargs, **self._openai_kwargs})
-        if self._bound is None or self._bound[0] != self.session_id:
-            self._bound = (self.session_id, with_session(self._openai_base, self.session_id))
-        return self._bound[1]
+            self._openai_base = session_async_openai(
+                self.router_url,
+                self.session_id,
+                api_key=self.api_key,
+                header=self.header,
+                **self._openai_kwargs,
+            )
+        return self._bind(self._openai_base)
 
     @property
     def httpx(self) -> httpx.AsyncClient:
@@ -219,8 +239,9 @@ class Rollout(_RolloutBase):
         """
         self._check_open()
         if self._httpx is None:
-            kwargs = {"base_url": self.router_url, "headers": self._auth, **self._httpx_kwargs}
-            self._httpx = session_async_httpx_client(self._ids, header=self.header, **kwargs)
+            self._httpx = session_async_httpx_client(
+                self._ids, header=self.header, **self._httpx_kwargs
+            )
         return self._httpx
 
     async def aclose(self) -> None:
@@ -303,14 +324,12 @@ class SyncRollout(_RolloutBase):
             header=header,
             releaser=releaser,
             release_policy=release_policy,
+            openai_kwargs=openai_kwargs,
+            httpx_kwargs=httpx_kwargs,
         )
         self._releaser = releaser
-        self._release_policy = release_policy
         self._openai_base = openai_client
         self._owns_openai = openai_client is None
-        self._openai_kwargs = dict(openai_kwargs or {})
-        self._httpx_kwargs = dict(httpx_kwargs or {})
-        self._bound: tuple[str, OpenAI] | None = None
         self._httpx: httpx.Client | None = None
         self._lock = threading.Lock()
 
@@ -324,13 +343,14 @@ class SyncRollout(_RolloutBase):
         """
         self._check_open()
         if self._openai_base is None:
-            from openai import OpenAI
-
-            kwargs = {"base_url": f"{self.router_url}/v1", "api_key": self.api_key or "EMPTY"}
-            self._openai_base = OpenAI(**{**kwargs, **self._openai_kwargs})
-        if self._bound is None or self._bound[0] != self.session_id:
-            self._bound = (self.session_id, with_session(self._openai_base, self.session_id))
-        return self._bound[1]
+            self._openai_base = session_openai(
+                self.router_url,
+                self.session_id,
+                api_key=self.api_key,
+                header=self.header,
+                **self._openai_kwargs,
+            )
+        return self._bind(self._openai_base)
 
     @property
     def httpx(self) -> httpx.Client:
@@ -341,8 +361,7 @@ class SyncRollout(_RolloutBase):
         """
         self._check_open()
         if self._httpx is None:
-            kwargs = {"base_url": self.router_url, "headers": self._auth, **self._httpx_kwargs}
-            self._httpx = session_httpx_client(self._ids, header=self.header, **kwargs)
+            self._httpx = session_httpx_client(self._ids, header=self.header, **self._httpx_kwargs)
         return self._httpx
 
     def close(self) -> None:
