@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -42,7 +43,9 @@ async def make_router() -> AsyncIterator[MakeRouter]:
     ) -> RunningRouter:
         values = {**FAST, "worker_urls": tuple(workers), **overrides}
         running = await start_router(
-            RouterSettings.build(**values), clock=clock if clock is not None else ManualClock()
+            RouterSettings.build(**values),
+            clock=clock if clock is not None else ManualClock(),
+            rng=random.Random(0),
         )
         started.append(running)
         return running

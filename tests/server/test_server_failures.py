@@ -23,7 +23,8 @@ async def test_scenario4_retry_503_twice_then_200(
     status, body = await post_chat(client, router, "r-1")
     assert status == 200 and body["object"] == "chat.completion"
     assert len(b.seen) == 3
-    assert "sessionroute_retries_total{worker=" in router.router.metrics.render().decode()
+    metrics = router.router.metrics.render().decode()
+    assert f'sessionroute_retries_total{{worker="{b.url}"}} 2.0' in metrics
 
 
 @pytest.mark.parametrize("code", [400, 404, 501])

@@ -100,14 +100,18 @@ async def test_scenario3_stateless_requests_change_no_counts(
         await post_chat(client, router, f"st-{i}")
     core = router.router.core
     before = dict(core.policy.session_counts())
-    for _ in range(12):
-        status, _ = await post_chat(client, router, None)
-        assert status == 200
+    for i in range(12):
+        async with client.post(
+            router.url + "/v1/chat/completions",
+            json={"model": "m"},
+            headers={"x-request-id": f"r{i}"},
+        ) as r:
+            assert r.status == 200
     assert dict(core.policy.session_counts()) == before
     assert core.decisions[DecisionKind.STATELESS] == 12
     assert all(core.cluster.in_flight(b.url) == 0 for b in backends)
-    # Stateless requests spread by load: with nothing in flight, all three see some.
-    assert all(b.sessions().count(None) >= 1 for b in backends)
+    # Ties (nothing in flight) break by rendezvous on the request id, so they spread out.
+    assert sum(1 for b in backends if None in b.sessions()) >= 2
 
 
 async def test_headers_and_body_forwarded_as_received(

@@ -209,6 +209,7 @@ async def _forward(
     for attempt in range(attempts):
         res = holder[0]
         if attempt:
+            metrics.retries.labels(res.worker).inc()
             if core.cluster.is_healthy(res.worker):
                 await asyncio.sleep(router.backoff_s(attempt))
             if not core.cluster.is_healthy(res.worker):
@@ -225,16 +226,12 @@ async def _forward(
         worker = res.worker
         t0 = time.perf_counter()
         try:
-            upstream = await session.request(method, worker + path_qs, data=body, headers=headers)
+            upstream = await session.request(
+                method, router.upstream_url(worker, path_qs), data=body, headers=headers
+            )
         except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
             last_error = f"{worker}: {type(exc).__name__}: {exc}"
             router.record_unreachable(worker, last_error)
-            metrics.retries.labels(worker).inc()
-            continue
-        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
-            last_error = f"{worker}: {type(exc).__name__}: {exc}"
-            router.record_failure(worker)
-            metrics.retries.labels(worker).inc()
             continue
         except TimeoutError:
             router.record_failure(worker)
@@ -245,6 +242,10 @@ async def _forward(
                 "upstream_timeout",
                 headers={"x-request-id": rid},
             )
+        except aiohttp.ClientError as exc:  # reset, disconnect, malformed response
+            last_error = f"{worker}: {type(exc).__name__}: {exc}"
+            router.record_failure(worker)
+            continue
         metrics.observe_upstream(worker, time.perf_counter() - t0)
         status = upstream.status
         if status >= 500:
@@ -255,7 +256,6 @@ async def _forward(
             with contextlib.suppress(aiohttp.ClientError, TimeoutError):
                 await upstream.read()  # small error body; keeps the connection reusable
             upstream.release()
-            metrics.retries.labels(worker).inc()
             last_error = f"{worker}: status {status}"
             continue
         return await _relay(request, router, upstream, worker, rid)
@@ -281,7 +281,17 @@ async def _relay(
         headers = _response_headers(upstream, rid)
         length = upstream.content_length
         if length is not None and length <= BUFFER_LIMIT:
-            data = await upstream.read()
+            try:
+                data = await upstream.read()
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                router.record_failure(worker)
+                metrics.count_request(worker, 502)
+                return error_response(
+                    502,
+                    f"upstream {worker} failed while sending its response: {type(exc).__name__}",
+                    "upstream_error",
+                    headers={"x-request-id": rid},
+                )
             metrics.count_request(worker, status)
             return web.Response(status=status, reason=upstream.reason, body=data, headers=headers)
         resp = web.StreamResponse(status=status, reason=upstream.reason, headers=headers)

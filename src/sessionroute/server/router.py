@@ -15,6 +15,7 @@ import random
 import string
 
 import aiohttp
+from yarl import URL
 
 from sessionroute.clock import Clock, MonotonicClock
 from sessionroute.policies.registry import create_policy, policy_class
@@ -81,6 +82,7 @@ class Router:
         self.health: HealthChecker | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._timers: dict[str, asyncio.TimerHandle] = {}
+        self._urls: dict[tuple[str, str], URL] = {}
 
     # -- lifecycle ------------------------------------------------------------------------
     @property
@@ -237,6 +239,16 @@ class Router:
             timer.cancel()
 
     # -- helpers --------------------------------------------------------------------------
+    def upstream_url(self, worker: str, path_qs: str) -> URL:
+        """The parsed URL of ``path_qs`` on ``worker`` (memoized; URL parsing is costly)."""
+        key = (worker, path_qs)
+        url = self._urls.get(key)
+        if url is None:
+            if len(self._urls) >= 4096:
+                self._urls.clear()
+            url = self._urls[key] = URL(worker + path_qs, encoded=True)
+        return url
+
     def new_request_id(self, path: str) -> str:
         """``chatcmpl-``/``cmpl-``/``req-`` + 24 alphanumerics (vllm-router's format)."""
         return _ID_PREFIX.get(path, "req-") + "".join(self.rng.choices(_ALNUM, k=24))

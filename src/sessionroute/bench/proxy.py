@@ -1,0 +1,325 @@
+"""``sessionroute bench proxy``: router overhead against a zero-delay backend.
+
+One run measures the same closed-loop load (an aiohttp client with keep-alive; ``C`` workers
+each sending the next request as soon as the previous answer arrived) against the backend
+directly, through ``sessionroute serve`` and through ``vllm-router`` when it is installed,
+for each body size and concurrency. Each router runs as its own process with
+``--policy consistent_hash`` (by default) and ``--log-level warning``, and requests carry an
+``x-session-id`` header (64 distinct sessions). Reported per row: requests per second,
+p50/p99 latency in milliseconds, and router CPU microseconds per request, from the
+``utime + stime`` of the router process in ``/proc/<pid>/stat`` (all threads) over the
+measured window.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import numpy as np
+
+__all__ = ["add_arguments", "backend_main", "print_table", "run"]
+
+_RESPONSE = json.dumps(
+    {
+        "id": "chatcmpl-bench",
+        "object": "chat.completion",
+        "created": 0,
+        "model": "bench",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "ok"},
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+    }
+).encode()
+
+
+def backend_main(port: int) -> None:
+    """Run the zero-delay backend on 127.0.0.1:``port`` (reads the body, answers at once)."""
+    from aiohttp import web
+
+    async def handle(request: web.BaseRequest) -> web.Response:
+        await request.read()
+        if request.method == "GET":
+            return web.Response(text="")
+        return web.Response(body=_RESPONSE, content_type="application/json")
+
+    async def main() -> None:
+        server = web.Server(handle, access_log=None)
+        runner = web.ServerRunner(server)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", port, backlog=1024).start()
+        await asyncio.Event().wait()
+
+    try:
+        import uvloop
+
+        uvloop.run(main())
+    except ImportError:  # pragma: no cover
+        asyncio.run(main())
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of ``sessionroute bench proxy``."""
+    parser.add_argument("--duration", type=float, default=10.0, help="seconds per row (10)")
+    parser.add_argument(
+        "--concurrency", type=int, nargs="+", default=[1, 64], help="closed-loop clients"
+    )
+    parser.add_argument(
+        "--body-bytes",
+        type=int,
+        nargs="+",
+        default=[0, 200 * 1024],
+        help="prompt bytes per request (0 = a small chat body; default 0 and 204800)",
+    )
+    parser.add_argument(
+        "--targets",
+        nargs="+",
+        default=["direct", "sessionroute", "vllm-router"],
+        choices=["direct", "sessionroute", "vllm-router"],
+        help="what to measure (vllm-router is skipped when not installed)",
+    )
+    parser.add_argument("--policy", default="consistent_hash", help="policy of both routers")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _cpu_seconds(pid: int) -> float:
+    """utime + stime of process ``pid`` (all threads), seconds, from /proc/<pid>/stat."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2 :].split()
+    ticks = int(fields[11]) + int(fields[12])  # fields 14 and 15 of proc(5)
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _listener_pid(port: int) -> int | None:
+    """The pid of the process listening on TCP ``port`` (from /proc/net/tcp and /proc/*/fd).
+
+    Needed because launchers (``vllm-router`` is a shell script) may run the server as a child.
+    """
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                f = line.split()
+                if int(f[1].rsplit(":", 1)[1], 16) == port and f[3] == "0A":
+                    inodes.add(f"socket:[{f[9]}]")
+    if not inodes:
+        return None
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            for fd in (proc / "fd").iterdir():
+                with contextlib.suppress(OSError):
+                    if os.readlink(fd) in inodes:
+                        return int(proc.name)
+    return None
+
+
+def _vllm_router_binary() -> str | None:
+    local = Path(sys.executable).parent / "vllm-router"
+    return str(local) if local.exists() else shutil.which("vllm-router")
+
+
+async def _wait_listening(url: str, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    async with aiohttp.ClientSession() as s:
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{proc.args!r} exited with {proc.returncode}")
+            with contextlib.suppress(aiohttp.ClientError, OSError):
+                async with s.get(url + "/health") as r:
+                    if r.status == 200:
+                        return
+            await asyncio.sleep(0.05)
+    raise RuntimeError(f"{url} did not come up within {timeout_s} s")
+
+
+def _body(prompt_bytes: int) -> bytes:
+    content = "hello" if prompt_bytes <= 0 else "x" * prompt_bytes
+    return json.dumps(
+        {"model": "bench", "messages": [{"role": "user", "content": content}], "max_tokens": 1}
+    ).encode()
+
+
+async def _load(
+    url: str, body: bytes, concurrency: int, duration_s: float, pid: int | None
+) -> dict[str, Any]:
+    """Closed loop: ``concurrency`` workers for ``duration_s`` seconds after a short warm-up.
+
+    Router CPU (of process ``pid``) is read at the start and end of the measured window.
+    """
+    latencies: list[float] = []
+    errors = 0
+    cpu: list[float] = []
+    warmup = min(1.0, duration_s / 10)
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        t_start = time.perf_counter()
+        t_measure = t_start + warmup
+        t_end = t_measure + duration_s
+
+        async def worker(k: int) -> None:
+            nonlocal errors
+            headers = {"Content-Type": "application/json", "x-session-id": f"bench-{k % 64}"}
+            while True:
+                t0 = time.perf_counter()
+                if t0 >= t_end:
+                    return
+                try:
+                    async with session.post(url, data=body, headers=headers) as r:
+                        await r.read()
+                        ok = r.status == 200
+                except aiohttp.ClientError:
+                    ok = False
+                t1 = time.perf_counter()
+                if t0 >= t_measure:
+                    if ok:
+                        latencies.append(t1 - t0)
+                    else:
+                        errors += 1
+
+        async def cpu_probe() -> None:
+            if pid is None:
+                return
+            await asyncio.sleep(max(0.0, t_measure - time.perf_counter()))
+            cpu.append(_cpu_seconds(pid))
+            await asyncio.sleep(max(0.0, t_end - time.perf_counter()))
+            cpu.append(_cpu_seconds(pid))
+
+        await asyncio.gather(cpu_probe(), *(worker(k) for k in range(concurrency)))
+    lat = np.asarray(latencies) * 1000.0
+    cpu_us = (cpu[1] - cpu[0]) * 1e6 / len(latencies) if len(cpu) == 2 and latencies else None
+    return {
+        "router_cpu_us_per_req": cpu_us,
+        "requests": len(latencies),
+        "errors": errors,
+        "rps": len(latencies) / duration_s,
+        "p50_ms": float(np.percentile(lat, 50)) if len(lat) else None,
+        "p99_ms": float(np.percentile(lat, 99)) if len(lat) else None,
+    }
+
+
+async def _measure(
+    target: str, base: str, pid: int | None, args: argparse.Namespace, rows: list[dict[str, Any]]
+) -> None:
+    for size in args.body_bytes:
+        body = _body(size)
+        for c in args.concurrency:
+            stats = await _load(base + "/v1/chat/completions", body, c, args.duration, pid)
+            rows.append({"target": target, "body_bytes": len(body), "concurrency": c, **stats})
+
+
+async def _run(args: argparse.Namespace) -> dict[str, Any]:
+    procs: list[subprocess.Popen[bytes]] = []
+    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    try:
+        bport = _free_port()
+        backend = subprocess.Popen(
+            [sys.executable, "-c", f"from sessionroute.bench.proxy import backend_main; "
+             f"backend_main({bport})"],
+            **quiet,  # type: ignore[call-overload]
+        )  # fmt: skip
+        procs.append(backend)
+        backend_url = f"http://127.0.0.1:{bport}"
+        await _wait_listening(backend_url, backend, 30)
+        rows: list[dict[str, Any]] = []
+        versions: dict[str, str | None] = {"vllm-router": None}
+        for target in args.targets:
+            if target == "direct":
+                await _measure("direct", backend_url, None, args, rows)
+                continue
+            port = _free_port()
+            common = ["--host", "127.0.0.1", "--port", str(port), "--policy", args.policy]
+            common += ["--worker-urls", backend_url, "--log-level", "warning"]
+            if target == "sessionroute":
+                cmd = [sys.executable, "-m", "sessionroute.cli", "serve", *common]
+            else:
+                binary = _vllm_router_binary()
+                if binary is None:
+                    continue
+                cmd = [binary, *common]
+                with contextlib.suppress(Exception):
+                    from importlib.metadata import version
+
+                    versions["vllm-router"] = version("vllm-router")
+            proc = subprocess.Popen(cmd, **quiet)  # type: ignore[call-overload]
+            procs.append(proc)
+            url = f"http://127.0.0.1:{port}"
+            await _wait_listening(url, proc, 60)
+            pid = _listener_pid(port) or proc.pid
+            await _measure(target, url, pid, args, rows)
+            proc.terminate()
+            proc.wait(20)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    p.wait(20)
+    direct = {(r["body_bytes"], r["concurrency"]): r for r in rows if r["target"] == "direct"}
+    for r in rows:
+        d = direct.get((r["body_bytes"], r["concurrency"]))
+        if r["target"] != "direct" and d and d["p50_ms"] is not None and r["p50_ms"] is not None:
+            r["added_p50_ms"] = r["p50_ms"] - d["p50_ms"]
+    return {
+        "benchmark": "proxy",
+        "duration_s": args.duration,
+        "policy": args.policy,
+        "cpus": os.cpu_count(),
+        "versions": versions,
+        "loadavg_1m_at_end": os.getloadavg()[0],
+        "rows": rows,
+    }
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Run the benchmark (see the module docstring); returns the result document."""
+    return asyncio.run(_run(args))
+
+
+def print_table(result: dict[str, Any]) -> None:
+    """Print the rows as a table."""
+    from rich.console import Console
+    from rich.table import Table
+
+    def fmt(v: Any, spec: str) -> str:
+        return "-" if v is None else format(v, spec)
+
+    table = Table(
+        title=f"proxy overhead, {result['duration_s']:.0f} s per row, policy {result['policy']}"
+    )
+    for col in ("target", "body", "conc", "req/s", "p50 ms", "p99 ms", "+p50 ms", "cpu us/req"):
+        table.add_column(col, justify="left" if col == "target" else "right")
+    for r in result["rows"]:
+        table.add_row(
+            r["target"],
+            str(r["body_bytes"]),
+            str(r["concurrency"]),
+            fmt(r["rps"], ".0f"),
+            fmt(r["p50_ms"], ".3f"),
+            fmt(r["p99_ms"], ".3f"),
+            fmt(r.get("added_p50_ms"), ".3f"),
+            fmt(r["router_cpu_us_per_req"], ".0f"),
+        )
+    Console().print(table)
