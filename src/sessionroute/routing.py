@@ -62,23 +62,20 @@ class RoutingCore:
             NoWorkerAvailable: when no worker is healthy.
         """
         d: Decision = self.policy.select(request, self.cluster)
-        self.cluster.reserve(d.worker, request.prompt_tokens)
+        generation = self.cluster.reserve(d.worker, request.prompt_tokens)
         self.decisions[d.kind] += 1
         if self.log is not None:
             self.log.append((request.session_id, d.worker, d.kind.value))
-        return Reservation(request, d.worker, d.kind, generation=self._generation(d.worker))
-
-    def _generation(self, url: str) -> int:
-        return self.cluster.state(url).order if url in self.cluster else -1
+        return Reservation(request, d.worker, d.kind, generation=generation)
 
     def complete(self, reservation: Reservation) -> bool:
         """Release what :meth:`route` reserved; returns False if already completed."""
         if reservation.done:
             return False
         reservation.done = True
-        gen = reservation.generation
-        if gen is None or gen == self._generation(reservation.worker):
-            self.cluster.release(reservation.worker, reservation.request.prompt_tokens)
+        self.cluster.release(
+            reservation.worker, reservation.request.prompt_tokens, reservation.generation
+        )
         self.policy.on_complete(reservation.request, reservation.worker)
         return True
 

@@ -36,8 +36,31 @@ _R = np.uint64(47)
 _H8 = np.uint64((FURC_SEED ^ ((8 * _MI) & _MASK)) & _MASK)
 _H4 = np.uint64((FURC_SEED ^ ((4 * _MI) & _MASK)) & _MASK)
 _LOW24 = np.uint64(0xFFFFFF)
+_SEED = np.uint64(FURC_SEED)
+_3 = np.uint64(3)
+_7 = np.uint64(7)
 _NBLOCKS = 9  # furc's first try reads bits up to 23 + 23 * 22 = 529 < 9 * 64
-_J = np.arange(1, 23, dtype=np.int64)  # reads j = 1 .. 22 of the first try
+
+
+def _weights() -> npt.NDArray[np.int64]:
+    """Row ``d + 1``: the furc bucket as a weighted sum of the 576-bit stream, for ``d``.
+
+    For ``d >= 2`` the bucket is ``2**(d-1) + sum(bit(d + 23*j) << (d - 1 - j))`` over
+    ``j = 1 .. d-1``; the leading 1 is weight on bit ``d`` (always set). ``d`` in {0, 1} gives
+    bucket 1 (weight on the set bit ``d``), ``d = -1`` (row 0) gives bucket 0.
+    """
+    w = np.zeros((25, _NBLOCKS * 64), dtype=np.int64)
+    for d in range(24):
+        if d <= 1:
+            w[d + 1, d] = 1
+            continue
+        w[d + 1, d] = 1 << (d - 1)
+        for j in range(1, d):
+            w[d + 1, d + 23 * j] = 1 << (d - 1 - j)
+    return w
+
+
+_WEIGHTS = _weights()
 
 
 def _fmix(h: _U64) -> _U64:
@@ -47,39 +70,30 @@ def _fmix(h: _U64) -> _U64:
     return h
 
 
-def _murmur_same_length(keys: Sequence[bytes], n: int) -> _U64:
-    """MurmurHash64A (seed ``FURC_SEED``) of equal-length ``keys`` of ``n`` bytes each."""
-    nb = n >> 3
-    width = nb + (1 if n & 7 else 0)
+def _murmur_many(keys: Sequence[bytes]) -> _U64:
+    """MurmurHash64A (seed ``FURC_SEED``) of each key; blocks past a key's end are masked."""
     count = len(keys)
-    h = np.full(count, (FURC_SEED ^ ((n * _MI) & _MASK)) & _MASK, dtype=np.uint64)
-    if width == 0:
-        return _fmix(h)
-    pad = width * 8 - n
-    buf = b"".join(keys) if pad == 0 else b"".join(k + b"\0" * pad for k in keys)
+    lens = [len(k) for k in keys]
+    lo, hi = min(lens), max(lens)
+    width = (hi >> 3) + 1  # every key gets at least one zero-padded (tail) block
+    row = width * 8
+    buf = b"".join([k + b"\0" * (row - n) for k, n in zip(keys, lens, strict=True)])
     blocks = np.frombuffer(buf, dtype="<u8").reshape(count, width).astype(np.uint64)
-    for c in range(nb):
+    n = np.array(lens, dtype=np.uint64)
+    h = (n * _M) ^ _SEED
+    nb = n >> _3
+    for c in range(hi >> 3):
         k = blocks[:, c] * _M
         k ^= k >> _R
         k *= _M
-        h ^= k
-        h *= _M
-    if n & 7:
-        h ^= blocks[:, nb]  # the zero-padded tail equals the little-endian tail value
-        h *= _M
+        k ^= h
+        k *= _M
+        h = k if c < lo >> 3 else np.where(nb > c, k, h)
+    # The zero-padded block at index len // 8 equals the little-endian tail value.
+    tail = blocks[np.arange(count), nb.astype(np.intp)] if lo != hi else blocks[:, hi >> 3]
+    with_tail = (tail ^ h) * _M
+    h = np.where((n & _7) != 0, with_tail, h)
     return _fmix(h)
-
-
-def _murmur_many(keys: Sequence[bytes]) -> _U64:
-    by_len: dict[int, list[int]] = {}
-    for i, k in enumerate(keys):
-        by_len.setdefault(len(k), []).append(i)
-    if len(by_len) == 1:
-        return _murmur_same_length(keys, len(keys[0]))
-    out = np.empty(len(keys), dtype=np.uint64)
-    for n, idx in by_len.items():
-        out[idx] = _murmur_same_length([keys[i] for i in idx], n)
-    return out
 
 
 def fbi_hash_many(keys: Sequence[bytes]) -> list[int]:
@@ -108,13 +122,8 @@ def fbi_hash_many(keys: Sequence[bytes]) -> list[int]:
         cur = _fmix(k)
         blocks[:, i] = cur
     bits = np.unpackbits(blocks.view(np.uint8), axis=1, bitorder="little")
-    pos = np.clip(d[:, None] + 23 * _J[None, :], 0, _NBLOCKS * 64 - 1)
-    got = np.take_along_axis(bits, pos, axis=1).astype(np.int64)
-    shift = d[:, None] - 1 - _J[None, :]
-    take = shift >= 0
-    num = (got << np.where(take, shift, 0)) * take
-    bucket = num.sum(axis=1) + (np.int64(1) << np.maximum(d - 1, 0))
-    bucket = np.where(d <= 1, np.where(d < 0, 0, 1), bucket)
+    # bucket = sum of bit(p) * weight_d(p) over the bit stream, plus the leading 1.
+    bucket = np.einsum("ij,ij->i", bits, _WEIGHTS[d + 1], dtype=np.int64)
     h = bucket.astype(np.uint64) ^ _H4
     h *= _M
     out: list[int] = _fmix(h).tolist()

@@ -29,15 +29,19 @@ class LeastRecentlyChosen:
         self._tick = 0
 
     def pick(self, candidates: Sequence[str], cluster: ClusterView) -> str:
-        last = self._last
-        best = candidates[0]
-        best_key = (cluster.in_flight(best), last.get(best, -1))
-        for w in candidates[1:]:
-            key = (cluster.in_flight(w), last.get(w, -1))
-            if key < best_key:
-                best, best_key = w, key
+        in_flight = cluster.in_flight
+        loads = [in_flight(w) for w in candidates]
+        fewest = min(loads)
+        if loads.count(fewest) == 1:
+            best = candidates[loads.index(fewest)]
+        else:
+            last = self._last
+            best = min(
+                (w for w, n in zip(candidates, loads, strict=True) if n == fewest),
+                key=lambda w: last.get(w, -1),
+            )
         self._tick += 1
-        last[best] = self._tick
+        self._last[best] = self._tick
         return best
 
 

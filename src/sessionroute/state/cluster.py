@@ -153,17 +153,31 @@ class Cluster:
         if w is not None:
             w.gauges = gauges
 
-    def reserve(self, url: str, tokens: int) -> None:
-        """Count one more in-flight request of ``tokens`` prompt tokens on ``url``."""
-        w = self._workers.get(url)
-        if w is not None:
-            w.in_flight += 1
-            w.in_flight_tokens += tokens
+    def reserve(self, url: str, tokens: int) -> int:
+        """Count one more in-flight request of ``tokens`` prompt tokens on ``url``.
 
-    def release(self, url: str, tokens: int) -> None:
-        """Undo one :meth:`reserve` (never below zero; a removed worker is ignored)."""
+        Returns:
+            The worker's generation (its add-order index, new on every add), to hand back to
+            :meth:`release`; -1 for an unknown worker (nothing is reserved).
+        """
         w = self._workers.get(url)
-        if w is not None:
+        if w is None:
+            return -1
+        w.in_flight += 1
+        w.in_flight_tokens += tokens
+        return w.order
+
+    def release(self, url: str, tokens: int, generation: int | None = None) -> None:
+        """Undo one :meth:`reserve` (never below zero; a removed worker is ignored).
+
+        Args:
+            url: the worker.
+            tokens: the prompt tokens that were reserved.
+            generation: what :meth:`reserve` returned; when given and the worker has since
+                been removed and added again (a new generation), nothing is released.
+        """
+        w = self._workers.get(url)
+        if w is not None and (generation is None or generation == w.order):
             w.in_flight = max(0, w.in_flight - 1)
             w.in_flight_tokens = max(0, w.in_flight_tokens - tokens)
 

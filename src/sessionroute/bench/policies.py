@@ -1,0 +1,152 @@
+"""``sessionroute bench policies``: select+complete latency of every policy at scale.
+
+For each policy a fresh :class:`~sessionroute.routing.RoutingCore` over ``--workers`` workers is
+pre-populated with ``--sessions`` active sessions (one routed and completed turn each, through
+the policy itself), then timed with :func:`time.perf_counter_ns`:
+
+* ``p50_us`` / ``p99_us``: one ``route`` + ``complete`` of a later turn of a random existing
+  session (``--turns`` samples);
+* ``new_session_us``: the median ``route`` + ``complete`` of a session never seen before
+  (``--new`` samples; each is released again, untimed, so the population stays constant).
+
+Requests carry a session id, a prompt-token estimate and a text (a 256-character shared system
+prompt plus a per-session task line), so ``cache_aware`` routes on real prefixes. The clock is
+a :class:`~sessionroute.clock.ManualClock` that does not move, so no session expires. Garbage
+is collected (and the survivors frozen) before timing each policy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import random
+import time
+from typing import Any
+
+import numpy as np
+
+from sessionroute.clock import ManualClock
+from sessionroute.policies import create_policy, policy_names
+from sessionroute.routing import RoutingCore
+from sessionroute.state import Cluster
+from sessionroute.types import RouteRequest
+
+__all__ = ["add_arguments", "bench_policy", "print_table", "run"]
+
+_SYSTEM = ("You are a software engineering agent working in a sandboxed repository. " * 4)[:256]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Register the options of ``sessionroute bench policies``."""
+    parser.add_argument("--workers", type=int, default=64, help="workers (default 64)")
+    parser.add_argument(
+        "--sessions", type=int, default=100_000, help="active sessions (default 100000)"
+    )
+    parser.add_argument(
+        "--turns", type=int, default=20_000, help="timed turns of existing sessions"
+    )
+    parser.add_argument("--new", type=int, default=1_000, help="timed new-session placements")
+    parser.add_argument(
+        "--policy",
+        action="append",
+        dest="policies",
+        metavar="NAME",
+        help="policy to run (repeatable; default: every built-in)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of the sampled sessions")
+
+
+def _request(i: int, prefix: str = "sess") -> RouteRequest:
+    sid = f"{prefix}-{i}"
+    return RouteRequest(
+        session_id=sid,
+        prompt_tokens=1000 + i % 7000,
+        text=f"{_SYSTEM}\nTask {sid}: fix the failing test in module_{i % 997}.py\n",
+    )
+
+
+def _timed(core: RoutingCore, req: RouteRequest) -> int:
+    t0 = time.perf_counter_ns()
+    core.complete(core.route(req))
+    return time.perf_counter_ns() - t0
+
+
+def bench_policy(
+    name: str, workers: int, sessions: int, turns: int, new: int, seed: int = 0
+) -> dict[str, Any]:
+    """Measure one policy; returns the JSON row ``{"policy", "workers", "sessions", "p50_us",
+    "p99_us", "new_session_us"}`` (latencies in microseconds, 2 decimals).
+
+    Raises:
+        ValueError: if ``workers``, ``sessions``, ``turns`` or ``new`` is below 1.
+    """
+    for key, value in (("workers", workers), ("sessions", sessions), ("turns", turns)):
+        if value < 1:
+            raise ValueError(f"{key} must be >= 1, got {value}")
+    if new < 1:
+        raise ValueError(f"new must be >= 1, got {new}")
+    urls = [f"http://10.0.{i // 250}.{i % 250 + 1}:8000" for i in range(workers)]
+    core = RoutingCore(
+        create_policy(name, clock=ManualClock(), rng=random.Random(seed)), Cluster(urls)
+    )
+    population = [_request(i) for i in range(sessions)]
+    for req in population:
+        core.complete(core.route(req))
+    rng = random.Random(seed)
+    sample = [population[rng.randrange(sessions)] for _ in range(turns)]
+    fresh = [_request(i, "new") for i in range(new)]
+    gc.collect()
+    gc.freeze()
+    try:
+        turn_ns = [_timed(core, req) for req in sample]
+        new_ns = []
+        for req in fresh:
+            new_ns.append(_timed(core, req))
+            if req.session_id is not None:
+                core.finish_session(req.session_id)
+    finally:
+        gc.unfreeze()
+    p50, p99 = np.percentile(np.asarray(turn_ns, dtype=np.float64) / 1000.0, [50, 99])
+    return {
+        "policy": name,
+        "workers": workers,
+        "sessions": sessions,
+        "p50_us": round(float(p50), 2),
+        "p99_us": round(float(p99), 2),
+        "new_session_us": round(float(np.median(np.asarray(new_ns)) / 1000.0), 2),
+    }
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Run the benchmark for ``args.policies`` (all built-ins by default).
+
+    Returns:
+        ``{"results": [row, ...]}``, one row per policy (see :func:`bench_policy`).
+    """
+    names = args.policies or policy_names()
+    return {
+        "results": [
+            bench_policy(name, args.workers, args.sessions, args.turns, args.new, args.seed)
+            for name in names
+        ]
+    }
+
+
+def print_table(result: dict[str, Any]) -> None:
+    """Print the rows of :func:`run` as a table (microseconds)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="select+complete latency (us)")
+    for col in ("policy", "workers", "sessions", "p50_us", "p99_us", "new_session_us"):
+        table.add_column(col, justify="left" if col == "policy" else "right")
+    for row in result["results"]:
+        table.add_row(
+            row["policy"],
+            str(row["workers"]),
+            str(row["sessions"]),
+            f"{row['p50_us']:.2f}",
+            f"{row['p99_us']:.2f}",
+            f"{row['new_session_us']:.2f}",
+        )
+    Console().print(table)
