@@ -212,3 +212,21 @@ async def test_vllm_router_session_header_list(
     owners = [b for b in backends if b.seen]
     assert len(owners) == 1 and len(owners[0].seen) == 3
     assert len(router.router.core.policy.session_counts()) == 1
+
+
+async def test_compressed_body_is_forwarded_as_received(
+    backends: list[FakeBackend], make_router: MakeRouter, client: aiohttp.ClientSession
+) -> None:
+    import gzip
+
+    router = await make_router([backends[0].url])
+    raw = b'{"model": "m", "messages": [{"role": "user", "content": "zip"}]}'
+    async with client.post(
+        router.url + "/v1/chat/completions",
+        data=gzip.compress(raw),
+        headers={"Content-Type": "application/json", "Content-Encoding": "gzip"},
+    ) as r:
+        assert r.status == 200  # the backend could decompress it: bytes and header intact
+    seen = backends[0].seen[-1]
+    assert seen.body == raw  # decompressed by the backend itself
+    assert {k.lower(): v for k, v in seen.headers.items()}["content-encoding"] == "gzip"

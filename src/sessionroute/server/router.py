@@ -30,6 +30,8 @@ __all__ = ["Router"]
 log = logging.getLogger("sessionroute.server")
 
 _ALNUM = string.ascii_letters + string.digits
+_ID_TABLE = bytes(ord(_ALNUM[i % len(_ALNUM)]) for i in range(256))
+"""Maps a random byte to an alphanumeric (the slight bias toward 8 letters is harmless)."""
 _ID_PREFIX = {"/v1/chat/completions": "chatcmpl-", "/v1/completions": "cmpl-"}
 
 
@@ -251,7 +253,7 @@ class Router:
 
     def new_request_id(self, path: str) -> str:
         """``chatcmpl-``/``cmpl-``/``req-`` + 24 alphanumerics (vllm-router's format)."""
-        return _ID_PREFIX.get(path, "req-") + "".join(self.rng.choices(_ALNUM, k=24))
+        return _ID_PREFIX.get(path, "req-") + self.rng.randbytes(24).translate(_ID_TABLE).decode()
 
     def backoff_s(self, retry: int) -> float:
         """Seconds to wait before retry number ``retry`` (1-based).

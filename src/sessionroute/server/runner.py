@@ -80,6 +80,7 @@ async def start_router(
     runner = web.AppRunner(
         build_app(router),
         handler_cancellation=True,
+        auto_decompress=False,  # compressed request bodies are forwarded as received
         shutdown_timeout=settings.shutdown_timeout_secs,
         access_log=access_log,
     )
