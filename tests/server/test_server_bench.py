@@ -29,5 +29,6 @@ def test_bench_proxy_smoke() -> None:
     assert all(r["errors"] == 0 and r["requests"] > 0 for r in rows.values())
     assert rows["direct"]["router_cpu_us_per_req"] is None
     assert rows["sessionroute"]["router_cpu_us_per_req"] > 0
+    assert rows["direct"]["backend_cpu_us_per_req"] > 0
     assert "added_p50_ms" in rows["sessionroute"]
     proxy.print_table(result)

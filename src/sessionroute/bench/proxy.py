@@ -8,7 +8,9 @@ for each body size and concurrency. Each router runs as its own process with
 ``x-session-id`` header (64 distinct sessions). Reported per row: requests per second,
 p50/p99 latency in milliseconds, and router CPU microseconds per request, from the
 ``utime + stime`` of the router process in ``/proc/<pid>/stat`` (all threads) over the
-measured window.
+measured window. The backend's CPU per request is reported too: it is a minimal aiohttp
+server (read the body, answer), so it shows what the HTTP machinery alone costs on the machine.
+CPU columns are microseconds per request; "+p50" is the p50 latency added over "direct".
 """
 
 from __future__ import annotations
@@ -163,11 +165,17 @@ def _body(prompt_bytes: int) -> bytes:
 
 
 async def _load(
-    url: str, body: bytes, concurrency: int, duration_s: float, pid: int | None
+    url: str,
+    body: bytes,
+    concurrency: int,
+    duration_s: float,
+    pid: int | None,
+    backend_pid: int,
 ) -> dict[str, Any]:
     """Closed loop: ``concurrency`` workers for ``duration_s`` seconds after a short warm-up.
 
-    Router CPU (of process ``pid``) is read at the start and end of the measured window.
+    Router CPU (of process ``pid``, if any) and backend CPU are read at the start and end of
+    the measured window.
     """
     latencies: list[float] = []
     errors = 0
@@ -200,18 +208,17 @@ async def _load(
                         errors += 1
 
         async def cpu_probe() -> None:
-            if pid is None:
-                return
             await asyncio.sleep(max(0.0, t_measure - time.perf_counter()))
-            cpu.append(_cpu_seconds(pid))
+            cpu.extend((_cpu_seconds(pid) if pid else 0.0, _cpu_seconds(backend_pid)))
             await asyncio.sleep(max(0.0, t_end - time.perf_counter()))
-            cpu.append(_cpu_seconds(pid))
+            cpu.extend((_cpu_seconds(pid) if pid else 0.0, _cpu_seconds(backend_pid)))
 
         await asyncio.gather(cpu_probe(), *(worker(k) for k in range(concurrency)))
     lat = np.asarray(latencies) * 1000.0
-    cpu_us = (cpu[1] - cpu[0]) * 1e6 / len(latencies) if len(cpu) == 2 and latencies else None
+    n = len(latencies)
     return {
-        "router_cpu_us_per_req": cpu_us,
+        "router_cpu_us_per_req": (cpu[2] - cpu[0]) * 1e6 / n if pid and n else None,
+        "backend_cpu_us_per_req": (cpu[3] - cpu[1]) * 1e6 / n if n else None,
         "requests": len(latencies),
         "errors": errors,
         "rps": len(latencies) / duration_s,
@@ -221,12 +228,19 @@ async def _load(
 
 
 async def _measure(
-    target: str, base: str, pid: int | None, args: argparse.Namespace, rows: list[dict[str, Any]]
+    target: str,
+    base: str,
+    pid: int | None,
+    backend_pid: int,
+    args: argparse.Namespace,
+    rows: list[dict[str, Any]],
 ) -> None:
     for size in args.body_bytes:
         body = _body(size)
         for c in args.concurrency:
-            stats = await _load(base + "/v1/chat/completions", body, c, args.duration, pid)
+            stats = await _load(
+                base + "/v1/chat/completions", body, c, args.duration, pid, backend_pid
+            )
             rows.append({"target": target, "body_bytes": len(body), "concurrency": c, **stats})
 
 
@@ -247,7 +261,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
         versions: dict[str, str | None] = {"vllm-router": None}
         for target in args.targets:
             if target == "direct":
-                await _measure("direct", backend_url, None, args, rows)
+                await _measure("direct", backend_url, None, backend.pid, args, rows)
                 continue
             port = _free_port()
             common = ["--host", "127.0.0.1", "--port", str(port), "--policy", args.policy]
@@ -268,7 +282,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
             url = f"http://127.0.0.1:{port}"
             await _wait_listening(url, proc, 60)
             pid = _listener_pid(port) or proc.pid
-            await _measure(target, url, pid, args, rows)
+            await _measure(target, url, pid, backend.pid, args, rows)
             proc.terminate()
             proc.wait(20)
     finally:
@@ -309,7 +323,18 @@ def print_table(result: dict[str, Any]) -> None:
     table = Table(
         title=f"proxy overhead, {result['duration_s']:.0f} s per row, policy {result['policy']}"
     )
-    for col in ("target", "body", "conc", "req/s", "p50 ms", "p99 ms", "+p50 ms", "cpu us/req"):
+    cols = (
+        "target",
+        "body",
+        "conc",
+        "req/s",
+        "p50 ms",
+        "p99 ms",
+        "+p50 ms",
+        "router us",
+        "backend us",
+    )
+    for col in cols:
         table.add_column(col, justify="left" if col == "target" else "right")
     for r in result["rows"]:
         table.add_row(
@@ -321,5 +346,6 @@ def print_table(result: dict[str, Any]) -> None:
             fmt(r["p99_ms"], ".3f"),
             fmt(r.get("added_p50_ms"), ".3f"),
             fmt(r["router_cpu_us_per_req"], ".0f"),
+            fmt(r["backend_cpu_us_per_req"], ".0f"),
         )
     Console().print(table)
