@@ -40,15 +40,19 @@ class Req:
         "itl_sum",
         "keys",
         "last_token",
+        "lazy",
         "nc",
         "nkeys",
         "nreg",
         "num_output",
+        "order",
         "output_len",
+        "phase",
         "preemptions",
         "prompt_len",
         "rid",
         "status",
+        "sync",
     )
 
     def __init__(
@@ -80,6 +84,10 @@ class Req:
         self.itl_max = 0.0
         self.cached_tokens = -1
         self.preemptions = 0
+        self.lazy = False  # fast path: a decoder whose counters are kept lazily
+        self.sync = 0  # fast path: step index its lazy counters refer to
+        self.phase = 0  # fast path: (nc - sync) % block_size
+        self.order = 0  # admission order
 
     def result(self, finish: float) -> RequestResult:
         """The finished request's :class:`RequestResult`."""
@@ -107,13 +115,14 @@ class Step:
     every request in ``decoders`` decodes one token in each.
     """
 
-    __slots__ = ("a", "c", "decoders", "end", "k", "sched", "start")
+    __slots__ = ("a", "c", "decoders", "end", "k", "lazy", "sched", "start")
 
     def __init__(self, start: float, end: float, sched: list[tuple[Req, int]]) -> None:
         self.start = start
         self.end = end
         self.sched = sched
         self.k = 0
+        self.lazy = False  # fast path: lazy decoders decode in this step too
         self.a = 0.0
         self.c = 0.0
         self.decoders: list[Req] = []
@@ -266,50 +275,12 @@ class Core:
             else:
                 p_tok += n
                 attn += n * (nc + n / 2)
-        if not preempted:
-            waiting = self.waiting
-            while waiting and budget > 0 and len(running) < self.max_seqs:
-                w = waiting[0]
-                ntok = w.prompt_len + w.num_output
-                limit = (ntok - 1) // bs
-                if limit > w.nkeys:
-                    limit = w.nkeys
-                hits = pool.hit_blocks(w.cache, w.keys, limit)
-                h = len(hits)
-                nc = h * bs
-                n = ntok - nc
-                if n > budget:
-                    n = budget
-                new = -(-(nc + n) // bs) - h
-                evictable = 0
-                for b in hits:
-                    if b.ref == 0:
-                        evictable += 1
-                if new + evictable > pool.num_free:
-                    break
-                waiting.popleft()
-                pool.touch(hits)
-                if new > 0:
-                    hits += pool.allocate(new)
-                w.blocks = hits
-                w.nc = nc
-                w.nreg = h
-                w.status = RUNNING
-                running.append(w)
-                self.register(w, nc + n)
-                if w.cached_tokens < 0:
-                    w.cached_tokens = nc
-                    w.first_sched = s
-                    self.n_queries += ntok
-                    self.n_hits += nc
-                sched.append((w, n))
-                budget -= n
-                if n == 1 and nc == ntok - 1:
-                    d_seq += 1
-                    ctx += ntok
-                else:
-                    p_tok += n
-                    attn += n * (nc + n / 2)
+        if not preempted and self.waiting:
+            p2, d2, c2, a2 = self.admit(s, budget, sched)
+            p_tok += p2
+            d_seq += d2
+            ctx += c2
+            attn += a2
         if not sched:
             return Step(s, s, sched)
         dt = self.profile.step_time(p_tok, d_seq, ctx, attn) * self.slowdown
@@ -317,6 +288,66 @@ class Core:
         self.n_iteration += p_tok + d_seq
         self.busy += dt
         return Step(s, s + dt, sched)
+
+    def admit(
+        self, s: float, budget: int, sched: list[tuple[Req, int]]
+    ) -> tuple[int, int, int, float]:
+        """Admit waiting requests FCFS into a step starting at ``s`` with ``budget`` tokens left.
+
+        Stops at ``max_num_seqs``, an empty budget or the first request whose blocks do not fit
+        (head-of-line). Appends to ``sched``; returns ``(P, D, C, A)`` of what it scheduled.
+        """
+        bs = self.bs
+        pool = self.pool
+        running = self.running
+        waiting = self.waiting
+        p_tok = d_seq = ctx = 0
+        attn = 0.0
+        while waiting and budget > 0 and len(running) < self.max_seqs:
+            w = waiting[0]
+            ntok = w.prompt_len + w.num_output
+            limit = (ntok - 1) // bs
+            if limit > w.nkeys:
+                limit = w.nkeys
+            hits = pool.hit_blocks(w.cache, w.keys, limit)
+            h = len(hits)
+            nc = h * bs
+            n = ntok - nc
+            if n > budget:
+                n = budget
+            new = -(-(nc + n) // bs) - h
+            evictable = 0
+            for b in hits:
+                if b.ref == 0:
+                    evictable += 1
+            if new + evictable > pool.num_free:
+                break
+            waiting.popleft()
+            pool.touch(hits)
+            if new > 0:
+                hits += pool.allocate(new)
+            w.blocks = hits
+            w.nc = nc
+            w.nreg = h
+            w.status = RUNNING
+            self.seq += 1
+            w.order = self.seq
+            running.append(w)
+            self.register(w, nc + n)
+            if w.cached_tokens < 0:
+                w.cached_tokens = nc
+                w.first_sched = s
+                self.n_queries += ntok
+                self.n_hits += nc
+            sched.append((w, n))
+            budget -= n
+            if n == 1 and nc == ntok - 1:
+                d_seq += 1
+                ctx += ntok
+            else:
+                p_tok += n
+                attn += n * (nc + n / 2)
+        return p_tok, d_seq, ctx, attn
 
     def apply(self, st: Step) -> None:
         """Apply a finished single step at its end (vLLM ``update_from_output``)."""
@@ -343,6 +374,12 @@ class Core:
                     finished = True
         if finished:
             self.running = [r for r in self.running if r.status == RUNNING]
+
+    def drop(self, r: Req) -> None:
+        """Abort a running request now: out of ``running``, blocks freed."""
+        self.running.remove(r)
+        self.pool.free(r.blocks)
+        r.blocks = []
 
     def finish(self, r: Req, e: float) -> None:
         """Mark ``r`` finished at ``e``, free its blocks and buffer its result.

@@ -154,9 +154,7 @@ class Replica:
         if isinstance(core, FastCore):
             core.split(now)
         if r.status == RUNNING:
-            core.running.remove(r)
-            core.pool.free(r.blocks)
-            r.blocks = []
+            core.drop(r)
         elif r in core.waiting:
             core.waiting.remove(r)
         else:
