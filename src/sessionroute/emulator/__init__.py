@@ -1,1 +1,50 @@
-"""sessionroute.emulator."""
+"""An emulated vLLM replica: an OpenAI-compatible server backed by the replica model in real time.
+
+``sessionroute emulate`` (``docs/emulator.md``) or, in-process::
+
+    async with emulators(3, EmulatorSettings(port=0, time_scale=10)) as handles:
+        urls = [h.url for h in handles]   # OpenAI base URL: url + "/v1"
+"""
+
+from sessionroute.emulator.app import EMULATOR_KEY, build_app
+from sessionroute.emulator.driver import ReplicaDriver, Ticket, tokens_generated
+from sessionroute.emulator.metrics import EmulatorMetrics
+from sessionroute.emulator.protocol import EmulatorRequestError
+from sessionroute.emulator.server import (
+    EmulatorHandle,
+    emulators,
+    run,
+    serve,
+    start_emulator,
+    start_emulators,
+    stop_all,
+)
+from sessionroute.emulator.service import EmulatedReplica, Generation, output_seed
+from sessionroute.emulator.settings import DEFAULT_PROFILE, EmulatorSettings
+from sessionroute.emulator.tokenizer import FILLER_WORDS, HashTokenizer, filler_pieces, render_chat
+
+__all__ = [
+    "DEFAULT_PROFILE",
+    "EMULATOR_KEY",
+    "FILLER_WORDS",
+    "EmulatedReplica",
+    "EmulatorHandle",
+    "EmulatorMetrics",
+    "EmulatorRequestError",
+    "EmulatorSettings",
+    "Generation",
+    "HashTokenizer",
+    "ReplicaDriver",
+    "Ticket",
+    "build_app",
+    "emulators",
+    "filler_pieces",
+    "output_seed",
+    "render_chat",
+    "run",
+    "serve",
+    "start_emulator",
+    "start_emulators",
+    "stop_all",
+    "tokens_generated",
+]

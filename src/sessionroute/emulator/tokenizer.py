@@ -1,0 +1,142 @@
+"""Deterministic text <-> token ids for the emulator: a word-level hashing tokenizer, a chat
+template and generated filler text that round-trips through the tokenizer.
+
+Text is split into *pieces* by one regular expression, in order of preference:
+
+- a special marker ``<|name|>`` (``name``: 1-32 of ``[A-Za-z0-9_.-]``), e.g. ``<|user|>``;
+- a word: an optional single leading space and a run of characters that are neither whitespace
+  nor ``<`` (``" hello,"``), like GPT-style BPE pieces;
+- a lone ``<``;
+- a single whitespace character.
+
+A piece's token id is its BLAKE2b digest (4 bytes, so ids are in ``[0, 2**32)``) -- stable across
+processes and Python versions, unlike ``hash(str)``. The split is prefix-stable at the seams the
+emulator creates: ``encode(a + b) == encode(a) + encode(b)`` whenever ``b`` starts with a special
+marker, a whitespace character or a space-led word and ``a`` does not end inside a special
+marker, so a multi-turn conversation's prompt extends the previous prompt plus its output token
+for token, and shares the previous turn's KV blocks as in vLLM.
+
+Generated text is a sequence of space-led four-letter words (``" bada kofe ..."``), one piece per
+token, drawn from 256 words by BLAKE2b of a seed: tokenizing the returned text reproduces the
+generated ids, and because every generated piece starts with a space it never merges with the
+prompt's last piece.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterable, Sequence
+
+__all__ = [
+    "FILLER_WORDS",
+    "HashTokenizer",
+    "filler_pieces",
+    "render_chat",
+]
+
+_PIECE = re.compile(r"<\|[A-Za-z0-9_.\-]{1,32}\|>| ?[^\s<]+|<|\s")
+
+_SYLLABLES = [c + v for c in "bdfgklmnprstvz" for v in "aeiou"]  # 70 syllables
+
+FILLER_WORDS: tuple[str, ...] = tuple(
+    _SYLLABLES[b % 70] + _SYLLABLES[17 * (b // 70)] for b in range(256)
+)
+"""The 256 distinct words of generated text; byte ``b`` of the seed stream picks word ``b``."""
+
+_CACHE_LIMIT = 1 << 20
+
+
+class HashTokenizer:
+    """Word-level hashing tokenizer (see the module docstring for the split and the ids).
+
+    Piece ids are memoized per instance (up to about a million distinct pieces, then the memo is
+    cleared), so encoding a long prompt is a regex scan plus dictionary lookups.
+    """
+
+    __slots__ = ("_ids",)
+
+    def __init__(self) -> None:
+        self._ids: dict[str, int] = {}
+
+    @staticmethod
+    def pieces(text: str) -> list[str]:
+        """Split ``text`` into pieces; ``"".join(pieces(text)) == text``."""
+        return _PIECE.findall(text)
+
+    def token_id(self, piece: str) -> int:
+        """The id of one piece: its 4-byte BLAKE2b digest as a big-endian int, ``[0, 2**32)``."""
+        tid = self._ids.get(piece)
+        if tid is None:
+            digest = hashlib.blake2b(piece.encode("utf-8", "surrogatepass"), digest_size=4)
+            tid = int.from_bytes(digest.digest(), "big")
+            if len(self._ids) >= _CACHE_LIMIT:
+                self._ids.clear()
+            self._ids[piece] = tid
+        return tid
+
+    def ids(self, pieces: Iterable[str]) -> list[int]:
+        """Token ids of already split pieces."""
+        ids = self._ids
+        out: list[int] = []
+        for p in pieces:
+            tid = ids.get(p)
+            out.append(tid if tid is not None else self.token_id(p))
+        return out
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text`` (one per piece)."""
+        return self.ids(_PIECE.findall(text))
+
+
+def render_chat(messages: Sequence[tuple[str, str]], *, add_generation_prompt: bool = True) -> str:
+    """Render chat messages into one prompt string.
+
+    Each message becomes ``<|role|>\\n{content}<|end|>\\n``; with ``add_generation_prompt`` the
+    text ends with ``<|assistant|>\\n``. So turn ``k + 1``'s prompt (turn ``k``'s messages, the
+    assistant reply, a new user message) starts with turn ``k``'s prompt followed by the reply.
+
+    Args:
+        messages: ``(role, content)`` pairs.
+        add_generation_prompt: append the assistant marker (vLLM's default for chat).
+
+    Returns:
+        The prompt text.
+    """
+    parts = [f"<|{role}|>\n{content}<|end|>\n" for role, content in messages]
+    if add_generation_prompt:
+        parts.append("<|assistant|>\n")
+    return "".join(parts)
+
+
+def filler_pieces(seed: bytes, n: int) -> list[str]:
+    """``n`` pieces of deterministic generated text, each a space-led word from
+    :data:`FILLER_WORDS`.
+
+    Word ``i`` is byte ``i % 64`` of ``blake2b(seed + (i // 64).to_bytes(8))`` (64-byte
+    digests), so the same seed always gives the same text and a longer output extends a shorter
+    one.
+
+    Args:
+        seed: any bytes (the emulator derives it from the prompt and the sampling nonce).
+        n: pieces wanted, >= 0.
+
+    Returns:
+        ``n`` strings; ``"".join`` of them is the generated text.
+
+    Raises:
+        ValueError: if ``n < 0``.
+    """
+    if n < 0:
+        raise ValueError(f"filler length must be >= 0, got {n}")
+    words = _SPACED
+    out: list[str] = []
+    chunk = 0
+    while len(out) < n:
+        digest = hashlib.blake2b(seed + chunk.to_bytes(8, "big"), digest_size=64).digest()
+        out.extend(words[b] for b in digest[: n - len(out)])
+        chunk += 1
+    return out
+
+
+_SPACED: tuple[str, ...] = tuple(" " + w for w in FILLER_WORDS)
