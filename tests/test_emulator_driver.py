@@ -8,7 +8,7 @@ import dataclasses
 import httpx
 import pytest
 
-from sessionroute.emulator import EmulatorRequestError, ReplicaDriver
+from sessionroute.emulator import EmulatorRequestError, ReplicaDriver, tokens_generated
 from sessionroute.engine import (
     PROFILES,
     EngineRequest,
@@ -71,21 +71,33 @@ async def test_simulated_time_is_scaled_wall_time() -> None:
     assert (res.output_tokens, res.cached_tokens) == (40, 0)
 
 
-async def test_streaming_progress_is_visible_before_the_finish() -> None:
+@pytest.mark.parametrize("others", [0, 3])
+async def test_streaming_progress_matches_the_reference_engine(others: int) -> None:
+    # The driver's engine runs the fast path (lazy decoders, closed-form decode runs); the
+    # token count it streams mid-decode must equal the one-step reference engine's.
     clock = FakeClock(0.0)
     driver = ReplicaDriver(Replica(CFG), 1.0, clock=clock, stream_interval_s=0.001)
+    ref = Replica(CFG, fast=False)
     driver.start()
     try:
-        req = _request("s", 200, 50)
-        ticket = driver.submit(req, stream=True)
-        ref = _reference(req, 0.0)
-        clock.t = (ref.first_token_s + ref.finish_s) / 2
-        while ticket.produced == 0:
+        reqs = [_request("s", 200, 50)] + [_request(f"o{i}", 100 + i, 80) for i in range(others)]
+        ticket = driver.submit(reqs[0], stream=True)
+        for r in reqs[1:]:
+            driver.submit(r, stream=False)
+        for r in reqs:
+            ref.add_request(r, 0.0)
+        res = _reference(reqs[0], 0.0)
+        mid = res.first_token_s + 0.6 * (res.finish_s - res.first_token_s)
+        ref.advance(mid)
+        expected = tokens_generated(ref, "s")
+        assert expected is not None and 1 < expected < 50
+        clock.t = mid
+        while ticket.produced < expected:
             await asyncio.wait_for(ticket.changed(), 5)
-        assert 0 < ticket.produced < 50 and ticket.result is None
-        clock.t = ref.finish_s + 1.0
-        res = await asyncio.wait_for(ticket.wait(), 5)
-        assert res.output_tokens == ticket.produced == 50
+        assert ticket.produced == expected and ticket.result is None
+        clock.t = res.finish_s + 10.0
+        done = await asyncio.wait_for(ticket.wait(), 5)
+        assert done.output_tokens == ticket.produced == 50
     finally:
         await driver.stop()
 

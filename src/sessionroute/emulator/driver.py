@@ -36,21 +36,32 @@ def tokens_generated(replica: Replica, request_id: str) -> int | None:
     """Tokens a live request has generated so far at the engine's clock (``replica.time``).
 
     The public engine API only reports finished requests, so this reads the engine's per-request
-    state (``Replica._core.reqs[id].num_output``) after reading :attr:`Replica.num_running`,
-    which brings the fast path's jumped-over decode steps up to ``replica.time``. Kept in this
-    one function so an engine change breaks one place.
+    state after reading :attr:`Replica.num_running` (which brings the fast path's jumped-over
+    decode steps up to ``replica.time``): ``num_output`` of the request, plus, for a fast-path
+    *lazy decoder*, the steps applied since its counters were last synced
+    (``core.g - req.sync``). Kept in this one function so an engine change breaks one place
+    (``tests/test_emulator_driver.py`` checks it against the reference engine).
 
     Returns:
         The count, or None when the request is not live (finished, aborted, unknown) or the
         engine does not expose its state (then streamed tokens arrive at the finish).
     """
     _ = replica.num_running  # syncs the fast path's run in flight to replica.time
-    reqs = getattr(getattr(replica, "_core", None), "reqs", None)
+    core = getattr(replica, "_core", None)
+    reqs = getattr(core, "reqs", None)
     if not isinstance(reqs, dict):
         return None
     state = reqs.get(request_id)
     n = getattr(state, "num_output", None)
-    return n if isinstance(n, int) else None
+    if not isinstance(n, int):
+        return None
+    if getattr(state, "lazy", False) is True:
+        g = getattr(core, "g", None)
+        sync = getattr(state, "sync", None)
+        if not (isinstance(g, int) and isinstance(sync, int)):
+            return None
+        n += g - sync
+    return n
 
 
 class Ticket:
