@@ -308,8 +308,8 @@ async def _relay(
             router.record_failure(worker)
             metrics.count_request(worker, 502)
             if request.transport is not None:
-                request.transport.abort()
-            raise
+                request.transport.abort()  # no terminating chunk: the client sees truncation
+            return resp
         await resp.write_eof()
         metrics.count_request(worker, status)
         return resp
