@@ -31,7 +31,7 @@ from typing import Any
 import aiohttp
 import numpy as np
 
-__all__ = ["add_arguments", "backend_main", "print_table", "run"]
+__all__ = ["add_arguments", "backend_main", "print_table", "run", "to_markdown"]
 
 _RESPONSE = json.dumps(
     {
@@ -349,3 +349,24 @@ def print_table(result: dict[str, Any]) -> None:
             fmt(r["backend_cpu_us_per_req"], ".0f"),
         )
     Console().print(table)
+
+
+def to_markdown(result: dict[str, Any]) -> str:
+    """The rows as a Markdown table (for docs/benchmarks.md)."""
+
+    def fmt(v: Any, spec: str) -> str:
+        return "-" if v is None else format(v, spec)
+
+    lines = [
+        "| target | body bytes | concurrency | req/s | p50 ms | p99 ms | added p50 ms "
+        "| router CPU us/req | backend CPU us/req |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in result["rows"]:
+        lines.append(
+            f"| {r['target']} | {r['body_bytes']} | {r['concurrency']} | {fmt(r['rps'], '.0f')} "
+            f"| {fmt(r['p50_ms'], '.2f')} | {fmt(r['p99_ms'], '.2f')} "
+            f"| {fmt(r.get('added_p50_ms'), '.2f')} | {fmt(r['router_cpu_us_per_req'], '.0f')} "
+            f"| {fmt(r['backend_cpu_us_per_req'], '.0f')} |"
+        )
+    return "\n".join(lines)
