@@ -230,3 +230,13 @@ async def test_compressed_body_is_forwarded_as_received(
     seen = backends[0].seen[-1]
     assert seen.body == raw  # decompressed by the backend itself
     assert {k.lower(): v for k, v in seen.headers.items()}["content-encoding"] == "gzip"
+
+
+async def test_worker_url_with_trailing_slash(
+    backends: list[FakeBackend], make_router: MakeRouter, client: aiohttp.ClientSession
+) -> None:
+    router = await make_router([backends[0].url + "/"])
+    assert (await post_chat(client, router, "slash"))[0] == 200
+    assert backends[0].seen[-1].path == "/v1/chat/completions"
+    async with client.get(router.url + "/v1/models") as r:
+        assert r.status == 200

@@ -117,7 +117,7 @@ async def models(request: web.Request) -> web.Response:
     for url in healthy:
         try:
             async with router.session.get(
-                url + "/v1/models",
+                url.rstrip("/") + "/v1/models",
                 headers=router.worker_headers,
                 timeout=aiohttp.ClientTimeout(total=router.settings.health_check_timeout_secs),
             ) as resp:

@@ -230,7 +230,7 @@ class HealthChecker:
         items = list(self._workers.items())
         results = await asyncio.gather(
             *(
-                probe(self._session, url + self._endpoint, self._timeout, self._headers)
+                probe(self._session, url.rstrip("/") + self._endpoint, self._timeout, self._headers)
                 for url, _ in items
             )
         )

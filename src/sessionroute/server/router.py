@@ -217,7 +217,7 @@ class Router:
         s = self.settings
         ok, reason = await probe(
             self.session,
-            url + s.health_check_endpoint,
+            url.rstrip("/") + s.health_check_endpoint,
             s.health_check_timeout_secs,
             self.worker_headers,
         )
@@ -248,7 +248,7 @@ class Router:
         if url is None:
             if len(self._urls) >= 4096:
                 self._urls.clear()
-            url = self._urls[key] = URL(worker + path_qs, encoded=True)
+            url = self._urls[key] = URL(worker.rstrip("/") + path_qs, encoded=True)
         return url
 
     def new_request_id(self, path: str) -> str:
