@@ -1,12 +1,14 @@
 """KV block pool with prefix caching, after vLLM V1 ``v1/core/block_pool.py``.
 
-Blocks hold ``block_size`` tokens. A full block whose content has a key is *cached*: its key maps
-to it in the cache of the request's ``cache_salt`` (one dict per salt, so different salts never
-share). A block nobody uses (``ref == 0``) sits in the LRU free queue, cached or not; allocation
-pops the queue head and evicts the popped block's key. A hit takes the block out of the queue
-(``touch``). A finished or preempted request's blocks are freed deepest first, so its deepest
-block is evicted first. The queue is a deque with lazy deletion: an entry is live only while its
-version matches the block's.
+Blocks hold ``block_size`` tokens and are integer ids ``0..num_blocks-1`` with per-block state
+in parallel lists (no per-block objects, which keeps the garbage collector out of the hot loop).
+A full block whose content has a key is *cached*: its key maps to it in the cache of the
+request's ``cache_salt`` (one dict per salt, so different salts never share). A block nobody
+uses (``ref == 0``) sits in the LRU free queue, cached or not; allocation pops the queue head and
+evicts the popped block's key. A hit takes the block out of the queue (``touch``). A finished or
+preempted request's blocks are freed deepest first, so its deepest block is evicted first. The
+queue is a deque of ``(version << 32) | block`` entries with lazy deletion: an entry is live only
+while its version matches the block's.
 
 Deviation from vLLM: when a block fills with content whose key is already cached by another
 block, vLLM keeps both under the key; here the new block stays uncached (no duplicate keys).
@@ -15,52 +17,43 @@ block, vLLM keeps both under the key; here the new block stays uncached (no dupl
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from itertools import islice
 
-__all__ = ["Block", "BlockPool"]
+__all__ = ["BlockPool"]
 
-
-class Block:
-    """One KV block.
-
-    Attributes:
-        cache: the salt's cache dict that maps ``key`` to this block, or None if uncached.
-        key: the block's chained key (meaningful only while ``cache`` is set).
-        ref: number of running requests using it.
-        ver: version; a free-queue entry ``(block, ver)`` is live only while it matches.
-    """
-
-    __slots__ = ("cache", "key", "ref", "ver")
-
-    def __init__(self) -> None:
-        self.cache: dict[int, Block] | None = None
-        self.key = 0
-        self.ref = 1
-        self.ver = 0
+_ID_BITS = 32
+_ID_MASK = (1 << _ID_BITS) - 1
 
 
 class BlockPool:
     """Fixed number of blocks, an LRU free queue and per-salt prefix caches.
 
     Args:
-        num_blocks: blocks in the pool (``kv_capacity_tokens // block_size``), >= 1.
+        num_blocks: blocks in the pool (``kv_capacity_tokens // block_size``), 1 to 2**32.
 
     Attributes:
         num_blocks: total blocks.
         num_free: blocks with ``ref == 0`` (free, cached or not), vLLM ``get_num_free_blocks``.
+        ref: per block, the number of running requests using it.
+        owner: per block, the cache dict that maps its key to it, or None if uncached.
+        key: per block, its key (meaningful only while ``owner`` is set).
     """
 
     def __init__(self, num_blocks: int) -> None:
-        if num_blocks < 1:
-            raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
+        if not 1 <= num_blocks <= _ID_MASK:
+            raise ValueError(f"num_blocks must be in [1, 2**32), got {num_blocks}")
         self.num_blocks = num_blocks
         self.num_free = num_blocks
-        self._virgin = num_blocks  # never-used blocks, at the head of the free queue
-        self._queue: deque[tuple[Block, int]] = deque()
-        self._caches: dict[str | None, dict[int, Block]] = {}
+        self._next = 0  # never-used blocks are _next.., at the head of the free queue
+        self.ref = [0] * num_blocks
+        self.ver = [0] * num_blocks
+        self.key = [0] * num_blocks
+        self.owner: list[dict[int, int] | None] = [None] * num_blocks
+        self._queue: deque[int] = deque()
+        self._caches: dict[str | None, dict[int, int]] = {}
 
-    def cache_for(self, salt: str | None) -> dict[int, Block]:
+    def cache_for(self, salt: str | None) -> dict[int, int]:
         """The cache dict (key -> block) of a ``cache_salt``."""
         cache = self._caches.get(salt)
         if cache is None:
@@ -68,7 +61,7 @@ class BlockPool:
         return cache
 
     @staticmethod
-    def hit_blocks(cache: dict[int, Block], keys: Sequence[int], limit: int) -> list[Block]:
+    def hit_blocks(cache: dict[int, int], keys: Sequence[int], limit: int) -> list[int]:
         """Longest cached prefix of a key chain (vLLM ``find_longest_cache_hit``).
 
         Args:
@@ -79,27 +72,35 @@ class BlockPool:
         Returns:
             The cached blocks of keys ``0..h-1`` for the largest such ``h <= limit``.
         """
-        out: list[Block] = []
+        out: list[int] = []
         get = cache.get
         append = out.append
-        for key in islice(keys, limit):
-            block = get(key)
-            if block is None:
+        for k in islice(keys, limit):
+            b = get(k)
+            if b is None:
                 break
-            append(block)
+            append(b)
         return out
 
-    def touch(self, blocks: Iterable[Block]) -> None:
+    def num_idle(self, blocks: Sequence[int]) -> int:
+        """How many of ``blocks`` are idle (``ref == 0``), i.e. count against the free blocks."""
+        ref = self.ref
+        return [ref[b] for b in blocks].count(0)
+
+    def touch(self, blocks: Sequence[int]) -> None:
         """Take a hit's blocks into use: out of the free queue if idle, ``ref += 1``."""
+        ref = self.ref
+        ver = self.ver
         taken = 0
-        for block in blocks:
-            if block.ref == 0:
-                block.ver += 1
+        for b in blocks:
+            r = ref[b]
+            if r == 0:
+                ver[b] += 1
                 taken += 1
-            block.ref += 1
+            ref[b] = r + 1
         self.num_free -= taken
 
-    def allocate(self, n: int) -> list[Block]:
+    def allocate(self, n: int) -> list[int]:
         """Pop ``n`` blocks from the free-queue head, evicting their keys (``ref`` becomes 1).
 
         Raises:
@@ -108,58 +109,75 @@ class BlockPool:
         if n > self.num_free:
             raise ValueError(f"cannot allocate {n} blocks, {self.num_free} free")
         self.num_free -= n
-        out: list[Block] = []
-        if self._virgin:
-            fresh = n if n < self._virgin else self._virgin
-            self._virgin -= fresh
-            out = [Block() for _ in range(fresh)]
+        ref = self.ref
+        nxt = self._next
+        if nxt < self.num_blocks:
+            fresh = min(n, self.num_blocks - nxt)
+            self._next = nxt + fresh
+            ref[nxt : nxt + fresh] = [1] * fresh
+            out = list(range(nxt, nxt + fresh))
             n -= fresh
+            if not n:
+                return out
+        else:
+            out = []
         popleft = self._queue.popleft
         append = out.append
+        ver = self.ver
+        owner = self.owner
+        key = self.key
         while n:
-            block, ver = popleft()
-            if ver != block.ver:
+            e = popleft()
+            b = e & _ID_MASK
+            v = e >> _ID_BITS
+            if v != ver[b]:
                 continue
-            cache = block.cache
+            cache = owner[b]
             if cache is not None:
-                del cache[block.key]
-                block.cache = None
-            block.ver = ver + 1
-            block.ref = 1
-            append(block)
+                del cache[key[b]]
+                owner[b] = None
+            ver[b] = v + 1
+            ref[b] = 1
+            append(b)
             n -= 1
         return out
 
-    def free(self, blocks: Sequence[Block]) -> None:
+    def free(self, blocks: Sequence[int]) -> None:
         """Release a request's blocks, deepest first; idle ones join the queue tail."""
         append = self._queue.append
+        ref = self.ref
+        ver = self.ver
         freed = 0
-        for block in reversed(blocks):
-            block.ref -= 1
-            if block.ref == 0:
-                ver = block.ver + 1
-                block.ver = ver
-                append((block, ver))
+        for b in reversed(blocks):
+            r = ref[b] - 1
+            ref[b] = r
+            if r == 0:
+                v = ver[b] + 1
+                ver[b] = v
+                append((v << _ID_BITS) | b)
                 freed += 1
         self.num_free += freed
+
+    def register(self, cache: dict[int, int], k: int, b: int) -> None:
+        """Cache full block ``b`` under key ``k`` unless the key is cached already."""
+        if k not in cache:
+            cache[k] = b
+            self.owner[b] = cache
+            self.key[b] = k
 
     def reset_prefix_cache(self) -> int:
         """Uncache every idle block (vLLM ``reset_prefix_cache``); returns how many."""
         dropped = 0
-        for block, ver in self._queue:
-            if ver == block.ver and block.cache is not None:
-                del block.cache[block.key]
-                block.cache = None
+        ver = self.ver
+        owner = self.owner
+        for e in self._queue:
+            b = e & _ID_MASK
+            cache = owner[b]
+            if e >> _ID_BITS == ver[b] and cache is not None:
+                del cache[self.key[b]]
+                owner[b] = None
                 dropped += 1
         return dropped
-
-    @staticmethod
-    def register(cache: dict[int, Block], key: int, block: Block) -> None:
-        """Cache a full block under ``key`` unless the key is cached already."""
-        if key not in cache:
-            cache[key] = block
-            block.cache = cache
-            block.key = key
 
     @property
     def usage(self) -> float:

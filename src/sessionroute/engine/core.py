@@ -16,7 +16,7 @@ import heapq
 from collections import deque
 
 from sessionroute.engine.api import ReplicaConfig, RequestResult
-from sessionroute.engine.blocks import Block, BlockPool
+from sessionroute.engine.blocks import BlockPool
 
 __all__ = ["ABORTED", "FINISHED", "RUNNING", "WAITING", "Core", "Req", "Step"]
 
@@ -62,7 +62,7 @@ class Req:
         output_len: int,
         keys: list[int] | tuple[int, ...],
         nkeys: int,
-        cache: dict[int, Block],
+        cache: dict[int, int],
         arrival: float,
     ) -> None:
         self.rid = rid
@@ -74,7 +74,7 @@ class Req:
         self.arrival = arrival
         self.num_output = 0
         self.nc = 0  # tokens computed (or scheduled in the step in flight), vLLM num_computed
-        self.blocks: list[Block] = []
+        self.blocks: list[int] = []
         self.nreg = 0  # leading blocks already offered to the cache
         self.status = WAITING
         self.first_sched = -1.0
@@ -214,13 +214,15 @@ class Core:
             cache = r.cache
             keys = r.keys
             blocks = r.blocks
+            owner = self.pool.owner
+            bkey = self.pool.key
             for i in range(r.nreg, full):
-                key = keys[i]
-                if key not in cache:
-                    block = blocks[i]
-                    cache[key] = block
-                    block.cache = cache
-                    block.key = key
+                k = keys[i]
+                if k not in cache:
+                    b = blocks[i]
+                    cache[k] = b
+                    owner[b] = cache
+                    bkey[b] = k
             r.nreg = full
 
     def preempt(self, r: Req) -> None:
@@ -316,11 +318,7 @@ class Core:
             if n > budget:
                 n = budget
             new = -(-(nc + n) // bs) - h
-            evictable = 0
-            for b in hits:
-                if b.ref == 0:
-                    evictable += 1
-            if new + evictable > pool.num_free:
+            if new + (pool.num_idle(hits) if h else 0) > pool.num_free:
                 break
             waiting.popleft()
             pool.touch(hits)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 
 from sessionroute.engine.api import (
@@ -13,6 +14,7 @@ from sessionroute.engine.api import (
 )
 from sessionroute.engine.core import ABORTED, RUNNING, WAITING, Core, Req
 from sessionroute.engine.fast import FastCore
+from sessionroute.errors import ConfigError
 
 __all__ = ["Replica"]
 
@@ -163,6 +165,24 @@ class Replica:
         r.status = ABORTED
         del core.reqs[request_id]
         return True
+
+    def set_slowdown(self, factor: float, now: float) -> None:
+        """Multiply the duration of every step starting at or after ``now`` by ``factor``.
+
+        A slow-replica fault (``ReplicaConfig.slowdown`` at run time); the step in progress
+        keeps its duration. ``factor`` 1.0 restores full speed.
+
+        Raises:
+            ConfigError: if ``factor`` is not > 0.
+        """
+        if not factor > 0:
+            raise ConfigError(f"slowdown must be > 0, got {factor}")
+        core = self._core
+        core.run_until(now)
+        if isinstance(core, FastCore):
+            core.split(now)
+        core.slowdown = factor
+        self.config = dataclasses.replace(self.config, slowdown=factor)
 
     def reset_prefix_cache(self) -> int:
         """Uncache every idle cached block (vLLM ``reset_prefix_cache``); returns how many."""
