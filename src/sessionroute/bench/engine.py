@@ -38,6 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--reference-requests", type=int, default=1_000, help="reference requests (0: skip)"
     )
+    parser.add_argument(
+        "--max-wall", type=float, default=20.0, help="wall seconds per implementation at most"
+    )
     parser.add_argument("--seed", type=int, default=0)
 
 
@@ -77,10 +80,10 @@ class _Workload:
         return s
 
     def _extend_keys(self, s: _Session, tokens: int) -> None:
-        need = tokens // self.bs
-        keys = s.keys
-        while len(keys) < need:
-            keys.append(self._key())
+        more = tokens // self.bs - len(s.keys)
+        if more > 0:
+            s.keys += range(self.next_key + 1, self.next_key + 1 + more)
+            self.next_key += more
 
     def request(self, s: _Session) -> EngineRequest:
         """The session's next turn: its context as prompt, a random output length."""
@@ -108,8 +111,14 @@ def run_closed_loop(
     max_context: int,
     requests: int,
     seed: int,
+    max_wall_s: float = float("inf"),
 ) -> dict[str, Any]:
-    """Drive one replica until ``requests`` requests finished; returns measured numbers."""
+    """Drive one replica until ``requests`` requests finished (or ``max_wall_s`` passed).
+
+    Returns:
+        Measured numbers: requests, wall seconds, requests per wall second, simulated seconds,
+        steps, preemptions, prefix-cache hit rate, mean prompt tokens.
+    """
     wl = _Workload(sessions, max_context, config.block_size, seed)
     rep = Replica(config, fast=fast)
     for s in wl.initial:
@@ -118,7 +127,13 @@ def run_closed_loop(
     prompt_tokens = 0
     t_end = 0.0
     wall0 = time.perf_counter()
+    cpu0 = time.process_time()
+    deadline = wall0 + max_wall_s
+    loops = 0
     while finished < requests:
+        loops += 1
+        if not loops & 63 and time.perf_counter() > deadline:
+            break
         t = rep.next_event_time()
         if t is None:
             break
@@ -128,11 +143,14 @@ def run_closed_loop(
             t_end = r.finish_s
             rep.add_request(wl.follow_up(r.request_id, r.output_tokens), r.finish_s)
     wall = time.perf_counter() - wall0
+    cpu = time.process_time() - cpu0
     c = rep.counters()
     return {
         "requests": finished,
         "wall_seconds": wall,
         "requests_per_wall_second": finished / wall if wall > 0 else 0.0,
+        "cpu_seconds": cpu,
+        "requests_per_cpu_second": finished / cpu if cpu > 0 else 0.0,
         "simulated_seconds": t_end,
         "simulated_requests_per_second": finished / t_end if t_end > 0 else 0.0,
         "steps": c.steps,
@@ -156,10 +174,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             f"--max-context must be >= {_SYSTEM_TOKENS + 5000}, got {args.max_context}"
         )
     config = ReplicaConfig(PROFILES[args.profile], block_size=args.block_size)
-    common = {
+    common: dict[str, Any] = {
         "sessions": args.sessions,
         "max_context": args.max_context,
         "seed": args.seed,
+        "max_wall_s": args.max_wall,
     }
     out: dict[str, Any] = {
         "profile": args.profile,
@@ -186,6 +205,7 @@ def print_table(result: dict[str, Any]) -> None:
         ("requests", "{:d}"),
         ("wall_seconds", "{:.2f}"),
         ("requests_per_wall_second", "{:,.0f}"),
+        ("requests_per_cpu_second", "{:,.0f}"),
         ("simulated_seconds", "{:,.1f}"),
         ("steps_per_wall_second", "{:,.0f}"),
         ("preemptions", "{:d}"),
