@@ -66,7 +66,7 @@ class RoutingCore:
         self.decisions[d.kind] += 1
         if self.log is not None:
             self.log.append((request.session_id, d.worker, d.kind.value))
-        return Reservation(request, d.worker, d.kind, generation=generation)
+        return Reservation(request, d.worker, d.kind, False, generation)
 
     def complete(self, reservation: Reservation) -> bool:
         """Release what :meth:`route` reserved; returns False if already completed."""

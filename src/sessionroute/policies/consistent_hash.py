@@ -40,6 +40,7 @@ class ConsistentHashPolicy(Policy):
         self._ring = HashRing()
         self._hash = KeyHashCache()
         self._stateless = LeastRecentlyChosen()
+        self._decisions: dict[str, Decision] = {}  # worker -> its (immutable) STICKY decision
 
     def select(self, request: RouteRequest, cluster: ClusterView) -> Decision:
         healthy = require_healthy(cluster)
@@ -48,4 +49,8 @@ class ConsistentHashPolicy(Policy):
         if healthy is not self._ring.members:
             self._ring.rebuild(healthy)
         key = f"header:{request.session_header}:{request.session_id}"
-        return Decision(self._ring.owner(self._hash(key)), DecisionKind.STICKY)
+        worker = self._ring.owner(self._hash(key))
+        d = self._decisions.get(worker)
+        if d is None:
+            d = self._decisions[worker] = Decision(worker, DecisionKind.STICKY)
+        return d

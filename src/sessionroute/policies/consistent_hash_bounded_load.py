@@ -95,6 +95,7 @@ class ConsistentHashBoundedLoadPolicy(Policy):
         self._hash = KeyHashCache()
         self._stateless = LeastRecentlyChosen()
         self._displaced: set[str] = set()
+        self._decisions: dict[str, Decision] = {}  # worker -> its (immutable) STICKY decision
         self.overload_moves = 0
         """Sessions moved because their healthy worker was above the bound (also re-pinned)."""
 
@@ -125,7 +126,10 @@ class ConsistentHashBoundedLoadPolicy(Policy):
                 if table.count(worker) <= self.bound(len(table), len(healthy)):
                     table.touch(sid, now)
                     table.stats.sticky += 1
-                    return Decision(worker, DecisionKind.STICKY)
+                    d = self._decisions.get(worker)
+                    if d is None:
+                        d = self._decisions[worker] = Decision(worker, DecisionKind.STICKY)
+                    return d
                 self.overload_moves += 1
             table.unpin(sid)
             kind = DecisionKind.REPINNED

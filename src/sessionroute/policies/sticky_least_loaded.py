@@ -68,6 +68,7 @@ class StickyLeastLoadedPolicy(Policy):
         self._sweep_interval = cfg.sweep_interval_s
         self._last_sweep = clock.now()
         self._displaced: set[str] = set()
+        self._decisions: dict[str, Decision] = {}  # worker -> its (immutable) STICKY decision
 
     def select(self, request: RouteRequest, cluster: ClusterView) -> Decision:
         healthy = require_healthy(cluster)
@@ -84,7 +85,10 @@ class StickyLeastLoadedPolicy(Policy):
             if cluster.is_healthy(worker):
                 table.touch(sid, now)
                 table.stats.sticky += 1
-                return Decision(worker, DecisionKind.STICKY)
+                d = self._decisions.get(worker)
+                if d is None:
+                    d = self._decisions[worker] = Decision(worker, DecisionKind.STICKY)
+                return d
             table.unpin(sid)
             kind = DecisionKind.REPINNED
         elif sid in self._displaced:

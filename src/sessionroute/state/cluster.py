@@ -178,8 +178,9 @@ class Cluster:
         """
         w = self._workers.get(url)
         if w is not None and (generation is None or generation == w.order):
-            w.in_flight = max(0, w.in_flight - 1)
-            w.in_flight_tokens = max(0, w.in_flight_tokens - tokens)
+            if w.in_flight > 0:
+                w.in_flight -= 1
+            w.in_flight_tokens = w.in_flight_tokens - tokens if w.in_flight_tokens > tokens else 0
 
     def _rebuild(self) -> None:
         ordered = sorted(self._workers.values(), key=lambda w: w.order)
