@@ -29,6 +29,7 @@ from sessionroute.emulator.protocol import (
     parse_body,
 )
 from sessionroute.emulator.service import EmulatedReplica, Generation
+from sessionroute.emulator.sse import DONE, ChunkEncoder, sse
 from sessionroute.emulator.tokenizer import render_chat
 from sessionroute.engine import EngineRequestError, RequestResult
 
@@ -151,58 +152,37 @@ async def _stream(
         }
     )
     await resp.prepare(request)
-    head = {
-        "id": gen.request_id,
-        "object": "chat.completion.chunk" if chat else "text_completion",
-        "created": int(time.time()),
-        "model": emu.model,
-    }
+    enc = ChunkEncoder(
+        gen.request_id,
+        emu.model,
+        int(time.time()),
+        chat=chat,
+        prompt_len=len(gen.prompt_ids),
+        continuous=options is not None and bool(options.continuous_usage_stats),
+    )
     include_usage = options is not None and bool(options.include_usage)
-    continuous = options is not None and bool(options.continuous_usage_stats)
-    prompt_len = len(gen.prompt_ids)
-    out = len(gen.pieces)
-
-    def event(choice: dict[str, Any], done_tokens: int) -> bytes:
-        chunk: dict[str, Any] = {**head, "choices": [choice]}
-        if continuous:
-            chunk["usage"] = {
-                "prompt_tokens": prompt_len,
-                "total_tokens": prompt_len + done_tokens,
-                "completion_tokens": done_tokens,
-            }
-        return b"data: " + _dumps(chunk) + b"\n\n"
-
-    def token(i: int) -> bytes:
-        finish = "length" if i == out - 1 else None
-        if chat:
-            choice = {"index": 0, "delta": {"content": gen.pieces[i]}}
-        else:
-            choice = {"index": 0, "text": gen.pieces[i], "stop_reason": None}
-        choice["logprobs"] = None
-        choice["finish_reason"] = finish
-        return event(choice, i + 1)
-
+    pieces = gen.pieces
+    out = len(pieces)
     if chat:
-        first = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None}
-        first["finish_reason"] = None
-        await resp.write(event(first, 0))
+        await resp.write(enc.role())
     sent = 0
     try:
         while True:
             await ticket.changed()
             upto = out if ticket.result is not None else min(ticket.produced, out - 1)
             if upto > sent:
-                await resp.write(b"".join(token(i) for i in range(sent, upto)))
+                await resp.write(
+                    b"".join(enc.token(pieces[i], i, i == out - 1) for i in range(sent, upto))
+                )
                 sent = upto
             if ticket.result is not None:
                 break
     except EmulatorRequestError as exc:
-        await resp.write(b"data: " + _dumps(error_body(exc.status, str(exc))) + b"\n\n")
+        await resp.write(sse(error_body(exc.status, str(exc))))
     else:
         if include_usage and ticket.result is not None:
-            usage: dict[str, Any] = {**head, "choices": [], "usage": _usage(ticket.result)}
-            await resp.write(b"data: " + _dumps(usage) + b"\n\n")
-    await resp.write(b"data: [DONE]\n\n")
+            await resp.write(enc.usage(_usage(ticket.result)))
+    await resp.write(DONE)
     await resp.write_eof()
     return resp
 

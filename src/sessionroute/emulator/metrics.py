@@ -1,10 +1,12 @@
 """``/metrics`` of one emulated replica: vLLM's metric names in Prometheus text.
 
-Each server has its own :class:`prometheus_client.CollectorRegistry`. Gauges and counters are
-read from the engine at scrape time (the driver first advances the engine to now); latency
-histograms are observed when a request finishes. Names, labels (``model_name``, ``engine``) and
-histogram buckets follow vLLM V1 (``vllm/v1/metrics/loggers.py``); latencies are in *simulated*
-seconds, i.e. what the modelled GPU would show (wall seconds times ``time_scale``).
+Each server has its own :class:`prometheus_client.CollectorRegistry` with one collector. Gauges
+and counters are read from the engine at scrape time (the driver first advances the engine to
+now); latency histograms are accumulated when a request finishes (own bucket counts, so the
+inter-token histogram takes a request's ``output_tokens - 1`` gaps in one update). Names,
+labels (``model_name``, ``engine``) and histogram buckets follow vLLM V1
+(``vllm/v1/metrics/loggers.py``); latencies are in *simulated* seconds, i.e. what the modelled
+GPU would show (wall seconds times ``time_scale``).
 
 Differences from vLLM: ``vllm:inter_token_latency_seconds`` observes each request's mean gap
 ``output_tokens - 1`` times (the engine reports a mean and a max, not every gap);
@@ -13,9 +15,10 @@ Differences from vLLM: ``vllm:inter_token_latency_seconds`` observes each reques
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -26,7 +29,7 @@ from prometheus_client.registry import Collector
 
 from sessionroute.engine import Replica, RequestResult
 
-__all__ = ["EmulatorMetrics"]
+__all__ = ["EmulatorMetrics", "LatencyHistogram"]
 
 _TTFT_BUCKETS = (
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
@@ -42,11 +45,57 @@ _REQUEST_BUCKETS = (
 )  # fmt: skip
 
 
+class LatencyHistogram:
+    """A Prometheus histogram kept as bucket counts (``le`` semantics: ``value <= bound``).
+
+    Args:
+        name: metric name, e.g. ``"vllm:time_to_first_token_seconds"``.
+        doc: help text.
+        buckets: finite upper bounds, increasing; ``+Inf`` is implicit.
+    """
+
+    __slots__ = ("buckets", "count", "counts", "doc", "name", "sum")
+
+    def __init__(self, name: str, doc: str, buckets: tuple[float, ...]) -> None:
+        self.name = name
+        self.doc = doc
+        self.buckets = buckets
+        self.counts = [0] * (len(buckets) + 1)
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, value: float, times: int = 1) -> None:
+        """Record ``value`` ``times`` times (``times >= 1``; 0 or less records nothing)."""
+        if times < 1:
+            return
+        self.counts[bisect_left(self.buckets, value)] += times
+        self.sum += value * times
+        self.count += times
+
+    def family(self, names: list[str], values: list[str]) -> HistogramMetricFamily:
+        """The metric family with cumulative buckets."""
+        cumulative: list[tuple[str, float]] = []
+        acc = 0
+        for bound, n in zip((*self.buckets, float("inf")), self.counts, strict=True):
+            acc += n
+            cumulative.append(("+Inf" if bound == float("inf") else repr(bound), float(acc)))
+        h = HistogramMetricFamily(self.name, self.doc, labels=names)
+        h.add_metric(values, cumulative, self.sum)
+        return h
+
+
 class _EngineCollector(Collector):
-    def __init__(self, replica: Replica, labels: dict[str, str], info: dict[str, str]) -> None:
+    def __init__(
+        self,
+        replica: Replica,
+        labels: dict[str, str],
+        info: dict[str, str],
+        histograms: list[LatencyHistogram],
+    ) -> None:
         self._replica = replica
         self._labels = labels
         self._info = info
+        self._histograms = histograms
 
     def collect(self) -> Iterator[Metric]:
         r = self._replica
@@ -89,6 +138,8 @@ class _EngineCollector(Collector):
         )
         info.add_metric(list(self._info.values()), 1.0)
         yield info
+        for h in self._histograms:
+            yield h.family(names, values)
 
 
 class EmulatorMetrics:
@@ -114,32 +165,27 @@ class EmulatorMetrics:
             "cache_dtype": "auto",
             "engine": "0",
         }
-        self.registry.register(_EngineCollector(replica, labels, info))
-        names = list(labels)
-
-        def hist(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
-            return Histogram(name, doc, names, buckets=buckets, registry=self.registry)
-
-        self.ttft = hist(
+        self.ttft = LatencyHistogram(
             "vllm:time_to_first_token_seconds", "Time to first token, seconds.", _TTFT_BUCKETS
-        ).labels(**labels)
-        self.itl = hist(
+        )
+        self.itl = LatencyHistogram(
             "vllm:inter_token_latency_seconds", "Inter-token latency, seconds.", _ITL_BUCKETS
-        ).labels(**labels)
-        self.e2e = hist(
+        )
+        self.e2e = LatencyHistogram(
             "vllm:e2e_request_latency_seconds", "End-to-end latency, seconds.", _REQUEST_BUCKETS
-        ).labels(**labels)
-        self.queue = hist(
+        )
+        self.queue = LatencyHistogram(
             "vllm:request_queue_time_seconds", "Time waiting, seconds.", _REQUEST_BUCKETS
-        ).labels(**labels)
+        )
+        hists = [self.ttft, self.itl, self.e2e, self.queue]
+        self.registry.register(_EngineCollector(replica, labels, info, hists))
 
     def observe(self, res: RequestResult) -> None:
         """Record a finished request's latencies (simulated seconds)."""
         self.ttft.observe(res.ttft_s)
         self.e2e.observe(res.e2e_s)
         self.queue.observe(res.queue_time_s)
-        for _ in range(res.output_tokens - 1):
-            self.itl.observe(res.itl_mean_s)
+        self.itl.observe(res.itl_mean_s, res.output_tokens - 1)
 
     def render(self) -> bytes:
         """Prometheus text exposition of everything, after bringing the engine to now."""

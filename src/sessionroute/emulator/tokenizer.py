@@ -9,8 +9,10 @@ Text is split into *pieces* by one regular expression, in order of preference:
 - a lone ``<``;
 - a single whitespace character.
 
-A piece's token id is its BLAKE2b digest (4 bytes, so ids are in ``[0, 2**32)``) -- stable across
-processes and Python versions, unlike ``hash(str)``. The split is prefix-stable at the seams the
+A piece's token id is the CRC-32 (``zlib.crc32``, the IEEE 802.3 polynomial) of its UTF-8 bytes,
+in ``[0, 2**32)`` -- stable across processes, platforms and Python versions, unlike
+``hash(str)``, and about ten times cheaper than BLAKE2b per piece, which matters for 100k-token
+prompts of distinct words. The split is prefix-stable at the seams the
 emulator creates: ``encode(a + b) == encode(a) + encode(b)`` whenever ``b`` starts with a special
 marker, a whitespace character or a space-led word and ``a`` does not end inside a special
 marker, so a multi-turn conversation's prompt extends the previous prompt plus its output token
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import zlib
 from collections.abc import Iterable, Sequence
 
 __all__ = [
@@ -65,11 +68,10 @@ class HashTokenizer:
         return _PIECE.findall(text)
 
     def token_id(self, piece: str) -> int:
-        """The id of one piece: its 4-byte BLAKE2b digest as a big-endian int, ``[0, 2**32)``."""
+        """The id of one piece: ``zlib.crc32`` of its UTF-8 bytes, in ``[0, 2**32)``."""
         tid = self._ids.get(piece)
         if tid is None:
-            digest = hashlib.blake2b(piece.encode("utf-8", "surrogatepass"), digest_size=4)
-            tid = int.from_bytes(digest.digest(), "big")
+            tid = zlib.crc32(piece.encode("utf-8", "surrogatepass"))
             if len(self._ids) >= _CACHE_LIMIT:
                 self._ids.clear()
             self._ids[piece] = tid
