@@ -1,0 +1,110 @@
+"""The event core of one simulation: a virtual clock and a heap of timed callbacks.
+
+Events are ordered by ``(time, priority, sequence number)``: at equal times a lower priority
+runs first, and events of equal time and priority run in the order they were scheduled, so the
+same inputs always give the same order (no dependence on object ids or hash order).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable
+from typing import Any
+
+__all__ = [
+    "PRIO_ARRIVAL",
+    "PRIO_FAULT",
+    "PRIO_SAMPLE",
+    "PRIO_TIMER",
+    "PRIO_WAKE",
+    "EventQueue",
+    "VirtualClock",
+]
+
+PRIO_FAULT = 0
+"""Replica faults run before anything else scheduled at the same time."""
+PRIO_WAKE = 1
+"""Replica wake-ups (request completions) run before new arrivals at the same time."""
+PRIO_ARRIVAL = 2
+"""A request reaching a replica."""
+PRIO_TIMER = 3
+"""Workload timers and responses delivered to the workload."""
+PRIO_SAMPLE = 4
+"""Metric samples see every other event of their time already applied."""
+
+
+class VirtualClock:
+    """Simulated time in seconds; implements :class:`sessionroute.clock.Clock`.
+
+    Only the owning :class:`EventQueue` moves it (forward only).
+    """
+
+    __slots__ = ("_t",)
+
+    def __init__(self, start: float = 0.0) -> None:
+        self._t = float(start)
+
+    def now(self) -> float:
+        """The current simulated time in seconds."""
+        return self._t
+
+
+class EventQueue:
+    """A heap of ``(time, priority, seq, callback, argument)`` owned by one simulation.
+
+    Args:
+        clock: the virtual clock this queue advances as it pops events.
+    """
+
+    __slots__ = ("_heap", "_seq", "clock", "events_run", "stopped")
+
+    def __init__(self, clock: VirtualClock | None = None) -> None:
+        self.clock = clock if clock is not None else VirtualClock()
+        self._heap: list[tuple[float, int, int, Callable[[Any], None], Any]] = []
+        self._seq = 0
+        self.events_run = 0
+        self.stopped = False
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def now(self) -> float:
+        """The current simulated time in seconds."""
+        return self.clock._t
+
+    def push(self, t: float, prio: int, fn: Callable[[Any], None], arg: Any = None) -> None:
+        """Schedule ``fn(arg)`` at simulated time ``t`` seconds.
+
+        Raises:
+            ValueError: if ``t`` is earlier than the current time (events never go back).
+        """
+        if t < self.clock._t:
+            raise ValueError(f"event scheduled in the past: {t!r} < now {self.clock._t!r}")
+        self._seq += 1
+        heapq.heappush(self._heap, (t, prio, self._seq, fn, arg))
+
+    def peek_time(self) -> float | None:
+        """Time of the next event, or None when the queue is empty."""
+        return self._heap[0][0] if self._heap else None
+
+    def stop(self) -> None:
+        """Make :meth:`run_until` return after the event now running."""
+        self.stopped = True
+
+    def run_until(self, t_end: float) -> None:
+        """Pop and run events in order while their time is <= ``t_end`` and not stopped.
+
+        The clock is left at the time of the last event run (it never moves past ``t_end``).
+        """
+        heap = self._heap
+        clock = self.clock
+        pop = heapq.heappop
+        n = 0
+        while heap and not self.stopped:
+            if heap[0][0] > t_end:
+                break
+            t, _prio, _seq, fn, arg = pop(heap)
+            clock._t = t
+            fn(arg)
+            n += 1
+        self.events_run += n

@@ -1,0 +1,121 @@
+"""Metrics of one simulation (``shared/WORKLOADS.md``, "What an experiment reports").
+
+:class:`Recorder` collects per-request, per-session, per-group and per-step values as the run
+goes; :func:`summary` reduces a list of seconds to ``{p50, p90, p99, max}`` (numpy's linear
+interpolation; zeros for an empty list).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = ["Recorder", "cov", "summary"]
+
+
+def summary(values: Sequence[float]) -> dict[str, float]:
+    """``{"p50", "p90", "p99", "max", "mean", "count"}`` of ``values`` (zeros when empty)."""
+    if not values:
+        return {"p50": 0.0, "p90": 0.0, "p99": 0.0, "max": 0.0, "mean": 0.0, "count": 0}
+    arr = np.asarray(values, dtype=np.float64)
+    p50, p90, p99 = np.percentile(arr, [50, 90, 99]).tolist()
+    return {
+        "p50": float(p50),
+        "p90": float(p90),
+        "p99": float(p99),
+        "max": float(arr.max()),
+        "mean": float(arr.mean()),
+        "count": len(values),
+    }
+
+
+def cov(values: Sequence[float]) -> float:
+    """Coefficient of variation (population std / mean); 0.0 for an empty or all-zero list."""
+    if not values:
+        return 0.0
+    arr = np.asarray(values, dtype=np.float64)
+    m = float(arr.mean())
+    return float(arr.std()) / m if m > 0 else 0.0
+
+
+class Recorder:
+    """Per-request, per-session and per-step records of one run (seconds, tokens).
+
+    Attributes:
+        ttft_s: client-side time to first token per finished request.
+        itl_s: mean inter-token gap per finished request with more than one output token.
+        turn_latency_s: request sent to last token received, per finished request.
+        queue_s: engine queue time per finished request.
+        session_latency_s: first turn sent to session end, per ended session.
+        group_latency_s: GRPO group admission to its slowest rollout's end.
+        steps: rows ``{"step", "t", "step_time_s"}``.
+        counts: named counters (requests, tokens, sessions, retries, ...).
+    """
+
+    def __init__(self) -> None:
+        self.ttft_s: list[float] = []
+        self.itl_s: list[float] = []
+        self.turn_latency_s: list[float] = []
+        self.queue_s: list[float] = []
+        self.session_latency_s: list[float] = []
+        self.group_latency_s: list[float] = []
+        self.steps: list[dict[str, Any]] = []
+        self.counts: dict[str, int] = dict.fromkeys(
+            (
+                "requests_submitted",
+                "requests_completed",
+                "requests_cancelled",
+                "requests_rejected",
+                "requests_retried",
+                "requests_failed_over",
+                "prompt_tokens",
+                "output_tokens",
+                "cached_tokens",
+                "sessions_completed",
+                "sessions_cancelled",
+                "session_moves",
+                "sessions_seen",
+                "no_worker_available",
+            ),
+            0,
+        )
+        self.ideal_work_s = 0.0
+
+    def request_done(
+        self,
+        ttft: float,
+        itl: float,
+        output_tokens: int,
+        latency: float,
+        queue: float,
+        prompt_tokens: int,
+        cached_tokens: int,
+    ) -> None:
+        """Record one finished request (client-side latencies in seconds)."""
+        c = self.counts
+        c["requests_completed"] += 1
+        c["prompt_tokens"] += prompt_tokens
+        c["output_tokens"] += output_tokens
+        c["cached_tokens"] += cached_tokens
+        self.ttft_s.append(ttft)
+        if output_tokens > 1:
+            self.itl_s.append(itl)
+        self.turn_latency_s.append(latency)
+        self.queue_s.append(queue)
+
+    def step(self, step: int, t: float, step_time_s: float) -> None:
+        """Record an RL trainer step ending at ``t``."""
+        self.steps.append({"step": step, "t": t, "step_time_s": step_time_s})
+
+    def samples(self) -> dict[str, list[float]]:
+        """Raw distributions for plots (seconds)."""
+        return {
+            "ttft_s": list(self.ttft_s),
+            "itl_s": list(self.itl_s),
+            "turn_latency_s": list(self.turn_latency_s),
+            "session_latency_s": list(self.session_latency_s),
+            "group_latency_s": list(self.group_latency_s),
+            "step_time_s": [float(s["step_time_s"]) for s in self.steps],
+        }

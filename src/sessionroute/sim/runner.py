@@ -1,0 +1,200 @@
+"""The simulator's entry point: :func:`run_simulation` runs one arm once.
+
+Deterministic: the same spec, policy, options and seed give identical metrics, time series and
+steps (the wall-clock measurements excepted; inject ``wall_clock`` to pin them too).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from sessionroute.clock import Clock, MonotonicClock
+from sessionroute.engine import PROFILES, ReplicaConfig, StepTimeProfile, load_profiles
+from sessionroute.errors import ConfigError
+from sessionroute.policies.registry import create_policy, policy_class
+from sessionroute.routing import RoutingCore
+from sessionroute.sim.events import PRIO_FAULT, EventQueue, VirtualClock
+from sessionroute.sim.metrics import Recorder
+from sessionroute.sim.replicas import SimReplica
+from sessionroute.sim.report import build_metrics
+from sessionroute.sim.sampling import Sampler, Scraper, Sweeper
+from sessionroute.sim.simulation import Simulation
+from sessionroute.sim.spec import SimSpec
+from sessionroute.state.cluster import Cluster
+from sessionroute.workloads.registry import default_replicas, workload_config
+
+__all__ = ["SimResult", "default_url", "replica_config", "run_simulation"]
+
+DEFAULT_BLOCK_SIZE = 16
+"""vLLM's default KV block size (tokens), used when neither the spec nor the workload sets one."""
+
+
+def default_url(index: int) -> str:
+    """Worker id of replica ``index``: ``http://127.0.0.1:<18001 + index>`` (as in ROUTER.md)."""
+    return f"http://127.0.0.1:{18001 + index}"
+
+
+@dataclass(slots=True)
+class SimResult:
+    """What one simulation produced.
+
+    Attributes:
+        metrics: JSON-serializable metrics (``docs/simulator.md`` lists every key).
+        timeseries: per replica per sample interval rows (see
+            :class:`~sessionroute.sim.sampling.Sampler`).
+        steps: per RL step rows ``{"step", "t", "step_time_s"}``.
+        samples: raw distributions for plots (``ttft_s``, ``turn_latency_s``, ...), seconds.
+        resolved: the resolved settings that ran (spec, workload options, replica config).
+    """
+
+    metrics: dict[str, Any]
+    timeseries: list[dict[str, Any]] = field(default_factory=list)
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    samples: dict[str, list[float]] = field(default_factory=dict)
+    resolved: dict[str, Any] = field(default_factory=dict)
+
+
+def _profile(name: str, profiles_file: str | None) -> StepTimeProfile:
+    profiles = dict(PROFILES)
+    if profiles_file:
+        profiles.update(load_profiles(profiles_file))
+    try:
+        return profiles[name]
+    except KeyError:
+        raise ConfigError(
+            f"unknown replica profile {name!r}; known: {', '.join(sorted(profiles))}"
+        ) from None
+
+
+def replica_config(spec: SimSpec) -> tuple[int, ReplicaConfig]:
+    """The replica count and engine configuration of ``spec`` (workload defaults filled in).
+
+    Raises:
+        ConfigError: for an unknown profile or invalid engine settings.
+    """
+    r = spec.replicas
+    d = default_replicas(spec.workload.kind)
+
+    def pick(name: str) -> Any:
+        v = getattr(r, name)
+        return v if v is not None else d.get(name)
+
+    profile = _profile(str(pick("profile")), r.profiles_file)
+    cfg = ReplicaConfig(
+        profile=profile,
+        block_size=int(pick("block_size") or DEFAULT_BLOCK_SIZE),
+        kv_capacity_tokens=pick("kv_capacity_tokens"),
+        max_num_batched_tokens=pick("max_num_batched_tokens"),
+        max_num_seqs=pick("max_num_seqs"),
+        max_model_len=pick("max_model_len"),
+    )
+    return int(pick("count") or 1), cfg
+
+
+def _policy_options(name: str, options: Mapping[str, Any] | None, ttl: float) -> dict[str, Any]:
+    out = dict(options or {})
+    cfg = policy_class(name).Config
+    if (
+        cfg is not None
+        and dataclasses.is_dataclass(cfg)
+        and "session_ttl_s" in {f.name for f in dataclasses.fields(cfg)}
+    ):
+        out.setdefault("session_ttl_s", ttl)
+    return out
+
+
+def run_simulation(
+    spec: SimSpec,
+    policy: str,
+    policy_options: Mapping[str, Any] | None = None,
+    seed: int = 0,
+    progress: Callable[[float], None] | None = None,
+    *,
+    wall_clock: Clock | None = None,
+) -> SimResult:
+    """Simulate ``spec`` with one routing policy.
+
+    Args:
+        spec: workload, replicas, router, faults and simulator options.
+        policy: registry name or ``module:Class``.
+        policy_options: options of the policy's config (``session_ttl_s`` defaults to
+            ``spec.router.session_ttl_s`` when the policy has it).
+        seed: seeds the workload (``numpy.random.default_rng(seed)``) and the policy
+            (``random.Random(seed)``); arms with the same seed see the same workload.
+        progress: called with the fraction done (0..1) every sample interval and at the end.
+        wall_clock: measures ``wall_seconds`` (default :class:`~sessionroute.clock.MonotonicClock`;
+            pass a :class:`~sessionroute.clock.ManualClock` for byte-identical metrics).
+
+    Returns:
+        The :class:`SimResult`.
+
+    Raises:
+        ConfigError: for an unknown workload, profile or policy, or invalid options.
+    """
+    wall = wall_clock if wall_clock is not None else MonotonicClock()
+    t_wall = wall.now()
+    wl = spec.workload
+    wcfg = workload_config(wl.kind, wl.steps, wl.options)
+    count, rcfg = replica_config(spec)
+    urls = list(spec.replicas.urls or [])
+
+    def url_for(i: int) -> str:
+        return urls[i] if i < len(urls) else default_url(i)
+
+    clock = VirtualClock()
+    queue = EventQueue(clock)
+    options = _policy_options(policy, policy_options, spec.router.session_ttl_s)
+    pol = create_policy(policy, options, clock=clock, rng=random.Random(seed))
+    replicas = [SimReplica(i, url_for(i), rcfg, fast=spec.sim.fast_engine) for i in range(count)]
+    core = RoutingCore(pol, Cluster([r.url for r in replicas]))
+    rec = Recorder()
+    sim = Simulation(
+        queue, core, replicas, spec.router, rec, url_for, rcfg, fast=spec.sim.fast_engine
+    )
+    workload = wcfg.build(np.random.default_rng(seed))
+    for f in sorted(spec.faults, key=lambda f: f.at_s):
+        queue.push(f.at_s, PRIO_FAULT, _fault_cb(sim, f.kind, f.replica, f.factor))
+    sampler = Sampler(sim, spec.sim.sample_interval_s, progress, workload.progress)
+    sampler.start()
+    if spec.sim.scrape_interval_s is not None:
+        Scraper(sim, spec.sim.scrape_interval_s).start()
+    if spec.router.sweep_interval_s is not None and pol.keeps_sessions:
+        Sweeper(sim, spec.router.sweep_interval_s).start()
+    workload.start(sim)
+    limit = spec.sim.max_simulated_s if spec.sim.max_simulated_s is not None else float("inf")
+    queue.run_until(limit)
+    sampler.sample()
+    if progress is not None:
+        progress(1.0)
+    wall_s = max(0.0, wall.now() - t_wall)
+    metrics = build_metrics(sim, workload.summary(), wall_s, events=queue.events_run)
+    resolved = {
+        "spec": spec.model_dump(),
+        "workload": wcfg.model_dump(),
+        "replica": {
+            "count": count,
+            "profile": rcfg.profile.name,
+            "block_size": rcfg.block_size,
+            "kv_capacity_tokens": rcfg.capacity_tokens,
+            "max_num_batched_tokens": rcfg.batched_tokens,
+            "max_num_seqs": rcfg.seqs,
+            "max_model_len": rcfg.model_len,
+        },
+        "policy": policy,
+        "policy_options": options,
+        "seed": seed,
+    }
+    return SimResult(metrics, sampler.rows, list(rec.steps), rec.samples(), resolved)
+
+
+def _fault_cb(sim: Simulation, kind: str, index: int, factor: float) -> Callable[[Any], None]:
+    def apply(_: Any) -> None:
+        sim.fault(kind, index, factor)
+
+    return apply

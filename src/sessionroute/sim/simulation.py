@@ -1,0 +1,436 @@
+"""The simulated cluster: clients, router and replicas in virtual time.
+
+:class:`Simulation` implements the workload :class:`~sessionroute.workloads.base.Host`. A turn
+is routed when it is sent (the same :class:`~sessionroute.routing.RoutingCore` and policy
+objects the live router drives, with the session id extracted from synthetic headers), reaches
+its replica ``network_delay_s`` later, and its response reaches the client ``network_delay_s``
+after the replica finished it. Replicas advance lazily: on an arrival at time ``t`` the replica
+runs to ``t`` and takes the request; a wake-up event at its ``next_event_time()`` collects
+completions. Every routed attempt is completed at the router exactly once (finished, failed,
+or cancelled). Requests on a replica that goes down are retried with backoff and re-placed by
+the policy: never lost.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from sessionroute.engine import EngineRequest, ReplicaConfig, RequestResult
+from sessionroute.errors import NoWorkerAvailable
+from sessionroute.routing import Reservation, RoutingCore
+from sessionroute.sim.events import PRIO_ARRIVAL, PRIO_TIMER, PRIO_WAKE, EventQueue
+from sessionroute.sim.ideal import IdealCache, ideal_work_s
+from sessionroute.sim.metrics import Recorder
+from sessionroute.sim.replicas import SimReplica
+from sessionroute.sim.spec import RouterSection
+from sessionroute.state.session_id import extract_session_id
+from sessionroute.types import RouteRequest
+from sessionroute.workloads.base import SessionEnd, Turn, TurnOutcome
+
+__all__ = ["Simulation"]
+
+_ROUTED, _ENGINE, _BACKOFF, _DELIVER, _DONE, _CANCELLED = range(6)
+
+
+def _invoke(fn: Callable[[], None]) -> None:
+    fn()
+
+
+class _Req:
+    """One turn in flight (across retries)."""
+
+    __slots__ = (
+        "attempt",
+        "handle",
+        "hit",
+        "on_done",
+        "rep",
+        "res",
+        "rid",
+        "sent_s",
+        "state",
+        "turn",
+    )
+
+    def __init__(
+        self, handle: int, turn: Turn, on_done: Callable[[TurnOutcome], None], now: float
+    ) -> None:
+        self.handle = handle
+        self.turn = turn
+        self.on_done = on_done
+        self.sent_s = now
+        self.attempt = 0
+        self.state = _ROUTED
+        self.hit = 0
+        self.rid = ""
+        self.res: Reservation | None = None
+        self.rep: SimReplica | None = None
+
+
+class Simulation:
+    """Replicas + router + request lifecycle; the workloads' host.
+
+    Args:
+        queue: the event queue (owns the virtual clock the policy was given).
+        core: routing core over a cluster whose workers are ``replicas``' urls.
+        replicas: the initial replicas.
+        router: router and client settings.
+        recorder: where metrics go.
+        url_for: url of the replica with a given index (for ``add`` faults).
+        config: engine configuration of replicas added later.
+        fast: engine implementation of replicas added later.
+    """
+
+    def __init__(
+        self,
+        queue: EventQueue,
+        core: RoutingCore,
+        replicas: list[SimReplica],
+        router: RouterSection,
+        recorder: Recorder,
+        url_for: Callable[[int], str],
+        config: ReplicaConfig,
+        *,
+        fast: bool = True,
+    ) -> None:
+        self.queue = queue
+        self.core = core
+        self.replicas = replicas
+        self.router = router
+        self.rec = recorder
+        self._url_for = url_for
+        self.config = config
+        self._fast = fast
+        self._profile = config.profile
+        self._by_url = {r.url: r for r in replicas}
+        self._reqs: dict[int, _Req] = {}
+        self._handle = 0
+        self._delay = router.network_delay_s
+        self._header = router.session_headers[0].lower()
+        self._header_names = tuple(h.lower() for h in router.session_headers)
+        self._send_header = router.send_session_header
+        self._needs_content = bool(getattr(core.policy, "needs_content", False))
+        self._session_start: dict[str, float] = {}
+        self._last_rep: dict[str, int] = {}
+        self.ended_sessions: list[str] = []
+        self.ideal = IdealCache(config.block_size)
+        self.prefix_resets = 0
+
+    # -- Host protocol --------------------------------------------------------------------------
+    @property
+    def block_size(self) -> int:
+        """Tokens per KV block of the replicas."""
+        return self.config.block_size
+
+    @property
+    def max_model_len(self) -> int:
+        """Longest prompt + output the replicas accept (tokens)."""
+        return self.config.model_len
+
+    def now(self) -> float:
+        """Simulated time in seconds."""
+        return self.queue.clock._t
+
+    def call_at(self, t: float, fn: Callable[[], None]) -> None:
+        """Run ``fn()`` at simulated time ``t``."""
+        self.queue.push(t, PRIO_TIMER, _invoke, fn)
+
+    def submit(self, turn: Turn, on_done: Callable[[TurnOutcome], None]) -> int:
+        """Send a turn now; see :class:`~sessionroute.workloads.base.Host`."""
+        now = self.queue.clock._t
+        self._handle += 1
+        req = _Req(self._handle, turn, on_done, now)
+        counts = self.rec.counts
+        counts["requests_submitted"] += 1
+        sid = turn.session_id
+        if sid not in self._session_start:
+            self._session_start[sid] = now
+            counts["sessions_seen"] += 1
+        total = turn.prompt_len + turn.output_len
+        if (
+            turn.prompt_len < 1
+            or turn.output_len < 1
+            or total > self.config.model_len
+            or -(-total // self.config.block_size) > self.config.num_blocks
+        ):
+            counts["requests_rejected"] += 1
+            req.state = _DELIVER
+            self._reqs[req.handle] = req
+            out = TurnOutcome(turn, now, now, False, 0, -1)
+            self.queue.push(now, PRIO_TIMER, self._deliver, (req, out))
+            return req.handle
+        req.hit = self.ideal.observe(
+            turn.block_keys, turn.prompt_len, turn.output_len, turn.cache_salt
+        )
+        self._reqs[req.handle] = req
+        self._route(req)
+        return req.handle
+
+    def cancel(self, handle: int) -> None:
+        """Abort a turn wherever it is; its reservation is completed once; no response."""
+        req = self._reqs.pop(handle, None)
+        if req is None:
+            return
+        if req.state == _ENGINE and req.rep is not None:
+            rep = req.rep
+            self._sync(rep)
+            if req.state == _ENGINE and rep.engine is not None:
+                rep.engine.abort(req.rid, self.queue.clock._t)
+                rep.inflight.pop(req.rid, None)
+                self._complete(req)
+                self._reschedule(rep)
+        elif req.state == _ROUTED:
+            self._complete(req)
+        req.state = _CANCELLED
+        self.rec.counts["requests_cancelled"] += 1
+
+    def end_session(self, session_id: str, how: SessionEnd) -> None:
+        """Record the session's end and release it at the router if clients do."""
+        counts = self.rec.counts
+        counts["sessions_completed" if how == "completed" else "sessions_cancelled"] += 1
+        start = self._session_start.pop(session_id, None)
+        if start is not None:
+            self.rec.session_latency_s.append(self.queue.clock._t - start)
+        self._last_rep.pop(session_id, None)
+        self.ended_sessions.append(session_id)
+        if self.router.finish_sessions:
+            self.core.finish_session(session_id)
+
+    def reset_prefix_cache(self) -> None:
+        """``reset_prefix_cache`` on every live replica (after running it to now)."""
+        self.prefix_resets += 1
+        for rep in self.replicas:
+            if rep.engine is not None:
+                self._sync(rep)
+                rep.engine.reset_prefix_cache()
+                self._reschedule(rep)
+
+    def record_step(self, step: int, step_time_s: float) -> None:
+        """Record an RL trainer step that ended now."""
+        self.rec.step(step, self.queue.clock._t, step_time_s)
+
+    def record_group(self, latency_s: float) -> None:
+        """Record a GRPO group's latency (seconds)."""
+        self.rec.group_latency_s.append(latency_s)
+
+    def stop(self) -> None:
+        """End the run after the current event."""
+        self.queue.stop()
+
+    # -- request lifecycle ----------------------------------------------------------------------
+    def _route(self, req: _Req) -> None:
+        queue = self.queue
+        now = queue.clock._t
+        turn = req.turn
+        req.attempt += 1
+        rid = f"{req.handle}.{req.attempt}"
+        found = (
+            extract_session_id({self._header: turn.session_id}, self._header_names)
+            if self._send_header
+            else None
+        )
+        rr = RouteRequest(
+            session_id=None if found is None else found[1],
+            prompt_tokens=turn.prompt_len,
+            tokens=turn.block_keys if self._needs_content else None,
+            request_id=rid,
+            session_header=self._header if found is None else found[0],
+        )
+        try:
+            res = self.core.route(rr)
+        except NoWorkerAvailable:
+            self.rec.counts["no_worker_available"] += 1
+            self._backoff(req)
+            return
+        rep = self._by_url[res.worker]
+        sid = turn.session_id
+        last = self._last_rep.get(sid)
+        if last != rep.index:
+            if last is not None:
+                self.rec.counts["session_moves"] += 1
+            self._last_rep[sid] = rep.index
+        req.res, req.rep, req.rid, req.state = res, rep, rid, _ROUTED
+        if self._delay > 0:
+            queue.push(now + self._delay, PRIO_ARRIVAL, self._arrive, req)
+        else:
+            self._arrive(req)
+
+    def _arrive(self, req: _Req) -> None:
+        if req.state != _ROUTED:
+            return
+        rep = req.rep
+        if rep is None or rep.engine is None:
+            self._fail(req)
+            return
+        self._sync(rep)
+        turn = req.turn
+        rep.engine.add_request(
+            EngineRequest(
+                req.rid, turn.prompt_len, turn.output_len, turn.block_keys, turn.cache_salt
+            ),
+            self.queue.clock._t,
+        )
+        req.state = _ENGINE
+        rep.inflight[req.rid] = req
+        self._reschedule(rep)
+
+    def _complete(self, req: _Req) -> None:
+        if req.res is not None:
+            self.core.complete(req.res)
+
+    def _fail(self, req: _Req) -> None:
+        """The attempt's replica failed: complete it at the router and retry."""
+        self._complete(req)
+        self.rec.counts["requests_retried"] += 1
+        self._backoff(req)
+
+    def _backoff(self, req: _Req) -> None:
+        r = self.router
+        wait = min(
+            r.retry_max_backoff_s,
+            r.retry_backoff_s * r.retry_backoff_multiplier ** max(0, req.attempt - 1),
+        )
+        req.state = _BACKOFF
+        self.queue.push(self.queue.clock._t + wait, PRIO_ARRIVAL, self._retry, req)
+
+    def _retry(self, req: _Req) -> None:
+        if req.state == _BACKOFF:
+            self._route(req)
+
+    def _sync(self, rep: SimReplica) -> None:
+        """Run ``rep``'s engine to now and handle the requests that finished."""
+        engine = rep.engine
+        if engine is None:
+            return
+        for result in engine.advance(self.queue.clock._t):
+            self._finish(rep, result)
+
+    def _finish(self, rep: SimReplica, r: RequestResult) -> None:
+        req: _Req | None = rep.inflight.pop(r.request_id, None)
+        if req is None:
+            raise RuntimeError(f"replica {rep.url} finished unknown request {r.request_id!r}")
+        self._complete(req)
+        d = self._delay
+        sent = req.sent_s
+        done = r.finish_s + d
+        turn = req.turn
+        self.rec.request_done(
+            r.first_token_s + d - sent,
+            r.itl_mean_s,
+            r.output_tokens,
+            done - sent,
+            r.queue_time_s,
+            r.prompt_tokens,
+            r.cached_tokens,
+        )
+        self.rec.ideal_work_s += ideal_work_s(
+            self._profile, turn.prompt_len, req.hit, turn.output_len
+        )
+        rep.requests += 1
+        rep.prompt_tokens += r.prompt_tokens
+        rep.output_tokens += r.output_tokens
+        req.state = _DELIVER
+        out = TurnOutcome(turn, sent, done, True, r.cached_tokens, rep.index)
+        now = self.queue.clock._t
+        self.queue.push(done if done > now else now, PRIO_TIMER, self._deliver, (req, out))
+
+    def _deliver(self, arg: tuple[_Req, TurnOutcome]) -> None:
+        req, out = arg
+        if req.state != _DELIVER:
+            return
+        req.state = _DONE
+        self._reqs.pop(req.handle, None)
+        req.on_done(out)
+
+    # -- replica wake-ups -----------------------------------------------------------------------
+    def _reschedule(self, rep: SimReplica) -> None:
+        engine = rep.engine
+        if engine is None:
+            return
+        t = engine.next_event_time()
+        if t is None:
+            rep.wake_t = None
+            return
+        if t == rep.wake_t:
+            return
+        now = self.queue.clock._t
+        if t < now:
+            t = now
+        rep.wake_token += 1
+        rep.wake_t = t
+        self.queue.push(t, PRIO_WAKE, self._wake, (rep, rep.wake_token))
+
+    def _wake(self, arg: tuple[SimReplica, int]) -> None:
+        rep, token = arg
+        if token != rep.wake_token:
+            return
+        rep.wake_t = None
+        self._sync(rep)
+        self._reschedule(rep)
+
+    # -- faults ---------------------------------------------------------------------------------
+    def fault(self, kind: str, index: int, factor: float = 1.0) -> None:
+        """Apply a replica fault now (see :class:`~sessionroute.sim.spec.FaultSection`).
+
+        Raises:
+            ValueError: for an unknown kind or a replica index that does not exist.
+        """
+        if kind == "add":
+            i = len(self.replicas)
+            rep = SimReplica(i, self._url_for(i), self.config, fast=self._fast)
+            self.replicas.append(rep)
+            self._by_url[rep.url] = rep
+            self.core.add_worker(rep.url)
+            return
+        if not 0 <= index < len(self.replicas):
+            raise ValueError(f"fault {kind!r}: no replica {index} (have {len(self.replicas)})")
+        rep = self.replicas[index]
+        cluster = self.core.cluster
+        if kind == "down":
+            if rep.engine is None:
+                return
+            if rep.url in cluster:
+                self.core.set_health(rep.url, False)
+            self._sync(rep)
+            stranded = list(rep.inflight.values())
+            rep.fail()
+            for req in stranded:
+                self.rec.counts["requests_failed_over"] += 1
+                self._fail(req)
+        elif kind == "up":
+            rep.restart()
+            if rep.drained:
+                rep.drained = False
+                self.core.add_worker(rep.url)
+            elif rep.url in cluster:
+                self.core.set_health(rep.url, True)
+        elif kind == "slow":
+            self._sync(rep)
+            rep.set_slowdown(factor, self.queue.clock._t)
+            self._reschedule(rep)
+        elif kind == "drain":
+            if not rep.drained and rep.url in cluster:
+                rep.drained = True
+                self.core.remove_worker(rep.url)
+        else:
+            raise ValueError(f"unknown fault kind {kind!r}")
+
+    # -- observation ----------------------------------------------------------------------------
+    def sync_all(self) -> None:
+        """Run every live replica to now (before reading counters or gauges)."""
+        for rep in self.replicas:
+            if rep.engine is not None:
+                self._sync(rep)
+                self._reschedule(rep)
+
+    def in_flight(self) -> int:
+        """Turns submitted and not yet delivered or cancelled."""
+        return len(self._reqs)
+
+    def extra(self) -> dict[str, Any]:
+        """Counters of the simulation itself."""
+        return {
+            "prefix_cache_resets": self.prefix_resets,
+            "turns_in_flight_at_end": len(self._reqs),
+        }

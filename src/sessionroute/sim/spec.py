@@ -1,0 +1,163 @@
+"""What one simulation runs: :class:`SimSpec` (pydantic, unknown keys refused).
+
+The sections mirror an experiment file's shared settings (``workload``, ``replicas``, ``router``,
+``faults``) so an experiment arm maps onto a spec with :meth:`SimSpec.from_settings`; the
+``sim`` section holds simulator-only knobs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from sessionroute.errors import ConfigError
+
+__all__ = [
+    "FaultSection",
+    "ReplicaSection",
+    "RouterSection",
+    "SimOptions",
+    "SimSpec",
+    "WorkloadSection",
+]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class WorkloadSection(_Strict):
+    """Which workload runs.
+
+    Attributes:
+        kind: ``swe-rl`` (default), ``toy``, ``trace:weka``, ``trace:mooncake``, or a path to a
+            Weka ``.csv`` or Mooncake ``.jsonl`` trace.
+        steps: RL steps (``swe-rl``; overrides ``options.steps``); ignored by other kinds.
+        options: the workload's own options (``docs/workloads.md``); unknown ones are refused.
+    """
+
+    kind: str = "swe-rl"
+    steps: int | None = Field(default=None, ge=1)
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
+class ReplicaSection(_Strict):
+    """The simulated replicas (``sessionroute.engine``). None means the workload's default.
+
+    Attributes:
+        count: replicas at start.
+        profile: step-time profile name (``sessionroute.engine.PROFILES``) or one defined in
+            ``profiles_file``.
+        profiles_file: TOML/JSON with user profiles (``sessionroute.engine.load_profiles``).
+        block_size: KV block size in tokens (16 like vLLM; coarser is a speed knob, capacity
+            stays in tokens).
+        kv_capacity_tokens, max_num_batched_tokens, max_num_seqs, max_model_len: overrides of
+            the profile's values.
+        urls: worker ids given to the router (default ``http://127.0.0.1:18001`` ...); they
+            decide hash placements, as the URL strings do in vllm-router.
+    """
+
+    count: int | None = Field(default=None, ge=1, le=1024)
+    profile: str | None = None
+    profiles_file: str | None = None
+    block_size: int | None = Field(default=None, ge=1)
+    kv_capacity_tokens: int | None = Field(default=None, ge=1)
+    max_num_batched_tokens: int | None = Field(default=None, ge=1)
+    max_num_seqs: int | None = Field(default=None, ge=1)
+    max_model_len: int | None = Field(default=None, ge=2)
+    urls: list[str] | None = None
+
+
+class RouterSection(_Strict):
+    """The simulated router and clients.
+
+    Attributes:
+        network_delay_s: one-way client -> router -> replica delay; a response reaches the
+            client this long after the replica finished it (seconds).
+        session_headers: headers checked for the session id, in order; clients send the id in
+            the first one.
+        send_session_header: False simulates clients that send no session header (every turn
+            placed independently).
+        session_ttl_s: idle TTL of sticky sessions (seconds); passed to the policy as
+            ``session_ttl_s`` when its config has that option and the arm does not set it.
+        finish_sessions: clients release a session (``/finish_session``) when it ends;
+            otherwise sessions stay until the TTL.
+        sweep_interval_s: background sweep of expired sessions (seconds; None: only the
+            policy's own sweeps).
+        retry_backoff_s, retry_backoff_multiplier, retry_max_backoff_s: retry schedule of a
+            request whose replica failed or when no replica is available (vllm-router: 50 ms,
+            x1.5, 30 s).
+    """
+
+    network_delay_s: float = Field(default=0.0, ge=0)
+    session_headers: list[str] = Field(default_factory=lambda: ["x-session-id"], min_length=1)
+    send_session_header: bool = True
+    session_ttl_s: float = Field(default=7200.0, gt=0)
+    finish_sessions: bool = True
+    sweep_interval_s: float | None = Field(default=60.0, gt=0)
+    retry_backoff_s: float = Field(default=0.05, ge=0)
+    retry_backoff_multiplier: float = Field(default=1.5, ge=1)
+    retry_max_backoff_s: float = Field(default=30.0, ge=0)
+
+
+class FaultSection(_Strict):
+    """A replica fault at a simulated time.
+
+    Attributes:
+        at_s: simulated time in seconds.
+        replica: replica index (0-based); ignored by ``add`` (the new one gets the next index).
+        kind: ``down`` (fails its in-flight requests, loses its cache), ``up`` (back, empty
+            cache, or un-drained), ``slow`` (step times x ``factor``), ``drain`` (removed from
+            the router; in-flight requests finish), ``add`` (a new replica joins).
+        factor: slowdown factor for ``slow`` (1.0 restores full speed).
+    """
+
+    at_s: float = Field(ge=0)
+    replica: int = Field(default=0, ge=0)
+    kind: Literal["down", "up", "slow", "drain", "add"]
+    factor: float = Field(default=1.0, gt=0)
+
+
+class SimOptions(_Strict):
+    """Simulator-only knobs.
+
+    Attributes:
+        sample_interval_s: time-series sampling period (simulated seconds).
+        scrape_interval_s: how often the router's engine gauges (running, waiting, KV usage)
+            are refreshed, like a live router scraping ``/metrics``; None disables.
+        max_simulated_s: hard stop (simulated seconds); None for none.
+        fast_engine: use the engine's fast (jumping) implementation.
+    """
+
+    sample_interval_s: float = Field(default=10.0, gt=0)
+    scrape_interval_s: float | None = Field(default=1.0, gt=0)
+    max_simulated_s: float | None = Field(default=None, gt=0)
+    fast_engine: bool = True
+
+
+class SimSpec(_Strict):
+    """One simulation: workload, replicas, router, faults, simulator options."""
+
+    workload: WorkloadSection = Field(default_factory=WorkloadSection)
+    replicas: ReplicaSection = Field(default_factory=ReplicaSection)
+    router: RouterSection = Field(default_factory=RouterSection)
+    faults: list[FaultSection] = Field(default_factory=list)
+    sim: SimOptions = Field(default_factory=SimOptions)
+
+    @classmethod
+    def from_settings(cls, settings: Mapping[str, Any]) -> SimSpec:
+        """Build from an experiment arm's merged settings (the ``run`` section is ignored).
+
+        Raises:
+            ConfigError: naming every invalid or unknown key.
+        """
+        data = {k: v for k, v in settings.items() if k != "run"}
+        try:
+            return cls.model_validate(data)
+        except ValidationError as err:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in err.errors()
+            )
+            raise ConfigError(f"invalid simulation settings: {problems}") from None

@@ -1,0 +1,142 @@
+"""Content identity of simulated conversations: chained KV block keys.
+
+A conversation is a sequence of *segments* (a system prompt, a task statement, each output and
+each tool observation), each named by an integer id and a length in tokens. :class:`BlockChain`
+turns a growing sequence of segments into the chained keys of its full blocks, like vLLM's block
+hashes (``vllm/v1/core/kv_cache_utils.py``: a block's hash covers its parent's hash and its own
+tokens): the key of block ``i`` is a hash of the key of block ``i - 1`` and the segment pieces
+that fill block ``i``. Two sequences get the same key at block ``i`` exactly when they hold the
+same segments up to the end of block ``i``, so shared content (a system prompt, a GRPO group's
+task) hits and distinct content never does.
+
+Keys are Python hashes of tuples of ints: deterministic across runs and processes (unlike
+``hash(str)``, integer and tuple hashing is not randomized), 64-bit, so accidental collisions
+are negligible at simulator scale.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+__all__ = ["ROOT_KEY", "BlockChain", "expand_trace_blocks"]
+
+ROOT_KEY = 0
+"""Parent key of a sequence's first block."""
+
+
+class BlockChain:
+    """Chained keys of the full blocks of a growing segment sequence.
+
+    Args:
+        block_size: tokens per block (>= 1).
+
+    Attributes:
+        keys: keys of the full blocks so far (block ``i`` covers tokens
+            ``[i * block_size, (i + 1) * block_size)``).
+        tokens: total tokens appended.
+
+    Raises:
+        ValueError: on ``block_size < 1``.
+    """
+
+    __slots__ = ("_tail", "_tail_len", "block_size", "keys", "tokens")
+
+    def __init__(self, block_size: int) -> None:
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size!r}")
+        self.block_size = block_size
+        self.keys: list[int] = []
+        self.tokens = 0
+        self._tail: list[int] = []  # (segment, offset, length) triples of the partial block
+        self._tail_len = 0
+
+    def copy(self) -> BlockChain:
+        """An independent chain with the same content (to branch a shared prefix)."""
+        c = BlockChain(self.block_size)
+        c.keys = self.keys.copy()
+        c.tokens = self.tokens
+        c._tail = self._tail.copy()
+        c._tail_len = self._tail_len
+        return c
+
+    def append(self, segment: int, length: int) -> None:
+        """Append ``length`` tokens of segment ``segment`` (an int unique to that content).
+
+        Raises:
+            ValueError: on a negative ``length``.
+        """
+        if length < 0:
+            raise ValueError(f"segment length must be >= 0, got {length!r}")
+        if length == 0:
+            return
+        bs = self.block_size
+        keys = self.keys
+        prev = keys[-1] if keys else ROOT_KEY
+        off = 0
+        if self._tail_len:
+            need = bs - self._tail_len
+            if length < need:
+                self._tail.extend((segment, 0, length))
+                self._tail_len += length
+                self.tokens += length
+                return
+            self._tail.extend((segment, 0, need))
+            prev = hash((prev, *self._tail))
+            keys.append(prev)
+            self._tail = []
+            self._tail_len = 0
+            off = need
+        end = length - (length - off) % bs
+        append = keys.append
+        while off < end:
+            prev = hash((prev, segment, off, bs))
+            append(prev)
+            off += bs
+        if off < length:
+            self._tail = [segment, off, length - off]
+            self._tail_len = length - off
+        self.tokens += length
+
+
+def expand_trace_blocks(
+    ids: Sequence[int],
+    src_block: int,
+    n_tokens: int,
+    block_size: int,
+    namespace: int,
+    shared_prefix_tokens: int = 0,
+) -> list[int]:
+    """Keys at ``block_size`` for a prompt described by a trace's chained block ids.
+
+    Trace block ``j`` (id ``ids[j]``) covers tokens ``[j * src_block, (j + 1) * src_block)``
+    and, being chained, identifies all content up to its end. Block ``i`` at ``block_size``
+    ends at token ``e = (i + 1) * block_size``; its key is ``hash((namespace, ids[(e - 1) //
+    src_block], e))``, which identifies the content up to ``e``. Keys are made for every full
+    block with ``e <= n_tokens`` whose trace block exists. Blocks ending within the first
+    ``shared_prefix_tokens`` tokens get a namespace-free key (content shared by every session,
+    e.g. a system prompt the trace does not hash globally).
+
+    Args:
+        ids: chained trace block ids (Mooncake ``hash_ids``, Weka rebuilt ids).
+        src_block: tokens per trace block (Mooncake 512, Weka 64).
+        n_tokens: prompt length in tokens.
+        block_size: the replica's block size in tokens.
+        namespace: separates id spaces (Weka ids are local to a session).
+        shared_prefix_tokens: globally shared leading tokens (0 for none).
+
+    Returns:
+        ``min(n_tokens // block_size, ...)`` keys, a list of ints.
+    """
+    n = n_tokens // block_size
+    covered = len(ids) * src_block
+    out: list[int] = []
+    append = out.append
+    for i in range(n):
+        e = (i + 1) * block_size
+        if e > covered:
+            break
+        if e <= shared_prefix_tokens:
+            append(hash((-1, e)))
+        else:
+            append(hash((namespace, ids[(e - 1) // src_block], e)))
+    return out

@@ -1,0 +1,99 @@
+"""Workload kinds -> validated configs, and each kind's default replicas.
+
+The one place where workload names meet classes (``docs/workloads.md``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import ValidationError
+
+from sessionroute.errors import ConfigError
+from sessionroute.workloads.base import WorkloadConfig
+
+__all__ = ["WORKLOAD_KINDS", "default_replicas", "workload_config"]
+
+WORKLOAD_KINDS: tuple[str, ...] = ("swe-rl", "toy", "trace:weka", "trace:mooncake")
+"""Built-in workload kinds. A path ending in ``.csv`` (Weka) or ``.jsonl`` (Mooncake) is
+accepted as a trace kind too."""
+
+_DEFAULT_REPLICAS: dict[str, dict[str, Any]] = {
+    "swe-rl": {"count": 3, "profile": "glm45air-h200-tp8"},
+    "toy": {"count": 3, "profile": "toy-8b-h100-tp1", "kv_capacity_tokens": 65536},
+    "trace:weka": {"count": 3, "profile": "glm45air-h200-tp8"},
+    "trace:mooncake": {"count": 3, "profile": "glm45air-h200-tp8"},
+}
+
+
+def _canonical(kind: str) -> tuple[str, dict[str, Any]]:
+    if kind in WORKLOAD_KINDS:
+        return kind, {}
+    if kind.endswith(".csv"):
+        return "trace:weka", {"path": kind}
+    if kind.endswith(".jsonl"):
+        return "trace:mooncake", {"path": kind}
+    raise ConfigError(
+        f"unknown workload kind {kind!r}: expected one of {', '.join(WORKLOAD_KINDS)} "
+        "or a path to a .csv (Weka) or .jsonl (Mooncake) trace"
+    )
+
+
+def default_replicas(kind: str) -> dict[str, Any]:
+    """Default replica settings of a workload kind (``count``, ``profile``, ...).
+
+    Raises:
+        ConfigError: for an unknown kind.
+    """
+    return dict(_DEFAULT_REPLICAS[_canonical(kind)[0]])
+
+
+def workload_config(
+    kind: str, steps: int | None = None, options: Mapping[str, Any] | None = None
+) -> WorkloadConfig:
+    """Validate a workload's options into its config.
+
+    Args:
+        kind: a kind of :data:`WORKLOAD_KINDS` or a trace path.
+        steps: RL steps (``swe-rl`` only; overrides ``options["steps"]``).
+        options: the workload's options.
+
+    Raises:
+        ConfigError: for an unknown kind, or naming each unknown or invalid option.
+    """
+    name, implied = _canonical(kind)
+    data: dict[str, Any] = {**implied, **dict(options or {})}
+    data.pop("kind", None)
+    cls: Any
+    if name == "swe-rl":
+        from sessionroute.workloads.swe_rl_config import SweRlConfig
+
+        cls = SweRlConfig
+        if steps is not None:
+            data["steps"] = steps
+    elif name == "toy":
+        from sessionroute.workloads.toy import ToyConfig
+
+        cls = ToyConfig
+    elif name == "trace:weka":
+        from sessionroute.workloads.weka_replay import WekaReplayConfig
+
+        cls = WekaReplayConfig
+    else:
+        from sessionroute.workloads.mooncake_replay import MooncakeReplayConfig
+
+        cls = MooncakeReplayConfig
+    try:
+        config: WorkloadConfig = cls.model_validate(data)
+    except ValidationError as err:
+        problems = "; ".join(
+            (
+                f"unknown option {'.'.join(str(p) for p in e['loc'])!r}"
+                if e["type"] == "extra_forbidden"
+                else f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}"
+            )
+            for e in err.errors()
+        )
+        raise ConfigError(f"workload {name!r}: {problems}") from None
+    return config

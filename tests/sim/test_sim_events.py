@@ -1,0 +1,57 @@
+"""The event core: ordering by (time, priority, sequence), no going back, stop."""
+
+from __future__ import annotations
+
+import pytest
+
+from sessionroute.clock import Clock
+from sessionroute.sim.events import PRIO_ARRIVAL, PRIO_FAULT, PRIO_WAKE, EventQueue, VirtualClock
+
+
+def test_events_run_by_time_then_priority_then_insertion_order() -> None:
+    q = EventQueue()
+    seen: list[str] = []
+    q.push(2.0, PRIO_WAKE, seen.append, "t2-wake")
+    q.push(1.0, PRIO_ARRIVAL, seen.append, "t1-arrival-a")
+    q.push(1.0, PRIO_FAULT, seen.append, "t1-fault")
+    q.push(1.0, PRIO_ARRIVAL, seen.append, "t1-arrival-b")
+    q.push(1.0, PRIO_WAKE, seen.append, "t1-wake")
+    q.run_until(float("inf"))
+    assert seen == ["t1-fault", "t1-wake", "t1-arrival-a", "t1-arrival-b", "t2-wake"]
+    assert q.now() == 2.0
+    assert q.events_run == 5
+
+
+def test_the_clock_follows_the_events_and_is_a_clock() -> None:
+    clock = VirtualClock()
+    q = EventQueue(clock)
+    times: list[float] = []
+    q.push(0.5, PRIO_WAKE, lambda _: times.append(clock.now()))
+    q.push(3.0, PRIO_WAKE, lambda _: times.append(clock.now()))
+    q.run_until(1.0)
+    assert times == [0.5]
+    assert q.peek_time() == 3.0
+    assert isinstance(clock, Clock)
+
+
+def test_scheduling_in_the_past_is_refused() -> None:
+    q = EventQueue()
+    q.push(5.0, PRIO_WAKE, lambda _: None)
+    q.run_until(10.0)
+    with pytest.raises(ValueError, match="past"):
+        q.push(4.0, PRIO_WAKE, lambda _: None)
+
+
+def test_stop_ends_the_run_after_the_current_event() -> None:
+    q = EventQueue()
+    seen: list[int] = []
+
+    def first(_: object) -> None:
+        seen.append(1)
+        q.stop()
+
+    q.push(1.0, PRIO_WAKE, first)
+    q.push(1.0, PRIO_WAKE, lambda _: seen.append(2))
+    q.run_until(float("inf"))
+    assert seen == [1]
+    assert len(q) == 1

@@ -1,0 +1,87 @@
+"""Chained block keys: shared content gives equal keys, distinct content distinct keys."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sessionroute.engine import chain_block_keys
+from sessionroute.workloads.content import BlockChain, expand_trace_blocks
+
+
+def _tokens(segments: list[tuple[int, int]]) -> list[int]:
+    """A token-id sequence with the same content identity: token = segment * 10**6 + offset."""
+    return [seg * 1_000_000 + off for seg, n in segments for off in range(n)]
+
+
+def _chain(segments: list[tuple[int, int]], bs: int) -> BlockChain:
+    c = BlockChain(bs)
+    for seg, n in segments:
+        c.append(seg, n)
+    return c
+
+
+segment_lists = st.lists(st.tuples(st.integers(1, 4), st.integers(0, 70)), min_size=0, max_size=8)
+
+
+@settings(max_examples=200, deadline=None)
+@given(a=segment_lists, b=segment_lists, bs=st.sampled_from([1, 4, 16, 64]))
+def test_keys_agree_exactly_where_token_content_agrees(
+    a: list[tuple[int, int]], b: list[tuple[int, int]], bs: int
+) -> None:
+    ka, kb = _chain(a, bs).keys, _chain(b, bs).keys
+    ref_a, ref_b = chain_block_keys(_tokens(a), bs), chain_block_keys(_tokens(b), bs)
+    assert len(ka) == len(ref_a)
+    assert len(kb) == len(ref_b)
+    for i in range(min(len(ka), len(kb))):
+        assert (ka[i] == kb[i]) == (ref_a[i] == ref_b[i])
+
+
+def test_a_turn_extends_the_previous_turns_keys() -> None:
+    c = BlockChain(16)
+    c.append(1, 6500)  # system prompt
+    c.append(2, 1000)  # task
+    c.append(3, 250)  # output of turn 0
+    turn0 = list(c.keys)
+    c.append(4, 300)  # observation
+    c.append(5, 400)  # output of turn 1
+    assert c.keys[: len(turn0)] == turn0
+    assert len(c.keys) == (6500 + 1000 + 250 + 300 + 400) // 16
+    assert c.tokens == 8450
+
+
+def test_copies_branch_a_shared_prefix() -> None:
+    base = BlockChain(16)
+    base.append(1, 100)
+    a, b = base.copy(), base.copy()
+    a.append(2, 50)
+    b.append(3, 50)
+    shared = 100 // 16
+    assert a.keys[:shared] == b.keys[:shared] == base.keys
+    assert a.keys[shared] != b.keys[shared]  # block 6 mixes the shared tail with new content
+    assert len(set(a.keys[shared:]) & set(b.keys[shared:])) == 0
+
+
+def test_expanded_trace_blocks_share_exactly_the_common_id_prefix() -> None:
+    a = expand_trace_blocks([7, 8, 9], 512, 1500, 16, namespace=-3)
+    b = expand_trace_blocks([7, 8, 10], 512, 1400, 16, namespace=-3)
+    assert len(a) == 1500 // 16
+    assert len(b) == 1400 // 16
+    common = 1024 // 16
+    assert a[:common] == b[:common]
+    assert all(x != y for x, y in zip(a[common:], b[common:], strict=False))
+
+
+def test_expanded_keys_at_a_coarser_block_follow_the_block_holding_the_last_token() -> None:
+    a = expand_trace_blocks([1, 2, 3, 4], 64, 256, 128, namespace=5)
+    b = expand_trace_blocks([1, 2, 3, 9], 64, 256, 128, namespace=5)
+    other_ns = expand_trace_blocks([1, 2, 3, 4], 64, 256, 128, namespace=6)
+    assert a[0] == b[0] and a[1] != b[1]
+    assert set(a).isdisjoint(other_ns)
+
+
+def test_a_shared_prefix_is_common_to_every_namespace() -> None:
+    a = expand_trace_blocks([1, 2], 64, 128, 32, namespace=1, shared_prefix_tokens=64)
+    b = expand_trace_blocks([5, 6], 64, 128, 32, namespace=2, shared_prefix_tokens=64)
+    assert a[:2] == b[:2]
+    assert a[2:] != b[2:]

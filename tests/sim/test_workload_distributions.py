@@ -1,0 +1,48 @@
+"""Quantile-specified distributions reproduce their quantiles."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from sessionroute.errors import ConfigError
+from sessionroute.workloads.distributions import LogNormal, QuantileTable
+
+
+def test_lognormal_hits_its_median_and_p90_and_respects_the_cap() -> None:
+    d = LogNormal(250, 1000, 8192, 1)
+    x = d.sample(np.random.default_rng(1), 200_000)
+    assert np.median(x) == pytest.approx(250, rel=0.02)
+    assert np.percentile(x, 90) == pytest.approx(1000, rel=0.03)
+    assert x.max() <= 8192
+    ints = d.sample_int(np.random.default_rng(1), 1000)
+    assert min(ints) >= 1 and all(isinstance(v, int) for v in ints)
+
+
+def test_a_degenerate_lognormal_is_constant() -> None:
+    x = LogNormal(5.0, 5.0, 10.0).sample(np.random.default_rng(0), 10)
+    assert np.allclose(x, 5.0)
+
+
+def test_quantile_table_reproduces_the_stated_quantiles() -> None:
+    d = QuantileTable([(0.0, 3), (0.5, 29), (0.9, 56), (0.99, 85), (1.0, 100)])
+    x = d.sample(np.random.default_rng(2), 200_000)
+    assert np.median(x) == pytest.approx(29, rel=0.02)
+    assert np.percentile(x, 90) == pytest.approx(56, rel=0.02)
+    assert np.percentile(x, 99) == pytest.approx(85, rel=0.02)
+    assert x.max() <= 100 and x.min() >= 3
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: LogNormal(0, 10, 100),
+        lambda: LogNormal(10, 5, 100),
+        lambda: LogNormal(10, 20, 1, floor=5),
+        lambda: QuantileTable([(0.0, 1), (0.5, 2)]),
+        lambda: QuantileTable([(0.0, 5), (1.0, 2)]),
+    ],
+)
+def test_bad_parameters_are_config_errors(make: object) -> None:
+    with pytest.raises(ConfigError):
+        make()  # type: ignore[operator]
