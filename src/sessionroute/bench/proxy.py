@@ -97,6 +97,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="what to measure (vllm-router is skipped when not installed)",
     )
     parser.add_argument("--policy", default="consistent_hash", help="policy of both routers")
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="cycles over all rows; medians are reported (1)"
+    )
 
 
 def _free_port() -> int:
@@ -227,41 +230,58 @@ async def _load(
     }
 
 
-async def _measure(
-    target: str,
-    base: str,
-    pid: int | None,
-    backend_pid: int,
-    args: argparse.Namespace,
-    rows: list[dict[str, Any]],
-) -> None:
-    for size in args.body_bytes:
-        body = _body(size)
-        for c in args.concurrency:
-            stats = await _load(
-                base + "/v1/chat/completions", body, c, args.duration, pid, backend_pid
-            )
-            rows.append({"target": target, "body_bytes": len(body), "concurrency": c, **stats})
+def _median_rows(raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (target, body, concurrency): the median of each metric over the repeats."""
+    groups: dict[tuple[str, int, int], list[dict[str, Any]]] = {}
+    for r in raw:
+        groups.setdefault((r["target"], r["body_bytes"], r["concurrency"]), []).append(r)
+    rows = []
+    for (target, size, c), rs in groups.items():
+        row: dict[str, Any] = {"target": target, "body_bytes": size, "concurrency": c}
+        for key in ("rps", "p50_ms", "p99_ms", "router_cpu_us_per_req", "backend_cpu_us_per_req"):
+            values = [r[key] for r in rs if r[key] is not None]
+            row[key] = float(np.median(values)) if values else None
+        row["requests"] = sum(r["requests"] for r in rs)
+        row["errors"] = sum(r["errors"] for r in rs)
+        row["repeats"] = len(rs)
+        if row["router_cpu_us_per_req"] is not None:
+            row["router_cpu_us_per_req_range"] = [
+                min(r["router_cpu_us_per_req"] for r in rs),
+                max(r["router_cpu_us_per_req"] for r in rs),
+            ]
+        rows.append(row)
+    order = {"direct": 0, "sessionroute": 1, "vllm-router": 2}
+    rows.sort(key=lambda r: (order[r["target"]], r["body_bytes"], r["concurrency"]))
+    direct = {(r["body_bytes"], r["concurrency"]): r for r in rows if r["target"] == "direct"}
+    for r in rows:
+        d = direct.get((r["body_bytes"], r["concurrency"]))
+        if r["target"] != "direct" and d and d["p50_ms"] is not None and r["p50_ms"] is not None:
+            r["added_p50_ms"] = r["p50_ms"] - d["p50_ms"]
+    return rows
+
+
+async def _start(cmd: list[str], url: str, port: int, procs: list[subprocess.Popen[bytes]]) -> int:
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    procs.append(proc)
+    await _wait_listening(url, proc, 60)
+    return _listener_pid(port) or proc.pid
 
 
 async def _run(args: argparse.Namespace) -> dict[str, Any]:
     procs: list[subprocess.Popen[bytes]] = []
-    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    versions: dict[str, str | None] = {"vllm-router": None}
+    raw: list[dict[str, Any]] = []
     try:
         bport = _free_port()
-        backend = subprocess.Popen(
-            [sys.executable, "-c", f"from sessionroute.bench.proxy import backend_main; "
-             f"backend_main({bport})"],
-            **quiet,  # type: ignore[call-overload]
-        )  # fmt: skip
-        procs.append(backend)
         backend_url = f"http://127.0.0.1:{bport}"
-        await _wait_listening(backend_url, backend, 30)
-        rows: list[dict[str, Any]] = []
-        versions: dict[str, str | None] = {"vllm-router": None}
+        code = f"from sessionroute.bench.proxy import backend_main; backend_main({bport})"
+        backend_pid = await _start([sys.executable, "-c", code], backend_url, bport, procs)
+        # Every target runs at once (idle ones cost nothing) and rows are interleaved, so
+        # the targets see the same machine load; --repeat gives medians over several cycles.
+        targets: dict[str, tuple[str, int | None]] = {}
         for target in args.targets:
             if target == "direct":
-                await _measure("direct", backend_url, None, backend.pid, args, rows)
+                targets[target] = (backend_url, None)
                 continue
             port = _free_port()
             common = ["--host", "127.0.0.1", "--port", str(port), "--policy", args.policy]
@@ -277,33 +297,34 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
                     from importlib.metadata import version
 
                     versions["vllm-router"] = version("vllm-router")
-            proc = subprocess.Popen(cmd, **quiet)  # type: ignore[call-overload]
-            procs.append(proc)
             url = f"http://127.0.0.1:{port}"
-            await _wait_listening(url, proc, 60)
-            pid = _listener_pid(port) or proc.pid
-            await _measure(target, url, pid, backend.pid, args, rows)
-            proc.terminate()
-            proc.wait(20)
+            targets[target] = (url, await _start(cmd, url, port, procs))
+        for _ in range(args.repeat):
+            for size in args.body_bytes:
+                body = _body(size)
+                for c in args.concurrency:
+                    for target, (url, pid) in targets.items():
+                        stats = await _load(
+                            url + "/v1/chat/completions", body, c, args.duration, pid, backend_pid
+                        )
+                        raw.append(
+                            {"target": target, "body_bytes": len(body), "concurrency": c, **stats}
+                        )
     finally:
         for p in procs:
             if p.poll() is None:
                 p.terminate()
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     p.wait(20)
-    direct = {(r["body_bytes"], r["concurrency"]): r for r in rows if r["target"] == "direct"}
-    for r in rows:
-        d = direct.get((r["body_bytes"], r["concurrency"]))
-        if r["target"] != "direct" and d and d["p50_ms"] is not None and r["p50_ms"] is not None:
-            r["added_p50_ms"] = r["p50_ms"] - d["p50_ms"]
     return {
         "benchmark": "proxy",
         "duration_s": args.duration,
+        "repeat": args.repeat,
         "policy": args.policy,
         "cpus": os.cpu_count(),
         "versions": versions,
         "loadavg_1m_at_end": os.getloadavg()[0],
-        "rows": rows,
+        "rows": _median_rows(raw),
     }
 
 
@@ -321,7 +342,8 @@ def print_table(result: dict[str, Any]) -> None:
         return "-" if v is None else format(v, spec)
 
     table = Table(
-        title=f"proxy overhead, {result['duration_s']:.0f} s per row, policy {result['policy']}"
+        title=f"proxy overhead, {result['duration_s']:g} s x {result['repeat']} per row, "
+        f"policy {result['policy']}"
     )
     cols = (
         "target",
