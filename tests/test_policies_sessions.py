@@ -214,3 +214,23 @@ def test_consistent_hash_stateless_request_goes_by_load() -> None:
     assert (first.kind, second.kind) == (DecisionKind.STATELESS, DecisionKind.STATELESS)
     assert first.worker != second.worker  # the second sees the first's reservation
     assert core.policy.session_counts() == {}
+
+
+@pytest.mark.parametrize("name", ["sticky_least_loaded", "consistent_hash_bounded_load"])
+def test_displaced_sessions_are_repinned_only_within_their_ttl(name: str) -> None:
+    clock = ManualClock()
+    core = _core(name, {"session_ttl_s": 10.0, "sweep_interval_s": 1000.0}, clock)
+    placed = {f"s{i}": _route(core, f"s{i}")[0] for i in range(9)}
+    gone = max(B, key=lambda b: list(placed.values()).count(b))
+    on_gone = sorted(s for s, w in placed.items() if w == gone)
+    assert len(on_gone) >= 3
+    core.remove_worker(B[gone])
+    clock.advance(5.0)
+    assert _route(core, on_gone[0])[1] is DecisionKind.REPINNED  # within the TTL
+    clock.advance(5.0)  # every other session has now idled 10 s: the TTL
+    assert _route(core, on_gone[1])[1] is DecisionKind.NEW
+    assert core.policy.session_stats().expired == 1
+    # The sweep forgets the other displaced sessions and expires the pinned ones of t = 0.
+    assert core.sweep(clock.now()) == (len(on_gone) - 2) + (9 - len(on_gone))
+    assert core.policy.session_stats().expired == 8
+    assert _route(core, on_gone[2])[1] is DecisionKind.NEW

@@ -94,7 +94,6 @@ class ConsistentHashBoundedLoadPolicy(Policy):
         self._ring = HashRing()
         self._hash = KeyHashCache()
         self._stateless = LeastRecentlyChosen()
-        self._displaced: set[str] = set()
         self._decisions: dict[str, Decision] = {}  # worker -> its (immutable) STICKY decision
         self.overload_moves = 0
         """Sessions moved because their healthy worker was above the bound (also re-pinned)."""
@@ -133,8 +132,7 @@ class ConsistentHashBoundedLoadPolicy(Policy):
                 self.overload_moves += 1
             table.unpin(sid)
             kind = DecisionKind.REPINNED
-        elif sid in self._displaced:
-            self._displaced.discard(sid)
+        elif table.take_displaced(sid, now):
             kind = DecisionKind.REPINNED
         else:
             kind = DecisionKind.NEW
@@ -157,13 +155,10 @@ class ConsistentHashBoundedLoadPolicy(Policy):
         raise RuntimeError(f"no worker under the bound {cap} (ring {self._ring.members})")
 
     def release_session(self, session_id: str) -> bool:
-        self._displaced.discard(session_id)
         return self.table.release(session_id)
 
     def on_worker_removed(self, worker: str, cluster: ClusterView) -> None:
-        for sid in self.table.sessions_on(worker):
-            self.table.unpin(sid)
-            self._displaced.add(sid)
+        self.table.displace(worker)
 
     def sweep(self, now: float) -> int:
         self._last_sweep = now

@@ -67,7 +67,6 @@ class StickyLeastLoadedPolicy(Policy):
         self.table = SessionTable(cfg.session_ttl_s, cfg.max_sessions)
         self._sweep_interval = cfg.sweep_interval_s
         self._last_sweep = clock.now()
-        self._displaced: set[str] = set()
         self._decisions: dict[str, Decision] = {}  # worker -> its (immutable) STICKY decision
 
     def select(self, request: RouteRequest, cluster: ClusterView) -> Decision:
@@ -91,8 +90,7 @@ class StickyLeastLoadedPolicy(Policy):
                 return d
             table.unpin(sid)
             kind = DecisionKind.REPINNED
-        elif sid in self._displaced:
-            self._displaced.discard(sid)
+        elif table.take_displaced(sid, now):
             kind = DecisionKind.REPINNED
         else:
             kind = DecisionKind.NEW
@@ -111,13 +109,10 @@ class StickyLeastLoadedPolicy(Policy):
         return rendezvous_winner(sid, tied)
 
     def release_session(self, session_id: str) -> bool:
-        self._displaced.discard(session_id)
         return self.table.release(session_id)
 
     def on_worker_removed(self, worker: str, cluster: ClusterView) -> None:
-        for sid in self.table.sessions_on(worker):
-            self.table.unpin(sid)
-            self._displaced.add(sid)
+        self.table.displace(worker)
 
     def sweep(self, now: float) -> int:
         self._last_sweep = now

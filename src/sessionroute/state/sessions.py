@@ -58,7 +58,7 @@ class SessionTable:
         ConfigError: on a non-positive TTL or capacity.
     """
 
-    __slots__ = ("_counts", "_max", "_pins", "stats", "ttl_s")
+    __slots__ = ("_counts", "_displaced", "_max", "_pins", "stats", "ttl_s")
 
     def __init__(self, ttl_s: float = 7200.0, max_sessions: int = 1_000_000) -> None:
         if not ttl_s > 0:
@@ -70,6 +70,8 @@ class SessionTable:
         # session id -> [worker, last access]; ordered by last access (oldest first).
         self._pins: OrderedDict[str, list[object]] = OrderedDict()
         self._counts: dict[str, int] = {}
+        # Sessions unpinned because their worker was removed -> their last access time.
+        self._displaced: dict[str, float] = {}
         self.stats = SessionStats()
 
     def __len__(self) -> int:
@@ -115,6 +117,7 @@ class SessionTable:
 
     def pin(self, session_id: str, worker: str, now: float) -> None:
         """Pin ``session_id`` to ``worker`` (replacing any old pin), evicting the LRU if full."""
+        self._displaced.pop(session_id, None)
         if session_id in self._pins:
             self._drop(session_id)
         while len(self._pins) >= self._max:
@@ -131,17 +134,51 @@ class SessionTable:
         return self._drop(session_id)
 
     def release(self, session_id: str) -> bool:
-        """Release a session (idempotent). Returns True if it was known."""
+        """Release a session (idempotent). Returns True if it was pinned."""
+        self._displaced.pop(session_id, None)
         if session_id not in self._pins:
             return False
         self._drop(session_id)
         self.stats.released += 1
         return True
 
+    def displace(self, worker: str) -> int:
+        """Unpin every session of a removed ``worker``; returns how many.
+
+        Each is remembered until its TTL runs out, so that :meth:`take_displaced` can report
+        its next turn as a re-pin rather than a new session. O(sessions).
+        """
+        moved = [(sid, e[1]) for sid, e in self._pins.items() if e[0] == worker]
+        for sid, last in moved:
+            self._drop(sid)
+            self._displaced[sid] = float(last)  # type: ignore[arg-type]
+        return len(moved)
+
+    def take_displaced(self, session_id: str, now: float) -> bool:
+        """True (once) if ``session_id`` was displaced by :meth:`displace` and is still live.
+
+        A displaced session idle for at least the TTL is forgotten and counted as expired.
+        """
+        last = self._displaced.pop(session_id, None)
+        if last is None:
+            return False
+        if now - last >= self.ttl_s:
+            self.stats.expired += 1
+            return False
+        return True
+
     def sweep(self, now: float) -> int:
-        """Expire every session idle for at least the TTL; returns how many expired."""
-        n = 0
+        """Expire every session idle for at least the TTL; returns how many expired.
+
+        Displaced sessions (see :meth:`displace`) past the TTL are forgotten too and counted.
+        """
         cutoff = now - self.ttl_s
+        n = 0
+        if self._displaced:
+            stale = [sid for sid, last in self._displaced.items() if last <= cutoff]
+            for sid in stale:
+                del self._displaced[sid]
+            n = len(stale)
         while self._pins:
             sid, entry = next(iter(self._pins.items()))
             if float(entry[1]) > cutoff:  # type: ignore[arg-type]
