@@ -8,7 +8,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sessionroute.emulator import FILLER_WORDS, HashTokenizer, filler_pieces, render_chat
+from sessionroute.emulator import (
+    FILLER_WORDS,
+    ChatEncoder,
+    HashTokenizer,
+    filler_pieces,
+    render_chat,
+)
 from sessionroute.emulator.service import output_seed
 
 TOK = HashTokenizer()
@@ -89,3 +95,18 @@ def test_appending_a_message_extends_the_prompt(msgs: list[tuple[str, str]], mor
     base = TOK.encode(render_chat(msgs, add_generation_prompt=False))
     longer = TOK.encode(render_chat([*msgs, ("user", more)], add_generation_prompt=False))
     assert longer[: len(base)] == base
+
+
+_ROLE = st.sampled_from(["system", "user", "assistant", "tool", "odd role", "x|y"])
+_TEXT = st.text(alphabet=st.sampled_from("ab <|>\n.xé"), max_size=30)
+
+
+@given(st.lists(st.tuples(_ROLE, _TEXT), max_size=6), st.booleans())
+def test_chat_encoder_equals_encoding_the_rendered_text(
+    msgs: list[tuple[str, str]], gen_prompt: bool
+) -> None:
+    enc = ChatEncoder(max_tokens=40)  # small: the memo evicts along the way
+    want = TOK.encode(render_chat(msgs, add_generation_prompt=gen_prompt))
+    assert enc.encode(msgs, add_generation_prompt=gen_prompt) == want
+    assert enc.encode(msgs, add_generation_prompt=gen_prompt) == want  # from the memo
+    assert enc.memo_tokens <= 40

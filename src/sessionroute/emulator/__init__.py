@@ -21,12 +21,19 @@ from sessionroute.emulator.server import (
 )
 from sessionroute.emulator.service import EmulatedReplica, Generation, output_seed
 from sessionroute.emulator.settings import DEFAULT_PROFILE, EmulatorSettings
-from sessionroute.emulator.tokenizer import FILLER_WORDS, HashTokenizer, filler_pieces, render_chat
+from sessionroute.emulator.tokenizer import (
+    FILLER_WORDS,
+    ChatEncoder,
+    HashTokenizer,
+    filler_pieces,
+    render_chat,
+)
 
 __all__ = [
     "DEFAULT_PROFILE",
     "EMULATOR_KEY",
     "FILLER_WORDS",
+    "ChatEncoder",
     "EmulatedReplica",
     "EmulatorHandle",
     "EmulatorMetrics",

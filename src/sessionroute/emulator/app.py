@@ -192,7 +192,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     emu = _emu(request)
     req = parse_body(ChatCompletionRequest, await _body(request))
     emu.check_model(req.model)
-    text = render_chat(
+    prompt_ids = emu.chat.encode(
         [(m.role, message_text(m)) for m in req.messages],
         add_generation_prompt=req.add_generation_prompt,
     )
@@ -200,7 +200,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     if max_tokens is None:
         max_tokens = req.max_tokens
     gen = emu.prepare(
-        emu.tokenizer.encode(text),
+        prompt_ids,
         max_tokens=max_tokens,
         kind="chat",
         temperature=req.temperature,
@@ -303,21 +303,20 @@ async def tokenize(request: web.Request) -> web.Response:
     req = parse_body(TokenizeRequest, await _body(request))
     emu.check_model(req.model)
     if req.messages is not None:
-        text = render_chat(
-            [(m.role, message_text(m)) for m in req.messages],
-            add_generation_prompt=req.add_generation_prompt,
-        )
+        pairs = [(m.role, message_text(m)) for m in req.messages]
+        ids = emu.chat.encode(pairs, add_generation_prompt=req.add_generation_prompt)
+        text = render_chat(pairs, add_generation_prompt=req.add_generation_prompt)
     elif req.prompt is not None:
         text = req.prompt
+        ids = emu.tokenizer.encode(text)
     else:
         raise EmulatorRequestError(400, "either 'prompt' or 'messages' is required", "prompt")
-    pieces = emu.tokenizer.pieces(text)
     return _json_response(
         {
-            "count": len(pieces),
+            "count": len(ids),
             "max_model_len": emu.max_model_len,
-            "tokens": emu.tokenizer.ids(pieces),
-            "token_strs": pieces if req.return_token_strs else None,
+            "tokens": ids,
+            "token_strs": emu.tokenizer.pieces(text) if req.return_token_strs else None,
         }
     )
 

@@ -14,7 +14,7 @@ from sessionroute.emulator.driver import ReplicaDriver
 from sessionroute.emulator.metrics import EmulatorMetrics
 from sessionroute.emulator.protocol import EmulatorRequestError
 from sessionroute.emulator.settings import EmulatorSettings
-from sessionroute.emulator.tokenizer import HashTokenizer, filler_pieces
+from sessionroute.emulator.tokenizer import ChatEncoder, HashTokenizer, filler_pieces
 from sessionroute.engine import EngineRequest, Replica, RequestResult, chain_block_keys
 
 __all__ = ["EmulatedReplica", "Generation", "output_seed"]
@@ -72,6 +72,7 @@ class EmulatedReplica:
         self.index = index
         self.model = settings.served_model
         self.tokenizer = HashTokenizer()
+        self.chat = ChatEncoder(self.tokenizer)
         self.replica = Replica(settings.replica_config())
         cfg = self.replica.config
         self.block_size = cfg.block_size

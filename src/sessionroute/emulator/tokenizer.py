@@ -29,16 +29,19 @@ from __future__ import annotations
 import hashlib
 import re
 import zlib
+from array import array
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 
 __all__ = [
     "FILLER_WORDS",
+    "ChatEncoder",
     "HashTokenizer",
     "filler_pieces",
     "render_chat",
 ]
 
-_PIECE = re.compile(r"<\|[A-Za-z0-9_.\-]{1,32}\|>| ?[^\s<]+|<|\s")
+_PIECE = re.compile(r" ?[^\s<]+|<\|[A-Za-z0-9_.\-]{1,32}\|>|<|\s")
 
 _SYLLABLES = [c + v for c in "bdfgklmnprstvz" for v in "aeiou"]  # 70 syllables
 
@@ -47,44 +50,31 @@ FILLER_WORDS: tuple[str, ...] = tuple(
 )
 """The 256 distinct words of generated text; byte ``b`` of the seed stream picks word ``b``."""
 
-_CACHE_LIMIT = 1 << 20
-
 
 class HashTokenizer:
     """Word-level hashing tokenizer (see the module docstring for the split and the ids).
 
-    Piece ids are memoized per instance (up to about a million distinct pieces, then the memo is
-    cleared), so encoding a long prompt is a regex scan plus dictionary lookups.
+    Stateless: ids are computed, not looked up (CRC-32 of a short string costs about as much as
+    a dictionary lookup), so instances are interchangeable and safe to share across threads.
     """
 
-    __slots__ = ("_ids",)
-
-    def __init__(self) -> None:
-        self._ids: dict[str, int] = {}
+    __slots__ = ()
 
     @staticmethod
     def pieces(text: str) -> list[str]:
         """Split ``text`` into pieces; ``"".join(pieces(text)) == text``."""
         return _PIECE.findall(text)
 
-    def token_id(self, piece: str) -> int:
+    @staticmethod
+    def token_id(piece: str) -> int:
         """The id of one piece: ``zlib.crc32`` of its UTF-8 bytes, in ``[0, 2**32)``."""
-        tid = self._ids.get(piece)
-        if tid is None:
-            tid = zlib.crc32(piece.encode("utf-8", "surrogatepass"))
-            if len(self._ids) >= _CACHE_LIMIT:
-                self._ids.clear()
-            self._ids[piece] = tid
-        return tid
+        return zlib.crc32(piece.encode("utf-8", "surrogatepass"))
 
-    def ids(self, pieces: Iterable[str]) -> list[int]:
+    @staticmethod
+    def ids(pieces: Iterable[str]) -> list[int]:
         """Token ids of already split pieces."""
-        ids = self._ids
-        out: list[int] = []
-        for p in pieces:
-            tid = ids.get(p)
-            out.append(tid if tid is not None else self.token_id(p))
-        return out
+        crc = zlib.crc32
+        return [crc(p.encode("utf-8", "surrogatepass")) for p in pieces]
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text`` (one per piece)."""
@@ -109,6 +99,58 @@ def render_chat(messages: Sequence[tuple[str, str]], *, add_generation_prompt: b
     if add_generation_prompt:
         parts.append("<|assistant|>\n")
     return "".join(parts)
+
+
+class ChatEncoder:
+    """Token ids of rendered chat messages, with a per-message memo.
+
+    Every rendered message starts with ``<`` and ends with ``<|end|>\n``, so tokenization never
+    crosses a message boundary: ``encode(render_chat(msgs))`` is the concatenation of each
+    message's ids (plus the generation prompt's). A multi-turn conversation resends its history
+    every turn; with the memo only the new messages are tokenized (a 100k-token history costs
+    ~0.15 s to tokenize from scratch, ~2 ms from the memo).
+
+    Args:
+        tokenizer: the tokenizer (a fresh :class:`HashTokenizer` by default).
+        max_tokens: memo size bound in tokens (least recently used messages go first), >= 0.
+    """
+
+    def __init__(self, tokenizer: HashTokenizer | None = None, max_tokens: int = 4_000_000) -> None:
+        self.tokenizer = tokenizer if tokenizer is not None else HashTokenizer()
+        self.max_tokens = max_tokens
+        self._memo: OrderedDict[tuple[str, str], array[int]] = OrderedDict()
+        self._size = 0
+
+    @property
+    def memo_tokens(self) -> int:
+        """Tokens held by the memo (<= ``max_tokens``)."""
+        return self._size
+
+    def _message(self, role: str, content: str) -> array[int]:
+        key = (role, content)
+        ids = self._memo.get(key)
+        if ids is not None:
+            self._memo.move_to_end(key)
+            return ids
+        ids = array("I", self.tokenizer.encode(f"<|{role}|>\n{content}<|end|>\n"))
+        if len(ids) <= self.max_tokens:
+            self._memo[key] = ids
+            self._size += len(ids)
+            while self._size > self.max_tokens:
+                _, old = self._memo.popitem(last=False)
+                self._size -= len(old)
+        return ids
+
+    def encode(
+        self, messages: Sequence[tuple[str, str]], *, add_generation_prompt: bool = True
+    ) -> list[int]:
+        """``tokenizer.encode(render_chat(messages, add_generation_prompt=...))``, memoized."""
+        out: list[int] = []
+        for role, content in messages:
+            out.extend(self._message(role, content))
+        if add_generation_prompt:
+            out.extend(self.tokenizer.encode("<|assistant|>\n"))
+        return out
 
 
 def filler_pieces(seed: bytes, n: int) -> list[str]:
