@@ -194,8 +194,12 @@ async def test_malformed_json_and_unknown_route() -> None:
     async with running() as (h,), httpx.AsyncClient() as http:
         bad = await http.post(h.url + "/v1/chat/completions", content=b"{nope")
         missing = await http.get(h.url + "/v1/nothing")
+        method = await http.get(h.url + "/v1/chat/completions")
+        version = await http.get(h.url + "/version")
     assert bad.status_code == 400 and "Malformed JSON" in bad.json()["error"]["message"]
     assert missing.status_code == 404 and missing.json()["error"]["code"] == 404
+    assert method.status_code == 405 and method.json()["error"]["code"] == 405
+    assert version.json()["version"].startswith("sessionroute-emulator")
 
 
 async def test_openai_sdk_raises_on_bad_input() -> None:
@@ -238,3 +242,14 @@ async def test_metrics_have_vllms_names() -> None:
     assert m["vllm:inter_token_latency_seconds_count"] == 4
     assert m["vllm:time_to_first_token_seconds_count"] == 1
     assert 'num_gpu_blocks="256"' in text and 'block_size="16"' in text
+
+
+async def test_fidelity_load_reports_client_and_model_latencies() -> None:
+    from sessionroute.emulator.fidelity import _load
+
+    async with running(time_scale=100.0) as (h,):
+        row = await _load(h.url, 100.0, 2, 8, 20, True)
+    assert row["concurrency"] == 2 and row["stream"] is True
+    # The client never sees a reply faster than the model says it takes.
+    assert row["client_e2e_ms"] >= row["model_e2e_ms"] > 0
+    assert row["client_ttft_ms"] is not None and row["model_ttft_ms"] > 0
