@@ -205,7 +205,7 @@ async def test_content_policy_parses_body_and_rejects_malformed_json(
     async with client.post(router.url + "/v1/completions", json={"prompt": "abc"}) as r:
         assert r.status == 200
     assert RecordingContentPolicy.texts == ["sys. part", "abc"]
-    for raw in (b"{not json", b"\xff\xfe", b""):
+    for raw in (b"{not json", b"\xff\xfe", b"", b"[" * 100_000):
         async with client.post(router.url + "/v1/chat/completions", data=raw) as r:
             assert r.status == 400
             err = (await r.json())["error"]

@@ -127,6 +127,7 @@ class WorkerHealth:
         health_ok: the health-check verdict (starts True).
         fails: consecutive failed checks.
         passes: consecutive passed checks.
+        last_error: why the last check or request failed ("" if none did).
     """
 
     url: str

@@ -148,7 +148,7 @@ async def proxy_request(request: web.Request, router: Router) -> web.StreamRespo
     if router.needs_content:
         try:
             payload = json.loads(body)
-        except (ValueError, UnicodeDecodeError) as exc:
+        except (ValueError, RecursionError) as exc:  # RecursionError: absurd nesting
             return error_response(
                 400,
                 f"request body is not valid JSON: {exc}",
