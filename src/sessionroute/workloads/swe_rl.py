@@ -154,7 +154,7 @@ class SweRlWorkload:
 
     def _admit(self) -> None:
         c = self.config
-        cap = c.inflight_rollouts or c.batch_size * (1 + c.async_level)
+        cap = c.inflight_rollouts or round(c.batch_size * (1 + c.async_level))
         while self._open < cap and not self._stopped:
             self._admit_group()
 

@@ -22,8 +22,10 @@ class SweRlConfig(BaseModel):
         steps: trainer steps to run; the run ends after the last one.
         batch_size: rollouts consumed per trainer step (prime-rl SWE config: 256).
         group_size: rollouts per task (GRPO group), admitted together (16).
-        async_level: the orchestrator keeps ``batch_size * (1 + async_level)`` rollouts
-            admitted and not yet consumed by the trainer, admitting whole groups.
+        async_level: the orchestrator keeps ``round(batch_size * (1 + async_level))``
+            rollouts admitted and not yet consumed by the trainer, admitting whole groups
+            (prime-rl's integer ``async_level``; fractions allowed here). Calibrated default
+            1.125 (544 rollouts at batch 256), see ``docs/workloads.md``.
         inflight_rollouts: overrides ``batch_size * (1 + async_level)`` as the bound on
             rollouts admitted and not yet consumed (None: use that product).
         max_off_policy_steps: in-flight rollouts started more than this many policy versions
@@ -54,7 +56,7 @@ class SweRlConfig(BaseModel):
     steps: int = Field(default=20, ge=1)
     batch_size: int = Field(default=256, ge=1)
     group_size: int = Field(default=16, ge=1)
-    async_level: int = Field(default=1, ge=0)
+    async_level: float = Field(default=1.125, ge=0)
     inflight_rollouts: int | None = Field(default=None, ge=1)
     max_off_policy_steps: int = Field(default=32, ge=0)
     trainer_step_s: float = Field(default=120.0, ge=0)

@@ -1,0 +1,73 @@
+"""``sessionroute bench sim``: simulated requests per wall second of the whole simulator.
+
+Runs the default ``swe-rl`` workload (3 x ``glm45air-h200-tp8``, 20 RL steps; every option can
+be changed) under one policy with :func:`sessionroute.sim.run_simulation` and reports finished
+requests per wall-clock second. ``--json`` prints ``{"requests_per_wall_second": X,
+"simulated_requests": N, "wall_seconds": T}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from sessionroute.clock import MonotonicClock
+from sessionroute.sim import SimSpec, run_simulation
+
+__all__ = ["add_arguments", "print_table", "run"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``sessionroute bench sim``."""
+    parser.add_argument("--workload", default="swe-rl", help="workload kind (default swe-rl)")
+    parser.add_argument("--steps", type=int, default=20, help="RL steps (swe-rl)")
+    parser.add_argument("--replicas", type=int, default=3)
+    parser.add_argument("--policy", default="sticky_least_loaded")
+    parser.add_argument(
+        "--block-size", type=int, default=None, help="simulated KV block size (tokens)"
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--reference", action="store_true", help="use the naive engine")
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Run the simulation once and measure it.
+
+    Returns:
+        ``requests_per_wall_second``, ``simulated_requests`` (finished requests) and
+        ``wall_seconds``.
+    """
+    replicas: dict[str, Any] = {"count": args.replicas}
+    if args.block_size is not None:
+        replicas["block_size"] = args.block_size
+    spec = SimSpec.model_validate(
+        {
+            "workload": {"kind": args.workload, "steps": args.steps},
+            "replicas": replicas,
+            "sim": {"fast_engine": not args.reference},
+        }
+    )
+    res = run_simulation(spec, args.policy, seed=args.seed, wall_clock=MonotonicClock())
+    m = res.metrics
+    return {
+        "requests_per_wall_second": m["requests_per_wall_second"],
+        "simulated_requests": m["requests_completed"],
+        "wall_seconds": m["wall_seconds"],
+    }
+
+
+def print_table(result: dict[str, Any]) -> None:
+    """Print the measurement as a short table."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="sessionroute bench sim")
+    table.add_column("simulated requests", justify="right")
+    table.add_column("wall seconds", justify="right")
+    table.add_column("requests / wall second", justify="right")
+    table.add_row(
+        f"{result['simulated_requests']:,}",
+        f"{result['wall_seconds']:.2f}",
+        f"{result['requests_per_wall_second']:,.0f}",
+    )
+    Console().print(table)
