@@ -12,7 +12,7 @@ __all__ = ["register"]
 
 def register(sub: Any) -> None:
     """Add the ``serve`` subcommand to ``sub`` (an argparse subparsers object)."""
-    from sessionroute.server.config import add_arguments
+    from sessionroute.server.flags import add_arguments
 
     parser = sub.add_parser(
         "serve",

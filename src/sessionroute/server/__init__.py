@@ -8,12 +8,22 @@ Typical embedding::
     running = await start_router(settings)
     ...
     await running.stop()
+
+Names are imported lazily (PEP 562), so ``sessionroute --help`` and the ``serve`` flag
+definitions (:mod:`sessionroute.server.flags`) do not pay for aiohttp and pydantic.
 """
 
-from sessionroute.server.app import GENERATION_ROUTES, build_app, build_metrics_app
-from sessionroute.server.config import RouterSettings, add_arguments, settings_from_args
-from sessionroute.server.router import Router
-from sessionroute.server.runner import RunningRouter, run, serve, start_router
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sessionroute.server.app import GENERATION_ROUTES, build_app, build_metrics_app
+    from sessionroute.server.config import RouterSettings, settings_from_args
+    from sessionroute.server.flags import add_arguments
+    from sessionroute.server.router import Router
+    from sessionroute.server.runner import RunningRouter, run, serve, start_router
 
 __all__ = [
     "GENERATION_ROUTES",
@@ -28,3 +38,24 @@ __all__ = [
     "settings_from_args",
     "start_router",
 ]
+
+_WHERE = {
+    "GENERATION_ROUTES": "app",
+    "build_app": "app",
+    "build_metrics_app": "app",
+    "RouterSettings": "config",
+    "settings_from_args": "config",
+    "add_arguments": "flags",
+    "Router": "router",
+    "RunningRouter": "runner",
+    "run": "runner",
+    "serve": "runner",
+    "start_router": "runner",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'sessionroute.server' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"sessionroute.server.{module}"), name)
