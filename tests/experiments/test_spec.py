@@ -68,15 +68,18 @@ def test_env_expansion_with_default_and_value() -> None:
 
 def test_unset_env_without_default_names_variable() -> None:
     with pytest.raises(ConfigError, match=r"workload\.kind.*'MISSING_VAR'"):
-        parse_experiment({"workload": {"kind": "${MISSING_VAR}"}, "arms": [{"policy": "least_loaded"}]})
+        parse_experiment(
+            {"workload": {"kind": "${MISSING_VAR}"}, "arms": [{"policy": "least_loaded"}]}
+        )
 
 
 def test_unmatched_arms_refused_with_difference_shown() -> None:
     data = {
+        "replicas": {"count": 3},
         "arms": [
             {"policy": "consistent_hash"},
             {"policy": "sticky_least_loaded", "overrides": {"replicas": {"count": 4}}},
-        ]
+        ],
     }
     with pytest.raises(ConfigError) as info:
         parse_experiment(data)

@@ -1,28 +1,151 @@
-"""``sessionroute compare``: matched A/B experiments (placeholder until the runner lands)."""
+"""``sessionroute compare``: matched A/B experiments of routing policies, with a report."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
+import time
+from importlib import resources
+from pathlib import Path
 from typing import Any
 
 __all__ = ["register"]
+
+_EPILOG = """\
+examples:
+  sessionroute compare                              # the default: simulated swe-rl, 3 arms
+  sessionroute compare --steps 5 --policies consistent_hash,sticky_least_loaded
+  sessionroute compare --workload trace:weka        # replay Claude Code sessions
+  sessionroute compare --workload toy --repeats 3   # small, with 95 % intervals
+  sessionroute compare examples/replica_failure.toml --dry-run
+"""
 
 
 def register(sub: Any) -> None:
     parser = sub.add_parser(
         "compare",
         help="compare routing policies on a workload (simulated or live)",
-        description="Run matched arms that differ only in the routing policy and report.",
+        description=(
+            "Run matched arms that differ only in the routing policy on the same workload and "
+            "seed, then print a comparison table and write results.json, timeseries.csv and "
+            "report.html. Without FILE, runs the built-in default experiment."
+        ),
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("file", nargs="?", help="experiment file (TOML)")
+    parser.add_argument("file", nargs="?", metavar="FILE", help="experiment file (TOML)")
+    parser.add_argument(
+        "--workload",
+        help="swe-rl, toy, trace:weka, trace:mooncake, or a trace file path (overrides FILE)",
+    )
+    parser.add_argument(
+        "--policies", help="comma-separated policies, one arm each (replaces FILE's arms)"
+    )
+    parser.add_argument("--steps", type=int, help="RL steps to run (swe-rl)")
+    parser.add_argument("--seed", type=int, help="base seed (repeat k uses seed + k)")
+    parser.add_argument("--repeats", type=int, help="runs per arm; >= 2 shows 95 %% intervals")
+    parser.add_argument(
+        "--out", metavar="DIR", help="output directory (default runs/<time>-<name>)"
+    )
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=None,
+        help="runs in parallel processes (default: CPU count, at most the number of runs)",
+    )
+    parser.add_argument("--dry-run", action="store_true", help="print each arm's plan and exit")
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print results.json on stdout (progress and tables go to stderr)",
+    )
     parser.set_defaults(handler=_run)
 
 
+def _load(args: argparse.Namespace) -> Any:
+    import tomllib
+
+    from sessionroute.experiments.spec import load_experiment, parse_experiment
+
+    if args.file:
+        spec = load_experiment(args.file)
+    else:
+        text = resources.files("sessionroute").joinpath("data/default.toml").read_text("utf-8")
+        spec = parse_experiment(tomllib.loads(text), source="<built-in default>")
+    data = spec.model_dump()
+    if args.workload:
+        data["workload"] = {"kind": args.workload, "steps": data["workload"].get("steps")}
+        data["workload"]["options"] = {}
+    if args.steps is not None:
+        data["workload"]["steps"] = args.steps
+    if args.seed is not None:
+        data["run"]["seed"] = args.seed
+    if args.repeats is not None:
+        data["run"]["repeats"] = args.repeats
+    if args.policies:
+        names = [p.strip() for p in args.policies.split(",") if p.strip()]
+        if not names:
+            raise ValueError("--policies needs at least one policy name")
+        data["arms"] = [{"policy": n} for n in names]
+    return parse_experiment(data, source=args.file or "<built-in default>")
+
+
+def _jobs(args: argparse.Namespace, spec: Any) -> int:
+    runs: int = len(spec.arms) * spec.run.repeats
+    if args.jobs is not None:
+        if args.jobs < 1:
+            raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
+        return int(args.jobs)
+    return max(1, min(os.cpu_count() or 1, runs))
+
+
 def _run(args: argparse.Namespace) -> int:
-    print(
-        "sessionroute compare: the experiment runner is not built yet "
-        "(needs the simulator and the experiment runner).",
-        file=sys.stderr,
+    from rich.console import Console
+
+    from sessionroute.errors import SessionRouteError
+
+    err_console = Console(stderr=True)
+    out_console = err_console if args.json else Console()
+    try:
+        spec = _load(args)
+        jobs = _jobs(args, spec)
+    except (SessionRouteError, ValueError) as exc:
+        err_console.print(f"[red]error:[/red] {exc}", markup=True, highlight=False)
+        return 2
+    from sessionroute.experiments.runner import (
+        default_out_dir,
+        resolved_experiment,
+        run_experiment,
+        write_outputs,
     )
-    return 1
+    from sessionroute.experiments.spec import resolve_arms
+
+    arms = resolve_arms(spec)
+    if args.dry_run:
+        plan = resolved_experiment(spec, arms)
+        print(json.dumps(plan, indent=2))
+        return 0
+    from sessionroute.experiments.progress import RichReporter
+    from sessionroute.experiments.sim_arm import simulate_arm
+    from sessionroute.experiments.table import print_comparison
+
+    t0 = time.monotonic()
+    try:
+        with RichReporter(err_console) as reporter:
+            output = run_experiment(spec, simulate_arm, reporter, jobs=jobs)
+    except SessionRouteError as exc:
+        err_console.print(f"[red]error:[/red] {exc}", highlight=False)
+        return 2
+    out_dir = default_out_dir(spec.name) if args.out is None else Path(args.out)
+    paths = write_outputs(output, out_dir)
+    print_comparison(output.results, out_console)
+    out_console.print(
+        f"wall time {time.monotonic() - t0:.1f} s; report: {paths['report']}  "
+        f"results: {paths['results']}",
+        highlight=False,
+    )
+    if args.json:
+        sys.stdout.write(paths["results"].read_text("utf-8") + "\n")
+    return 0

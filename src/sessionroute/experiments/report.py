@@ -20,7 +20,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from sessionroute.experiments.results import ArmResult, get_path
-from sessionroute.experiments.table import TABLE_METRICS, format_value
+from sessionroute.experiments.table import format_value, visible_metrics
 
 __all__ = ["render_plots", "write_report"]
 
@@ -72,7 +72,7 @@ def _series_plot(arms: Sequence[ArmResult], key: str, label: str) -> str | None:
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel(label)
     axes[0][-1].legend(fontsize=7)
-    fig.suptitle(f"{label} per replica over time")
+    fig.suptitle(f"{label} per replica over time", y=1.04)
     return _png(fig)
 
 
@@ -118,10 +118,8 @@ def _table_html(arms: Sequence[ArmResult]) -> str:
     )
     rows = []
     base = arms[0].metrics if arms else {}
-    for path, label, higher in TABLE_METRICS:
+    for path, label, higher in visible_metrics(list(arms)):
         values = [get_path(a.metrics, path) for a in arms]
-        if all(v is None for v in values):
-            continue
         cells = []
         for i, (arm, v) in enumerate(zip(arms, values, strict=True)):
             cell = html.escape(format_value(v))

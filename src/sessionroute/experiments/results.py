@@ -9,7 +9,7 @@ Schema id ``sessionroute.results/1`` (``shared/WORKLOADS.md``, "What an experime
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -100,7 +100,7 @@ def _is_num(v: Any) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool)
 
 
-def aggregate_metrics(runs: list[Mapping[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+def aggregate_metrics(runs: Sequence[Mapping[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
     """Mean of numeric leaves across runs, and their 95 % intervals (K >= 2).
 
     Lists of dicts (per-replica rows) are aggregated element-wise; other values are taken

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import csv
 import json
+import multiprocessing
 import re
 from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -71,26 +73,84 @@ def resolved_experiment(spec: ExperimentSpec, arms: list[ResolvedArm]) -> dict[s
 
 
 def run_experiment(
-    spec: ExperimentSpec, arm_runner: ArmRunner, reporter: ProgressReporter | None = None
+    spec: ExperimentSpec,
+    arm_runner: ArmRunner,
+    reporter: ProgressReporter | None = None,
+    jobs: int = 1,
 ) -> ExperimentOutput:
     """Run every arm ``spec.run.repeats`` times (repeat k uses seed ``run.seed + k``).
 
+    Args:
+        spec: the experiment.
+        arm_runner: executes one run; must be a picklable module-level callable when
+            ``jobs > 1``.
+        reporter: receives progress.
+        jobs: runs executed in parallel worker processes (1 runs in this process). Results
+            do not depend on it: every run is independent and seeded.
+
     Raises:
-        ConfigError: if the arms do not match (see :func:`resolve_arms`).
+        ConfigError: if the arms do not match (see :func:`resolve_arms`), or what the arm
+            runner raises.
     """
     arms = resolve_arms(spec)
-    results: list[ArmResult] = []
-    for arm in arms:
-        result = ArmResult(arm.name, arm.policy, arm.policy_options)
+    tasks: list[tuple[int, ResolvedArm, int, str]] = []
+    for i, arm in enumerate(arms):
         for k in range(spec.run.repeats):
-            seed = spec.run.seed + k
             label = arm.name if spec.run.repeats == 1 else f"{arm.name} #{k + 1}"
-            progress: ProgressFn = reporter.start_run(label) if reporter else (lambda f: None)
-            result.runs.append(arm_runner(arm, seed, progress))
+            tasks.append((i, arm, spec.run.seed + k, label))
+    if jobs > 1 and len(tasks) > 1:
+        outputs = _run_parallel(tasks, arm_runner, reporter, jobs)
+    else:
+        outputs = []
+        for _, arm, seed, label in tasks:
+            progress: ProgressFn = reporter.start_run(label) if reporter else _ignore
+            outputs.append(arm_runner(arm, seed, progress))
             if reporter:
                 reporter.end_run(label)
-        results.append(result)
+    results = [ArmResult(a.name, a.policy, a.policy_options) for a in arms]
+    for (i, _, _, _), out in zip(tasks, outputs, strict=True):
+        results[i].runs.append(out)
     return ExperimentOutput(spec, arms, results)
+
+
+def _ignore(fraction: float) -> None:
+    return None
+
+
+def _run_task(
+    arm_runner: ArmRunner, arm: ResolvedArm, seed: int, label: str, queue: Any
+) -> RunOutput:
+    def progress(fraction: float) -> None:
+        queue.put((label, fraction))
+
+    return arm_runner(arm, seed, progress)
+
+
+def _run_parallel(
+    tasks: list[tuple[int, ResolvedArm, int, str]],
+    arm_runner: ArmRunner,
+    reporter: ProgressReporter | None,
+    jobs: int,
+) -> list[RunOutput]:
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Manager() as manager, ProcessPoolExecutor(jobs, mp_context=ctx) as pool:
+        queue = manager.Queue()
+        updaters = {label: reporter.start_run(label) for *_, label in tasks} if reporter else {}
+        futures = [
+            pool.submit(_run_task, arm_runner, arm, seed, label, queue)
+            for _, arm, seed, label in tasks
+        ]
+        pending = set(futures)
+        while pending:
+            _done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
+            while not queue.empty():
+                label, fraction = queue.get()
+                if label in updaters:
+                    updaters[label](fraction)
+        for *_, label in tasks:
+            if reporter:
+                reporter.end_run(label)
+        return [f.result() for f in futures]
 
 
 def _slug(name: str) -> str:

@@ -29,20 +29,24 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sessionroute.errors import ConfigError
 from sessionroute.experiments.envexpand import expand_env
 from sessionroute.policies.registry import make_config, policy_class
+from sessionroute.sim.spec import (
+    FaultSection,
+    ReplicaSection,
+    RouterSection,
+    SimOptions,
+    WorkloadSection,
+)
 
 __all__ = [
     "ArmSpec",
     "ExperimentSpec",
-    "ReplicaSpec",
     "ResolvedArm",
-    "RouterSpec",
     "RunSpec",
-    "WorkloadSpec",
     "arm_differences",
     "load_experiment",
     "parse_experiment",
@@ -52,62 +56,6 @@ __all__ = [
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class WorkloadSpec(_Strict):
-    """What sessions are sent.
-
-    Attributes:
-        kind: ``swe-rl``, ``toy``, ``trace:weka``, ``trace:mooncake``, or a path to a trace file
-            in one of those formats.
-        steps: RL steps to simulate (``swe-rl``); ignored by traces.
-        options: workload-specific options (see docs/workloads.md); unknown ones are refused by
-            the workload itself.
-    """
-
-    kind: str = "swe-rl"
-    steps: int | None = Field(default=None, ge=1)
-    options: dict[str, Any] = Field(default_factory=dict)
-
-
-class ReplicaSpec(_Strict):
-    """The replicas behind the router (simulated engine model, or live endpoints).
-
-    Attributes:
-        count: number of replicas (>= 1).
-        profile: step-time profile name (ENGINE.md) or a user profile from ``profiles_file``.
-        profiles_file: optional TOML with user-defined profiles.
-        block_size: simulated KV block size in tokens (a speed knob; capacity stays in tokens).
-        kv_capacity_tokens: override of the profile's KV capacity in tokens.
-        max_num_batched_tokens: override of the profile's per-step token budget.
-        max_num_seqs: override of the profile's maximum running requests.
-    """
-
-    count: int = Field(default=3, ge=1, le=1024)
-    profile: str = "glm45air-h200-tp8"
-    profiles_file: str | None = None
-    block_size: int | None = Field(default=None, ge=1)
-    kv_capacity_tokens: int | None = Field(default=None, ge=1)
-    max_num_batched_tokens: int | None = Field(default=None, ge=1)
-    max_num_seqs: int | None = Field(default=None, ge=1)
-
-
-class RouterSpec(_Strict):
-    """Router settings shared by the arms.
-
-    Attributes:
-        network_delay_s: one-way client<->router<->replica delay added per request (seconds).
-        session_headers: header names checked for the session id, in order.
-        send_session_header: False simulates clients that send no session header.
-        session_ttl_s: idle TTL of sticky sessions (seconds).
-        finish_sessions: release sessions when rollouts end (``POST /finish_session``).
-    """
-
-    network_delay_s: float = Field(default=0.0, ge=0)
-    session_headers: list[str] = Field(default_factory=lambda: ["x-session-id"])
-    send_session_header: bool = True
-    session_ttl_s: float = Field(default=7200.0, gt=0)
-    finish_sessions: bool = True
 
 
 class RunSpec(_Strict):
@@ -139,36 +87,15 @@ class ArmSpec(_Strict):
     overrides: dict[str, Any] = Field(default_factory=dict)
 
 
-class FaultSpec(_Strict):
-    """A replica fault at a simulated time.
-
-    Attributes:
-        at_s: simulated time in seconds.
-        replica: replica index (0-based); for ``add``, ignored.
-        kind: ``down``, ``up``, ``slow``, ``drain`` or ``add``.
-        factor: slowdown factor for ``slow``.
-    """
-
-    at_s: float = Field(ge=0)
-    replica: int = Field(default=0, ge=0)
-    kind: str
-    factor: float = Field(default=1.0, gt=0)
-
-    @field_validator("kind")
-    @classmethod
-    def _kind(cls, v: str) -> str:
-        if v not in {"down", "up", "slow", "drain", "add"}:
-            raise ValueError(f"fault kind must be down, up, slow, drain or add, got {v!r}")
-        return v
-
-
 class ExperimentSpec(_Strict):
     """A whole experiment file.
 
     Attributes:
         name: experiment name (used in the output directory).
         description: free text.
-        workload, replicas, router, run: shared settings.
+        workload, replicas, router, faults, sim: shared settings, the sections of
+            :class:`sessionroute.sim.spec.SimSpec` (see docs/simulator.md).
+        run: seeds and repeats.
         faults: replica faults applied in every arm.
         arms: at least one arm.
         allow_differences: dotted keys (e.g. ``router.finish_sessions``) arms may differ in.
@@ -176,11 +103,12 @@ class ExperimentSpec(_Strict):
 
     name: str = "experiment"
     description: str = ""
-    workload: WorkloadSpec = Field(default_factory=WorkloadSpec)
-    replicas: ReplicaSpec = Field(default_factory=ReplicaSpec)
-    router: RouterSpec = Field(default_factory=RouterSpec)
+    workload: WorkloadSection = Field(default_factory=WorkloadSection)
+    replicas: ReplicaSection = Field(default_factory=ReplicaSection)
+    router: RouterSection = Field(default_factory=RouterSection)
     run: RunSpec = Field(default_factory=RunSpec)
-    faults: list[FaultSpec] = Field(default_factory=list)
+    faults: list[FaultSection] = Field(default_factory=list)
+    sim: SimOptions = Field(default_factory=SimOptions)
     arms: list[ArmSpec] = Field(min_length=1)
     allow_differences: list[str] = Field(default_factory=list)
 
@@ -279,7 +207,7 @@ def _allowed(key: str, allowed: list[str]) -> bool:
     return any(key == a or key.startswith(a + ".") for a in allowed)
 
 
-_SHARED_KEYS = ("workload", "replicas", "router", "run", "faults")
+_SHARED_KEYS = ("workload", "replicas", "router", "run", "faults", "sim")
 
 
 def resolve_arms(spec: ExperimentSpec) -> list[ResolvedArm]:

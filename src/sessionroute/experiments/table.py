@@ -9,7 +9,13 @@ from rich.table import Table
 
 from sessionroute.experiments.results import ArmResult, get_path
 
-__all__ = ["TABLE_METRICS", "comparison_table", "format_value", "print_comparison"]
+__all__ = [
+    "TABLE_METRICS",
+    "comparison_table",
+    "format_value",
+    "print_comparison",
+    "visible_metrics",
+]
 
 # (metric path, label, higher is better)
 TABLE_METRICS: tuple[tuple[str, str, bool], ...] = (
@@ -30,6 +36,9 @@ TABLE_METRICS: tuple[tuple[str, str, bool], ...] = (
     ("max_over_mean_busy", "max/mean busy", False),
     ("sessions_repinned", "sessions re-pinned", False),
     ("sessions_leaked", "sessions leaked", False),
+    ("ideal_hit_rate", "ideal hit rate (infinite cache)", True),
+    ("simulated_seconds", "simulated time (s)", False),
+    ("wall_seconds", "wall time (s)", False),
 )
 
 
@@ -60,17 +69,18 @@ def comparison_table(arms: list[ArmResult]) -> Table:
 
     With two or more repeats, cells show ``mean [lo, hi]`` (95 % interval).
     """
-    table = Table(title="sessionroute compare", show_lines=False)
-    table.add_column("metric", style="bold")
-    for i, arm in enumerate(arms):
-        table.add_column(
-            arm.name if i == 0 else f"{arm.name} (Δ vs {arms[0].name})", justify="right"
-        )
+    first = arms[0].name if arms else ""
+    table = Table(
+        title="sessionroute compare",
+        caption=f"(Δ) is relative to {first}; green is better",
+        show_lines=False,
+    )
+    table.add_column("metric", style="bold", no_wrap=True)
+    for arm in arms:
+        table.add_column(arm.name, justify="right", overflow="fold")
     base = arms[0].metrics if arms else {}
-    for path, label, higher_better in TABLE_METRICS:
+    for path, label, higher_better in visible_metrics(arms):
         values = [get_path(a.metrics, path) for a in arms]
-        if all(v is None for v in values):
-            continue
         row = [label]
         for i, (arm, v) in enumerate(zip(arms, values, strict=True)):
             cell = format_value(v)
@@ -92,6 +102,17 @@ def comparison_table(arms: list[ArmResult]) -> Table:
             row.append(cell)
         table.add_row(*row)
     return table
+
+
+def visible_metrics(arms: list[ArmResult]) -> list[tuple[str, str, bool]]:
+    """The rows of :data:`TABLE_METRICS` that have data (RL rows only for RL workloads)."""
+    rl = any(get_path(a.metrics, "steps") for a in arms)
+    return [
+        row
+        for row in TABLE_METRICS
+        if (rl or not row[0].startswith("step_time_s"))
+        and any(get_path(a.metrics, row[0]) is not None for a in arms)
+    ]
 
 
 def print_comparison(arms: list[ArmResult], console: Console) -> None:

@@ -1,0 +1,122 @@
+"""``sessionroute compare`` end to end on the toy workload: files, schema, report, errors."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from sessionroute.cli import main
+from sessionroute.experiments.results import SCHEMA_ID
+
+REQUIRED_METRICS = (
+    "sessions_completed",
+    "sessions_cancelled",
+    "sessions_per_s",
+    "output_tokens_per_s",
+    "prompt_tokens_per_s",
+    "prefix_cache_hit_rate",
+    "preemptions",
+    "ttft_s",
+    "itl_s",
+    "turn_latency_s",
+    "session_latency_s",
+    "per_replica",
+    "load_imbalance_cov",
+    "max_over_mean_busy",
+    "sessions_new",
+    "sessions_repinned",
+    "sessions_expired",
+    "sessions_released",
+    "sessions_leaked",
+    "wall_seconds",
+    "simulated_seconds",
+    "requests_per_wall_second",
+    "ideal_hit_rate",
+    "ideal_busy_seconds",
+)
+
+
+def test_compare_toy_writes_results_and_report(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "run"
+    rc = main(
+        [
+            "compare",
+            "--workload",
+            "toy",
+            "--policies",
+            "consistent_hash,sticky_least_loaded",
+            "--out",
+            str(out),
+            "--json",
+        ]
+    )
+    assert rc == 0
+    captured = capsys.readouterr()
+    doc = json.loads(captured.out)  # stdout holds exactly the results document
+    assert doc == json.loads((out / "results.json").read_text())
+    assert doc["schema"] == SCHEMA_ID
+    assert [a["policy"] for a in doc["arms"]] == ["consistent_hash", "sticky_least_loaded"]
+    for arm in doc["arms"]:
+        m = arm["metrics"]
+        missing = [k for k in REQUIRED_METRICS if k not in m]
+        assert not missing, missing
+        assert set(m["ttft_s"]) >= {"p50", "p90", "p99", "max"}
+        assert 0.0 <= m["prefix_cache_hit_rate"] <= m["ideal_hit_rate"] <= 1.0
+        assert m["sessions_completed"] > 0
+        assert len(m["per_replica"]) == 3
+    assert doc["experiment"]["workload"]["kind"] == "toy"
+    report = (out / "report.html").read_text()
+    assert report.count("data:image/png;base64,") >= 4
+    assert "prefix-cache hit rate" in report
+    with (out / "timeseries.csv").open() as fh:
+        rows = list(csv.DictReader(fh))
+    assert {r["arm"] for r in rows} == {"consistent_hash", "sticky_least_loaded"}
+    assert "toy" in (out / "config.resolved.toml").read_text()
+    assert "comparison" not in captured.out.lower()  # the table went to stderr
+    assert "prefix-cache hit rate" in captured.err
+
+
+def test_dry_run_prints_plan_without_running(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rc = main(["compare", "--dry-run", "--steps", "3", "--out", str(tmp_path / "x")])
+    assert rc == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["workload"]["steps"] == 3
+    assert [a["policy"] for a in plan["arms"]][:2] == ["consistent_hash", "sticky_least_loaded"]
+    assert not (tmp_path / "x").exists()
+
+
+def test_bad_policy_and_bad_file_are_clear_errors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["compare", "--policies", "nope", "--dry-run"]) == 2
+    assert "unknown policy 'nope'" in capsys.readouterr().err
+    bad = tmp_path / "e.toml"
+    bad.write_text('[workload]\nkind = "toy"\nbogus = 1\n[[arms]]\npolicy = "random"\n')
+    assert main(["compare", str(bad), "--dry-run"]) == 2
+    assert "unknown key 'workload.bogus'" in capsys.readouterr().err
+
+
+def _without_wall(doc: dict[str, object]) -> list[dict[str, object]]:
+    arms = json.loads(json.dumps(doc["arms"]))
+    for arm in arms:
+        arm.pop("repeats")
+        for key in ("wall_seconds", "requests_per_wall_second"):
+            arm["metrics"].pop(key)
+    return list(arms)
+
+
+def test_parallel_runs_give_the_sequential_results(tmp_path: Path) -> None:
+    docs = []
+    for jobs in ("1", "2"):
+        out = tmp_path / f"j{jobs}"
+        args = ["compare", "--workload", "toy", "--policies", "random,sticky_least_loaded"]
+        assert main([*args, "--jobs", jobs, "--out", str(out)]) == 0
+        docs.append(json.loads((out / "results.json").read_text()))
+    assert _without_wall(docs[0]) == _without_wall(docs[1])
