@@ -148,12 +148,12 @@ class SimSpec(_Strict):
 
     @classmethod
     def from_settings(cls, settings: Mapping[str, Any]) -> SimSpec:
-        """Build from an experiment arm's merged settings (the ``run`` section is ignored).
+        """Build from an experiment arm's merged settings (``run`` and ``live`` are ignored).
 
         Raises:
             ConfigError: naming every invalid or unknown key.
         """
-        data = {k: v for k, v in settings.items() if k != "run"}
+        data = {k: v for k, v in settings.items() if k not in ("run", "live")}
         try:
             return cls.model_validate(data)
         except ValidationError as err:

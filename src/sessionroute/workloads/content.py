@@ -5,7 +5,9 @@ each tool observation), each named by an integer id and a length in tokens. :cla
 turns a growing sequence of segments into the chained keys of its full blocks, like vLLM's block
 hashes (``vllm/v1/core/kv_cache_utils.py``: a block's hash covers its parent's hash and its own
 tokens): the key of block ``i`` is a hash of the key of block ``i - 1`` and the segment pieces
-that fill block ``i``. Two sequences get the same key at block ``i`` exactly when they hold the
+that fill block ``i`` (a run of full blocks inside one segment is keyed by the key before the
+run, the segment and the offset, which identifies the same content without a sequential
+loop). Two sequences get the same key at block ``i`` exactly when they hold the
 same segments up to the end of block ``i``, so shared content (a system prompt, a GRPO group's
 task) hits and distinct content never does.
 
@@ -87,11 +89,12 @@ class BlockChain:
             self._tail_len = 0
             off = need
         end = length - (length - off) % bs
-        append = keys.append
-        while off < end:
-            prev = hash((prev, segment, off, bs))
-            append(prev)
-            off += bs
+        if off < end:
+            # Full blocks inside one segment: keyed by the key before them (the anchor), the
+            # segment and the offset - the same content up to the block's end, as a chain.
+            anchor = prev
+            keys.extend([hash((anchor, segment, o)) for o in range(off, end, bs)])
+            off = end
         if off < length:
             self._tail = [segment, off, length - off]
             self._tail_len = length - off
