@@ -74,6 +74,7 @@ async def test_same_placements_as_vllm_router(
     proc = await asyncio.create_subprocess_exec(
         binary, "--host", "127.0.0.1", "--port", str(port), "--policy", policy,
         "--worker-urls", *[b.url for b in backends], "--log-level", "warning",
+        "--prometheus-port", str(_free_port()),  # its default 29000 may be taken
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
         env={**os.environ, "RUST_LOG": "warn"},
     )  # fmt: skip
@@ -95,7 +96,8 @@ async def test_same_placements_as_vllm_router(
         assert len(ours) == 63
         assert ours == theirs
     finally:
-        proc.terminate()
+        if proc.returncode is None:
+            proc.terminate()
         await asyncio.wait_for(proc.wait(), 20)
         for b in backends:
             await b.kill()
