@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 
 from sessionroute.clock import Clock
-from sessionroute.sim.events import PRIO_ARRIVAL, PRIO_FAULT, PRIO_WAKE, EventQueue, VirtualClock
+from sessionroute.sim.events import (
+    PRIO_ARRIVAL,
+    PRIO_FAULT,
+    PRIO_SAMPLE,
+    PRIO_TIMER,
+    PRIO_WAKE,
+    EventQueue,
+    VirtualClock,
+)
 
 
 def test_events_run_by_time_then_priority_then_insertion_order() -> None:
@@ -55,3 +63,18 @@ def test_stop_ends_the_run_after_the_current_event() -> None:
     q.run_until(float("inf"))
     assert seen == [1]
     assert len(q) == 1
+
+
+def test_the_run_ends_when_only_sampling_events_are_left() -> None:
+    q = EventQueue()
+    ticks: list[float] = []
+
+    def sample(_: object) -> None:
+        ticks.append(q.now())
+        q.push(q.now() + 1.0, PRIO_SAMPLE, sample)
+
+    q.push(0.5, PRIO_SAMPLE, sample)
+    q.push(2.2, PRIO_TIMER, lambda _: None)
+    q.run_until(float("inf"))
+    assert ticks == [0.5, 1.5]
+    assert q.now() == 2.2

@@ -20,6 +20,7 @@ def test_a_replica_going_down_mid_run_has_its_sessions_re_placed_and_loses_none(
     assert m["sessions_repinned"] > 0  # their sessions moved (counted as re-pins)
     assert m["sessions_completed"] == 48  # none lost
     assert m["turns_in_flight_at_end"] == 0
+    assert m["router_in_flight_at_end"] == 0  # every routed attempt completed exactly once
     assert m["requests_submitted"] == m["requests_completed"]
     assert m["per_replica"][0]["up"] is False
 

@@ -120,6 +120,7 @@ def test_every_request_is_accounted_for_exactly_once() -> None:
         + m["turns_in_flight_at_end"]
     )
     assert m["turns_in_flight_at_end"] == 0
+    assert m["router_in_flight_at_end"] == 0
     assert m["ttft_s"]["p50"] >= 0.004  # both network legs
 
 

@@ -56,12 +56,13 @@ class EventQueue:
         clock: the virtual clock this queue advances as it pops events.
     """
 
-    __slots__ = ("_heap", "_seq", "clock", "events_run", "stopped")
+    __slots__ = ("_heap", "_seq", "_work", "clock", "events_run", "stopped")
 
     def __init__(self, clock: VirtualClock | None = None) -> None:
         self.clock = clock if clock is not None else VirtualClock()
         self._heap: list[tuple[float, int, int, Callable[[Any], None], Any]] = []
         self._seq = 0
+        self._work = 0  # scheduled events with priority < PRIO_SAMPLE (not periodic samplers)
         self.events_run = 0
         self.stopped = False
 
@@ -81,6 +82,8 @@ class EventQueue:
         if t < self.clock._t:
             raise ValueError(f"event scheduled in the past: {t!r} < now {self.clock._t!r}")
         self._seq += 1
+        if prio < PRIO_SAMPLE:
+            self._work += 1
         heapq.heappush(self._heap, (t, prio, self._seq, fn, arg))
 
     def peek_time(self) -> float | None:
@@ -94,17 +97,21 @@ class EventQueue:
     def run_until(self, t_end: float) -> None:
         """Pop and run events in order while their time is <= ``t_end`` and not stopped.
 
-        The clock is left at the time of the last event run (it never moves past ``t_end``).
+        The run also ends when only sampling events (priority ``PRIO_SAMPLE``, which
+        reschedule themselves) are left: nothing can happen any more. The clock is left at the
+        time of the last event run (it never moves past ``t_end``).
         """
         heap = self._heap
         clock = self.clock
         pop = heapq.heappop
         n = 0
-        while heap and not self.stopped:
+        while heap and not self.stopped and self._work:
             if heap[0][0] > t_end:
                 break
-            t, _prio, _seq, fn, arg = pop(heap)
+            t, prio, _seq, fn, arg = pop(heap)
             clock._t = t
+            if prio < PRIO_SAMPLE:
+                self._work -= 1
             fn(arg)
             n += 1
         self.events_run += n

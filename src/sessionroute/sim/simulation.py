@@ -430,7 +430,9 @@ class Simulation:
 
     def extra(self) -> dict[str, Any]:
         """Counters of the simulation itself."""
+        cluster = self.core.cluster
         return {
             "prefix_cache_resets": self.prefix_resets,
             "turns_in_flight_at_end": len(self._reqs),
+            "router_in_flight_at_end": sum(cluster.in_flight(w) for w in cluster.workers()),
         }

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from sessionroute.errors import ConfigError
 from sessionroute.workloads.base import Host, SessionEnd, Turn, TurnOutcome
 from sessionroute.workloads.content import BlockChain
 from sessionroute.workloads.distributions import LogNormal, QuantileTable
@@ -134,6 +135,11 @@ class SweRlWorkload:
         """Admit the first groups at ``host.now()``."""
         self._host = host
         self._limit = min(self.config.context_limit, host.max_model_len)
+        if self.config.system_prompt_tokens + 2 > self._limit:
+            raise ConfigError(
+                f"system_prompt_tokens {self.config.system_prompt_tokens} leaves no room under "
+                f"the context limit {self._limit} (context_limit / max_model_len)"
+            )
         self._system = BlockChain(host.block_size)
         self._system.append(self._new_segment(), self.config.system_prompt_tokens)
         self._last_step_end = host.now()
@@ -163,7 +169,8 @@ class SweRlWorkload:
         if host is None or system is None:
             raise RuntimeError("workload not started")
         now = host.now()
-        task_len = self._task.sample_int(rng, 1)[0]
+        # the first prompt always fits, with room for one output token
+        task_len = min(self._task.sample_int(rng, 1)[0], self._limit - 1 - system.tokens)
         base = system.copy()
         base.append(self._new_segment(), task_len)
         first_prompt = system.tokens + task_len
@@ -186,10 +193,7 @@ class SweRlWorkload:
             self._open += 1
             self.stats["rollouts_started"] += 1
             host.call_at(now + c.rollout_timeout_s, partial(self._timeout, self._uid))
-            if first_prompt + 1 > self._limit:
-                self._end(self._uid, r, "completed", "rollouts_context_limit")
-            else:
-                self._send(r)
+            self._send(r)
 
     def _send(self, r: _Rollout) -> None:
         host = self._host
