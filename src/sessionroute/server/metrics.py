@@ -1,9 +1,10 @@
 """Prometheus metrics of one router, in a registry of its own (no global registry state).
 
-Counters and histograms are updated per request; gauges that mirror router state (in-flight
-requests, active sessions, circuit state) and the policy's decision and session counters are
-read from the routing core at scrape time by a custom collector, so they cost nothing per
-request and can never drift from the state they report.
+Per-request counters and histograms are plain counts updated on the event loop and exported by
+a custom collector; gauges that mirror router state (in-flight requests, active sessions,
+circuit state) and the policy's decision and session counters are read from the routing core
+at scrape time, so they cost nothing per request and can never drift from the state they
+report.
 
 Exported (all prefixed ``sessionroute_``): ``requests_total{worker,status}``,
 ``in_flight{worker}``, ``active_sessions{worker}``, ``worker_available{worker}``,
@@ -15,11 +16,20 @@ Exported (all prefixed ``sessionroute_``): ``requests_total{worker,status}``,
 
 from __future__ import annotations
 
+import math
+from bisect import bisect_left
 from collections.abc import Callable, Iterator, Mapping
+from typing import cast
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString as _go_float
 
 from sessionroute.routing import RoutingCore
 from sessionroute.server.health import WorkerHealth
@@ -103,8 +113,40 @@ class _StateCollector(Collector):
         yield from (in_flight, sessions, available, circuit, decisions, released, expired)
 
 
+_le = cast(Callable[[float], str], _go_float)  # the "le" label text prometheus-client writes
+
+
+class _Histogram:
+    """Bucket counts and sum of observations (cumulated at scrape time)."""
+
+    __slots__ = ("bounds", "counts", "total")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)  # the last one is +Inf
+        self.total = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1  # first bound >= value ("le")
+        self.total += value
+
+    def buckets(self) -> list[tuple[str, float]]:
+        out: list[tuple[str, float]] = []
+        acc = 0
+        for bound, n in zip((*self.bounds, math.inf), self.counts, strict=True):
+            acc += n
+            out.append((_le(bound), acc))
+        return out
+
+
 class RouterMetrics:
     """The metrics of one router instance.
+
+    Per-request metrics (request and retry counters, the two latency histograms) are plain
+    counts updated on the event loop (about 0.5 microseconds each, against 3-5 for a
+    prometheus-client ``Counter``/``Histogram`` with its lock) and exported at scrape time by
+    a custom collector, in the same families and format as prometheus-client's own types
+    (without ``_created`` series).
 
     Args:
         core: the routing core whose state the gauges mirror.
@@ -115,50 +157,72 @@ class RouterMetrics:
         self, core: RoutingCore, workers: Callable[[], Mapping[str, WorkerHealth]]
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
-        self.requests = Counter(
-            "sessionroute_requests",
-            "Proxied requests by worker and final status",
-            ["worker", "status"],
-            registry=self.registry,
-        )
-        self.retries = Counter(
-            "sessionroute_retries",
-            "Upstream attempts retried, by the worker that failed",
-            ["worker"],
-            registry=self.registry,
-        )
-        self.routing_seconds = Histogram(
-            "sessionroute_routing_decision_seconds",
-            "Time to select and reserve a worker, seconds",
-            buckets=_LATENCY_BUCKETS,
-            registry=self.registry,
-        )
-        self.upstream_seconds = Histogram(
-            "sessionroute_upstream_seconds",
-            "Time from sending upstream to receiving response headers, seconds",
-            ["worker"],
-            buckets=_LATENCY_BUCKETS,
-            registry=self.registry,
-        )
+        self.requests: dict[tuple[str, int], int] = {}
+        """Finished proxied requests by (worker, final status)."""
+        self.retries: dict[str, int] = {}
+        """Upstream attempts retried, by the worker that failed."""
+        self.routing_seconds = _Histogram(_LATENCY_BUCKETS)
+        self.upstream_seconds: dict[str, _Histogram] = {}
         self.registry.register(_StateCollector(core, workers))
-        self._req_children: dict[tuple[str, int], Counter] = {}
-        self._up_children: dict[str, Histogram] = {}
+        self.registry.register(_RequestCollector(self))
 
     def count_request(self, worker: str, status: int) -> None:
         """Count one finished request (``status`` 499 when the client went away)."""
         key = (worker, status)
-        child = self._req_children.get(key)
-        if child is None:
-            child = self._req_children[key] = self.requests.labels(worker, str(status))
-        child.inc()
+        requests = self.requests
+        requests[key] = requests.get(key, 0) + 1
+
+    def count_retry(self, worker: str) -> None:
+        """Count one attempt on ``worker`` that is retried."""
+        self.retries[worker] = self.retries.get(worker, 0) + 1
+
+    def observe_routing(self, seconds: float) -> None:
+        """Record the time one select-and-reserve took."""
+        self.routing_seconds.observe(seconds)
 
     def observe_upstream(self, worker: str, seconds: float) -> None:
         """Record the time to upstream response headers."""
-        child = self._up_children.get(worker)
-        if child is None:
-            child = self._up_children[worker] = self.upstream_seconds.labels(worker)
-        child.observe(seconds)
+        hist = self.upstream_seconds.get(worker)
+        if hist is None:
+            hist = self.upstream_seconds[worker] = _Histogram(_LATENCY_BUCKETS)
+        hist.observe(seconds)
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""
         return generate_latest(self.registry)
+
+
+class _RequestCollector(Collector):
+    def __init__(self, metrics: RouterMetrics) -> None:
+        self._m = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        m = self._m
+        requests = CounterMetricFamily(
+            "sessionroute_requests",
+            "Proxied requests by worker and final status",
+            labels=["worker", "status"],
+        )
+        for (worker, status), n in list(m.requests.items()):
+            requests.add_metric([worker, str(status)], n)
+        retries = CounterMetricFamily(
+            "sessionroute_retries",
+            "Upstream attempts retried, by the worker that failed",
+            labels=["worker"],
+        )
+        for worker, n in list(m.retries.items()):
+            retries.add_metric([worker], n)
+        routing = HistogramMetricFamily(
+            "sessionroute_routing_decision_seconds",
+            "Time to select and reserve a worker, seconds",
+            buckets=m.routing_seconds.buckets(),
+            sum_value=m.routing_seconds.total,
+        )
+        upstream = HistogramMetricFamily(
+            "sessionroute_upstream_seconds",
+            "Time from sending upstream to receiving response headers, seconds",
+            labels=["worker"],
+        )
+        for worker, hist in list(m.upstream_seconds.items()):
+            upstream.add_metric([worker], hist.buckets(), hist.total)
+        yield from (requests, retries, routing, upstream)

@@ -1,19 +1,20 @@
 """Proxying one generation request: route, forward, retry, relay, release.
 
 The body is read once and forwarded as received; it is parsed only when the policy reads the
-prompt (``Policy.needs_content``). Responses with a known length up to
-:data:`BUFFER_LIMIT` bytes are relayed in one write; everything else (server-sent event
-streams in particular) is relayed chunk by chunk as it arrives. Retries (on
-:data:`RETRY_STATUSES` and connection errors, with exponential backoff and jitter) happen only
-before the first byte of a response is sent to the client. A worker that refuses connections
-is marked unavailable at once, so the next attempt re-places the session. The policy's
-reservation is released exactly once on every path (``try/finally``).
+prompt (``Policy.needs_content``). Requests go upstream through
+:class:`~sessionroute.server.upstream.UpstreamPool` (aiohttp's client protocol without
+``ClientSession``), with the client's headers forwarded as the raw bytes it sent. Responses
+with a known length up to :data:`BUFFER_LIMIT` bytes are relayed in one write; everything
+else (server-sent event streams in particular) is relayed chunk by chunk as it arrives.
+Retries (on :data:`RETRY_STATUSES` and connection errors, with exponential backoff and
+jitter) happen only before the first byte of a response is sent to the client. A worker that
+refuses connections is marked unavailable at once, so the next attempt re-places the session.
+The policy's reservation is released exactly once on every path (``try/finally``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import time
@@ -21,12 +22,13 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
-from multidict import CIMultiDict, CIMultiDictProxy
+from multidict import CIMultiDictProxy
 
 from sessionroute.errors import NoWorkerAvailable
 from sessionroute.routing import Reservation
 from sessionroute.server.errors import error_response
 from sessionroute.server.router import Router
+from sessionroute.server.upstream import HOP_BY_HOP, Exchange, UpstreamConnectError
 from sessionroute.state import extract_session_id
 from sessionroute.types import RouteRequest
 
@@ -37,23 +39,7 @@ log = logging.getLogger("sessionroute.server")
 RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 """Upstream statuses that are retried (vllm-router's list)."""
 
-HOP_BY_HOP = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "proxy-connection",
-        "te",
-        "trailer",
-        "trailers",
-        "transfer-encoding",
-        "upgrade",
-    }
-)
-"""Headers never forwarded in either direction (RFC 9110 section 7.6.1)."""
 
-_REQUEST_DROP = HOP_BY_HOP | {"host", "content-length"}
 _RESPONSE_DROP = HOP_BY_HOP | {"content-length", "x-request-id", "date", "server"}
 
 BUFFER_LIMIT = 256 * 1024
@@ -92,7 +78,7 @@ def prompt_text(payload: Any) -> str:
     return ""
 
 
-def _request_id(router: Router, request: web.Request) -> str:
+def _request_id(router: Router, request: web.BaseRequest) -> str:
     headers = request.headers
     for name in router.settings.request_id_headers:
         value = headers.get(name)
@@ -101,32 +87,40 @@ def _request_id(router: Router, request: web.Request) -> str:
     return router.new_request_id(request.path)
 
 
-def _upstream_headers(router: Router, headers: CIMultiDictProxy[str]) -> CIMultiDict[str]:
-    drop = _REQUEST_DROP
-    conn = headers.get("connection")
+def _header_block(router: Router, request: web.BaseRequest) -> bytes:
+    """The client's headers as received, minus the dropped ones, plus the worker credential."""
+    drop = router.request_drop
+    conn = request.headers.get("Connection")
     if conn:
-        drop = drop | {t.strip().lower() for t in conn.split(",")}
-    out: CIMultiDict[str] = CIMultiDict()
-    for k, v in headers.items():
-        if k.lower() not in drop:
-            out.add(k, v)
-    if router.settings.router_api_key is not None:
-        out.popall("Authorization", None)  # the router's credential, not the worker's
-    for k, v in router.worker_headers.items():
-        out[k] = v
+        drop = drop | {t.strip().lower().encode("latin-1", "replace") for t in conn.split(",")}
+    return (
+        b"".join([b"%s: %s\r\n" % kv for kv in request.raw_headers if kv[0].lower() not in drop])
+        + router.worker_auth
+    )
+
+
+def _response_headers(headers: CIMultiDictProxy[str], rid: str) -> list[tuple[str, str]]:
+    out = [(k, v) for k, v in headers.items() if k.lower() not in _RESPONSE_DROP]
+    out.append(("x-request-id", rid))
     return out
 
 
-def _response_headers(upstream: aiohttp.ClientResponse, rid: str) -> CIMultiDict[str]:
-    out: CIMultiDict[str] = CIMultiDict()
-    for k, v in upstream.headers.items():
-        if k.lower() not in _RESPONSE_DROP:
-            out.add(k, v)
-    out["x-request-id"] = rid
-    return out
+async def _read_body(request: web.BaseRequest, limit: int) -> bytes | None:
+    """The whole request body, or None when it exceeds ``limit`` bytes."""
+    content = request.content
+    if request.content_length is not None:  # exact: the parser stops at Content-Length
+        return await content.read()
+    chunks: list[bytes] = []
+    size = 0
+    while chunk := await content.readany():
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
-async def proxy_request(request: web.Request, router: Router) -> web.StreamResponse:
+async def proxy_request(request: web.BaseRequest, router: Router) -> web.StreamResponse:
     """Handle one POST to a generation route (see the module docstring).
 
     Returns JSON errors: 413 over ``--max-payload-size``, 400 for malformed JSON when the policy
@@ -135,13 +129,12 @@ async def proxy_request(request: web.Request, router: Router) -> web.StreamRespo
     """
     s = router.settings
     rid = _request_id(router, request)
-    rid_header = {"x-request-id": rid}
-    if request.content_length is not None and request.content_length > s.max_payload_size:
-        return _too_large(request.content_length, s.max_payload_size, rid_header)
-    try:
-        body = await request.read()
-    except web.HTTPRequestEntityTooLarge:
-        return _too_large(None, s.max_payload_size, rid_header)
+    length = request.content_length
+    if length is not None and length > s.max_payload_size:
+        return _too_large(length, s.max_payload_size, rid)
+    body = await _read_body(request, s.max_payload_size)
+    if body is None:
+        return _too_large(None, s.max_payload_size, rid)
     found = extract_session_id(request.headers, s.session_headers)
     text: str | None = None
     model: str | None = None
@@ -153,7 +146,7 @@ async def proxy_request(request: web.Request, router: Router) -> web.StreamRespo
                 400,
                 f"request body is not valid JSON: {exc}",
                 "malformed_json",
-                headers=rid_header,
+                headers={"x-request-id": rid},
             )
         text = prompt_text(payload)
         m = payload.get("model") if isinstance(payload, dict) else None
@@ -171,8 +164,8 @@ async def proxy_request(request: web.Request, router: Router) -> web.StreamRespo
     try:
         reservation = core.route(route_req)
     except NoWorkerAvailable as exc:
-        return error_response(503, str(exc), "no_worker_available", headers=rid_header)
-    router.metrics.routing_seconds.observe(time.perf_counter() - t0)
+        return error_response(503, str(exc), "no_worker_available", headers={"x-request-id": rid})
+    router.metrics.observe_routing(time.perf_counter() - t0)
     holder = [reservation]
     try:
         return await _forward(request, router, holder, body, rid)
@@ -180,18 +173,18 @@ async def proxy_request(request: web.Request, router: Router) -> web.StreamRespo
         core.complete(holder[0])
 
 
-def _too_large(size: int | None, limit: int, headers: dict[str, str]) -> web.Response:
+def _too_large(size: int | None, limit: int, rid: str) -> web.Response:
     got = f"{size} bytes" if size is not None else "more"
     return error_response(
         413,
         f"request body of {got} exceeds --max-payload-size of {limit} bytes",
         "payload_too_large",
-        headers=headers,
+        headers={"x-request-id": rid},
     )
 
 
 async def _forward(
-    request: web.Request,
+    request: web.BaseRequest,
     router: Router,
     holder: list[Reservation],
     body: bytes,
@@ -200,8 +193,8 @@ async def _forward(
     s = router.settings
     core = router.core
     metrics = router.metrics
-    session = router.session
-    headers = _upstream_headers(router, request.headers)
+    pool = router.upstream
+    tail = _header_block(router, request) + b"Content-Length: %d\r\n\r\n" % len(body)
     method = request.method
     path_qs = request.rel_url.raw_path_qs
     attempts = s.max_attempts
@@ -209,7 +202,7 @@ async def _forward(
     for attempt in range(attempts):
         res = holder[0]
         if attempt:
-            metrics.retries.labels(res.worker).inc()
+            metrics.count_retry(res.worker)
             if core.cluster.is_healthy(res.worker):
                 await asyncio.sleep(router.backoff_s(attempt))
             if not core.cluster.is_healthy(res.worker):
@@ -224,41 +217,44 @@ async def _forward(
                         headers={"x-request-id": rid},
                     )
         worker = res.worker
-        t0 = time.perf_counter()
+        ex = pool.exchange(worker)
         try:
-            upstream = await session.request(
-                method, router.upstream_url(worker, path_qs), data=body, headers=headers
-            )
-        except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
-            last_error = f"{worker}: {type(exc).__name__}: {exc}"
-            router.record_unreachable(worker, last_error)
-            continue
-        except TimeoutError:
-            router.record_failure(worker)
-            metrics.count_request(worker, 504)
-            return error_response(
-                504,
-                f"upstream {worker} did not answer within {s.request_timeout_secs} s",
-                "upstream_timeout",
-                headers={"x-request-id": rid},
-            )
-        except aiohttp.ClientError as exc:  # reset, disconnect, malformed response
-            last_error = f"{worker}: {type(exc).__name__}: {exc}"
-            router.record_failure(worker)
-            continue
-        metrics.observe_upstream(worker, time.perf_counter() - t0)
-        status = upstream.status
-        if status >= 500:
-            router.record_failure(worker)
-        else:
-            router.record_success(worker)
-        if status in RETRY_STATUSES and attempt + 1 < attempts:
-            with contextlib.suppress(aiohttp.ClientError, TimeoutError):
-                await upstream.read()  # small error body; keeps the connection reusable
-            upstream.release()
-            last_error = f"{worker}: status {status}"
-            continue
-        return await _relay(request, router, upstream, worker, rid)
+            t0 = time.perf_counter()
+            try:
+                message = await ex.send((pool.request_head(worker, method, path_qs) + tail, body))
+            except UpstreamConnectError as exc:
+                last_error = f"{worker}: {type(exc).__name__}: {exc}"
+                router.record_unreachable(worker, last_error)
+                continue
+            except aiohttp.ClientError as exc:  # reset, disconnect, malformed response
+                last_error = f"{worker}: {type(exc).__name__}: {exc}"
+                router.record_failure(worker)
+                continue
+            except asyncio.CancelledError:
+                if not ex.is_timeout():
+                    raise
+                router.record_failure(worker)
+                metrics.count_request(worker, 504)
+                return error_response(
+                    504,
+                    f"upstream {worker} did not answer within {s.request_timeout_secs} s",
+                    "upstream_timeout",
+                    headers={"x-request-id": rid},
+                )
+            metrics.observe_upstream(worker, time.perf_counter() - t0)
+            status = message.code
+            if status >= 500:
+                router.record_failure(worker)
+            else:
+                router.record_success(worker)
+            if status in RETRY_STATUSES and attempt + 1 < attempts:
+                if not await _drain(ex):
+                    return _timeout_reading(router, worker, rid)
+                last_error = f"{worker}: status {status}"
+                continue
+            return await _relay(request, router, ex, worker, rid)
+        finally:
+            ex.close()
     metrics.count_request(holder[0].worker, 502)
     return error_response(
         502,
@@ -268,22 +264,53 @@ async def _forward(
     )
 
 
+async def _drain(ex: Exchange) -> bool:
+    """Read a (small) error body so the connection can be reused; False on timeout."""
+    if ex.payload is None:
+        return True
+    try:
+        await ex.payload.read()
+    except aiohttp.ClientError:
+        pass
+    except asyncio.CancelledError:
+        if not ex.is_timeout():
+            raise
+        return False
+    return True
+
+
+def _timeout_reading(router: Router, worker: str, rid: str) -> web.Response:
+    router.record_failure(worker)
+    router.metrics.count_request(worker, 502)
+    return error_response(
+        502,
+        f"upstream {worker} failed while sending its response: timeout",
+        "upstream_error",
+        headers={"x-request-id": rid},
+    )
+
+
 async def _relay(
-    request: web.Request,
+    request: web.BaseRequest,
     router: Router,
-    upstream: aiohttp.ClientResponse,
+    ex: Exchange,
     worker: str,
     rid: str,
 ) -> web.StreamResponse:
-    status = upstream.status
+    message = ex.message
+    payload = ex.payload
+    if message is None or payload is None:
+        raise RuntimeError("relay before the response headers arrived")
+    status = message.code
     metrics = router.metrics
     try:
-        headers = _response_headers(upstream, rid)
-        length = upstream.content_length
+        headers = _response_headers(message.headers, rid)
+        raw_length = message.headers.get("Content-Length")
+        length = int(raw_length) if raw_length is not None else None
         if length is not None and length <= BUFFER_LIMIT:
             try:
-                data = await upstream.read()
-            except (aiohttp.ClientError, TimeoutError) as exc:
+                data = await payload.read()
+            except aiohttp.ClientError as exc:
                 router.record_failure(worker)
                 metrics.count_request(worker, 502)
                 return error_response(
@@ -292,18 +319,28 @@ async def _relay(
                     "upstream_error",
                     headers={"x-request-id": rid},
                 )
+            except asyncio.CancelledError:
+                if not ex.is_timeout():
+                    raise
+                return _timeout_reading(router, worker, rid)
             metrics.count_request(worker, status)
-            return web.Response(status=status, reason=upstream.reason, body=data, headers=headers)
-        resp = web.StreamResponse(status=status, reason=upstream.reason, headers=headers)
+            return web.Response(status=status, reason=message.reason, body=data, headers=headers)
+        resp = web.StreamResponse(status=status, reason=message.reason, headers=headers)
         if length is not None:
             resp.content_length = length
         await resp.prepare(request)
         try:
-            async for chunk in upstream.content.iter_any():
+            async for chunk in payload.iter_any():
                 await resp.write(chunk)
-        except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, TimeoutError) as exc:
+        except (
+            aiohttp.ClientPayloadError,
+            aiohttp.ClientConnectionError,
+            asyncio.CancelledError,
+        ) as exc:
             if isinstance(exc, ConnectionResetError):
                 raise  # the client went away: handled below
+            if isinstance(exc, asyncio.CancelledError) and not ex.is_timeout():
+                raise
             log.warning("upstream %s failed mid-response: %r", worker, exc)
             router.record_failure(worker)
             metrics.count_request(worker, 502)
@@ -316,5 +353,3 @@ async def _relay(
     except (asyncio.CancelledError, ConnectionResetError):
         metrics.count_request(worker, 499)
         raise
-    finally:
-        upstream.close()

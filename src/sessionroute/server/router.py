@@ -1,4 +1,4 @@
-"""The state of one live router: routing core, worker health, upstream session, metrics.
+"""The state of one live router: routing core, worker health, upstream connections, metrics.
 
 A :class:`Router` owns everything one ``sessionroute serve`` process shares across requests.
 All routing state is mutated on the event loop thread only, in synchronous calls, so
@@ -15,7 +15,6 @@ import random
 import string
 
 import aiohttp
-from yarl import URL
 
 from sessionroute.clock import Clock, MonotonicClock
 from sessionroute.policies.registry import create_policy, policy_class
@@ -23,6 +22,7 @@ from sessionroute.routing import RoutingCore
 from sessionroute.server.config import RouterSettings
 from sessionroute.server.health import CircuitBreaker, HealthChecker, WorkerHealth, probe
 from sessionroute.server.metrics import RouterMetrics
+from sessionroute.server.upstream import REQUEST_DROP, UpstreamPool
 from sessionroute.state import Cluster
 
 __all__ = ["Router"]
@@ -80,23 +80,40 @@ class Router:
         self.worker_headers: dict[str, str] = (
             {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
         )
+        self.worker_auth = (
+            f"Authorization: Bearer {settings.api_key}\r\n".encode() if settings.api_key else b""
+        )
+        """The worker credential as a request header line (b"" without ``--api-key``)."""
+        self.request_drop: frozenset[bytes] = (
+            REQUEST_DROP | {b"authorization"}
+            if settings.api_key or settings.router_api_key
+            else REQUEST_DROP
+        )
+        """Lower-case request header names never forwarded (hop-by-hop, Host,
+        Content-Length, Expect; Authorization when it is the router's or is replaced)."""
+        self.upstream = UpstreamPool(
+            timeout_s=settings.request_timeout_secs,
+            connect_timeout_s=min(settings.request_timeout_secs, 10.0),
+            read_bufsize=2**18,
+            keepalive_s=60.0,
+        )
         self._session: aiohttp.ClientSession | None = None
         self.health: HealthChecker | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._timers: dict[str, asyncio.TimerHandle] = {}
-        self._urls: dict[tuple[str, str], URL] = {}
 
     # -- lifecycle ------------------------------------------------------------------------
     @property
     def session(self) -> aiohttp.ClientSession:
-        """The pooled upstream client session (RuntimeError before :meth:`start`)."""
+        """The client session for health checks and admin calls (RuntimeError before start)."""
         if self._session is None:
             raise RuntimeError("router not started")
         return self._session
 
     async def start(self) -> None:
-        """Open the upstream session and start the health checker and the TTL sweeper."""
+        """Open the upstream pools and start the health checker and the TTL sweeper."""
         s = self.settings
+        self.upstream.start()
         connector = aiohttp.TCPConnector(
             limit=0, keepalive_timeout=60.0, enable_cleanup_closed=True
         )
@@ -127,7 +144,7 @@ class Router:
         ]
 
     async def close(self) -> None:
-        """Stop background tasks and close the upstream session."""
+        """Stop background tasks and close the upstream pools."""
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -137,6 +154,7 @@ class Router:
         for timer in self._timers.values():
             timer.cancel()
         self._timers.clear()
+        await self.upstream.close()
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -236,21 +254,12 @@ class Router:
         """
         self.core.remove_worker(url)
         self.workers.pop(url, None)
+        self.upstream.forget(url)
         timer = self._timers.pop(url, None)
         if timer is not None:
             timer.cancel()
 
     # -- helpers --------------------------------------------------------------------------
-    def upstream_url(self, worker: str, path_qs: str) -> URL:
-        """The parsed URL of ``path_qs`` on ``worker`` (memoized; URL parsing is costly)."""
-        key = (worker, path_qs)
-        url = self._urls.get(key)
-        if url is None:
-            if len(self._urls) >= 4096:
-                self._urls.clear()
-            url = self._urls[key] = URL(worker.rstrip("/") + path_qs, encoded=True)
-        return url
-
     def new_request_id(self, path: str) -> str:
         """``chatcmpl-``/``cmpl-``/``req-`` + 24 alphanumerics (vllm-router's format)."""
         return _ID_PREFIX.get(path, "req-") + self.rng.randbytes(24).translate(_ID_TABLE).decode()
