@@ -151,6 +151,7 @@ def test_the_block_size_knob_is_reported() -> None:
         {"workload": {"kind": "nope"}},
         {"workload": {"kind": "toy", "options": {"sesions": 3}}},
         {"workload": {"kind": "toy"}, "replicas": {"profile": "no-such-profile"}},
+        {"workload": {"kind": "toy"}, "faults": [{"at_s": 1, "replica": 3, "kind": "down"}]},
     ],
 )
 def test_bad_settings_are_config_errors(data: dict[str, Any]) -> None:

@@ -158,7 +158,15 @@ def run_simulation(
         queue, core, replicas, spec.router, rec, url_for, rcfg, fast=spec.sim.fast_engine
     )
     workload = wcfg.build(np.random.default_rng(seed))
+    n = count
     for f in sorted(spec.faults, key=lambda f: f.at_s):
+        if f.kind == "add":
+            n += 1
+        elif f.replica >= n:
+            raise ConfigError(
+                f"fault {f.kind!r} at {f.at_s} s names replica {f.replica}, but only {n} "
+                "exist then (indices start at 0)"
+            )
         queue.push(f.at_s, PRIO_FAULT, _fault_cb(sim, f.kind, f.replica, f.factor))
     sampler = Sampler(sim, spec.sim.sample_interval_s, progress, workload.progress)
     sampler.start()
