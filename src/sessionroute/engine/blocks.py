@@ -12,6 +12,11 @@ while its version matches the block's.
 
 Deviation from vLLM: when a block fills with content whose key is already cached by another
 block, vLLM keeps both under the key; here the new block stays uncached (no duplicate keys).
+
+The scheduler talks to a pool through the request-level :class:`KVPool` protocol (``lookup``,
+``admit``, ``grow``, ``register``, ``release``); :class:`BlockPool` is its per-block reference
+implementation and :class:`~sessionroute.engine.segments.SegmentPool` the run-length one the fast
+path uses (same results, per-block work only for blocks created or evicted).
 """
 
 from __future__ import annotations
@@ -19,11 +24,101 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 from itertools import islice
+from typing import Any, Protocol
 
-__all__ = ["BlockPool"]
+__all__ = ["BlockPool", "Holder", "KVPool"]
 
 _ID_BITS = 32
 _ID_MASK = (1 << _ID_BITS) - 1
+
+
+class Holder(Protocol):
+    """What a pool needs of a request (the scheduler's ``Req``).
+
+    Attributes:
+        blocks: the pool's record of the request's blocks (pool-specific; empty when none).
+        nblocks: number of blocks the request holds.
+    """
+
+    blocks: list[Any]
+    nblocks: int
+
+    @property
+    def keys(self) -> Sequence[int]:
+        """Chained block keys of prompt + output."""
+        ...
+
+    @property
+    def nkeys(self) -> int:
+        """Usable keys (blocks beyond are never cached)."""
+        ...
+
+    @property
+    def cache(self) -> dict[int, int]:
+        """The cache dict of the request's ``cache_salt``."""
+        ...
+
+    @property
+    def nreg(self) -> int:
+        """Leading blocks already offered to the cache."""
+        ...
+
+
+class KVPool(Protocol):
+    """Request-level interface of a KV block pool (what :class:`~sessionroute.engine.core.Core`
+    uses). Every method keeps vLLM V1 ``block_pool.py`` semantics as described in the module
+    docstring; implementations give identical results.
+
+    Attributes:
+        num_blocks: total blocks.
+        num_free: blocks with no user (free or cached-idle), vLLM ``get_num_free_blocks``.
+    """
+
+    num_blocks: int
+    num_free: int
+
+    def cache_for(self, salt: str | None) -> dict[int, int]:
+        """The cache dict of a ``cache_salt``."""
+        ...
+
+    def lookup(
+        self, cache: dict[int, int], keys: Sequence[int], limit: int
+    ) -> tuple[int, int, Any]:
+        """Longest cached prefix of ``keys`` (at most ``limit`` blocks), without side effects.
+
+        Returns:
+            ``(hit_blocks, idle_hit_blocks, token)``; ``token`` goes to :meth:`admit`.
+        """
+        ...
+
+    def admit(self, r: Holder, token: Any, new: int) -> None:
+        """Take a lookup's hit blocks into use and allocate ``new`` more (``r`` held none)."""
+        ...
+
+    def grow(self, r: Holder, n: int) -> None:
+        """Allocate ``n`` blocks at the end of ``r``'s chain (evicting from the queue head)."""
+        ...
+
+    def grow_each(self, rs: Sequence[Holder]) -> None:
+        """Allocate one block for each of ``rs``, in order."""
+        ...
+
+    def register(self, r: Holder, full: int) -> None:
+        """Offer ``r``'s blocks ``r.nreg .. full - 1`` to the cache (``full <= r.nkeys``)."""
+        ...
+
+    def release(self, r: Holder) -> None:
+        """Free all of ``r``'s blocks, deepest first (finish, preemption or abort)."""
+        ...
+
+    def reset_prefix_cache(self) -> int:
+        """Uncache every idle block; returns how many."""
+        ...
+
+    @property
+    def usage(self) -> float:
+        """Fraction of blocks in use."""
+        ...
 
 
 class BlockPool:
@@ -158,12 +253,55 @@ class BlockPool:
                 freed += 1
         self.num_free += freed
 
-    def register(self, cache: dict[int, int], k: int, b: int) -> None:
-        """Cache full block ``b`` under key ``k`` unless the key is cached already."""
-        if k not in cache:
-            cache[k] = b
-            self.owner[b] = cache
-            self.key[b] = k
+    # ------------------------------------------------------------ request level (KVPool)
+
+    def lookup(
+        self, cache: dict[int, int], keys: Sequence[int], limit: int
+    ) -> tuple[int, int, list[int]]:
+        """:meth:`KVPool.lookup`: the hit blocks as the token."""
+        hits = self.hit_blocks(cache, keys, limit)
+        return len(hits), self.num_idle(hits) if hits else 0, hits
+
+    def admit(self, r: Holder, token: list[int], new: int) -> None:
+        """:meth:`KVPool.admit`."""
+        self.touch(token)
+        if new > 0:
+            token += self.allocate(new)
+        r.blocks = token
+        r.nblocks = len(token)
+
+    def grow(self, r: Holder, n: int) -> None:
+        """:meth:`KVPool.grow`."""
+        r.blocks += self.allocate(n)
+        r.nblocks += n
+
+    def grow_each(self, rs: Sequence[Holder]) -> None:
+        """:meth:`KVPool.grow_each`."""
+        for r, b in zip(rs, self.allocate(len(rs)), strict=True):
+            r.blocks.append(b)
+            r.nblocks += 1
+
+    def register(self, r: Holder, full: int) -> None:
+        """:meth:`KVPool.register`: each block is cached under its key unless the key is
+        cached already."""
+        cache = r.cache
+        keys = r.keys
+        blocks = r.blocks
+        owner = self.owner
+        bkey = self.key
+        for i in range(r.nreg, full):
+            k = keys[i]
+            if k not in cache:
+                b = blocks[i]
+                cache[k] = b
+                owner[b] = cache
+                bkey[b] = k
+
+    def release(self, r: Holder) -> None:
+        """:meth:`KVPool.release`."""
+        self.free(r.blocks)
+        r.blocks = []
+        r.nblocks = 0
 
     def reset_prefix_cache(self) -> int:
         """Uncache every idle block (vLLM ``reset_prefix_cache``); returns how many."""

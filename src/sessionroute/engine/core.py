@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
+from collections.abc import Sequence
+from typing import Any
 
 from sessionroute.engine.api import ReplicaConfig, RequestResult
-from sessionroute.engine.blocks import BlockPool
+from sessionroute.engine.blocks import BlockPool, KVPool
 
 __all__ = ["ABORTED", "FINISHED", "RUNNING", "WAITING", "Core", "Req", "Step"]
 
@@ -41,6 +43,7 @@ class Req:
         "keys",
         "last_token",
         "lazy",
+        "nblocks",
         "nc",
         "nkeys",
         "nreg",
@@ -60,7 +63,7 @@ class Req:
         rid: str,
         prompt_len: int,
         output_len: int,
-        keys: list[int] | tuple[int, ...],
+        keys: Sequence[int],
         nkeys: int,
         cache: dict[int, int],
         arrival: float,
@@ -74,7 +77,8 @@ class Req:
         self.arrival = arrival
         self.num_output = 0
         self.nc = 0  # tokens computed (or scheduled in the step in flight), vLLM num_computed
-        self.blocks: list[int] = []
+        self.blocks: list[Any] = []  # the pool's record of its blocks
+        self.nblocks = 0  # blocks held
         self.nreg = 0  # leading blocks already offered to the cache
         self.status = WAITING
         self.first_sched = -1.0
@@ -133,16 +137,18 @@ class Core:
 
     Args:
         config: the replica configuration.
+        pool: the KV block pool with ``config.num_blocks`` blocks (default: a new per-block
+            :class:`BlockPool`, the reference).
     """
 
-    def __init__(self, config: ReplicaConfig) -> None:
+    def __init__(self, config: ReplicaConfig, pool: KVPool | None = None) -> None:
         self.config = config
         self.bs = config.block_size
         self.budget = config.batched_tokens
         self.max_seqs = config.seqs
         self.profile = config.profile
         self.slowdown = config.slowdown
-        self.pool = BlockPool(config.num_blocks)
+        self.pool: KVPool = BlockPool(config.num_blocks) if pool is None else pool
         self.running: list[Req] = []
         self.waiting: deque[Req] = deque()
         self.pending: list[tuple[float, int, Req]] = []  # heap of arrivals not yet queued
@@ -211,24 +217,12 @@ class Core:
         if full > r.nkeys:
             full = r.nkeys
         if full > r.nreg:
-            cache = r.cache
-            keys = r.keys
-            blocks = r.blocks
-            owner = self.pool.owner
-            bkey = self.pool.key
-            for i in range(r.nreg, full):
-                k = keys[i]
-                if k not in cache:
-                    b = blocks[i]
-                    cache[k] = b
-                    owner[b] = cache
-                    bkey[b] = k
+            self.pool.register(r, full)
             r.nreg = full
 
     def preempt(self, r: Req) -> None:
         """Preempt ``r`` by recompute: free its blocks, reset progress, front of the queue."""
-        self.pool.free(r.blocks)
-        r.blocks = []
+        self.pool.release(r)
         r.nc = 0
         r.nreg = 0
         r.status = WAITING
@@ -254,7 +248,7 @@ class Core:
             n = ntok - nc
             if n > budget:
                 n = budget
-            need = -(-(nc + n) // bs) - len(r.blocks)
+            need = -(-(nc + n) // bs) - r.nblocks
             if need > pool.num_free:
                 while need > pool.num_free:
                     victim = running.pop()
@@ -265,7 +259,7 @@ class Core:
                 if r.status != RUNNING:
                     break
             if need > 0:
-                r.blocks += pool.allocate(need)
+                pool.grow(r, need)
             if (nc + n) // bs > r.nreg and r.nreg < r.nkeys:
                 self.register(r, nc + n)
             sched.append((r, n))
@@ -311,20 +305,16 @@ class Core:
             limit = (ntok - 1) // bs
             if limit > w.nkeys:
                 limit = w.nkeys
-            hits = pool.hit_blocks(w.cache, w.keys, limit)
-            h = len(hits)
+            h, idle, hit = pool.lookup(w.cache, w.keys, limit)
             nc = h * bs
             n = ntok - nc
             if n > budget:
                 n = budget
             new = -(-(nc + n) // bs) - h
-            if new + (pool.num_idle(hits) if h else 0) > pool.num_free:
+            if new + idle > pool.num_free:
                 break
             waiting.popleft()
-            pool.touch(hits)
-            if new > 0:
-                hits += pool.allocate(new)
-            w.blocks = hits
+            pool.admit(w, hit, new)
             w.nc = nc
             w.nreg = h
             w.status = RUNNING
@@ -376,8 +366,7 @@ class Core:
     def drop(self, r: Req) -> None:
         """Abort a running request now: out of ``running``, blocks freed."""
         self.running.remove(r)
-        self.pool.free(r.blocks)
-        r.blocks = []
+        self.pool.release(r)
 
     def finish(self, r: Req, e: float) -> None:
         """Mark ``r`` finished at ``e``, free its blocks and buffer its result.
@@ -385,8 +374,7 @@ class Core:
         The caller removes it from ``running``.
         """
         r.status = FINISHED
-        self.pool.free(r.blocks)
-        r.blocks = []
+        self.pool.release(r)
         del self.reqs[r.rid]
         self.n_finished += 1
         self.done.append(r.result(e))

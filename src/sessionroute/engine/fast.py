@@ -22,11 +22,15 @@ Two devices, both exact:
 from __future__ import annotations
 
 import heapq
+from operator import attrgetter
 
 from sessionroute.engine.api import ReplicaConfig
 from sessionroute.engine.core import RUNNING, Core, Req, Step
+from sessionroute.engine.segments import SegmentPool
 
 __all__ = ["FastCore"]
+
+_ORDER = attrgetter("order")
 
 
 def _run_start(s: float, a: float, c: float, j: int) -> float:
@@ -35,10 +39,13 @@ def _run_start(s: float, a: float, c: float, j: int) -> float:
 
 
 class FastCore(Core):
-    """:class:`Core` with lazy decoders and closed-form decode runs."""
+    """:class:`Core` with lazy decoders, closed-form decode runs and the run-length
+    :class:`~sessionroute.engine.segments.SegmentPool`."""
 
     def __init__(self, config: ReplicaConfig) -> None:
-        super().__init__(config)
+        spool = SegmentPool(config.num_blocks)
+        super().__init__(config, spool)
+        self.spool = spool
         self.lazy_ok = self.max_seqs <= self.budget
         self.g = 0  # index of the next step to apply
         self.base = 0  # step index of ends[0] / durs[0]
@@ -116,24 +123,44 @@ class FastCore(Core):
 
     def decode_blocks(self, g: int) -> None:
         """Block work of the lazy decoders in step ``g``, in admission order: allocate a block
-        for those starting one, offer a block to the cache for those filling one."""
+        for those starting one, offer a block to the cache for those filling one.
+
+        Allocation (which may evict idle cached blocks) and registration of keys nobody has
+        cached commute, so they run in two batches unless a filling block's key is cached
+        already (then the reference's admission order matters: one at a time)."""
         bs = self.bs
-        abp = -g % bs
-        fbp = (-g - 1) % bs
-        ab = self.buckets[abp]
-        fb = self.buckets[fbp]
+        ab = self.buckets[-g % bs]
+        fb = self.buckets[(-g - 1) % bs]
+        spool = self.spool
         if not fb:
             if ab:
-                blocks = self.pool.allocate(len(ab))
-                for r, b in zip(ab, blocks, strict=True):
-                    r.blocks.append(b)
+                spool.grow_each(ab)
             return
+        fills: list[Req] = []
+        for r in fb:
+            p = r.nreg
+            if p < r.nkeys:
+                if (r.nc + g - r.sync + 1) // bs != p + 1:
+                    raise RuntimeError(f"{r.rid}: lazy decoder fills block {p} out of turn")
+                if ab and r.keys[p] in r.cache and spool.fresh < len(ab):
+                    self.decode_blocks_in_order(g, ab, fb)
+                    return
+                fills.append(r)
+        if ab:
+            spool.grow_each(ab)
+        for r in fills:
+            spool.register_next(r)
+            r.nreg += 1
+
+    def decode_blocks_in_order(self, g: int, ab: dict[Req, None], fb: dict[Req, None]) -> None:
+        """:meth:`decode_blocks` one request at a time in admission order (the reference's)."""
+        abp = -g % self.bs
         pool = self.pool
-        todo = sorted([*ab, *fb], key=lambda q: q.order) if ab and ab is not fb else list(fb)
+        todo = sorted([*ab, *fb], key=_ORDER) if ab is not fb else list(fb)
         for r in todo:
             if r.phase == abp:
-                r.blocks += pool.allocate(1)
-            if r.phase == fbp and r.nreg < r.nkeys:
+                pool.grow(r, 1)
+            if r in fb and r.nreg < r.nkeys:
                 self.register(r, r.nc + g - r.sync + 1)
 
     # ------------------------------------------------------------ steps
@@ -171,7 +198,7 @@ class FastCore(Core):
             n = r.prompt_len + r.num_output - r.nc
             if n > budget:
                 n = budget
-            free -= -(-(r.nc + n) // bs) - len(r.blocks)
+            free -= -(-(r.nc + n) // bs) - r.nblocks
             if free < 0:
                 return None
             plan.append((r, n))
@@ -183,9 +210,9 @@ class FastCore(Core):
         for r, n in plan:
             nc = r.nc
             ntok = r.prompt_len + r.num_output
-            need = -(-(nc + n) // bs) - len(r.blocks)
+            need = -(-(nc + n) // bs) - r.nblocks
             if need > 0:
-                r.blocks += pool.allocate(need)
+                pool.grow(r, need)
             if (nc + n) // bs > r.nreg and r.nreg < r.nkeys:
                 self.register(r, nc + n)
             if n == 1 and nc == ntok - 1:

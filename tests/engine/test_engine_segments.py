@@ -1,0 +1,190 @@
+"""The run-length SegmentPool equals the per-block BlockPool on random operation sequences.
+
+After every operation both pools must agree on the lookup result (hit blocks, idle hit blocks),
+free blocks, usage, the cached keys of every salt and the LRU free queue itself (in eviction
+order, each block shown as its cached key or None), so evictions happen in the same order.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sessionroute.engine.blocks import BlockPool, KVPool
+from sessionroute.engine.segments import SegmentPool
+
+
+class Holder:
+    """A request as a pool sees it."""
+
+    def __init__(self, keys: list[int], cache: dict[int, int]) -> None:
+        self.keys = keys
+        self.nkeys = len(keys)
+        self.cache = cache
+        self.nreg = 0
+        self.blocks: list[Any] = []
+        self.nblocks = 0
+
+
+def chain(tokens: list[int]) -> list[int]:
+    """Chained keys, one block per token (a tiny alphabet makes shared prefixes common)."""
+    keys: list[int] = []
+    parent = 7
+    for t in tokens:
+        parent = hash((parent, t))
+        keys.append(parent)
+    return keys
+
+
+def block_queue(pool: BlockPool) -> list[int | None]:
+    """The per-block free queue in eviction order: never-used blocks, then queued ones."""
+    out: list[int | None] = [None] * (pool.num_blocks - pool._next)
+    for e in pool._queue:
+        b = e & 0xFFFF_FFFF
+        if e >> 32 == pool.ver[b]:
+            out.append(pool.key[b] if pool.owner[b] is not None else None)
+    return out
+
+
+def segment_queue(pool: SegmentPool) -> list[int | None]:
+    """The segment pool's queue expanded to blocks in eviction order."""
+    out: list[int | None] = [None] * pool.fresh
+    head = pool._head
+    seg = head.next
+    while seg is not head:
+        res = seg.res
+        for p in range(seg.hi - 1, seg.lo - 1, -1):
+            k = res.keys[p] if p < len(res.keys) else None
+            out.append(k if k is not None and res.cache.get(k) == res.base | p else None)
+        seg = seg.next
+    return out
+
+
+ops = st.lists(
+    st.tuples(
+        st.sampled_from(["admit", "admit", "grow", "grow_each", "register", "release", "reset"]),
+        st.integers(0, 10**6),
+    ),
+    min_size=1,
+    max_size=40,
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    num_blocks=st.integers(1, 24),
+    alphabet=st.integers(1, 3),
+    script=ops,
+    data=st.data(),
+)
+def test_segment_pool_equals_block_pool(
+    num_blocks: int, alphabet: int, script: list[tuple[str, int]], data: st.DataObject
+) -> None:
+    ref = BlockPool(num_blocks)
+    seg = SegmentPool(num_blocks)
+    pools: tuple[KVPool, KVPool] = (ref, seg)
+    live: list[tuple[Holder, Holder]] = []
+    for op, x in script:
+        if op == "admit":
+            tokens = data.draw(st.lists(st.integers(0, alphabet - 1), min_size=0, max_size=14))
+            salt = data.draw(st.sampled_from([None, None, "s"]))
+            keys = chain(tokens)
+            limit = data.draw(st.integers(0, len(keys)))
+            hs = [Holder(keys, p.cache_for(salt)) for p in pools]
+            found = [p.lookup(h.cache, keys, limit) for p, h in zip(pools, hs, strict=True)]
+            assert found[0][:2] == found[1][:2]
+            hit, idle, _ = found[0]
+            new = data.draw(st.integers(0, 4))
+            if hit + new == 0 or new + idle > ref.num_free:
+                continue
+            for p, h, f in zip(pools, hs, found, strict=True):
+                p.admit(h, f[2], new)
+                h.nreg = hit
+            live.append((hs[0], hs[1]))
+        elif not live:
+            if op == "reset":
+                assert ref.reset_prefix_cache() == seg.reset_prefix_cache()
+            continue
+        elif op == "grow":
+            pair = live[x % len(live)]
+            n = 1 + x % 3
+            if n > ref.num_free:
+                continue
+            for p, h in zip(pools, pair, strict=True):
+                p.grow(h, n)
+        elif op == "grow_each":
+            group = [live[(x + i) % len(live)] for i in range(1 + x % 3)]
+            if len(group) > ref.num_free:
+                continue
+            for i, p in enumerate(pools):
+                p.grow_each([pair[i] for pair in group])
+        elif op == "register":
+            pair = live[x % len(live)]
+            top = min(pair[0].nblocks, pair[0].nkeys)
+            if top <= pair[0].nreg:
+                continue
+            full = pair[0].nreg + 1 + x % (top - pair[0].nreg)
+            for p, h in zip(pools, pair, strict=True):
+                p.register(h, full)
+                h.nreg = full
+        elif op == "release":
+            pair = live.pop(x % len(live))
+            for p, h in zip(pools, pair, strict=True):
+                p.release(h)
+        else:
+            assert ref.reset_prefix_cache() == seg.reset_prefix_cache()
+        assert (ref.num_free, ref.usage) == (seg.num_free, seg.usage)
+        for salt in (None, "s"):
+            assert set(ref.cache_for(salt)) == set(seg.cache_for(salt))
+        assert block_queue(ref) == segment_queue(seg)
+        assert [h.nblocks for h, _ in live] == [h.nblocks for _, h in live]
+    for pair in reversed(live):
+        for p, h in zip(pools, pair, strict=True):
+            p.release(h)
+    assert ref.num_free == seg.num_free == num_blocks
+    assert block_queue(ref) == segment_queue(seg)
+
+
+def test_hit_on_part_of_an_idle_segment_splits_it_and_keeps_queue_order() -> None:
+    # One request of 6 blocks finishes; another hits its first 2 blocks; the 4 deeper blocks
+    # stay queued deepest first and are evicted before anything freed later.
+    ref, seg = BlockPool(8), SegmentPool(8)
+    keys = chain([1, 2, 3, 4, 5, 6])
+    pools: tuple[KVPool, KVPool] = (ref, seg)
+    for p in pools:
+        a = Holder(keys, p.cache_for(None))
+        p.admit(a, [], 6)
+        p.register(a, 6)
+        p.release(a)
+        b = Holder(chain([1, 2, 9]), p.cache_for(None))
+        h, idle, tok = p.lookup(b.cache, b.keys, 3)
+        assert (h, idle) == (2, 2)
+        p.admit(b, tok, 1)
+        assert p.num_free == 8 - 3
+    assert block_queue(ref) == segment_queue(seg) == [None, *keys[5:1:-1]]
+
+
+def test_hit_in_the_middle_of_an_idle_segment_after_a_duplicate() -> None:
+    # A and B hold the same content; A caches blocks 0-1 first, so B's blocks 0-1 stay
+    # uncached (duplicates) and B caches 2-3. C hits A's 0-1 and B's block 2: B's segment is
+    # split around block 2 and its other blocks keep their queue places (3 before 1, 0).
+    ref, seg = BlockPool(10), SegmentPool(10)
+    keys = chain([0, 0, 0, 0])
+    pools: tuple[KVPool, KVPool] = (ref, seg)
+    for p in pools:
+        a = Holder(keys, p.cache_for(None))
+        b = Holder(keys, p.cache_for(None))
+        p.admit(a, [], 4)
+        p.admit(b, [], 4)
+        p.register(a, 2)
+        p.register(b, 4)
+        p.release(a)
+        p.release(b)
+        c = Holder(keys, p.cache_for(None))
+        h, idle, tok = p.lookup(c.cache, keys, 3)
+        assert (h, idle) == (3, 3)
+        p.admit(c, tok, 1)
+    expected = [None, None, None, keys[3], None, None]
+    assert block_queue(ref) == segment_queue(seg) == expected
