@@ -20,6 +20,7 @@ from sessionroute.errors import ConfigError
 from sessionroute.policies.registry import create_policy, policy_class
 from sessionroute.routing import RoutingCore
 from sessionroute.sim.events import PRIO_FAULT, EventQueue, VirtualClock
+from sessionroute.sim.faults import apply_fault
 from sessionroute.sim.metrics import Recorder
 from sessionroute.sim.replicas import SimReplica
 from sessionroute.sim.report import build_metrics
@@ -203,6 +204,6 @@ def run_simulation(
 
 def _fault_cb(sim: Simulation, kind: str, index: int, factor: float) -> Callable[[Any], None]:
     def apply(_: Any) -> None:
-        sim.fault(kind, index, factor)
+        apply_fault(sim, kind, index, factor)
 
     return apply

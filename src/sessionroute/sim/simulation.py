@@ -369,60 +369,41 @@ class Simulation:
         self._sync(rep)
         self._reschedule(rep)
 
-    # -- faults ---------------------------------------------------------------------------------
-    def fault(self, kind: str, index: int, factor: float = 1.0) -> None:
-        """Apply a replica fault now (see :class:`~sessionroute.sim.spec.FaultSection`).
+    # -- replica lifecycle (used by :mod:`sessionroute.sim.faults`) ------------------------------
+    def add_replica(self) -> SimReplica:
+        """A new replica with the next index joins the cluster and the router."""
+        i = len(self.replicas)
+        rep = SimReplica(i, self._url_for(i), self.config, fast=self._fast)
+        self.replicas.append(rep)
+        self._by_url[rep.url] = rep
+        self.core.add_worker(rep.url)
+        return rep
 
-        Raises:
-            ValueError: for an unknown kind or a replica index that does not exist.
-        """
-        if kind == "add":
-            i = len(self.replicas)
-            rep = SimReplica(i, self._url_for(i), self.config, fast=self._fast)
-            self.replicas.append(rep)
-            self._by_url[rep.url] = rep
-            self.core.add_worker(rep.url)
+    def fail_replica(self, rep: SimReplica) -> None:
+        """``rep`` fails now: unhealthy at the router, its engine and cache lost, each of its
+        requests completed at the router and retried with backoff."""
+        if rep.engine is None:
             return
-        if not 0 <= index < len(self.replicas):
-            raise ValueError(f"fault {kind!r}: no replica {index} (have {len(self.replicas)})")
-        rep = self.replicas[index]
-        cluster = self.core.cluster
-        if kind == "down":
-            if rep.engine is None:
-                return
-            if rep.url in cluster:
-                self.core.set_health(rep.url, False)
-            self._sync(rep)
-            stranded = list(rep.inflight.values())
-            rep.fail()
-            for req in stranded:
-                self.rec.counts["requests_failed_over"] += 1
-                self._fail(req)
-        elif kind == "up":
-            rep.restart()
-            if rep.drained:
-                rep.drained = False
-                self.core.add_worker(rep.url)
-            elif rep.url in cluster:
-                self.core.set_health(rep.url, True)
-        elif kind == "slow":
-            self._sync(rep)
-            rep.set_slowdown(factor, self.queue.clock._t)
-            self._reschedule(rep)
-        elif kind == "drain":
-            if not rep.drained and rep.url in cluster:
-                rep.drained = True
-                self.core.remove_worker(rep.url)
-        else:
-            raise ValueError(f"unknown fault kind {kind!r}")
+        if rep.url in self.core.cluster:
+            self.core.set_health(rep.url, False)
+        self._sync(rep)
+        stranded = list(rep.inflight.values())
+        rep.fail()
+        for req in stranded:
+            self.rec.counts["requests_failed_over"] += 1
+            self._fail(req)
+
+    def sync(self, rep: SimReplica) -> None:
+        """Run ``rep`` to now, handle its completions and reschedule its wake-up."""
+        self._sync(rep)
+        self._reschedule(rep)
 
     # -- observation ----------------------------------------------------------------------------
     def sync_all(self) -> None:
         """Run every live replica to now (before reading counters or gauges)."""
         for rep in self.replicas:
             if rep.engine is not None:
-                self._sync(rep)
-                self._reschedule(rep)
+                self.sync(rep)
 
     def in_flight(self) -> int:
         """Turns submitted and not yet delivered or cancelled."""
