@@ -20,6 +20,7 @@ examples:
   sessionroute compare --workload trace:weka        # replay Claude Code sessions
   sessionroute compare --workload toy --repeats 3   # small, with 95 % intervals
   sessionroute compare examples/replica_failure.toml --dry-run
+  sessionroute compare --live examples/live_side_by_side.toml   # real HTTP, emulated replicas
 """
 
 
@@ -54,6 +55,12 @@ def register(sub: Any) -> None:
         type=int,
         default=None,
         help="runs in parallel processes (default: CPU count, at most the number of runs)",
+    )
+    parser.add_argument(
+        "--live",
+        action="store_true",
+        help="run through real HTTP: replicas and routers of FILE's [live] section "
+        "(emulated replicas by default; docs/live.md); arms run one after another",
     )
     parser.add_argument("--dry-run", action="store_true", help="print each arm's plan and exit")
     parser.add_argument(
@@ -134,7 +141,12 @@ def _run(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     try:
         with RichReporter(err_console) as reporter:
-            output = run_experiment(spec, simulate_arm, reporter, jobs=jobs)
+            if args.live:
+                from sessionroute.live.runner import run_live_experiment
+
+                output = run_live_experiment(spec, reporter)
+            else:
+                output = run_experiment(spec, simulate_arm, reporter, jobs=jobs)
     except SessionRouteError as exc:
         err_console.print(f"[red]error:[/red] {exc}", highlight=False)
         return 2

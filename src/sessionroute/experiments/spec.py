@@ -32,7 +32,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sessionroute.errors import ConfigError
-from sessionroute.experiments.envexpand import expand_env
+from sessionroute.live.spec import LiveSection, expand_experiment_env
 from sessionroute.policies.registry import make_config, policy_class
 from sessionroute.sim.spec import (
     FaultSection,
@@ -97,6 +97,8 @@ class ExperimentSpec(_Strict):
             :class:`sessionroute.sim.spec.SimSpec` (see docs/simulator.md).
         run: seeds and repeats.
         faults: replica faults applied in every arm.
+        live: how ``compare --live`` gets replicas and routers (``docs/live.md``); ignored by
+            the simulator.
         arms: at least one arm.
         allow_differences: dotted keys (e.g. ``router.finish_sessions``) arms may differ in.
     """
@@ -109,6 +111,7 @@ class ExperimentSpec(_Strict):
     run: RunSpec = Field(default_factory=RunSpec)
     faults: list[FaultSection] = Field(default_factory=list)
     sim: SimOptions = Field(default_factory=SimOptions)
+    live: LiveSection = Field(default_factory=LiveSection)
     arms: list[ArmSpec] = Field(min_length=1)
     allow_differences: list[str] = Field(default_factory=list)
 
@@ -149,7 +152,7 @@ def parse_experiment(
     Raises:
         ConfigError: with every problem listed (unknown keys named, bad values explained).
     """
-    expanded = expand_env(dict(data), os.environ if env is None else env)
+    expanded = expand_experiment_env(dict(data), os.environ if env is None else env)
     try:
         spec = ExperimentSpec.model_validate(expanded)
     except ValidationError as err:
@@ -207,7 +210,7 @@ def _allowed(key: str, allowed: list[str]) -> bool:
     return any(key == a or key.startswith(a + ".") for a in allowed)
 
 
-_SHARED_KEYS = ("workload", "replicas", "router", "run", "faults", "sim")
+_SHARED_KEYS = ("workload", "replicas", "router", "run", "faults", "sim", "live")
 
 
 def resolve_arms(spec: ExperimentSpec) -> list[ResolvedArm]:
