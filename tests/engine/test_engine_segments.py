@@ -62,19 +62,24 @@ def segment_queue(pool: SegmentPool) -> list[int | None]:
     return out
 
 
+_OPS = (
+    *("admit", "grow", "grow_each", "reset"),
+    *("next_turn", "next_turn", "next_turn", "register", "register", "release", "release"),
+    "release",
+)
 ops = st.lists(
     st.tuples(
-        st.sampled_from(["admit", "admit", "grow", "grow_each", "register", "release", "reset"]),
+        st.sampled_from(_OPS),
         st.integers(0, 10**6),
     ),
     min_size=1,
-    max_size=40,
+    max_size=60,
 )
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    num_blocks=st.integers(1, 24),
+    num_blocks=st.integers(1, 40),
     alphabet=st.integers(1, 3),
     script=ops,
     data=st.data(),
@@ -86,12 +91,14 @@ def test_segment_pool_equals_block_pool(
     seg = SegmentPool(num_blocks)
     pools: tuple[KVPool, KVPool] = (ref, seg)
     live: list[tuple[Holder, Holder]] = []
+    contents: list[list[int]] = []  # token lists of admitted requests (for next turns)
     for op, x in script:
-        if op == "admit":
-            tokens = data.draw(st.lists(st.integers(0, alphabet - 1), min_size=0, max_size=14))
-            salt = data.draw(st.sampled_from([None, None, "s"]))
+        if op in ("admit", "next_turn"):
+            tokens = list(contents[x % len(contents)]) if op == "next_turn" and contents else []
+            tokens += data.draw(st.lists(st.integers(0, alphabet - 1), max_size=8))
+            salt = data.draw(st.sampled_from([None, None, None, "s"]))
             keys = chain(tokens)
-            limit = data.draw(st.integers(0, len(keys)))
+            limit = data.draw(st.one_of(st.just(len(keys)), st.integers(0, len(keys))))
             hs = [Holder(keys, p.cache_for(salt)) for p in pools]
             found = [p.lookup(h.cache, keys, limit) for p, h in zip(pools, hs, strict=True)]
             assert found[0][:2] == found[1][:2]
@@ -99,10 +106,15 @@ def test_segment_pool_equals_block_pool(
             new = data.draw(st.integers(0, 4))
             if hit + new == 0 or new + idle > ref.num_free:
                 continue
+            full = data.draw(st.integers(hit, max(hit, min(hit + new, len(keys)))))
             for p, h, f in zip(pools, hs, found, strict=True):
                 p.admit(h, f[2], new)
                 h.nreg = hit
+                if full > hit:
+                    p.register(h, full)
+                    h.nreg = full
             live.append((hs[0], hs[1]))
+            contents.append(tokens)
         elif not live:
             if op == "reset":
                 assert ref.reset_prefix_cache() == seg.reset_prefix_cache()

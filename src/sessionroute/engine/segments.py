@@ -95,7 +95,8 @@ def _common(a: Sequence[int], i: int, b: Sequence[int], j: int, m: int) -> int:
         return m
     if type(x) is not type(y) and list(x) == list(y):
         return m
-    return list(map(ne, x, y)).index(True)
+    diff = list(map(ne, x, y))
+    return diff.index(True) if True in diff else min(len(x), len(y))
 
 
 class SegmentPool:
@@ -280,7 +281,13 @@ class SegmentPool:
 
     def admit(self, r: Holder, token: list[tuple[_Res, int, int]], new: int) -> None:
         """Take a lookup's hit runs into use (splitting segments at their ends, out of the
-        queue if idle, ``ref += 1``) and open a reservation for ``new`` more blocks."""
+        queue if idle, ``ref += 1``) and allocate ``new`` more blocks.
+
+        The new blocks continue the reservation of the last hit run when that run ends where
+        the new blocks start (the previous turn of a conversation), so a conversation's chain
+        stays one reservation and, merged, one segment: lookups, holds and releases then cost
+        per conversation, not per turn.
+        """
         exts: list[_Ext] = []
         h = 0
         for res, p, q in token:
@@ -292,9 +299,82 @@ class SegmentPool:
                 exts.append(_Ext(res, p, q))
         if new > 0:
             self._evict(new)
-            exts.append(self._open(r, h, new))
+            last = exts[-1] if exts else None
+            if last is not None and last.hi == h and self._adopt(last.res, r, h):
+                res = last.res
+                res.lows.append(h)
+                res.segs.append(_Seg(res, h, h + new, 1, h, []))
+                last.hi = h + new
+                self._merge(res, last.lo)
+            else:
+                exts.append(self._open(r, h, new))
         r.blocks = exts
         r.nblocks = h + new
+
+    def _adopt(self, res: _Res, r: Holder, h: int) -> bool:
+        """Make closed reservation ``res`` ``r``'s own from position ``h`` on, if possible.
+
+        Its idle segments at ``h`` and beyond move to a new reservation (same positions and
+        queue places, cached keys re-pointed); ``res`` then takes ``r``'s keys, which must
+        equal its own over its remaining positions.
+        """
+        if res.owner is not None or res.cache is not r.cache:
+            return False
+        lows = res.lows
+        segs = res.segs
+        k = bisect_left(lows, h)
+        for seg in segs[k:]:
+            if seg.ref:
+                return False
+        lo0 = lows[0]
+        keys = r.keys
+        if _common(keys, lo0, res.keys, lo0, h - lo0) != h - lo0:
+            return False
+        if k < len(segs):
+            self._rix += 1
+            moved = _Res(self._rix, res.keys, res.cache, None)
+            self._res[self._rix] = moved
+            cache = res.cache
+            old_keys = res.keys
+            base = res.base
+            nbase = moved.base
+            for seg in segs[k:]:
+                seg.res = moved
+                top = seg.creg if seg.creg < seg.hi else seg.hi
+                for p in range(seg.lo, top):
+                    key = old_keys[p]
+                    if cache.get(key) == base | p:
+                        cache[key] = nbase | p
+            moved.lows = lows[k:]
+            moved.segs = segs[k:]
+            del lows[k:]
+            del segs[k:]
+        res.keys = keys
+        res.owner = r
+        return True
+
+    @staticmethod
+    def _merge(res: _Res, lo: int) -> None:
+        """Merge neighbouring segments of ``res`` from position ``lo`` on that only one request
+        holds (``ref == 1``; the caller holds all of them)."""
+        lows = res.lows
+        segs = res.segs
+        i = bisect_right(lows, lo) - 1
+        j = i + 1
+        while j < len(segs):
+            a = segs[i]
+            b = segs[j]
+            if a.ref == 1 and b.ref == 1 and a.hi == b.lo:
+                if a.creg < a.hi:
+                    a.holes += range(a.creg, a.hi)
+                a.holes += b.holes
+                a.creg = b.creg
+                a.hi = b.hi
+                del lows[j]
+                del segs[j]
+            else:
+                i = j
+                j += 1
 
     def _hold(self, res: _Res, p: int, q: int) -> None:
         """``ref += 1`` on positions ``[p, q)`` of ``res`` (cached, so present)."""
