@@ -90,11 +90,18 @@ class Sampler:
 
 
 class Scraper:
-    """Refreshes the router's engine gauges every ``interval_s`` (a live router's scrape)."""
+    """Refreshes the router's engine gauges every ``interval_s`` (a live router's scrape).
+
+    A replica with no request in its engine reads all zeros (KV usage counts blocks in use
+    only), so it is not run to now for that.
+    """
+
+    _IDLE = EngineGauges(0, 0, 0.0)
 
     def __init__(self, sim: Simulation, interval_s: float) -> None:
         self.sim = sim
         self.interval_s = interval_s
+        self._last: dict[str, EngineGauges] = {}
 
     def start(self) -> None:
         """Scrape now and schedule the next scrape."""
@@ -103,11 +110,20 @@ class Scraper:
     def _tick(self, _: object) -> None:
         sim = self.sim
         cluster = sim.core.cluster
-        sim.sync_all()
+        last = self._last
         for rep in sim.replicas:
-            if rep.url in cluster:
+            if rep.url not in cluster:
+                continue
+            if rep.inflight:
+                sim.sync(rep)
+            if rep.inflight:
                 running, waiting, kv = rep.gauges()
-                cluster.set_gauges(rep.url, EngineGauges(running, waiting, kv))
+                g = EngineGauges(running, waiting, kv)
+            else:
+                g = self._IDLE
+            if last.get(rep.url) != g or cluster.gauges(rep.url) is None:
+                last[rep.url] = g
+                cluster.set_gauges(rep.url, g)
         sim.queue.push(sim.now() + self.interval_s, PRIO_SAMPLE, self._tick)
 
 

@@ -72,7 +72,45 @@ class WekaTrace:
     sessions: dict[int, list[int]] = field(default_factory=dict)
 
 
+_INT_LO = (
+    ("row", 0),
+    ("session", 0),
+    ("agent", 0),
+    ("turn", 0),
+    ("input_tokens", 1),
+    ("output_tokens", 0),
+    ("cached_tokens", 0),
+    ("match_row", -1),
+    ("model", 0),
+)
+
+
+def _row_fast(rec: list[str], idx: dict[str, int]) -> WekaRow | None:
+    """The row when every field is well formed, else None (then :func:`_row` names the fault)."""
+    try:
+        ints = [int(rec[idx[name]]) for name, _ in _INT_LO]
+        api, think = rec[idx["api_time"]], rec[idx["think_time"]]
+        t = float(rec[idx["t"]])
+        a = None if api == "" else float(api)
+        th = None if think == "" else float(think)
+    except ValueError:
+        return None
+    if any(v < lo for v, (_, lo) in zip(ints, _INT_LO, strict=True)):
+        return None
+    for v in (t, a, th):
+        if v is not None and not 0.0 <= v < float("inf"):  # also refuses nan
+            return None
+    return WekaRow(
+        ints[0], ints[1], ints[2], ints[3], t, ints[4], ints[5], ints[6], ints[7], a, th,
+        ints[8], rec[idx["stop"]],
+    )  # fmt: skip
+
+
 def _row(rec: list[str], idx: dict[str, int], path: str, line: int) -> WekaRow:
+    fast = _row_fast(rec, idx)
+    if fast is not None:
+        return fast
+
     def i(name: str, lo: int | None = None, empty: int | None = None) -> int:
         return parse_int(rec[idx[name]], path, line, name, lo=lo, empty=empty)
 
