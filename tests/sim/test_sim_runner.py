@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -166,3 +169,28 @@ def test_settings_of_an_experiment_arm_map_onto_a_spec() -> None:
     assert run(spec).metrics["sessions_completed"] == 6
     with pytest.raises(ConfigError, match=r"replicas\.colour"):
         SimSpec.from_settings({"replicas": {"colour": "red"}})
+
+
+_CHILD = """
+import json
+import os
+import subprocess
+import sys
+from sessionroute.clock import ManualClock
+from sessionroute.sim import SimSpec, run_simulation
+spec = SimSpec.model_validate({"workload": {"kind": "toy", "options": {"sessions": 12}}})
+r = run_simulation(spec, "sticky_least_loaded", seed=7, wall_clock=ManualClock())
+print(json.dumps([r.metrics, r.timeseries], sort_keys=True))
+"""
+
+
+def test_results_do_not_depend_on_the_process_hash_seed() -> None:
+    outs = []
+    for hash_seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": hash_seed}
+        proc = subprocess.run(
+            [sys.executable, "-c", _CHILD], env=env, capture_output=True, text=True, check=True
+        )
+        outs.append(proc.stdout)
+    assert outs[0] == outs[1]
+    assert json.loads(outs[0])[0]["sessions_completed"] == 12
