@@ -22,6 +22,7 @@ Two devices, both exact:
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_left
 from operator import attrgetter
 
 from sessionroute.engine.api import ReplicaConfig
@@ -48,9 +49,12 @@ class FastCore(Core):
         self.spool = spool
         self.lazy_ok = self.max_seqs <= self.budget
         self.g = 0  # index of the next step to apply
-        self.base = 0  # step index of ends[0] / durs[0]
-        self.ends: list[float] = []
-        self.durs: list[float] = []
+        self.base = 0  # step index of ends[0]
+        self.ends: list[float] = []  # end time of each step from base on
+        # suffix maxima of step durations: steps mx_step (ascending) with durations mx_dur
+        # (strictly decreasing); the longest step in [i, g) is mx_dur[bisect_left(mx_step, i)]
+        self.mx_step: list[int] = []
+        self.mx_dur: list[float] = []
         self.buckets: list[dict[Req, None]] = [{} for _ in range(self.bs)]
         self.n_dec = 0  # lazy decoders: running[:n_dec]
         self.s0 = 0  # sum over lazy decoders of (tokens at sync - sync)
@@ -83,7 +87,7 @@ class FastCore(Core):
             # preempted and resumed), then whole steps
             m = self.ends[i0] - r.last_token
             if k > 1:
-                m2 = max(self.durs[i0 + 1 : i1])
+                m2 = self.mx_dur[bisect_left(self.mx_step, r.sync + 1)]
                 if m2 > m:
                     m = m2
             if m > r.itl_max:
@@ -251,14 +255,14 @@ class FastCore(Core):
             Core.apply(self, st)
             if self.lazy_ok:
                 self.ends.append(st.end)
-                self.durs.append(st.end - st.start)
+                self.push_dur(self.g, st.end - st.start)
                 self.g += 1
                 self.lazify_front()
             return
         e = st.end
         self.ends.append(e)
-        self.durs.append(e - st.start)
         g = self.g
+        self.push_dur(g, e - st.start)
         self.g = g + 1
         self.n_generation += self.n_dec
         finished = self.finish_lazy(g, e)
@@ -280,17 +284,31 @@ class FastCore(Core):
                 r.last_token = e
                 if r.num_output == r.output_len:
                     self.finish(r, e)
-                    finished = True
+                    finished.append(r)
         if finished:
-            self.running = [r for r in self.running if r.status == RUNNING]
+            self.unrun(finished)
         self.lazify_front()
         if len(self.ends) > 8192:
             self.trim()
 
-    def finish_lazy(self, g: int, e: float) -> bool:
-        """Finish the lazy decoders whose last token came from step ``g`` (ending at ``e``)."""
+    def push_dur(self, g: int, dur: float) -> None:
+        """Record the duration of step ``g`` (the next step index) in the suffix maxima."""
+        steps = self.mx_step
+        durs = self.mx_dur
+        while durs and durs[-1] <= dur:
+            durs.pop()
+            steps.pop()
+        steps.append(g)
+        durs.append(dur)
+
+    def finish_lazy(self, g: int, e: float) -> list[Req]:
+        """Finish the lazy decoders whose last token came from step ``g`` (ending at ``e``).
+
+        Returns:
+            The finished requests (still in ``running``; see :meth:`unrun`).
+        """
         heap = self.fheap
-        finished = False
+        finished: list[Req] = []
         while heap and heap[0][0] <= g:
             gf, _, r = heapq.heappop(heap)
             if not r.lazy or gf != r.sync + r.output_len - r.num_output - 1:
@@ -298,8 +316,17 @@ class FastCore(Core):
             self.materialize(r)
             self.delazify(r)
             self.finish(r, e)
-            finished = True
+            finished.append(r)
         return finished
+
+    def unrun(self, finished: list[Req]) -> None:
+        """Take finished requests out of ``running`` (order of the others kept)."""
+        if len(finished) > 8:
+            self.running = [r for r in self.running if r.status == RUNNING]
+        else:
+            remove = self.running.remove
+            for r in finished:
+                remove(r)
 
     def trim(self) -> None:
         """Drop step times no lazy decoder needs any more."""
@@ -308,8 +335,10 @@ class FastCore(Core):
         cut = lo - self.base
         if cut > len(self.ends) // 2:
             del self.ends[:cut]
-            del self.durs[:cut]
             self.base = lo
+            j = bisect_left(self.mx_step, lo)
+            del self.mx_step[:j]
+            del self.mx_dur[:j]
 
     def drop(self, r: Req) -> None:
         """Abort a running request now (materializing it first if lazy)."""
@@ -384,7 +413,8 @@ class FastCore(Core):
         for j in range(k):
             self.decode_blocks(g0 + j)
         self.ends += [s + (j + 1) * a + c * (j * (j + 1) // 2) for j in range(k)]
-        self.durs += [a + c * j for j in range(k)]
+        # durations a + c*j never decrease (c >= 0): the last is the run's suffix maximum
+        self.push_dur(g0 + k - 1, a + c * (k - 1))
         self.g = g0 + k
         d = self.n_dec
         end = _run_start(s, a, c, k)
@@ -392,8 +422,9 @@ class FastCore(Core):
         self.n_iteration += k * d
         self.n_steps += k
         self.busy += end - s
-        if self.finish_lazy(g0 + k - 1, end):
-            self.running = [r for r in self.running if r.status == RUNNING]
+        finished = self.finish_lazy(g0 + k - 1, end)
+        if finished:
+            self.unrun(finished)
         if len(self.ends) > 8192:
             self.trim()
 

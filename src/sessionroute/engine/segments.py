@@ -32,6 +32,7 @@ A property test (``tests/engine/test_engine_segments.py``) checks this pool agai
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
+from collections import deque
 from collections.abc import Iterable, Sequence, Sized
 from operator import ne
 
@@ -210,15 +211,17 @@ class SegmentPool:
             if top > new_hi:
                 cache = res.cache
                 keys = res.keys
-                base = res.base
                 holes = seg.holes
-                for p in range(top - 1, new_hi - 1, -1):
-                    k = keys[p]
-                    if cache.get(k) == base | p:
-                        del cache[k]
-                seg.creg = new_hi
                 if holes and holes[-1] >= new_hi:
+                    base = res.base
+                    for p in range(top - 1, new_hi - 1, -1):
+                        k = keys[p]
+                        if cache.get(k) == base | p:
+                            del cache[k]
                     del holes[bisect_left(holes, new_hi) :]
+                else:  # every block of the run is cached under its own key
+                    deque(map(cache.__delitem__, keys[new_hi:top]), maxlen=0)
+                seg.creg = new_hi
             seg.hi = new_hi
             if new_hi == lo:
                 self._unlink(seg)
@@ -457,12 +460,16 @@ class SegmentPool:
             if seg.creg != p0 or p0 < seg.lo:
                 raise RuntimeError(f"registration at {p0} not contiguous with {seg.creg}")
             top = full if full < seg.hi else seg.hi
-            for p in range(p0, top):
-                k = keys[p]
-                if k in cache:
-                    seg.holes.append(p)
-                else:
-                    cache[k] = base | p
+            run = keys[p0:top]
+            if top - p0 > 2 and cache.keys().isdisjoint(run) and len(set(run)) == top - p0:
+                cache.update(zip(run, range(base | p0, base | top), strict=True))
+            else:
+                for p in range(p0, top):
+                    k = keys[p]
+                    if k in cache:
+                        seg.holes.append(p)
+                    else:
+                        cache[k] = base | p
             seg.creg = top
             p0 = top
             i += 1
