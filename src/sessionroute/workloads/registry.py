@@ -24,7 +24,14 @@ _DEFAULT_REPLICAS: dict[str, dict[str, Any]] = {
     # (docs/workloads.md); capacity stays in tokens.
     "swe-rl": {"count": 3, "profile": "glm45air-h200-tp8", "block_size": 256},
     "toy": {"count": 3, "profile": "toy-8b-h100-tp1", "kv_capacity_tokens": 65536},
-    "trace:weka": {"count": 3, "profile": "glm45air-h200-tp8", "block_size": 256},
+    # Claude Code calls reach 895k tokens (30 % exceed 131k): a 1M-token context keeps every
+    # session in the replay (KV capacity stays the profile's).
+    "trace:weka": {
+        "count": 3,
+        "profile": "glm45air-h200-tp8",
+        "block_size": 256,
+        "max_model_len": 1_048_576,
+    },
     # the trace's own granularity: 512-token hash blocks
     "trace:mooncake": {"count": 3, "profile": "glm45air-h200-tp8", "block_size": 512},
 }
