@@ -25,15 +25,8 @@ __all__ = [
     "remove_worker",
 ]
 
-ROUTER_KEY: web.AppKey[Router] = web.AppKey("sessionroute_router", Router)
-"""Where the :class:`Router` lives in the aiohttp application."""
 
-
-def _router(request: web.Request) -> Router:
-    return request.app[ROUTER_KEY]
-
-
-async def finish_session(request: web.Request) -> web.Response:
+async def finish_session(request: web.BaseRequest, router: Router) -> web.Response:
     """``POST /finish_session?session_id=ID``: release a session (idempotent, 200).
 
     The id is URL-decoded and matched exactly; an empty id is accepted as a no-op. A missing
@@ -43,52 +36,52 @@ async def finish_session(request: web.Request) -> web.Response:
         return error_response(400, "missing query parameter 'session_id'", "missing_session_id")
     sid = request.query["session_id"]
     if sid:
-        _router(request).core.finish_session(sid)
+        router.core.finish_session(sid)
     return web.json_response({"status": "ok", "session_id": sid})
 
 
-async def list_workers(request: web.Request) -> web.Response:
+async def list_workers(request: web.BaseRequest, router: Router) -> web.Response:
     """``GET /list_workers``: ``{"urls": [...]}`` in the order they were added."""
-    return web.json_response({"urls": list(_router(request).core.cluster.workers())})
+    return web.json_response({"urls": list(router.core.cluster.workers())})
 
 
-def _url_param(request: web.Request) -> str | None:
+def _url_param(request: web.BaseRequest) -> str | None:
     url = request.query.get("url")
     return url.rstrip("/") if url else None
 
 
-async def add_worker(request: web.Request) -> web.Response:
+async def add_worker(request: web.BaseRequest, router: Router) -> web.Response:
     """``POST /add_worker?url=U``: add U once it passes its health check (400 otherwise)."""
     url = _url_param(request)
     if url is None:
         return error_response(400, "missing query parameter 'url'", "missing_url")
     try:
-        await _router(request).add_worker(url)
+        await router.add_worker(url)
     except WorkerError as exc:
         return error_for_exception(exc)
     return web.json_response({"status": "ok", "url": url})
 
 
-async def remove_worker(request: web.Request) -> web.Response:
+async def remove_worker(request: web.BaseRequest, router: Router) -> web.Response:
     """``POST /remove_worker?url=U``: remove U (400 when unknown); other sessions stay."""
     url = _url_param(request)
     if url is None:
         return error_response(400, "missing query parameter 'url'", "missing_url")
     try:
-        _router(request).remove_worker(url)
+        router.remove_worker(url)
     except WorkerError as exc:
         return error_for_exception(exc)
     return web.json_response({"status": "ok", "url": url})
 
 
-async def liveness(request: web.Request) -> web.Response:
+async def liveness(request: web.BaseRequest, router: Router) -> web.Response:
     """``GET /liveness``: 200 while the process serves."""
     return web.json_response({"status": "alive"})
 
 
-async def readiness(request: web.Request) -> web.Response:
+async def readiness(request: web.BaseRequest, router: Router) -> web.Response:
     """``GET /readiness``: 200 with counts when a worker is available, else 503."""
-    cluster = _router(request).core.cluster
+    cluster = router.core.cluster
     healthy, total = len(cluster.healthy()), len(cluster.workers())
     body = {"healthy_workers": healthy, "total_workers": total}
     if healthy:
@@ -96,9 +89,9 @@ async def readiness(request: web.Request) -> web.Response:
     return web.json_response({"status": "not_ready", **body}, status=503)
 
 
-async def health(request: web.Request) -> web.Response:
+async def health(request: web.BaseRequest, router: Router) -> web.Response:
     """``GET /health``: 200 when every worker is available, else 503 naming the others."""
-    cluster = _router(request).core.cluster
+    cluster = router.core.cluster
     unhealthy = [u for u in cluster.workers() if not cluster.is_healthy(u)]
     if unhealthy:
         return web.json_response(
@@ -107,9 +100,8 @@ async def health(request: web.Request) -> web.Response:
     return web.json_response({"status": "healthy", "workers": len(cluster.workers())})
 
 
-async def models(request: web.Request) -> web.Response:
+async def models(request: web.BaseRequest, router: Router) -> web.Response:
     """``GET /v1/models``: the first available worker's answer; 503 when none, 502 if all fail."""
-    router = _router(request)
     healthy = router.core.cluster.healthy()
     if not healthy:
         return error_response(503, "no healthy worker available", "no_worker_available")
@@ -131,7 +123,7 @@ async def models(request: web.Request) -> web.Response:
     )
 
 
-async def metrics(request: web.Request) -> web.Response:
+async def metrics(request: web.BaseRequest, router: Router) -> web.Response:
     """``GET /metrics``: Prometheus text format."""
-    body = _router(request).metrics.render()
+    body = router.metrics.render()
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})

@@ -22,6 +22,7 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+from aiohttp.streams import StreamReader
 from multidict import CIMultiDictProxy
 
 from sessionroute.errors import NoWorkerAvailable
@@ -105,10 +106,16 @@ def _response_headers(headers: CIMultiDictProxy[str], rid: str) -> list[tuple[st
     return out
 
 
-async def _read_body(request: web.BaseRequest, limit: int) -> bytes | None:
-    """The whole request body, or None when it exceeds ``limit`` bytes."""
-    content = request.content
-    if request.content_length is not None:  # exact: the parser stops at Content-Length
+async def _read_body(content: StreamReader, length: int | None, limit: int) -> bytes | None:
+    """The whole request body, or None when it exceeds ``limit`` bytes.
+
+    ``length`` is the request's Content-Length (checked against ``limit`` by the caller; the
+    parser stops there), None for a chunked body, which is checked while it arrives.
+    """
+    if content.is_eof():  # all of it arrived with the headers: no waiting, no copies
+        body = content.read_nowait()
+        return body if len(body) <= limit else None
+    if length is not None:
         return await content.read()
     chunks: list[bytes] = []
     size = 0
@@ -132,7 +139,7 @@ async def proxy_request(request: web.BaseRequest, router: Router) -> web.StreamR
     length = request.content_length
     if length is not None and length > s.max_payload_size:
         return _too_large(length, s.max_payload_size, rid)
-    body = await _read_body(request, s.max_payload_size)
+    body = await _read_body(request.content, length, s.max_payload_size)
     if body is None:
         return _too_large(None, s.max_payload_size, rid)
     found = extract_session_id(request.headers, s.session_headers)
@@ -217,7 +224,7 @@ async def _forward(
                         headers={"x-request-id": rid},
                     )
         worker = res.worker
-        ex = pool.exchange(worker)
+        ex = pool.exchange(worker, request.task)
         try:
             t0 = time.perf_counter()
             try:
@@ -309,7 +316,7 @@ async def _relay(
         length = int(raw_length) if raw_length is not None else None
         if length is not None and length <= BUFFER_LIMIT:
             try:
-                data = await payload.read()
+                data = payload.read_nowait() if payload.is_eof() else await payload.read()
             except aiohttp.ClientError as exc:
                 router.record_failure(worker)
                 metrics.count_request(worker, 502)

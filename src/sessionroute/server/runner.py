@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from sessionroute.clock import Clock
-from sessionroute.server.app import build_app, build_metrics_app
+from sessionroute.server.app import build_metrics_server, build_server
 from sessionroute.server.config import RouterSettings
 from sessionroute.server.router import Router
 
@@ -27,7 +27,7 @@ __all__ = ["RunningRouter", "run", "serve", "start_router"]
 log = logging.getLogger("sessionroute.server")
 
 
-def _bound_port(runner: web.AppRunner) -> int:
+def _bound_port(runner: web.BaseRunner) -> int:
     for addr in runner.addresses:
         if isinstance(addr, tuple) and len(addr) >= 2:
             return int(addr[1])
@@ -40,16 +40,16 @@ class RunningRouter:
 
     Attributes:
         router: its state (routing core, health, metrics).
-        runner: the aiohttp runner of the main listener.
+        runner: the aiohttp runner of the main listener (a low-level ``web.Server``).
         port: the bound port (useful with ``--port 0``).
         metrics_runner: the runner of the ``--prometheus-port`` listener, if any.
         metrics_port: its bound port, if any.
     """
 
     router: Router
-    runner: web.AppRunner
+    runner: web.ServerRunner
     port: int
-    metrics_runner: web.AppRunner | None = None
+    metrics_runner: web.ServerRunner | None = None
     metrics_port: int | None = None
 
     @property
@@ -59,9 +59,12 @@ class RunningRouter:
 
     async def stop(self) -> None:
         """Graceful shutdown (see the module docstring)."""
-        if self.metrics_runner is not None:
-            await self.metrics_runner.cleanup()
-        await self.runner.cleanup()
+        try:
+            if self.metrics_runner is not None:
+                await self.metrics_runner.cleanup()
+            await self.runner.cleanup()
+        finally:
+            await self.router.close()
 
 
 async def start_router(
@@ -77,26 +80,30 @@ async def start_router(
     """
     router = Router(settings, clock=clock, rng=rng)
     access_log = logging.getLogger("aiohttp.access") if settings.log_level == "debug" else None
-    runner = web.AppRunner(
-        build_app(router),
-        handler_cancellation=True,
-        auto_decompress=False,  # compressed request bodies are forwarded as received
+    runner = web.ServerRunner(
+        build_server(
+            router,
+            handler_cancellation=True,
+            auto_decompress=False,  # compressed request bodies are forwarded as received
+            access_log=access_log,
+        ),
         shutdown_timeout=settings.shutdown_timeout_secs,
-        access_log=access_log,
     )
     await runner.setup()
     try:
+        await router.start()
         site = web.TCPSite(runner, settings.host, settings.port, backlog=1024)
         await site.start()
         running = RunningRouter(router, runner, _bound_port(runner))
         if settings.prometheus_port is not None:
-            mrunner = web.AppRunner(build_metrics_app(router), access_log=None)
+            mrunner = web.ServerRunner(build_metrics_server(router, access_log=None))
             await mrunner.setup()
             running.metrics_runner = mrunner
             await web.TCPSite(mrunner, settings.prometheus_host, settings.prometheus_port).start()
             running.metrics_port = _bound_port(mrunner)
     except BaseException:
         await runner.cleanup()
+        await router.close()
         raise
     return running
 

@@ -172,7 +172,7 @@ class Exchange:
             return
         self._proto = None
         payload = self.payload
-        if self.timed_out or payload is None or not payload.is_eof() or payload.exception():
+        if self.timed_out or payload is None or not payload.is_eof():
             proto.close()
         else:
             self._pool._release(self.worker, proto)
@@ -185,7 +185,8 @@ class UpstreamPool:
         timeout_s: seconds an exchange may take, response body included.
         connect_timeout_s: seconds to wait for a TCP (and TLS) connection.
         read_bufsize: bytes the response parser buffers before pausing the socket.
-        keepalive_s: idle connections older than this many seconds are not reused.
+        keepalive_s: idle connections are closed after this many seconds (checked every
+            10 s); a connection the worker closed is never reused.
         max_idle: idle connections kept per worker (more are closed on release).
     """
 
@@ -248,15 +249,12 @@ class UpstreamPool:
                 self.prune()
 
     # -- exchanges ------------------------------------------------------------------------
-    def exchange(self, worker: str) -> Exchange:
-        """A new exchange with ``worker``, owned by the current task.
+    def exchange(self, worker: str, task: asyncio.Task[Any]) -> Exchange:
+        """A new exchange with ``worker``, owned by ``task`` (the one that will await it).
 
-        Its deadline is now plus ``timeout_s``. Always :meth:`Exchange.close` it
-        (``try/finally``).
+        Its deadline is now plus ``timeout_s``; when it passes, ``task`` is cancelled (see
+        :meth:`Exchange.is_timeout`). Always :meth:`Exchange.close` it (``try/finally``).
         """
-        task = asyncio.current_task()
-        if task is None:
-            raise RuntimeError("UpstreamPool.exchange must be called from a task")
         ex = Exchange(self, worker, time.monotonic() + self.timeout_s, task)
         self._inflight[ex] = None
         return ex
@@ -336,12 +334,7 @@ class UpstreamPool:
 
     def _release(self, worker: str, proto: ResponseHandler) -> None:
         target = self._targets.get(worker)
-        if (
-            target is None
-            or proto.should_close
-            or not proto.is_connected()
-            or len(target.idle) >= self._max_idle
-        ):
+        if target is None or proto.should_close or len(target.idle) >= self._max_idle:
             proto.close()
         else:
             target.idle.append((proto, time.monotonic()))
