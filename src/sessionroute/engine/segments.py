@@ -460,16 +460,11 @@ class SegmentPool:
             if seg.creg != p0 or p0 < seg.lo:
                 raise RuntimeError(f"registration at {p0} not contiguous with {seg.creg}")
             top = full if full < seg.hi else seg.hi
-            run = keys[p0:top]
-            if top - p0 > 2 and cache.keys().isdisjoint(run) and len(set(run)) == top - p0:
-                cache.update(zip(run, range(base | p0, base | top), strict=True))
-            else:
-                for p in range(p0, top):
-                    k = keys[p]
-                    if k in cache:
-                        seg.holes.append(p)
-                    else:
-                        cache[k] = base | p
+            ids = range(base | p0, base | top)
+            # cache each block unless its key is cached already (then it is a hole)
+            got = list(map(cache.setdefault, keys[p0:top], ids))
+            if any(map(ne, got, ids)):
+                seg.holes += [p for p, b in zip(range(p0, top), got, strict=True) if b != base | p]
             seg.creg = top
             p0 = top
             i += 1
@@ -482,12 +477,9 @@ class SegmentPool:
         if res.owner is not r or seg.creg != p or p < seg.lo or p >= seg.hi:
             self.register(r, p + 1)
             return
-        k = r.keys[p]
-        cache = r.cache
-        if k in cache:
+        b = res.base | p
+        if r.cache.setdefault(r.keys[p], b) != b:
             seg.holes.append(p)
-        else:
-            cache[k] = res.base | p
         seg.creg = p + 1
 
     def release(self, r: Holder) -> None:
