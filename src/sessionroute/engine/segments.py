@@ -303,7 +303,7 @@ class SegmentPool:
         if new > 0:
             self._evict(new)
             last = exts[-1] if exts else None
-            if last is not None and last.hi == h and self._adopt(last.res, r, h):
+            if last is not None and last.hi == h and self._adopt(last.res, r, last.lo, h):
                 res = last.res
                 res.lows.append(h)
                 res.segs.append(_Seg(res, h, h + new, 1, h, []))
@@ -314,12 +314,12 @@ class SegmentPool:
         r.blocks = exts
         r.nblocks = h + new
 
-    def _adopt(self, res: _Res, r: Holder, h: int) -> bool:
+    def _adopt(self, res: _Res, r: Holder, lo: int, h: int) -> bool:
         """Make closed reservation ``res`` ``r``'s own from position ``h`` on, if possible.
 
         Its idle segments at ``h`` and beyond move to a new reservation (same positions and
         queue places, cached keys re-pointed); ``res`` then takes ``r``'s keys, which must
-        equal its own over its remaining positions.
+        equal its own over its remaining positions (``r`` hit ``[lo, h)``, so those are).
         """
         if res.owner is not None or res.cache is not r.cache:
             return False
@@ -331,7 +331,7 @@ class SegmentPool:
                 return False
         lo0 = lows[0]
         keys = r.keys
-        if _common(keys, lo0, res.keys, lo0, h - lo0) != h - lo0:
+        if lo0 < lo and _common(keys, lo0, res.keys, lo0, lo - lo0) != lo - lo0:
             return False
         if k < len(segs):
             self._rix += 1
