@@ -1,0 +1,335 @@
+"""Segment store: the data structures and low-level operations of
+:class:`~sessionroute.engine.segments.SegmentPool` (see that module for the design).
+
+* A *reservation* (:class:`_Res`) is the id space of one admission's blocks: block id
+  ``(rix << 32) | position`` where ``position`` is the block's index in the allocating request's
+  chain (its key there is ``keys[position]``). Block ids are virtual (which physical block holds
+  what is not observable).
+* A *segment* (:class:`_Seg`) covers positions ``[lo, hi)`` of one reservation with one reference
+  count; positions ``[lo, creg)`` were offered to the cache and are cached except ``holes``
+  (content already cached by another block, which stays uncached as in
+  :class:`~sessionroute.engine.blocks.BlockPool`).
+* A request holds *extents* (:class:`_Ext`) ``(reservation, lo, hi)`` in chain order, each a
+  union of whole segments (splits only refine, so extents stay valid).
+* The LRU free queue is a circular doubly linked list of idle segments; an idle segment stands
+  for its blocks in *descending* position order.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, bisect_right
+from collections import deque
+from collections.abc import Sequence
+from operator import ne
+
+from sessionroute.engine.blocks import Holder
+
+__all__ = ["SHIFT", "SegmentStore", "common_run"]
+
+SHIFT = 32
+"""Bits of the position in a block id ``(rix << SHIFT) | position``."""
+
+
+class _Res:
+    """A reservation: the id space of one admission's blocks and its segments by position."""
+
+    __slots__ = ("base", "cache", "keys", "lows", "owner", "rix", "segs")
+
+    def __init__(
+        self, rix: int, keys: Sequence[int], cache: dict[int, int], owner: Holder | None
+    ) -> None:
+        self.rix = rix
+        self.base = rix << SHIFT
+        self.keys = keys
+        self.cache = cache
+        self.lows: list[int] = []  # seg.lo of segs, ascending
+        self.segs: list[_Seg] = []
+        self.owner = owner  # the allocating request while it holds its blocks (appends here)
+
+
+class _Seg:
+    """Blocks at positions ``[lo, hi)`` of a reservation, with one reference count."""
+
+    __slots__ = ("creg", "hi", "holes", "lo", "next", "prev", "ref", "res")
+
+    def __init__(self, res: _Res, lo: int, hi: int, ref: int, creg: int, holes: list[int]) -> None:
+        self.res = res
+        self.lo = lo
+        self.hi = hi
+        self.ref = ref
+        self.creg = creg  # positions [lo, creg) were offered to the cache
+        self.holes = holes  # sorted positions in [lo, creg) left uncached (duplicate content)
+        self.prev: _Seg = self
+        self.next: _Seg = self
+
+
+class _Ext:
+    """Positions ``[lo, hi)`` of reservation ``res`` held by a request."""
+
+    __slots__ = ("hi", "lo", "res")
+
+    def __init__(self, res: _Res, lo: int, hi: int) -> None:
+        self.res = res
+        self.lo = lo
+        self.hi = hi
+
+
+def common_run(a: Sequence[int], i: int, b: Sequence[int], j: int, m: int) -> int:
+    """Length of the common run of ``a[i:i+m]`` and ``b[j:j+m]`` (both at least ``m`` long)."""
+    x = a[i : i + m]
+    y = b[j : j + m]
+    if x == y:
+        return m
+    if type(x) is not type(y) and list(x) == list(y):
+        return m
+    diff = list(map(ne, x, y))
+    return diff.index(True) if True in diff else min(len(x), len(y))
+
+
+class SegmentStore:
+    """Blocks in segments, an LRU queue of idle segments and per-salt caches (no request-level
+    API; :class:`~sessionroute.engine.segments.SegmentPool` adds it).
+
+    Args:
+        num_blocks: blocks in the pool (``kv_capacity_tokens // block_size``), >= 1.
+
+    Attributes:
+        num_blocks: total blocks.
+        num_free: blocks with no user (never used, or idle cached or not).
+        fresh: never-used blocks (allocated before any queued block).
+
+    Raises:
+        ValueError: if ``num_blocks < 1``.
+    """
+
+    def __init__(self, num_blocks: int) -> None:
+        if num_blocks < 1:
+            raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
+        self.num_blocks = num_blocks
+        self.num_free = num_blocks
+        self.fresh = num_blocks
+        self._caches: dict[str | None, dict[int, int]] = {}
+        self._res: dict[int, _Res] = {}
+        self._rix = 0
+        dummy = _Res(-1, (), {}, None)
+        self._head = _Seg(dummy, 0, 0, 0, 0, [])  # sentinel of the circular queue
+
+    def cache_for(self, salt: str | None) -> dict[int, int]:
+        """The cache dict (key -> block id) of a ``cache_salt``."""
+        cache = self._caches.get(salt)
+        if cache is None:
+            cache = self._caches[salt] = {}
+        return cache
+
+    # ------------------------------------------------------------ queue and segments
+
+    def _append(self, seg: _Seg) -> None:
+        """Put an idle segment at the queue tail."""
+        head = self._head
+        last = head.prev
+        seg.prev = last
+        seg.next = head
+        last.next = seg
+        head.prev = seg
+
+    @staticmethod
+    def _unlink(seg: _Seg) -> None:
+        p = seg.prev
+        n = seg.next
+        p.next = n
+        n.prev = p
+
+    @staticmethod
+    def _split(res: _Res, i: int, m: int) -> _Seg:
+        """Split ``res.segs[i]`` at position ``m`` (``lo < m < hi``); return the upper part.
+
+        An idle segment's blocks are queued deepest first, so the upper part goes right
+        before the lower one in the queue.
+        """
+        seg = res.segs[i]
+        creg = seg.creg
+        holes = seg.holes
+        if holes:
+            k = bisect_left(holes, m)
+            upper_holes = holes[k:]
+            del holes[k:]
+        else:
+            upper_holes = []
+        up = _Seg(res, m, seg.hi, seg.ref, creg if creg > m else m, upper_holes)
+        seg.hi = m
+        if creg > m:
+            seg.creg = m
+        res.lows.insert(i + 1, m)
+        res.segs.insert(i + 1, up)
+        if seg.ref == 0:
+            p = seg.prev
+            up.prev = p
+            up.next = seg
+            p.next = up
+            seg.prev = up
+        return up
+
+    def _evict(self, n: int) -> None:
+        """Take ``n`` free blocks: never-used ones first, then from the queue head, each idle
+        segment from its deepest block; evicted blocks leave the cache."""
+        if n > self.num_free:
+            raise ValueError(f"cannot allocate {n} blocks, {self.num_free} free")
+        self.num_free -= n
+        f = self.fresh
+        if f:
+            if n <= f:
+                self.fresh = f - n
+                return
+            self.fresh = 0
+            n -= f
+        head = self._head
+        while n:
+            seg = head.next
+            lo = seg.lo
+            hi = seg.hi
+            new_hi = hi - n if hi - n > lo else lo
+            n -= hi - new_hi
+            res = seg.res
+            creg = seg.creg
+            top = creg if creg < hi else hi
+            if top > new_hi:
+                cache = res.cache
+                keys = res.keys
+                holes = seg.holes
+                if holes and holes[-1] >= new_hi:
+                    base = res.base
+                    for p in range(top - 1, new_hi - 1, -1):
+                        k = keys[p]
+                        if cache.get(k) == base | p:
+                            del cache[k]
+                    del holes[bisect_left(holes, new_hi) :]
+                else:  # every block of the run is cached under its own key
+                    deque(map(cache.__delitem__, keys[new_hi:top]), maxlen=0)
+                seg.creg = new_hi
+            seg.hi = new_hi
+            if new_hi == lo:
+                self._unlink(seg)
+                i = bisect_left(res.lows, lo)
+                del res.lows[i]
+                del res.segs[i]
+                if not res.segs and res.owner is None:
+                    del self._res[res.rix]
+
+    def _open(self, r: Holder, lo: int, n: int) -> _Ext:
+        """A new reservation for ``r`` with one in-use segment of ``n`` blocks at ``lo``."""
+        self._rix += 1
+        res = _Res(self._rix, r.keys, r.cache, r)
+        self._res[self._rix] = res
+        res.lows.append(lo)
+        res.segs.append(_Seg(res, lo, lo + n, 1, lo, []))
+        return _Ext(res, lo, lo + n)
+
+    def _adopt(self, res: _Res, r: Holder, lo: int, h: int) -> bool:
+        """Make closed reservation ``res`` ``r``'s own from position ``h`` on, if possible.
+
+        Its idle segments at ``h`` and beyond move to a new reservation (same positions and
+        queue places, cached keys re-pointed); ``res`` then takes ``r``'s keys, which must
+        equal its own over its remaining positions (``r`` hit ``[lo, h)``, so those are).
+        """
+        if res.owner is not None or res.cache is not r.cache:
+            return False
+        lows = res.lows
+        segs = res.segs
+        k = bisect_left(lows, h)
+        for seg in segs[k:]:
+            if seg.ref:
+                return False
+        lo0 = lows[0]
+        keys = r.keys
+        if lo0 < lo and common_run(keys, lo0, res.keys, lo0, lo - lo0) != lo - lo0:
+            return False
+        if k < len(segs):
+            self._rix += 1
+            moved = _Res(self._rix, res.keys, res.cache, None)
+            self._res[self._rix] = moved
+            cache = res.cache
+            old_keys = res.keys
+            base = res.base
+            nbase = moved.base
+            for seg in segs[k:]:
+                seg.res = moved
+                top = seg.creg if seg.creg < seg.hi else seg.hi
+                for p in range(seg.lo, top):
+                    key = old_keys[p]
+                    if cache.get(key) == base | p:
+                        cache[key] = nbase | p
+            moved.lows = lows[k:]
+            moved.segs = segs[k:]
+            del lows[k:]
+            del segs[k:]
+        res.keys = keys
+        res.owner = r
+        return True
+
+    @staticmethod
+    def _merge(res: _Res, lo: int) -> None:
+        """Merge neighbouring segments of ``res`` from position ``lo`` on that only one request
+        holds (``ref == 1``; the caller holds all of them)."""
+        lows = res.lows
+        segs = res.segs
+        i = bisect_right(lows, lo) - 1
+        j = i + 1
+        while j < len(segs):
+            a = segs[i]
+            b = segs[j]
+            if a.ref == 1 and b.ref == 1 and a.hi == b.lo:
+                if a.creg < a.hi:
+                    a.holes += range(a.creg, a.hi)
+                a.holes += b.holes
+                a.creg = b.creg
+                a.hi = b.hi
+                del lows[j]
+                del segs[j]
+            else:
+                i = j
+                j += 1
+
+    def _hold(self, res: _Res, p: int, q: int) -> None:
+        """``ref += 1`` on positions ``[p, q)`` of ``res`` (cached, so present)."""
+        lows = res.lows
+        segs = res.segs
+        i = bisect_right(lows, p) - 1
+        seg = segs[i]
+        if seg.lo < p:
+            seg = self._split(res, i, p)
+            i += 1
+        while True:
+            if seg.hi > q:
+                self._split(res, i, q)
+            if not seg.ref:
+                self._unlink(seg)
+                self.num_free -= seg.hi - seg.lo
+            seg.ref += 1
+            if seg.hi >= q:
+                return
+            i += 1
+            nxt = segs[i]
+            if nxt.lo != seg.hi:
+                raise RuntimeError(f"hit run [{p}, {q}) crosses a gap at {seg.hi}")
+            seg = nxt
+
+    def _extend(self, r: Holder, n: int) -> None:
+        exts: list[_Ext] = r.blocks
+        ext = exts[-1] if exts else None
+        if ext is None or ext.res.owner is not r:
+            exts.append(self._open(r, r.nblocks, n))
+        else:
+            res = ext.res
+            seg = res.segs[-1]
+            if seg.ref == 1:
+                seg.hi += n
+            else:  # another request holds the segment too: new blocks get their own
+                res.lows.append(seg.hi)
+                res.segs.append(_Seg(res, seg.hi, seg.hi + n, 1, seg.hi, []))
+            ext.hi += n
+        r.nblocks += n
+
+    @property
+    def usage(self) -> float:
+        """Fraction of blocks in use (``vllm:kv_cache_usage_perc``; idle cached blocks excluded)."""
+        return (self.num_blocks - self.num_free) / self.num_blocks
