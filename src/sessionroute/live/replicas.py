@@ -51,7 +51,8 @@ class ReplicaFleet:
             arm from :meth:`arm_replicas`).
         block_size: tokens per KV block of the replicas.
         time_scale: their seconds per wall second (1 unless emulated).
-        work_dir: per-run directory of logs and compile caches.
+        work_dir: this run's directory of logs and compile caches (a fresh one under
+            ``live.cache_root`` or the temp dir; removed at the end unless ``keep_cache``).
 
     Raises:
         ConfigError: for a missing model, command or URL list, or bad engine settings.
@@ -65,9 +66,9 @@ class ReplicaFleet:
         self.count, self.config = replica_config(spec)
         self.urls: list[str] = []
         self._started: list[StartedProcess] = []
-        self._own_root = live.cache_root is None
-        root = live.cache_root or tempfile.mkdtemp(prefix="sessionroute-live-")
-        self.work_dir = Path(root)
+        if live.cache_root is not None:
+            Path(live.cache_root).mkdir(parents=True, exist_ok=True)
+        self.work_dir = Path(tempfile.mkdtemp(prefix="sessionroute-live-", dir=live.cache_root))
         if live.replicas == "emulate":
             self.block_size = self.config.block_size
             self.time_scale = live.time_scale
@@ -111,16 +112,40 @@ class ReplicaFleet:
         for proc in reversed(self._started):
             self.procs.stop(proc)
         self._started.clear()
-        if self._own_root and not self.live.keep_cache:
+        if not self.live.keep_cache:
             shutil.rmtree(self.work_dir, ignore_errors=True)
 
-    @contextlib.asynccontextmanager
-    async def arm_replicas(self) -> AsyncIterator[list[str]]:
-        """The replica URLs for one arm (in-process emulators are started here, fresh)."""
-        if self.live.replicas == "emulate" and self.live.emulate_mode == "in-process":
-            from sessionroute.emulator import start_emulators, stop_all
+    @property
+    def worker_ports(self) -> list[int] | None:
+        """Ports of ``[replicas] urls`` when they name this machine's replicas (emulate mode):
+        the router is then given exactly those URLs, as the simulator's router is, so
+        URL-hashing policies place sessions identically. None otherwise."""
+        urls = (self.settings.get("replicas") or {}).get("urls")
+        if self.live.replicas != "emulate" or not urls:
+            return None
+        from urllib.parse import urlsplit
 
-            handles = await start_emulators(self.count, self._emulator_settings())
+        ports = [urlsplit(u).port for u in urls[: self.count]]
+        if len(ports) < self.count or any(p is None for p in ports):
+            raise ConfigError(f"replicas.urls must give a port for each of {self.count}: {urls}")
+        return [int(p) for p in ports if p is not None]
+
+    @contextlib.asynccontextmanager
+    async def arm_replicas(self, ports: list[int] | None = None) -> AsyncIterator[list[str]]:
+        """The replica URLs for one arm (in-process emulators are started here, fresh, on
+        ``ports`` when given)."""
+        if self.live.replicas == "emulate" and self.live.emulate_mode == "in-process":
+            from sessionroute.emulator import start_emulator, stop_all
+
+            settings = self._emulator_settings()
+            handles = []
+            try:
+                for i in range(self.count):
+                    port = ports[i] if ports else None
+                    handles.append(await start_emulator(settings, index=i, port=port))
+            except BaseException:
+                await stop_all(handles)
+                raise
             try:
                 yield [h.url for h in handles]
             finally:

@@ -138,9 +138,10 @@ class LiveArmRunner:
         wcfg = workload_config(wl.kind, wl.steps, wl.options)
         fleet = self.fleet
         t_wall = time.monotonic()
+        ports = fleet.worker_ports
         async with (
             httpx.AsyncClient(timeout=httpx.Timeout(30.0)) as client,
-            fleet.arm_replicas() as urls,
+            fleet.arm_replicas(None if live.placements else ports) as urls,
         ):
             await reset_prefix_caches(client, urls)
             served, limit = await served_model_info(client, urls[0])
@@ -150,7 +151,7 @@ class LiveArmRunner:
             last: dict[str, int] | None = None
             workers = urls
             if live.placements:
-                taps, last = await start_taps(urls, router.session_headers[0], live.host)
+                taps, last = await start_taps(urls, router.session_headers[0], live.host, ports)
                 workers = [t.url for t in taps]
             try:
                 async with start_arm_router(

