@@ -94,6 +94,8 @@ class CircuitBreaker:
     def record_success(self) -> bool:
         """Count a successful request; returns True if the state changed."""
         self._failures = 0
+        if self._state is BreakerState.CLOSED:  # the common case, without the clock
+            return False
         if self.state is BreakerState.HALF_OPEN:
             self._successes += 1
             if self._successes >= self.success_threshold:

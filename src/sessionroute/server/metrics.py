@@ -176,16 +176,21 @@ class RouterMetrics:
         """Count one attempt on ``worker`` that is retried."""
         self.retries[worker] = self.retries.get(worker, 0) + 1
 
-    def observe_routing(self, seconds: float) -> None:
-        """Record the time one select-and-reserve took."""
-        self.routing_seconds.observe(seconds)
+    def observe_routing(self, start: float, end: float) -> None:
+        """Record the time one select-and-reserve took (``time.perf_counter`` readings)."""
+        hist = self.routing_seconds
+        seconds = end - start
+        hist.counts[bisect_left(hist.bounds, seconds)] += 1  # inline: one call per request
+        hist.total += seconds
 
-    def observe_upstream(self, worker: str, seconds: float) -> None:
-        """Record the time to upstream response headers."""
+    def observe_upstream(self, worker: str, start: float, end: float) -> None:
+        """Record the time to upstream response headers (``time.perf_counter`` readings)."""
         hist = self.upstream_seconds.get(worker)
         if hist is None:
             hist = self.upstream_seconds[worker] = _Histogram(_LATENCY_BUCKETS)
-        hist.observe(seconds)
+        seconds = end - start
+        hist.counts[bisect_left(hist.bounds, seconds)] += 1
+        hist.total += seconds
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""

@@ -90,18 +90,31 @@ def _request_id(router: Router, request: web.BaseRequest) -> str:
 
 def _header_block(router: Router, request: web.BaseRequest) -> bytes:
     """The client's headers as received, minus the dropped ones, plus the worker credential."""
-    drop = router.request_drop
-    conn = request.headers.get("Connection")
-    if conn:
-        drop = drop | {t.strip().lower().encode("latin-1", "replace") for t in conn.split(",")}
-    return (
-        b"".join([b"%s: %s\r\n" % kv for kv in request.raw_headers if kv[0].lower() not in drop])
-        + router.worker_auth
-    )
+    known = router.header_fates
+    out: list[bytes] = []
+    for name, value in request.raw_headers:
+        f = known.get(name)
+        if f is None:
+            f = router.header_fate(name)
+        if f == 0:
+            out += (name, b": ", value, b"\r\n")
+        elif f == 2:  # Connection names more headers to drop (rare with HTTP/1.1 clients)
+            return _header_block_connection(router, request)
+    out.append(router.worker_auth)
+    return b"".join(out)
+
+
+def _header_block_connection(router: Router, request: web.BaseRequest) -> bytes:
+    drop = set(router.request_drop)
+    for name, value in request.raw_headers:
+        if name.lower() == b"connection":
+            drop.update(t.strip().lower() for t in value.split(b","))
+    kept = [b"%s: %s\r\n" % kv for kv in request.raw_headers if kv[0].lower() not in drop]
+    return b"".join(kept) + router.worker_auth
 
 
 def _response_headers(headers: CIMultiDictProxy[str], rid: str) -> list[tuple[str, str]]:
-    out = [(k, v) for k, v in headers.items() if k.lower() not in _RESPONSE_DROP]
+    out = [kv for kv in headers.items() if kv[0].lower() not in _RESPONSE_DROP]
     out.append(("x-request-id", rid))
     return out
 
@@ -172,7 +185,7 @@ async def proxy_request(request: web.BaseRequest, router: Router) -> web.StreamR
         reservation = core.route(route_req)
     except NoWorkerAvailable as exc:
         return error_response(503, str(exc), "no_worker_available", headers={"x-request-id": rid})
-    router.metrics.observe_routing(time.perf_counter() - t0)
+    router.metrics.observe_routing(t0, time.perf_counter())
     holder = [reservation]
     try:
         return await _forward(request, router, holder, body, rid)
@@ -204,7 +217,7 @@ async def _forward(
     tail = _header_block(router, request) + b"Content-Length: %d\r\n\r\n" % len(body)
     method = request.method
     path_qs = request.rel_url.raw_path_qs
-    attempts = s.max_attempts
+    attempts = router.max_attempts
     last_error = ""
     for attempt in range(attempts):
         res = holder[0]
@@ -224,11 +237,14 @@ async def _forward(
                         headers={"x-request-id": rid},
                     )
         worker = res.worker
-        ex = pool.exchange(worker, request.task)
+        ex = Exchange(pool, worker, request.task)
         try:
             t0 = time.perf_counter()
             try:
-                message = await ex.send((pool.request_head(worker, method, path_qs) + tail, body))
+                head = pool.heads.get((worker, method, path_qs)) or pool.request_head(
+                    worker, method, path_qs
+                )
+                message = await ex.send((head + tail, body))
             except UpstreamConnectError as exc:
                 last_error = f"{worker}: {type(exc).__name__}: {exc}"
                 router.record_unreachable(worker, last_error)
@@ -248,7 +264,7 @@ async def _forward(
                     "upstream_timeout",
                     headers={"x-request-id": rid},
                 )
-            metrics.observe_upstream(worker, time.perf_counter() - t0)
+            metrics.observe_upstream(worker, t0, time.perf_counter())
             status = message.code
             if status >= 500:
                 router.record_failure(worker)

@@ -91,6 +91,12 @@ class Router:
         )
         """Lower-case request header names never forwarded (hop-by-hop, Host,
         Content-Length, Expect; Authorization when it is the router's or is replaced)."""
+        self.header_fates: dict[bytes, int] = {}
+        """Memo of :meth:`header_fate` by header name as received."""
+        self.max_attempts = settings.max_attempts
+        """Upstream attempts per request (1 with ``--disable-retries``)."""
+        self._id_base = self.rng.randbytes(12).translate(_ID_TABLE).decode()
+        self._id_seq = 0
         self.upstream = UpstreamPool(
             timeout_s=settings.request_timeout_secs,
             connect_timeout_s=min(settings.request_timeout_secs, 10.0),
@@ -260,9 +266,30 @@ class Router:
             timer.cancel()
 
     # -- helpers --------------------------------------------------------------------------
+    def header_fate(self, name: bytes) -> int:
+        """What to do with a request header, by its name as received (memoized per name).
+
+        Returns:
+            0: forward it; 1: drop it (:attr:`request_drop`); 2: it is ``Connection``
+            (dropped, and so are the headers it names).
+        """
+        fate = self.header_fates.get(name)
+        if fate is None:
+            low = name.lower()
+            fate = 2 if low == b"connection" else 1 if low in self.request_drop else 0
+            if len(self.header_fates) >= 1024:  # bounded: names come from clients
+                self.header_fates.clear()
+            self.header_fates[name] = fate
+        return fate
+
     def new_request_id(self, path: str) -> str:
-        """``chatcmpl-``/``cmpl-``/``req-`` + 24 alphanumerics (vllm-router's format)."""
-        return _ID_PREFIX.get(path, "req-") + self.rng.randbytes(24).translate(_ID_TABLE).decode()
+        """``chatcmpl-``/``cmpl-``/``req-`` + 24 alphanumerics (vllm-router's format).
+
+        The 24 characters are 12 random ones drawn once per router and a 12-digit sequence
+        number: unique within the router without a random draw per request.
+        """
+        self._id_seq = seq = (self._id_seq + 1) % 10**12
+        return f"{_ID_PREFIX.get(path, 'req-')}{self._id_base}{seq:012d}"
 
     def backoff_s(self, retry: int) -> float:
         """Seconds to wait before retry number ``retry`` (1-based).

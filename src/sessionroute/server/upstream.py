@@ -78,7 +78,16 @@ class _Target:
 
 
 class Exchange:
-    """One request/response exchange with a worker, from :meth:`UpstreamPool.exchange`.
+    """One request/response exchange with a worker.
+
+    Creating it registers its deadline (now plus the pool's ``timeout_s``) with the pool's
+    watchdog, which cancels ``task`` when it passes (see :meth:`is_timeout`). Always
+    :meth:`close` it (``try/finally``).
+
+    Args:
+        pool: the pool the connection comes from.
+        worker: the worker base URL.
+        task: the task that awaits the exchange (the request handler's).
 
     Attributes:
         worker: the worker base URL.
@@ -101,19 +110,18 @@ class Exchange:
         "worker",
     )
 
-    def __init__(
-        self, pool: UpstreamPool, worker: str, deadline: float, task: asyncio.Task[Any]
-    ) -> None:
+    def __init__(self, pool: UpstreamPool, worker: str, task: asyncio.Task[Any]) -> None:
         self._pool = pool
         self._task = task
         self._cancelling = task.cancelling()
         self._uncancelled = False
         self._proto: ResponseHandler | None = None
         self.worker = worker
-        self.deadline = deadline
+        self.deadline = time.monotonic() + pool.timeout_s
         self.timed_out = False
         self.message: RawResponseMessage | None = None
         self.payload: StreamReader | None = None
+        pool._inflight[self] = None
 
     async def send(self, parts: Iterable[bytes]) -> RawResponseMessage:
         """Send the request (``parts``: head and body) and wait for the response headers.
@@ -126,7 +134,19 @@ class Exchange:
             aiohttp.ClientError: the connection broke or the response was malformed.
             asyncio.CancelledError: the owning task was cancelled (see :attr:`timed_out`).
         """
-        proto = await self._pool._acquire(self.worker)
+        pool = self._pool
+        target = pool._targets.get(self.worker) or pool._target(self.worker)
+        idle = target.idle
+        proto = None
+        while idle:  # the most recently used first; past-keep-alive ones are pruned
+            cand = idle.pop()[0]
+            transport = cand.transport
+            if transport is not None and not transport.is_closing():
+                proto = cand
+                break
+            cand.close()
+        if proto is None:
+            proto = await pool._connect(target)
         self._proto = proto
         transport = proto.transport
         if transport is None:
@@ -172,10 +192,14 @@ class Exchange:
             return
         self._proto = None
         payload = self.payload
-        if self.timed_out or payload is None or not payload.is_eof():
+        if self.timed_out or payload is None or not payload.is_eof() or proto.should_close:
             proto.close()
+            return
+        target = self._pool._targets.get(self.worker)
+        if target is None or len(target.idle) >= self._pool._max_idle:
+            proto.close()  # a removed worker, or more idle connections than kept
         else:
-            self._pool._release(self.worker, proto)
+            target.idle.append((proto, time.monotonic()))
 
 
 class UpstreamPool:
@@ -206,7 +230,8 @@ class UpstreamPool:
         self._max_idle = max_idle
         self._tick = max(0.005, min(1.0, timeout_s / 10))
         self._targets: dict[str, _Target] = {}
-        self._heads: dict[tuple[str, str, str], bytes] = {}
+        self.heads: dict[tuple[str, str, str], bytes] = {}
+        """Memo of :meth:`request_head` by (worker, method, path and query)."""
         self._inflight: dict[Exchange, None] = {}
         self._watchdog: asyncio.Task[None] | None = None
 
@@ -254,10 +279,9 @@ class UpstreamPool:
 
         Its deadline is now plus ``timeout_s``; when it passes, ``task`` is cancelled (see
         :meth:`Exchange.is_timeout`). Always :meth:`Exchange.close` it (``try/finally``).
+        The same as ``Exchange(pool, worker, task)``.
         """
-        ex = Exchange(self, worker, time.monotonic() + self.timeout_s, task)
-        self._inflight[ex] = None
-        return ex
+        return Exchange(self, worker, task)
 
     def request_head(self, worker: str, method: str, path_qs: str) -> bytes:
         """``METHOD /base/path?q HTTP/1.1\\r\\nHost: h:p\\r\\n`` for ``worker`` (memoized).
@@ -266,12 +290,12 @@ class UpstreamPool:
             UpstreamConnectError: ``worker`` is not an http(s) URL with a host.
         """
         key = (worker, method, path_qs)
-        head = self._heads.get(key)
+        head = self.heads.get(key)
         if head is None:
-            if len(self._heads) >= 4096:
-                self._heads.clear()
+            if len(self.heads) >= 4096:
+                self.heads.clear()
             target = self._target(worker)
-            head = self._heads[key] = (
+            head = self.heads[key] = (
                 f"{method} {target.base_path}{path_qs} HTTP/1.1\r\n".encode(
                     "utf-8", "surrogateescape"
                 )
@@ -297,22 +321,6 @@ class UpstreamPool:
             )
         return target
 
-    async def _acquire(self, worker: str) -> ResponseHandler:
-        target = self._targets.get(worker) or self._target(worker)
-        idle = target.idle
-        if idle:
-            now = time.monotonic()
-            while idle:
-                proto, since = idle.pop()
-                if (
-                    proto.is_connected()
-                    and not proto.should_close
-                    and now - since < self._keepalive
-                ):
-                    return proto
-                proto.close()
-        return await self._connect(target)
-
     async def _connect(self, target: _Target) -> ResponseHandler:
         loop = asyncio.get_running_loop()
         try:
@@ -332,20 +340,13 @@ class UpstreamPool:
         )
         return proto
 
-    def _release(self, worker: str, proto: ResponseHandler) -> None:
-        target = self._targets.get(worker)
-        if target is None or proto.should_close or len(target.idle) >= self._max_idle:
-            proto.close()
-        else:
-            target.idle.append((proto, time.monotonic()))
-
     def forget(self, worker: str) -> None:
         """Close ``worker``'s idle connections and forget it (a removed worker)."""
         target = self._targets.pop(worker, None)
         if target is not None:
             for proto, _ in target.idle:
                 proto.close()
-        self._heads = {k: v for k, v in self._heads.items() if k[0] != worker}
+        self.heads = {k: v for k, v in self.heads.items() if k[0] != worker}
 
     def prune(self) -> int:
         """Close idle connections that are closed or past the keep-alive; returns how many."""
