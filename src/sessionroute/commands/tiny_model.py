@@ -29,7 +29,7 @@ def register(sub: Any) -> None:
     parser.add_argument(
         "--python",
         metavar="PATH",
-        help="interpreter that has torch/transformers/tokenizers (e.g. .ci-vllm-venv/bin/python)",
+        help="interpreter that has torch/transformers/tokenizers (the vLLM venv's python)",
     )
     parser.set_defaults(handler=_run)
 

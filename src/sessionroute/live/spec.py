@@ -13,7 +13,7 @@ Real vLLM on this machine (``docs/live.md``)::
     replicas = "command"
     preset = "vllm-cpu"
     model = "/tmp/tiny-model"
-    python = ".ci-vllm-venv/bin/python"
+    python = "${VLLM_PYTHON}"     # the vLLM venv's interpreter
 
 An arm picks its router with ``overrides = { live = { router = "vllm-router" } }`` (declare
 ``allow_differences = ["live.router"]``). ``replica_command`` and ``router_command`` are
@@ -114,7 +114,7 @@ class LiveSection(BaseModel):
 
     replicas: Literal["emulate", "urls", "command"] = "emulate"
     emulate_mode: Literal["in-process", "process"] = "in-process"
-    time_scale: float = Field(default=10.0, gt=0)
+    time_scale: float = Field(default=5.0, gt=0)
     urls: list[str] = Field(default_factory=list)
     preset: Literal["vllm-cpu"] | None = None
     replica_command: str | None = None

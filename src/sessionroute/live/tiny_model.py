@@ -8,8 +8,8 @@ BPE tokenizer trained here with ``tokenizers`` on text made of the live driver's
 generation prompt ``<|assistant|>\\n``). Saved with ``save_pretrained``; about 2 MB, 10 s.
 
 Needs ``torch``, ``transformers`` and ``tokenizers`` (the vLLM venv has them). Run it with that
-interpreter: ``.ci-vllm-venv/bin/python -m sessionroute.live.tiny_model DIR``, or through
-``sessionroute tiny-model DIR --python .ci-vllm-venv/bin/python``. Output text is gibberish;
+interpreter (``$VENV/bin/python -m sessionroute.live.tiny_model DIR``, ``src/`` on its path), or
+through ``sessionroute tiny-model DIR --python $VENV/bin/python``. Output text is gibberish;
 lengths are forced by requests (``max_tokens`` + ``ignore_eos``).
 """
 
