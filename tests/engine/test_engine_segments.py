@@ -63,7 +63,7 @@ def segment_queue(pool: SegmentPool) -> list[int | None]:
 
 
 _OPS = (
-    *("admit", "grow", "grow_each", "reset"),
+    *("admit", "grow", "grow_each", "fill", "fill", "reset"),
     *("next_turn", "next_turn", "next_turn", "register", "register", "release", "release"),
     "release",
 )
@@ -141,6 +141,14 @@ def test_segment_pool_equals_block_pool(
             for p, h in zip(pools, pair, strict=True):
                 p.register(h, full)
                 h.nreg = full
+        elif op == "fill":
+            group = [live[(x + i) % len(live)] for i in range(1 + x % 3)]
+            group = [pair for pair in dict.fromkeys(group) if pair[0].nreg < pair[0].nblocks]
+            for h in (pair[0] for pair in group):
+                if h.nreg < h.nkeys:
+                    ref.register(h, h.nreg + 1)
+                    h.nreg += 1
+            seg.fill_each([pair[1] for pair in group])
         elif op == "release":
             pair = live.pop(x % len(live))
             for p, h in zip(pools, pair, strict=True):
@@ -151,7 +159,7 @@ def test_segment_pool_equals_block_pool(
         for salt in (None, "s"):
             assert set(ref.cache_for(salt)) == set(seg.cache_for(salt))
         assert block_queue(ref) == segment_queue(seg)
-        assert [h.nblocks for h, _ in live] == [h.nblocks for _, h in live]
+        assert [(h.nblocks, h.nreg) for h, _ in live] == [(h.nblocks, h.nreg) for _, h in live]
     for pair in reversed(live):
         for p, h in zip(pools, pair, strict=True):
             p.release(h)
@@ -200,3 +208,31 @@ def test_hit_in_the_middle_of_an_idle_segment_after_a_duplicate() -> None:
         p.admit(c, tok, 1)
     expected = [None, None, None, keys[3], None, None]
     assert block_queue(ref) == segment_queue(seg) == expected
+
+
+def test_decoder_filling_a_block_cached_elsewhere_leaves_it_uncached() -> None:
+    # A caches blocks 0-3; B holds the same content in its own blocks and fills them one by one
+    # (decode): they stay uncached. B is freed first, so its blocks are evicted first, and
+    # evicting them must not drop A's cache entries.
+    ref, seg = BlockPool(8), SegmentPool(8)
+    keys = chain([5, 6, 7, 8])
+    pools: tuple[KVPool, KVPool] = (ref, seg)
+    for p in pools:
+        a = Holder(keys, p.cache_for(None))
+        b = Holder(keys, p.cache_for(None))
+        p.admit(a, [], 4)
+        p.register(a, 4)
+        p.admit(b, [], 4)
+        for _ in range(4):
+            if p is seg:
+                seg.fill_each([b])
+            else:
+                ref.register(b, b.nreg + 1)
+                b.nreg += 1
+        assert b.nreg == 4
+        p.release(b)
+        p.release(a)
+        d = Holder(chain([1, 2, 3, 4]), p.cache_for(None))
+        p.admit(d, [], 4)  # evicts B's four blocks
+        assert set(p.cache_for(None)) == set(keys)
+    assert block_queue(ref) == segment_queue(seg) == keys[::-1]

@@ -38,10 +38,13 @@ class Holder(Protocol):
     Attributes:
         blocks: the pool's record of the request's blocks (pool-specific; empty when none).
         nblocks: number of blocks the request holds.
+        nreg: leading blocks already offered to the cache (the scheduler advances it; the
+            fast path's ``fill_each`` too).
     """
 
     blocks: list[Any]
     nblocks: int
+    nreg: int
 
     @property
     def keys(self) -> Sequence[int]:
@@ -56,11 +59,6 @@ class Holder(Protocol):
     @property
     def cache(self) -> dict[int, int]:
         """The cache dict of the request's ``cache_salt``."""
-        ...
-
-    @property
-    def nreg(self) -> int:
-        """Leading blocks already offered to the cache."""
         ...
 
 

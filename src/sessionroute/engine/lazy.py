@@ -132,21 +132,15 @@ class LazyCore(Core):
             if ab:
                 spool.grow_each(ab)
             return
-        fills: list[Req] = []
-        for r in fb:
-            p = r.nreg
-            if p < r.nkeys:
-                if (r.nc + g - r.sync + 1) // bs != p + 1:
-                    raise RuntimeError(f"{r.rid}: lazy decoder fills block {p} out of turn")
-                if ab and r.keys[p] in r.cache and spool.fresh < len(ab):
-                    self.decode_blocks_in_order(g, ab, fb)
-                    return
-                fills.append(r)
         if ab:
+            if spool.fresh < len(ab):  # this step's allocations evict
+                for r in fb:
+                    p = r.nreg
+                    if p < r.nkeys and r.keys[p] in r.cache:
+                        self.decode_blocks_in_order(g, ab, fb)
+                        return
             spool.grow_each(ab)
-        for r in fills:
-            spool.register_next(r)
-            r.nreg += 1
+        spool.fill_each(fb)
 
     def decode_blocks_in_order(self, g: int, ab: dict[Req, None], fb: dict[Req, None]) -> None:
         """:meth:`decode_blocks` one request at a time in admission order (the reference's)."""

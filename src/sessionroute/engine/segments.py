@@ -179,18 +179,23 @@ class SegmentPool(SegmentStore):
             p0 = top
             i += 1
 
-    def register_next(self, r: Holder) -> None:
-        """:meth:`register` of the single block ``r.nreg`` (a decoder filling its last block)."""
-        p = r.nreg
-        res: _Res = r.blocks[-1].res
-        seg = res.segs[-1]
-        if res.owner is not r or seg.creg != p or p < seg.lo or p >= seg.hi:
-            self.register(r, p + 1)
-            return
-        b = res.base | p
-        if r.cache.setdefault(r.keys[p], b) != b:
-            seg.holes.append(p)
-        seg.creg = p + 1
+    def fill_each(self, rs: Iterable[Holder]) -> None:
+        """Each of ``rs`` (decoders filling their last block) offers block ``r.nreg`` to the
+        cache unless it has no key (``r.nreg == r.nkeys``); ``r.nreg`` advances."""
+        for r in rs:
+            p = r.nreg
+            if p >= r.nkeys:
+                continue
+            res: _Res = r.blocks[-1].res
+            seg = res.segs[-1]
+            if res.owner is r and seg.creg == p and seg.lo <= p < seg.hi:
+                b = res.base | p
+                if r.cache.setdefault(r.keys[p], b) != b:
+                    seg.holes.append(p)
+                seg.creg = p + 1
+            else:
+                self.register(r, p + 1)
+            r.nreg = p + 1
 
     def release(self, r: Holder) -> None:
         """Free ``r``'s blocks deepest first; segments nobody uses join the queue tail."""
