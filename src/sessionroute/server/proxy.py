@@ -23,7 +23,6 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 from aiohttp.streams import StreamReader
-from multidict import CIMultiDictProxy
 
 from sessionroute.errors import NoWorkerAvailable
 from sessionroute.routing import Reservation
@@ -79,15 +78,6 @@ def prompt_text(payload: Any) -> str:
     return ""
 
 
-def _request_id(router: Router, request: web.BaseRequest) -> str:
-    headers = request.headers
-    for name in router.settings.request_id_headers:
-        value = headers.get(name)
-        if value:
-            return value
-    return router.new_request_id(request.path)
-
-
 def _header_block(router: Router, request: web.BaseRequest) -> bytes:
     """The client's headers as received, minus the dropped ones, plus the worker credential."""
     known = router.header_fates
@@ -113,21 +103,12 @@ def _header_block_connection(router: Router, request: web.BaseRequest) -> bytes:
     return b"".join(kept) + router.worker_auth
 
 
-def _response_headers(headers: CIMultiDictProxy[str], rid: str) -> list[tuple[str, str]]:
-    out = [kv for kv in headers.items() if kv[0].lower() not in _RESPONSE_DROP]
-    out.append(("x-request-id", rid))
-    return out
-
-
 async def _read_body(content: StreamReader, length: int | None, limit: int) -> bytes | None:
     """The whole request body, or None when it exceeds ``limit`` bytes.
 
     ``length`` is the request's Content-Length (checked against ``limit`` by the caller; the
     parser stops there), None for a chunked body, which is checked while it arrives.
     """
-    if content.is_eof():  # all of it arrived with the headers: no waiting, no copies
-        body = content.read_nowait()
-        return body if len(body) <= limit else None
     if length is not None:
         return await content.read()
     chunks: list[bytes] = []
@@ -148,14 +129,27 @@ async def proxy_request(request: web.BaseRequest, router: Router) -> web.StreamR
     504 on upstream timeout; upstream error responses pass through.
     """
     s = router.settings
-    rid = _request_id(router, request)
+    headers = request.headers
+    for name in s.request_id_headers:
+        rid = headers.get(name)
+        if rid:
+            break
+    else:
+        rid = router.new_request_id(request.path)
     length = request.content_length
-    if length is not None and length > s.max_payload_size:
-        return _too_large(length, s.max_payload_size, rid)
-    body = await _read_body(request.content, length, s.max_payload_size)
+    limit = s.max_payload_size
+    if length is not None and length > limit:
+        return _too_large(length, limit, rid)
+    content = request.content
+    body: bytes | None
+    if content.is_eof():  # all of it arrived with the headers: no waiting, no copies
+        data = content.read_nowait()
+        body = data if len(data) <= limit else None
+    else:
+        body = await _read_body(content, length, limit)
     if body is None:
-        return _too_large(None, s.max_payload_size, rid)
-    found = extract_session_id(request.headers, s.session_headers)
+        return _too_large(None, limit, rid)
+    found = extract_session_id(headers, s.session_headers)
     text: str | None = None
     model: str | None = None
     if router.needs_content:
@@ -327,7 +321,8 @@ async def _relay(
     status = message.code
     metrics = router.metrics
     try:
-        headers = _response_headers(message.headers, rid)
+        headers = [kv for kv in message.headers.items() if kv[0].lower() not in _RESPONSE_DROP]
+        headers.append(("x-request-id", rid))
         raw_length = message.headers.get("Content-Length")
         length = int(raw_length) if raw_length is not None else None
         if length is not None and length <= BUFFER_LIMIT:
