@@ -38,9 +38,10 @@ _OPTION_FLAGS = {
 
 VLLM_ROUTER_COMMAND = (
     "${VLLM_ROUTER} --host ${HOST} --port ${PORT} --policy ${POLICY} --worker-urls ${WORKER_URLS}"
-    " --log-level warning"
+    " --log-level warning --prometheus-port ${METRICS_PORT}"
 )
-"""How the ``vllm-router`` router kind is started (session TTL through its environment)."""
+"""How the ``vllm-router`` router kind is started (session TTL through its environment; its
+Prometheus exporter on a free port, since its default 29000 may be taken)."""
 
 
 @dataclass(slots=True)
@@ -176,6 +177,7 @@ async def start_arm_router(
             "POLICY": policy,
             "WORKER_URLS": " ".join(worker_urls),
             "SESSION_TTL_S": str(int(ttl)),
+            "METRICS_PORT": str(free_port(live.host)),
         }
         argv = expand_command(template, variables, env, "live.router_command")
         health = live.router_health_path or "/liveness"
