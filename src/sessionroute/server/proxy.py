@@ -213,6 +213,9 @@ async def _forward(
     path_qs = request.rel_url.raw_path_qs
     attempts = router.max_attempts
     last_error = ""
+    task = asyncio.current_task()  # the handler's (request.task is the connection's)
+    if task is None:
+        raise RuntimeError("proxy_request must run in a task")
     for attempt in range(attempts):
         res = holder[0]
         if attempt:
@@ -231,7 +234,7 @@ async def _forward(
                         headers={"x-request-id": rid},
                     )
         worker = res.worker
-        ex = Exchange(pool, worker, request.task)
+        ex = Exchange(pool, worker, task)
         try:
             t0 = time.perf_counter()
             try:
