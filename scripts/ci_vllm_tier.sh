@@ -43,14 +43,21 @@ if "$VENV/bin/python" -c 'import vllm, torch, transformers' >/dev/null 2>&1; the
 else
   echo "== installing $VLLM into $VENV (a few minutes)"
   mkdir -p "$(dirname "$VENV")"
-  python3 -m venv "$VENV"
-  "$VENV/bin/python" -m pip install -q --upgrade pip
-  "$VENV/bin/python" -m pip install -q "$VLLM" "$TORCH"
-  "$VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec triton || true
+  if ! { python3 -m venv "$VENV" \
+         && "$VENV/bin/python" -m pip install --upgrade pip \
+         && "$VENV/bin/python" -m pip install "$VLLM" "$TORCH"; } >"$WORK/pip.log" 2>&1; then
+    grep -v '^WARNING: Location' "$WORK/pip.log" | tail -n 40
+    echo "vllm tier: FAIL: installing $VLLM failed (log above)"
+    exit 1
+  fi
+  # PyPI's torchvision breaks importing transformers beside the CPU torch; triton is 1 GB unused
+  "$VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec triton \
+    >>"$WORK/pip.log" 2>&1 || true
 fi
 
 echo "== tiny model"
-"$SR_PYTHON" -m sessionroute.cli tiny-model "$WORK/model" --python "$VENV/bin/python" >/dev/null
+"$SR_PYTHON" -m sessionroute.cli tiny-model "$WORK/model" --python "$VENV/bin/python" \
+  >"$WORK/tiny-model.log" 2>&1 || { cat "$WORK/tiny-model.log"; exit 1; }
 
 echo "== live A/B: 3 vLLM servers, sticky_least_loaded vs random through sessionroute serve"
 TINY_MODEL="$WORK/model" VLLM_PYTHON="$VENV/bin/python" \
