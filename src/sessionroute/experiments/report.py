@@ -18,6 +18,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.ticker import MaxNLocator
 
 from sessionroute.experiments.results import ArmResult, get_path
 from sessionroute.experiments.table import format_value, visible_metrics
@@ -47,6 +48,7 @@ def _step_plot(arms: Sequence[ArmResult]) -> str | None:
         steps = arm.runs[0].steps if arm.runs else []
         if steps:
             ax.plot([s["step"] for s in steps], [s["step_time_s"] for s in steps], label=arm.name)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("RL step")
     ax.set_ylabel("step time (s)")
     ax.set_title("RL step time (first repeat)")
