@@ -103,22 +103,25 @@ def _header_block_connection(router: Router, request: web.BaseRequest) -> bytes:
     return b"".join(kept) + router.worker_auth
 
 
-async def _read_body(content: StreamReader, length: int | None, limit: int) -> bytes | None:
-    """The whole request body, or None when it exceeds ``limit`` bytes.
+async def _read_body(content: StreamReader, length: int | None, limit: int) -> list[bytes] | None:
+    """The request body as the pieces it arrived in (no joining copy), or None when it
+    exceeds ``limit`` bytes.
 
     ``length`` is the request's Content-Length (checked against ``limit`` by the caller; the
     parser stops there), None for a chunked body, which is checked while it arrives.
     """
-    if length is not None:
-        return await content.read()
-    chunks: list[bytes] = []
+    parts: list[bytes] = []
     size = 0
-    while chunk := await content.readany():
+    while True:
+        chunk, _ = await content.readchunk()
+        if not chunk:
+            if content.at_eof():
+                return parts
+            continue  # the end of an HTTP chunk of a chunked body
         size += len(chunk)
-        if size > limit:
+        if length is None and size > limit:
             return None
-        chunks.append(chunk)
-    return b"".join(chunks)
+        parts.append(chunk)
 
 
 async def proxy_request(request: web.BaseRequest, router: Router) -> web.StreamResponse:
@@ -141,20 +144,21 @@ async def proxy_request(request: web.BaseRequest, router: Router) -> web.StreamR
     if length is not None and length > limit:
         return _too_large(length, limit, rid)
     content = request.content
-    body: bytes | None
-    if content.is_eof():  # all of it arrived with the headers: no waiting, no copies
+    parts: list[bytes] | None
+    if content.is_eof():  # all of it arrived with the headers (a join of one: no copy)
         data = content.read_nowait()
-        body = data if len(data) <= limit else None
+        parts = [data] if len(data) <= limit else None
     else:
-        body = await _read_body(content, length, limit)
-    if body is None:
+        parts = await _read_body(content, length, limit)
+    if parts is None:
         return _too_large(None, limit, rid)
+    size = sum(map(len, parts)) if len(parts) != 1 else len(parts[0])
     found = extract_session_id(headers, s.session_headers)
     text: str | None = None
     model: str | None = None
     if router.needs_content:
         try:
-            payload = json.loads(body)
+            payload = json.loads(b"".join(parts))
         except (ValueError, RecursionError) as exc:  # RecursionError: absurd nesting
             return error_response(
                 400,
@@ -168,7 +172,7 @@ async def proxy_request(request: web.BaseRequest, router: Router) -> web.StreamR
     route_req = RouteRequest(
         session_id=found[1] if found else None,
         session_header=found[0] if found else "x-session-id",
-        prompt_tokens=len(body) // 4,
+        prompt_tokens=size // 4,
         text=text,
         model=model,
         request_id=rid,
@@ -182,7 +186,7 @@ async def proxy_request(request: web.BaseRequest, router: Router) -> web.StreamR
     router.metrics.observe_routing(t0, time.perf_counter())
     holder = [reservation]
     try:
-        return await _forward(request, router, holder, body, rid)
+        return await _forward(request, router, holder, parts, size, rid)
     finally:
         core.complete(holder[0])
 
@@ -201,14 +205,15 @@ async def _forward(
     request: web.BaseRequest,
     router: Router,
     holder: list[Reservation],
-    body: bytes,
+    parts: list[bytes],
+    size: int,
     rid: str,
 ) -> web.StreamResponse:
     s = router.settings
     core = router.core
     metrics = router.metrics
     pool = router.upstream
-    tail = _header_block(router, request) + b"Content-Length: %d\r\n\r\n" % len(body)
+    tail = _header_block(router, request) + b"Content-Length: %d\r\n\r\n" % size
     method = request.method
     path_qs = request.rel_url.raw_path_qs
     attempts = router.max_attempts
@@ -241,7 +246,7 @@ async def _forward(
                 head = pool.heads.get((worker, method, path_qs)) or pool.request_head(
                     worker, method, path_qs
                 )
-                message = await ex.send((head + tail, body))
+                message = await ex.send((head + tail, *parts))
             except UpstreamConnectError as exc:
                 last_error = f"{worker}: {type(exc).__name__}: {exc}"
                 router.record_unreachable(worker, last_error)

@@ -86,6 +86,7 @@ async def start_router(
             handler_cancellation=True,
             auto_decompress=False,  # compressed request bodies are forwarded as received
             access_log=access_log,
+            read_bufsize=2**20,  # a 200 KB context arrives without pausing the socket
         ),
         shutdown_timeout=settings.shutdown_timeout_secs,
     )
