@@ -58,9 +58,17 @@ REPLICA_VARS: tuple[str, ...] = (
 (0-based), listen host, ``live.model``, ``live.served_model``, ``live.python``, the replica's own
 compile-cache directory, and the engine settings of ``[replicas]``/``[live]``."""
 
-ROUTER_VARS: tuple[str, ...] = ("PORT", "HOST", "POLICY", "WORKER_URLS", "SESSION_TTL_S")
+ROUTER_VARS: tuple[str, ...] = (
+    "PORT",
+    "HOST",
+    "POLICY",
+    "WORKER_URLS",
+    "SESSION_TTL_S",
+    "METRICS_PORT",
+)
 """Variables of ``router_command``: its port, host, the arm's policy, the worker URLs
-(space-separated: each becomes its own argument) and the session TTL in seconds."""
+(space-separated: each becomes its own argument), the session TTL in seconds and a free port
+for a separate metrics listener."""
 
 
 class LiveSection(BaseModel):
