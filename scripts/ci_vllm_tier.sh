@@ -12,7 +12,8 @@
 # checkout, so ruff and pytest never walk its 2.5 GB, and kept between runs), SR_PYTHON (an interpreter with sessionroute;
 # default `python` if it imports sessionroute, else .venv/bin/python), VLLM_TIER_TORCH,
 # VLLM_TIER_VLLM (pins), VLLM_TIER_WORK (work dir; default a fresh temp dir, removed at the end),
-# VLLM_TIER_MIN_GAP (default 0.1).
+# VLLM_TIER_MIN_GAP (default 0.1), VLLM_TIER_INSTALL_ONLY=1 (install the venv and stop: CI starts
+# the install in the background while the other checks run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 T0=$SECONDS
@@ -53,6 +54,11 @@ else
   # PyPI's torchvision breaks importing transformers beside the CPU torch; triton is 1 GB unused
   "$VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec triton \
     >>"$WORK/pip.log" 2>&1 || true
+fi
+
+if [ "${VLLM_TIER_INSTALL_ONLY:-0}" = 1 ]; then
+  echo "vllm tier: installed in $((SECONDS - T0)) s (VLLM_TIER_INSTALL_ONLY=1: stopping here)"
+  exit 0
 fi
 
 echo "== tiny model"
