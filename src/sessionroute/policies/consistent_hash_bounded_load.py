@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Mapping
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, ClassVar
@@ -34,10 +33,10 @@ from typing import Any, ClassVar
 from sessionroute.clock import Clock
 from sessionroute.errors import ConfigError
 from sessionroute.policies._ring import HashRing, KeyHashCache
-from sessionroute.policies.base import Policy, require_healthy
+from sessionroute.policies._sessions import SessionPolicy
+from sessionroute.policies.base import require_healthy
 from sessionroute.policies.least_loaded import LeastRecentlyChosen
 from sessionroute.state.cluster import ClusterView
-from sessionroute.state.sessions import SessionStats, SessionTable
 from sessionroute.types import Decision, DecisionKind, RouteRequest
 
 __all__ = ["ConsistentHashBoundedLoadConfig", "ConsistentHashBoundedLoadPolicy"]
@@ -75,26 +74,21 @@ class ConsistentHashBoundedLoadConfig:
             raise ConfigError(f"sweep_interval_s must be >= 0, got {self.sweep_interval_s!r}")
 
 
-class ConsistentHashBoundedLoadPolicy(Policy):
+class ConsistentHashBoundedLoadPolicy(SessionPolicy):
     """Consistent hashing whose workers hold at most ``ceil(c * average)`` sessions."""
 
     name: ClassVar[str] = "consistent_hash_bounded_load"
     Config: ClassVar[type[Any] | None] = ConsistentHashBoundedLoadConfig
-    keeps_sessions: ClassVar[bool] = True
 
     def __init__(self, config: Any = None, *, clock: Clock, rng: random.Random) -> None:
         super().__init__(config, clock=clock, rng=rng)
         cfg: ConsistentHashBoundedLoadConfig = self.config
-        self.table = SessionTable(cfg.session_ttl_s, cfg.max_sessions)
         c = Fraction(str(cfg.c))  # exact decimal, so ceil() never suffers float rounding
         self._c_num = c.numerator
         self._c_den = c.denominator
-        self._sweep_interval = cfg.sweep_interval_s
-        self._last_sweep = clock.now()
         self._ring = HashRing()
         self._hash = KeyHashCache()
         self._stateless = LeastRecentlyChosen()
-        self._decisions: dict[str, Decision] = {}  # worker -> its (immutable) STICKY decision
         self.overload_moves = 0
         """Sessions moved because their healthy worker was above the bound (also re-pinned)."""
 
@@ -114,8 +108,7 @@ class ConsistentHashBoundedLoadPolicy(Policy):
         if sid is None:
             return Decision(self._stateless.pick(healthy, cluster), DecisionKind.STATELESS)
         now = self.clock.now()
-        if now - self._last_sweep >= self._sweep_interval:
-            self.sweep(now)
+        self._maybe_sweep(now)
         if healthy is not self._ring.members:
             self._ring.rebuild(healthy)
         table = self.table
@@ -125,10 +118,7 @@ class ConsistentHashBoundedLoadPolicy(Policy):
                 if table.count(worker) <= self.bound(len(table), len(healthy)):
                     table.touch(sid, now)
                     table.stats.sticky += 1
-                    d = self._decisions.get(worker)
-                    if d is None:
-                        d = self._decisions[worker] = Decision(worker, DecisionKind.STICKY)
-                    return d
+                    return self._sticky(worker)
                 self.overload_moves += 1
             table.unpin(sid)
             kind = DecisionKind.REPINNED
@@ -153,22 +143,3 @@ class ConsistentHashBoundedLoadPolicy(Policy):
                 return w
         # Unreachable for c >= 1: the healthy workers hold at most len(table) < n * cap.
         raise RuntimeError(f"no worker under the bound {cap} (ring {self._ring.members})")
-
-    def release_session(self, session_id: str) -> bool:
-        return self.table.release(session_id)
-
-    def on_worker_removed(self, worker: str, cluster: ClusterView) -> None:
-        self.table.displace(worker)
-
-    def sweep(self, now: float) -> int:
-        self._last_sweep = now
-        return self.table.sweep(now)
-
-    def session_counts(self) -> Mapping[str, int]:
-        return self.table.counts()
-
-    def session_stats(self) -> SessionStats:
-        return self.table.stats
-
-    def worker_of(self, session_id: str) -> str | None:
-        return self.table.worker_of(session_id)

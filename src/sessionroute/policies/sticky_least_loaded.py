@@ -18,17 +18,14 @@ of a removed worker are unpinned at once and counted as re-pinned on their next 
 
 from __future__ import annotations
 
-import random
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from sessionroute.clock import Clock
 from sessionroute.errors import ConfigError
 from sessionroute.policies._rendezvous import rendezvous_winner
-from sessionroute.policies.base import Policy, least_loaded_of, require_healthy
+from sessionroute.policies._sessions import SessionPolicy
+from sessionroute.policies.base import least_loaded_of, require_healthy
 from sessionroute.state.cluster import ClusterView
-from sessionroute.state.sessions import SessionStats, SessionTable
 from sessionroute.types import Decision, DecisionKind, RouteRequest
 
 __all__ = ["StickyLeastLoadedConfig", "StickyLeastLoadedPolicy"]
@@ -54,20 +51,11 @@ class StickyLeastLoadedConfig:
             raise ConfigError(f"sweep_interval_s must be >= 0, got {self.sweep_interval_s!r}")
 
 
-class StickyLeastLoadedPolicy(Policy):
+class StickyLeastLoadedPolicy(SessionPolicy):
     """Place new sessions by fewest active sessions (rendezvous tie-break), then keep them."""
 
     name: ClassVar[str] = "sticky_least_loaded"
     Config: ClassVar[type[Any] | None] = StickyLeastLoadedConfig
-    keeps_sessions: ClassVar[bool] = True
-
-    def __init__(self, config: Any = None, *, clock: Clock, rng: random.Random) -> None:
-        super().__init__(config, clock=clock, rng=rng)
-        cfg: StickyLeastLoadedConfig = self.config
-        self.table = SessionTable(cfg.session_ttl_s, cfg.max_sessions)
-        self._sweep_interval = cfg.sweep_interval_s
-        self._last_sweep = clock.now()
-        self._decisions: dict[str, Decision] = {}  # worker -> its (immutable) STICKY decision
 
     def select(self, request: RouteRequest, cluster: ClusterView) -> Decision:
         healthy = require_healthy(cluster)
@@ -76,18 +64,14 @@ class StickyLeastLoadedPolicy(Policy):
             tiebreak = request.text or request.request_id or ""
             return Decision(least_loaded_of(healthy, cluster, tiebreak), DecisionKind.STATELESS)
         now = self.clock.now()
-        if now - self._last_sweep >= self._sweep_interval:
-            self.sweep(now)
+        self._maybe_sweep(now)
         table = self.table
         worker = table.lookup(sid, now)
         if worker is not None:
             if cluster.is_healthy(worker):
                 table.touch(sid, now)
                 table.stats.sticky += 1
-                d = self._decisions.get(worker)
-                if d is None:
-                    d = self._decisions[worker] = Decision(worker, DecisionKind.STICKY)
-                return d
+                return self._sticky(worker)
             table.unpin(sid)
             kind = DecisionKind.REPINNED
         elif table.take_displaced(sid, now):
@@ -107,22 +91,3 @@ class StickyLeastLoadedPolicy(Policy):
         fewest = min(count(w) for w in healthy)
         tied = [w for w in healthy if count(w) == fewest]
         return rendezvous_winner(sid, tied)
-
-    def release_session(self, session_id: str) -> bool:
-        return self.table.release(session_id)
-
-    def on_worker_removed(self, worker: str, cluster: ClusterView) -> None:
-        self.table.displace(worker)
-
-    def sweep(self, now: float) -> int:
-        self._last_sweep = now
-        return self.table.sweep(now)
-
-    def session_counts(self) -> Mapping[str, int]:
-        return self.table.counts()
-
-    def session_stats(self) -> SessionStats:
-        return self.table.stats
-
-    def worker_of(self, session_id: str) -> str | None:
-        return self.table.worker_of(session_id)
