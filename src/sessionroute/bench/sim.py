@@ -11,9 +11,6 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from sessionroute.clock import MonotonicClock
-from sessionroute.sim import SimSpec, run_simulation
-
 __all__ = ["add_arguments", "print_table", "run"]
 
 
@@ -40,6 +37,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     replicas: dict[str, Any] = {"count": args.replicas}
     if args.block_size is not None:
         replicas["block_size"] = args.block_size
+    from sessionroute.clock import MonotonicClock
+    from sessionroute.sim import SimSpec, run_simulation  # heavy: only when the bench runs
+
     spec = SimSpec.model_validate(
         {
             "workload": {"kind": args.workload, "steps": args.steps},
