@@ -344,24 +344,32 @@ class Core:
         for r, n in st.sched:
             if r.status != RUNNING:
                 continue  # aborted while the step was in flight
-            r.nc += n
-            if r.nc == r.prompt_len + r.num_output:
-                r.num_output += 1
-                self.n_generation += 1
-                if r.num_output == 1:
-                    r.first_token = e
-                    self.n_prompt += r.prompt_len
-                else:
-                    gap = e - r.last_token
-                    r.itl_sum += gap
-                    if gap > r.itl_max:
-                        r.itl_max = gap
-                r.last_token = e
-                if r.num_output == r.output_len:
-                    self.finish(r, e)
-                    finished = True
+            if self.credit(r, n, e):
+                finished = True
         if finished:
             self.running = [r for r in self.running if r.status == RUNNING]
+
+    def credit(self, r: Req, n: int, e: float) -> bool:
+        """Credit ``n`` computed tokens to ``r`` at step end ``e`` (seconds); a request whose
+        computed tokens reach prompt + output so far emits a token. True when ``r`` finished."""
+        r.nc += n
+        if r.nc != r.prompt_len + r.num_output:
+            return False
+        r.num_output += 1
+        self.n_generation += 1
+        if r.num_output == 1:
+            r.first_token = e
+            self.n_prompt += r.prompt_len
+        else:
+            gap = e - r.last_token
+            r.itl_sum += gap
+            if gap > r.itl_max:
+                r.itl_max = gap
+        r.last_token = e
+        if r.num_output == r.output_len:
+            self.finish(r, e)
+            return True
+        return False
 
     def drop(self, r: Req) -> None:
         """Abort a running request now: out of ``running``, blocks freed."""

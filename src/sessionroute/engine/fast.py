@@ -143,24 +143,8 @@ class FastCore(LazyCore):
         self.n_generation += self.n_dec
         finished = self.finish_lazy(g, e)
         for r, n in st.sched:
-            if r.status != RUNNING:
-                continue
-            r.nc += n
-            if r.nc == r.prompt_len + r.num_output:
-                r.num_output += 1
-                self.n_generation += 1
-                if r.num_output == 1:
-                    r.first_token = e
-                    self.n_prompt += r.prompt_len
-                else:
-                    gap = e - r.last_token
-                    r.itl_sum += gap
-                    if gap > r.itl_max:
-                        r.itl_max = gap
-                r.last_token = e
-                if r.num_output == r.output_len:
-                    self.finish(r, e)
-                    finished.append(r)
+            if r.status == RUNNING and self.credit(r, n, e):
+                finished.append(r)
         if finished:
             self.unrun(finished)
         self.lazify_front()
