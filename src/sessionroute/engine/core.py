@@ -179,6 +179,10 @@ class Core:
             return a if a > self.now else self.now
         return None
 
+    def current_step(self) -> Step | None:
+        """The step in progress (scheduled, not yet applied), or None."""
+        return self.inflight
+
     def run_until(self, t: float, inclusive: bool = False) -> None:
         """Apply steps ending at or before ``t``; start steps starting before ``t``.
 

@@ -136,9 +136,10 @@ class Replica:
             if s > self._time:
                 return s
             core.run_until(s, inclusive=True)
-            if core.inflight is None:
-                return core.next_start()
-        return core.inflight.end
+        inflight = core.current_step()
+        if inflight is None:
+            return core.next_start()
+        return inflight.end
 
     def abort(self, request_id: str, now: float) -> bool:
         """Cancel a pending, waiting or running request at ``now``; its blocks are freed.
