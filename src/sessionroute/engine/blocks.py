@@ -113,6 +113,10 @@ class KVPool(Protocol):
         """Uncache every idle block; returns how many."""
         ...
 
+    def cached_keys(self, salt: str | None) -> set[int]:
+        """Every key cached under ``salt`` (for tests and debugging)."""
+        ...
+
     @property
     def usage(self) -> float:
         """Fraction of blocks in use."""
@@ -314,6 +318,10 @@ class BlockPool:
                 owner[b] = None
                 dropped += 1
         return dropped
+
+    def cached_keys(self, salt: str | None) -> set[int]:
+        """Every key cached under ``salt`` (for tests and debugging)."""
+        return set(self._caches.get(salt, {}))
 
     @property
     def usage(self) -> float:

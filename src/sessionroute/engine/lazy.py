@@ -135,8 +135,7 @@ class LazyCore(Core):
         if ab:
             if spool.fresh < len(ab):  # this step's allocations evict
                 for r in fb:
-                    p = r.nreg
-                    if p < r.nkeys and r.keys[p] in r.cache:
+                    if spool.fill_may_hit(r):
                         self.decode_blocks_in_order(g, ab, fb)
                         return
             spool.grow_each(ab)

@@ -12,7 +12,8 @@ pays per-block work only when a block is created, registered or evicted.
   Block ids are virtual (which physical block holds what is not observable).
 * A segment covers positions ``[lo, hi)`` of one reservation; positions ``[lo, creg)`` were
   offered to the cache and are cached except ``holes`` (content already cached by another block,
-  which stays uncached as in :class:`BlockPool`). The prefix cache maps ``key -> block id``.
+  which stays uncached as in :class:`BlockPool`). The prefix cache is run-length: one dict entry
+  per run of cached blocks (:mod:`sessionroute.engine.segcache`).
 * A request holds *extents* ``(reservation, lo, hi)`` in chain order; each is a union of whole
   segments, because a hit on part of a segment splits it (splits only refine, so extents stay
   valid).
@@ -21,9 +22,10 @@ pays per-block work only when a block is created, registered or evicted.
   evicting from the *end* (highest position) of the head segment reproduce the per-block
   queue exactly: a finished request's deepest block is evicted first, a hit takes blocks out of
   the queue wherever they are. Never-used blocks sit before everything else (``fresh``).
-* Lookup walks the request's keys segment by segment: a dict look-up finds the block of
-  ``keys[h]``, then one slice comparison extends the hit over the rest of that segment's
-  cached run; it stops at the first key not cached, exactly like the per-block walk.
+* Lookup walks the request's keys segment by segment: a dict look-up (or the next segment of
+  the same reservation) finds the block of ``keys[h]``, then one slice comparison extends the
+  hit over the rest of that segment's cached run; it stops at the first key not cached, exactly
+  like the per-block walk.
 
 Data structures and low-level operations live in :mod:`sessionroute.engine.segstore`. A
 property test (``tests/engine/test_engine_segments.py``) checks this pool against
@@ -34,10 +36,18 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Sequence, Sized
-from operator import ne
 
 from sessionroute.engine.blocks import Holder
-from sessionroute.engine.segstore import SHIFT, SegmentStore, _Ext, _Res, _Seg, common_run
+from sessionroute.engine.segcache import (
+    SaltCache,
+    add_start,
+    common_run,
+    drop_starts,
+    find_run,
+    restart,
+    run_end,
+)
+from sessionroute.engine.segstore import SHIFT, SegmentStore, _Ext, _Res, _Seg
 
 __all__ = ["SegmentPool"]
 
@@ -72,14 +82,35 @@ class SegmentPool(SegmentStore):
         idle = 0
         get = cache.get
         resmap = self._res
+        cres: _Res | None = None  # the last run reached the end of cres.segs[ci - 1] at cp
+        ci = cp = 0
         while h < limit:
-            b = get(keys[h])
-            if b is None:
-                break
-            res = resmap[b >> SHIFT]
-            p = b & _MASK
-            seg = res.segs[bisect_right(res.lows, p) - 1]
-            end = seg.creg if seg.creg < seg.hi else seg.hi
+            seg = None
+            if cres is not None:
+                segs = cres.segs
+                if ci < len(segs):
+                    nxt = segs[ci]
+                    holes = nxt.holes
+                    if (
+                        nxt.lo == cp < nxt.creg
+                        and not (holes and holes[0] == cp)
+                        and cres.keys[cp] == keys[h]
+                    ):
+                        seg = nxt
+                        res = cres
+                        p = cp
+                        i = ci
+                cres = None
+            if seg is None:
+                b = get(keys[h])
+                if b is None:
+                    break
+                res = resmap[b >> SHIFT]
+                p = b & _MASK
+                i = bisect_right(res.lows, p) - 1
+                seg = res.segs[i]
+            hi = seg.hi
+            end = seg.creg if seg.creg < hi else hi
             holes = seg.holes
             if holes:
                 k = bisect_right(holes, p)
@@ -89,12 +120,16 @@ class SegmentPool(SegmentStore):
             if m > limit - h:
                 m = limit - h
             if m < 1:
-                raise RuntimeError(f"cached block {b} outside its segment's cached run")
+                raise RuntimeError(f"cached block {res.base | p} outside its segment's cached run")
             d = common_run(keys, h, res.keys, p, m) if m > 1 else 1
             pieces.append((res, p, p + d))
             if not seg.ref:
                 idle += d
             h += d
+            if p + d == hi:
+                cres = res
+                ci = i + 1
+                cp = hi
         return h, idle, pieces
 
     def admit(self, r: Holder, token: list[tuple[_Res, int, int]], new: int) -> None:
@@ -155,28 +190,77 @@ class SegmentPool(SegmentStore):
 
     def register(self, r: Holder, full: int) -> None:
         """Offer ``r``'s blocks ``r.nreg .. full - 1`` (in its own, last reservation) to the
-        cache; a key cached already leaves the block uncached (a hole)."""
-        p0 = r.nreg
+        cache; a key cached already leaves the block uncached (a hole).
+
+        Where the reservation caches the previous position, only a start at the same position
+        can hold a key (:mod:`sessionroute.engine.segcache`), so a range without starts is
+        registered without touching the dict; duplicate content becomes holes a run at a time.
+        """
+        p = r.nreg
         res: _Res = r.blocks[-1].res
         if res.owner is not r:
-            raise RuntimeError(f"registration at {p0} outside the request's own blocks")
-        cache = r.cache
+            raise RuntimeError(f"registration at {p} outside the request's own blocks")
+        cache: SaltCache = r.cache  # type: ignore[assignment]
         keys = r.keys
-        base = res.base
         segs = res.segs
-        i = bisect_right(res.lows, p0) - 1
-        while p0 < full:
+        i = bisect_right(res.lows, p) - 1
+        seg = segs[i]
+        if p > seg.lo:
+            own = not (seg.holes and seg.holes[-1] == p - 1)
+        elif i > 0:
+            prev = segs[i - 1]
+            own = prev.hi == p <= prev.creg and not (prev.holes and prev.holes[-1] == p - 1)
+        else:
+            own = False
+        first = not own
+        while p < full:
             seg = segs[i]
-            if seg.creg != p0 or p0 < seg.lo:
-                raise RuntimeError(f"registration at {p0} not contiguous with {seg.creg}")
+            if seg.creg != p or p < seg.lo:
+                raise RuntimeError(f"registration at {p} not contiguous with {seg.creg}")
             top = full if full < seg.hi else seg.hi
-            ids = range(base | p0, base | top)
-            # cache each block unless its key is cached already (then it is a hole)
-            got = list(map(cache.setdefault, keys[p0:top], ids))
-            if any(map(ne, got, ids)):
-                seg.holes += [p for p, b in zip(range(p0, top), got, strict=True) if b != base | p]
+            while p < top:
+                s: _Res | None
+                if own:
+                    q = cache.first_start_key(keys, p, top)
+                    if q == top:
+                        p = top
+                        break
+                    p = q
+                    b = cache[keys[q]]
+                    if b & _MASK != p:
+                        raise RuntimeError(f"key at chain position {p} is cached at {b & _MASK}")
+                    s = self._res[b >> SHIFT]
+                    x = run_end(s, p, keys, top)
+                else:
+                    got = cache.get(keys[p])
+                    if got is not None:
+                        if got & _MASK != p:
+                            raise RuntimeError(
+                                f"key at chain position {p} is cached at {got & _MASK}"
+                            )
+                        s = self._res[got >> SHIFT]
+                        x = run_end(s, p, keys, top)
+                    elif first and p > 0:
+                        # keys[p] may continue the run holding keys[p - 1]
+                        s, x = find_run(cache, self._res, keys, p - 1, top)
+                        if s is not None and x <= p:
+                            s = None
+                    else:
+                        s = None
+                    first = False
+                    if s is None:
+                        seg.creg = p + 1
+                        add_start(res, p)
+                        p += 1
+                        own = True
+                        continue
+                if x <= p:
+                    raise RuntimeError(f"cached key at {p} outside its run")
+                seg.holes += range(p, x)
+                p = x
+                own = False
             seg.creg = top
-            p0 = top
+            p = top
             i += 1
 
     def fill_each(self, rs: Iterable[Holder]) -> None:
@@ -188,14 +272,38 @@ class SegmentPool(SegmentStore):
                 continue
             res: _Res = r.blocks[-1].res
             seg = res.segs[-1]
-            if res.owner is r and seg.creg == p and seg.lo <= p < seg.hi:
-                b = res.base | p
-                if r.cache.setdefault(r.keys[p], b) != b:
-                    seg.holes.append(p)
+            holes = seg.holes
+            if (
+                res.owner is r
+                and seg.creg == p
+                and seg.lo < p < seg.hi
+                and not (holes and holes[-1] == p - 1)
+            ):
+                # the reservation caches p - 1: only a start can hold keys[p]
+                if r.keys[p] in r.cache:
+                    holes.append(p)
                 seg.creg = p + 1
             else:
                 self.register(r, p + 1)
             r.nreg = p + 1
+
+    def fill_may_hit(self, r: Holder) -> bool:
+        """Whether filling ``r``'s block ``r.nreg`` (see :meth:`fill_each`) may find its key
+        cached already (False only when it certainly does not)."""
+        p = r.nreg
+        if p >= r.nkeys:
+            return False
+        if r.keys[p] in r.cache:
+            return True
+        res: _Res = r.blocks[-1].res
+        seg = res.segs[-1]
+        holes = seg.holes
+        return not (
+            res.owner is r
+            and seg.creg == p
+            and seg.lo < p < seg.hi
+            and not (holes and holes[-1] == p - 1)
+        )
 
     def release(self, r: Holder) -> None:
         """Free ``r``'s blocks deepest first; segments nobody uses join the queue tail."""
@@ -230,16 +338,66 @@ class SegmentPool(SegmentStore):
         seg = head.next
         while seg is not head:
             res = seg.res
-            cache = res.cache
-            keys = res.keys
-            base = res.base
-            top = seg.creg if seg.creg < seg.hi else seg.hi
-            for p in range(seg.lo, top):
-                k = keys[p]
-                if cache.get(k) == base | p:
-                    del cache[k]
-                    dropped += 1
-            seg.creg = seg.lo
-            seg.holes = []
+            lo = seg.lo
+            hi = seg.hi
+            top = seg.creg if seg.creg < hi else hi
+            if top > lo:
+                dropped += top - lo - len(seg.holes)
+                drop_starts(res, lo, top)
+                seg.creg = lo
+                seg.holes = []
+                if top == hi:
+                    i = bisect_left(res.lows, lo) + 1
+                    if i < len(res.segs) and res.lows[i] == hi:
+                        restart(res, i)
             seg = seg.next
         return dropped
+
+    # ------------------------------------------------------------ inspection (tests)
+
+    def cached_keys(self, salt: str | None) -> set[int]:
+        """Every key cached under ``salt`` (expands the runs; for tests and debugging)."""
+        cache = self.cache_for(salt)
+        out: set[int] = set()
+        for res in self._res.values():
+            if res.cache is not cache:
+                continue
+            for seg in res.segs:
+                top = seg.creg if seg.creg < seg.hi else seg.hi
+                holes = set(seg.holes)
+                out.update(res.keys[p] for p in range(seg.lo, top) if p not in holes)
+        return out
+
+    def audit(self) -> None:
+        """Check the run-length cache against its definition (for tests).
+
+        Raises:
+            RuntimeError: if a key is cached twice, a start is missing or extra, or the
+                position index disagrees.
+        """
+        want: dict[int, dict[int, int]] = {}
+        for res in self._res.values():
+            cached: set[int] = set()
+            for seg in res.segs:
+                top = seg.creg if seg.creg < seg.hi else seg.hi
+                holes = set(seg.holes)
+                cached.update(p for p in range(seg.lo, top) if p not in holes)
+            starts = sorted(p for p in cached if p - 1 not in cached)
+            if starts != res.starts:
+                raise RuntimeError(f"reservation {res.rix}: starts {res.starts} != {starts}")
+            entries = want.setdefault(id(res.cache), {})
+            for p in cached:
+                k = res.keys[p]
+                if k in entries:
+                    raise RuntimeError(f"key {k} cached twice")
+                entries[k] = res.base | p if p in starts else -1
+        for cache in self._caches.values():
+            entries = want.get(id(cache), {})
+            starts_only = {k: b for k, b in entries.items() if b >= 0}
+            if dict(cache) != starts_only:
+                raise RuntimeError("start entries disagree with the segments")
+            npos: dict[int, int] = {}
+            for b in starts_only.values():
+                npos[b & _MASK] = npos.get(b & _MASK, 0) + 1
+            if cache.npos != npos or cache.spos != sorted(npos):
+                raise RuntimeError("position index disagrees with the start entries")

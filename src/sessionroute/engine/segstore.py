@@ -18,13 +18,13 @@
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from collections import deque
 from collections.abc import Sequence
-from operator import ne
 
 from sessionroute.engine.blocks import Holder
+from sessionroute.engine.segcache import SaltCache, common_run, drop_starts, restart
 
 __all__ = ["SHIFT", "SegmentStore", "common_run"]
+
 
 SHIFT = 32
 """Bits of the position in a block id ``(rix << SHIFT) | position``."""
@@ -33,7 +33,7 @@ SHIFT = 32
 class _Res:
     """A reservation: the id space of one admission's blocks and its segments by position."""
 
-    __slots__ = ("base", "cache", "keys", "lows", "owner", "rix", "segs")
+    __slots__ = ("base", "cache", "keys", "lows", "owner", "rix", "segs", "starts")
 
     def __init__(
         self, rix: int, keys: Sequence[int], cache: dict[int, int], owner: Holder | None
@@ -44,6 +44,7 @@ class _Res:
         self.cache = cache
         self.lows: list[int] = []  # seg.lo of segs, ascending
         self.segs: list[_Seg] = []
+        self.starts: list[int] = []  # cached positions whose predecessor it does not cache
         self.owner = owner  # the allocating request while it holds its blocks (appends here)
 
 
@@ -74,18 +75,6 @@ class _Ext:
         self.hi = hi
 
 
-def common_run(a: Sequence[int], i: int, b: Sequence[int], j: int, m: int) -> int:
-    """Length of the common run of ``a[i:i+m]`` and ``b[j:j+m]`` (both at least ``m`` long)."""
-    x = a[i : i + m]
-    y = b[j : j + m]
-    if x == y:
-        return m
-    if type(x) is not type(y) and list(x) == list(y):
-        return m
-    diff = list(map(ne, x, y))
-    return diff.index(True) if True in diff else min(len(x), len(y))
-
-
 class SegmentStore:
     """Blocks in segments, an LRU queue of idle segments and per-salt caches (no request-level
     API; :class:`~sessionroute.engine.segments.SegmentPool` adds it).
@@ -108,17 +97,18 @@ class SegmentStore:
         self.num_blocks = num_blocks
         self.num_free = num_blocks
         self.fresh = num_blocks
-        self._caches: dict[str | None, dict[int, int]] = {}
+        self._caches: dict[str | None, SaltCache] = {}
         self._res: dict[int, _Res] = {}
         self._rix = 0
-        dummy = _Res(-1, (), {}, None)
+        dummy = _Res(-1, (), SaltCache(), None)
         self._head = _Seg(dummy, 0, 0, 0, 0, [])  # sentinel of the circular queue
 
-    def cache_for(self, salt: str | None) -> dict[int, int]:
-        """The cache dict (key -> block id) of a ``cache_salt``."""
+    def cache_for(self, salt: str | None) -> SaltCache:
+        """The cache of a ``cache_salt`` (key -> block id of each run start; see
+        :mod:`sessionroute.engine.segcache`)."""
         cache = self._caches.get(salt)
         if cache is None:
-            cache = self._caches[salt] = {}
+            cache = self._caches[salt] = SaltCache()
         return cache
 
     # ------------------------------------------------------------ queue and segments
@@ -192,20 +182,16 @@ class SegmentStore:
             res = seg.res
             creg = seg.creg
             top = creg if creg < hi else hi
-            if top > new_hi:
-                cache = res.cache
-                keys = res.keys
+            if top > new_hi:  # evicted blocks leave the cache: only run starts are entries
+                drop_starts(res, new_hi, top)
                 holes = seg.holes
                 if holes and holes[-1] >= new_hi:
-                    base = res.base
-                    for p in range(top - 1, new_hi - 1, -1):
-                        k = keys[p]
-                        if cache.get(k) == base | p:
-                            del cache[k]
                     del holes[bisect_left(holes, new_hi) :]
-                else:  # every block of the run is cached under its own key
-                    deque(map(cache.__delitem__, keys[new_hi:top]), maxlen=0)
                 seg.creg = new_hi
+                if top == hi:
+                    i = bisect_left(res.lows, lo) + 1
+                    if i < len(res.segs) and res.lows[i] == hi:
+                        restart(res, i)
             seg.hi = new_hi
             if new_hi == lo:
                 self._unlink(seg)
@@ -247,21 +233,22 @@ class SegmentStore:
             self._rix += 1
             moved = _Res(self._rix, res.keys, res.cache, None)
             self._res[self._rix] = moved
-            cache = res.cache
-            old_keys = res.keys
-            base = res.base
-            nbase = moved.base
             for seg in segs[k:]:
                 seg.res = moved
-                top = seg.creg if seg.creg < seg.hi else seg.hi
-                for p in range(seg.lo, top):
-                    key = old_keys[p]
-                    if cache.get(key) == base | p:
-                        cache[key] = nbase | p
             moved.lows = lows[k:]
             moved.segs = segs[k:]
             del lows[k:]
             del segs[k:]
+            st = res.starts
+            j = bisect_left(st, moved.lows[0])
+            moved.starts = st[j:]
+            del st[j:]
+            cache = res.cache
+            old_keys = res.keys
+            nbase = moved.base
+            for p in moved.starts:
+                cache[old_keys[p]] = nbase | p
+            restart(moved, 0)
         res.keys = keys
         res.owner = r
         return True

@@ -1,0 +1,216 @@
+"""Run-length prefix cache of :class:`~sessionroute.engine.segments.SegmentPool`: per salt, one
+dict entry per *run* of cached blocks, not per block.
+
+Block keys are chained (``EngineRequest.block_keys``): the key at chain position ``p`` identifies
+the whole content of blocks ``0..p``, so a key can only ever be cached at position ``p`` (block id
+``(rix << 32) | p`` of some reservation), and two reservations with equal keys at ``p`` have
+equal keys at every position before ``p``. A reservation *caches* position ``p`` when ``p`` lies
+in one of its segments below ``creg`` and is not a hole (see
+:mod:`sessionroute.engine.segstore`). A key is cached by at most one block.
+
+A cached position ``p`` of reservation ``S`` is a **start** when ``S`` does not cache ``p - 1``.
+The salt's :class:`SaltCache` (a dict) maps exactly the keys of starts to their block ids; the
+other cached keys are implied by runs: ``S`` caches ``[a, b)`` with ``a`` a start. Lemma (from
+chaining and uniqueness): if ``keys[p]`` is cached and ``keys[p - 1]`` is not cached by the same
+reservation, it is a start. So
+
+* a lookup walking a chain finds each next run with one dict probe (or as the continuation of
+  its reservation in the next segment), then extends it by slice comparison;
+* a registration of positions whose predecessor its own reservation caches can only collide
+  with a start at the same position: the position index (``npos``, ``spos``) lists the
+  positions that have starts, so a range with none is registered with no dict work at all;
+* eviction and ``reset_prefix_cache`` drop only the starts inside the uncached range.
+
+Per-block work remains only slice copies and comparisons (C loops) and, for duplicate content,
+run-length hole bookkeeping.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, bisect_right
+from collections.abc import Sequence
+from operator import ne
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sessionroute.engine.segstore import _Res, _Seg
+
+__all__ = ["SaltCache", "add_start", "common_run", "drop_starts", "restart", "run_end"]
+
+_SHIFT = 32
+_MASK = (1 << _SHIFT) - 1
+
+
+class SaltCache(dict[int, int]):
+    """The cache of one ``cache_salt``: key -> block id of every start, plus a position index.
+
+    Attributes:
+        npos: chain position -> number of starts there.
+        spos: the positions with starts, ascending.
+    """
+
+    __slots__ = ("npos", "spos")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.npos: dict[int, int] = {}
+        self.spos: list[int] = []
+
+    def first_start_key(self, keys: Sequence[int], p: int, top: int) -> int:
+        """First position ``q`` in ``[p, top)`` whose ``keys[q]`` is a start key, else ``top``."""
+        spos = self.spos
+        j = bisect_left(spos, p)
+        n = len(spos)
+        while j < n:
+            q = spos[j]
+            if q >= top:
+                return top
+            if keys[q] in self:
+                return q
+            j += 1
+        return top
+
+
+def common_run(a: Sequence[int], i: int, b: Sequence[int], j: int, m: int) -> int:
+    """Length of the common run of ``a[i:i+m]`` and ``b[j:j+m]`` (both at least ``m`` long)."""
+    x = a[i : i + m]
+    y = b[j : j + m]
+    if x == y:
+        return m
+    if type(x) is not type(y) and list(x) == list(y):
+        return m
+    diff = list(map(ne, x, y))
+    return diff.index(True) if True in diff else min(len(x), len(y))
+
+
+def add_start(res: _Res, p: int) -> None:
+    """Record position ``p`` of ``res`` (cached; ``res`` does not cache ``p - 1``) as a start."""
+    cache: SaltCache = res.cache  # type: ignore[assignment]
+    cache[res.keys[p]] = res.base | p
+    st = res.starts
+    if not st or st[-1] < p:
+        st.append(p)
+    else:
+        st.insert(bisect_left(st, p), p)
+    npos = cache.npos
+    n = npos.get(p, 0)
+    npos[p] = n + 1
+    if not n:
+        spos = cache.spos
+        if not spos or spos[-1] < p:
+            spos.append(p)
+        else:
+            spos.insert(bisect_left(spos, p), p)
+
+
+def drop_starts(res: _Res, lo: int, hi: int) -> None:
+    """Forget the starts of ``res`` at positions ``[lo, hi)`` (they stop being cached)."""
+    st = res.starts
+    if not st or st[-1] < lo:
+        return
+    j = bisect_left(st, lo)
+    k = bisect_left(st, hi)
+    if j == k:
+        return
+    cache: SaltCache = res.cache  # type: ignore[assignment]
+    npos = cache.npos
+    keys = res.keys
+    for p in st[j:k]:
+        del cache[keys[p]]
+        n = npos[p] - 1
+        if n:
+            npos[p] = n
+        else:
+            del npos[p]
+            spos = cache.spos
+            del spos[bisect_left(spos, p)]
+    del st[j:k]
+
+
+def seg_caches(seg: _Seg, p: int) -> bool:
+    """Whether ``seg`` caches position ``p``."""
+    if not seg.lo <= p < seg.creg or p >= seg.hi:
+        return False
+    holes = seg.holes
+    if not holes or holes[-1] < p:
+        return True
+    k = bisect_left(holes, p)
+    return holes[k] != p
+
+
+def restart(res: _Res, i: int) -> None:
+    """Segment ``i`` of ``res`` lost its cached predecessor: its first position, if cached and
+    not a start yet, becomes one."""
+    seg = res.segs[i]
+    lo = seg.lo
+    if not seg_caches(seg, lo):
+        return
+    st = res.starts
+    j = bisect_left(st, lo)
+    if j < len(st) and st[j] == lo:
+        return
+    add_start(res, lo)
+
+
+def run_end(res: _Res, p: int, keys: Sequence[int], limit: int) -> int:
+    """End ``x`` of the run ``res`` caches from position ``p`` with keys equal to ``keys``:
+    ``res`` caches ``[p, x)``, ``res.keys[p:x] == keys[p:x]``, ``x <= limit`` (``p`` if none)."""
+    lows = res.lows
+    segs = res.segs
+    i = bisect_right(lows, p) - 1
+    if i < 0:
+        return p
+    rkeys = res.keys
+    x = p
+    n = len(segs)
+    while True:
+        seg = segs[i]
+        if seg.lo > x:
+            return x
+        hi = seg.hi
+        end = seg.creg if seg.creg < hi else hi
+        holes = seg.holes
+        if holes and holes[-1] >= x:
+            h = holes[bisect_left(holes, x)]
+            if h < end:
+                end = h
+        if end > limit:
+            end = limit
+        if end <= x:
+            return x
+        x += common_run(keys, x, rkeys, x, end - x)
+        if x < end or end != hi:
+            return x
+        i += 1
+        if i == n:
+            return x
+
+
+def find_run(
+    cache: SaltCache, resmap: dict[int, _Res], keys: Sequence[int], p: int, limit: int
+) -> tuple[_Res | None, int]:
+    """Who caches ``keys[p]``: ``(S, x)`` with ``S`` caching ``[p, x)`` under ``keys`` (``x``
+    capped at ``limit > p``), or ``(None, p)`` if nobody does.
+
+    Walks the start positions at or below ``p`` downwards: the first whose key is ``keys``' own
+    is the only reservation that can cache ``keys[p]`` (chained keys).
+
+    Raises:
+        RuntimeError: if a start key sits at another position than its chain index (keys that
+            are not chained).
+    """
+    spos = cache.spos
+    j = bisect_right(spos, p)
+    get = cache.get
+    while j:
+        j -= 1
+        q = spos[j]
+        b = get(keys[q])
+        if b is None:
+            continue
+        if b & _MASK != q:
+            raise RuntimeError(f"key at chain position {q} is cached at {b & _MASK}")
+        s = resmap[b >> _SHIFT]
+        x = run_end(s, q, keys, limit)
+        return (s, x) if x > p else (None, p)
+    return None, p
