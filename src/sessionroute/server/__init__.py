@@ -19,7 +19,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from sessionroute.server.app import GENERATION_ROUTES, build_metrics_server, build_server
+    from sessionroute.server.app import GENERATION_ROUTES, build_listener, build_metrics_listener
     from sessionroute.server.config import RouterSettings, settings_from_args
     from sessionroute.server.flags import add_arguments
     from sessionroute.server.router import Router
@@ -31,8 +31,8 @@ __all__ = [
     "RouterSettings",
     "RunningRouter",
     "add_arguments",
-    "build_metrics_server",
-    "build_server",
+    "build_listener",
+    "build_metrics_listener",
     "run",
     "serve",
     "settings_from_args",
@@ -41,8 +41,8 @@ __all__ = [
 
 _WHERE = {
     "GENERATION_ROUTES": "app",
-    "build_metrics_server": "app",
-    "build_server": "app",
+    "build_metrics_listener": "app",
+    "build_listener": "app",
     "RouterSettings": "config",
     "settings_from_args": "config",
     "add_arguments": "flags",

@@ -9,29 +9,29 @@ Routes (``shared/ROUTER.md``): ``POST /v1/chat/completions``, ``/v1/completions`
 methods get 404/405 JSON errors; an unexpected exception is a 500 JSON error and never takes
 the router down.
 
-The listener is aiohttp's low-level :class:`aiohttp.web.Server` with one handler,
-:class:`RouterHandler`, that dispatches on a dictionary of paths and does authentication and
-error mapping inline: aiohttp's ``Application`` (URL dispatcher, match info, middleware
-chain) cost a few dozen microseconds per proxied request for no feature the router uses.
-GET routes also answer HEAD, as aiohttp's ``add_get`` does.
+The listener is the router's own HTTP/1.1 protocol (:mod:`sessionroute.server.http1`);
+:class:`RouterApp` is its handler: authentication, a dictionary of paths and methods, and
+``Expect`` handling inline, then either the proxy (which writes the upstream answer straight to
+the connection) or a generic handler returning a :class:`~sessionroute.server.wire.Response`.
+GET routes also answer HEAD.
 """
 
 from __future__ import annotations
 
 import hmac
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any
-
-from aiohttp import web
-from aiohttp.http import HttpVersion11
 
 from sessionroute.server import handlers
 from sessionroute.server.errors import error_for_exception, error_response
+from sessionroute.server.http1 import Connection, Request
+from sessionroute.server.listener import Listener
 from sessionroute.server.proxy import proxy_request
 from sessionroute.server.router import Router
+from sessionroute.server.wire import Response
 
-__all__ = ["GENERATION_ROUTES", "RouterHandler", "build_metrics_server", "build_server"]
+__all__ = ["GENERATION_ROUTES", "RouterApp", "build_listener", "build_metrics_listener"]
 
 log = logging.getLogger("sessionroute.server")
 
@@ -45,21 +45,24 @@ GENERATION_ROUTES: tuple[str, ...] = (
 
 _OPEN_ROUTES = frozenset({"/liveness", "/readiness", "/health"})
 
-Handler = Callable[[web.BaseRequest, Router], Awaitable[web.StreamResponse]]
-"""A route handler: the request and the router."""
+Handler = Callable[[Request, Router], Awaitable[Response]]
+"""A generic route handler: the request (body not awaited) and the router."""
+
+_PROXY = "proxy"
 
 
-class RouterHandler:
+class RouterApp:
     """The request handler of a router listener (see the module docstring).
 
     Args:
         router: the router the handlers act on.
-        routes: path -> method -> handler; GET routes also answer HEAD.
+        routes: path -> method -> handler (or ``"proxy"`` for a generation route); GET
+            routes also answer HEAD.
     """
 
-    def __init__(self, router: Router, routes: Mapping[str, Mapping[str, Handler]]) -> None:
+    def __init__(self, router: Router, routes: Mapping[str, Mapping[str, Handler | str]]) -> None:
         self._router = router
-        table: dict[str, dict[str, Handler]] = {}
+        table: dict[str, dict[str, Handler | str]] = {}
         for path, methods in routes.items():
             table[path] = dict(methods)
             if "GET" in methods and "HEAD" not in methods:
@@ -68,61 +71,71 @@ class RouterHandler:
         key = router.settings.router_api_key
         self._expected = f"Bearer {key}".encode() if key else None
 
-    async def __call__(self, request: web.BaseRequest) -> web.StreamResponse:
-        """Dispatch one request; never raises for anything the client sent."""
-        path = request.path
+    def __call__(self, conn: Connection, req: Request) -> Coroutine[Any, Any, None] | None:
+        """Dispatch one request (headers complete); never raises for anything sent."""
+        path = req.path
         if self._expected is not None and path not in _OPEN_ROUTES:
-            got = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
+            got = req.lower.get(b"authorization", b"")
             if not hmac.compare_digest(got, self._expected):
-                return error_response(
-                    401,
-                    "missing or invalid router API key (send 'Authorization: Bearer <key>')",
-                    "invalid_api_key",
-                    headers={"WWW-Authenticate": "Bearer"},
+                conn.respond(
+                    error_response(
+                        401,
+                        "missing or invalid router API key (send 'Authorization: Bearer <key>')",
+                        "invalid_api_key",
+                        headers=(("WWW-Authenticate", "Bearer"),),
+                    )
                 )
+                return None
         methods = self._routes.get(path)
         if methods is None:
-            return error_response(404, "Not Found", "not_found")
-        handler = methods.get(request.method)
+            conn.respond(error_response(404, "Not Found", "not_found"))
+            return None
+        handler = methods.get(req.method)
         if handler is None:
-            return error_response(
-                405,
-                "Method Not Allowed",
-                "method_not_allowed",
-                headers={"Allow": ", ".join(sorted(methods))},
+            conn.respond(
+                error_response(
+                    405,
+                    "Method Not Allowed",
+                    "method_not_allowed",
+                    headers=(("Allow", ", ".join(sorted(methods))),),
+                )
             )
-        try:
-            if "Expect" in request.headers:
-                refused = await _expect(request)
-                if refused is not None:
-                    return refused
-            return await handler(request, self._router)
-        except web.HTTPException as exc:
-            if exc.status < 400:
-                raise
-            return error_for_exception(exc)
-        except (ConnectionResetError, TimeoutError):
-            raise
-        except Exception as exc:
-            log.exception("unhandled error on %s %s", request.method, path)
-            return error_for_exception(exc)
+            return None
+        if b"expect" in req.lower and not _expect(conn, req):
+            return None
+        if handler == _PROXY:
+            return proxy_request(conn, req, self._router)
+        if isinstance(handler, str):
+            raise TypeError(f"unknown route kind {handler!r}")
+        return _generic(conn, req, handler, self._router)
 
 
-async def _expect(request: web.BaseRequest) -> web.Response | None:
-    """Answer ``Expect: 100-continue`` (as aiohttp's default expect handler); 417 otherwise."""
-    expect = request.headers.get("Expect", "")
-    if request.version != HttpVersion11:
-        return None
-    if expect.lower() == "100-continue":
-        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-        request.writer.output_size = 0  # the final response has not started
-        return None
-    return error_response(417, f"unknown Expect: {expect}", "expectation_failed")
+def _expect(conn: Connection, req: Request) -> bool:
+    """Answer ``Expect: 100-continue`` (417 for other expectations); False when answered."""
+    if req.http10:
+        return True
+    expect = req.lower[b"expect"]
+    if expect.lower() == b"100-continue":
+        if not req.complete and not req.too_large:
+            conn.send_continue()
+        return True
+    text = expect.decode("utf-8", "replace")
+    conn.respond(error_response(417, f"unknown Expect: {text}", "expectation_failed"))
+    return False
 
 
-def _routes(router: Router) -> dict[str, dict[str, Handler]]:
-    routes: dict[str, dict[str, Handler]] = {
-        path: {"POST": proxy_request} for path in GENERATION_ROUTES
+async def _generic(conn: Connection, req: Request, handler: Handler, router: Router) -> None:
+    try:
+        resp = await handler(req, router)
+    except Exception as exc:
+        log.exception("unhandled error on %s %s", req.method, req.path)
+        resp = error_for_exception(exc)
+    conn.respond(resp)
+
+
+def _routes() -> dict[str, dict[str, Handler | str]]:
+    routes: dict[str, dict[str, Handler | str]] = {
+        path: {"POST": _PROXY} for path in GENERATION_ROUTES
     }
     routes.update(
         {
@@ -140,18 +153,17 @@ def _routes(router: Router) -> dict[str, dict[str, Handler]]:
     return routes
 
 
-def build_server(router: Router, **kwargs: Any) -> web.Server:
-    """The router's main listener handler (start the router itself with ``router.start()``).
+def build_listener(router: Router) -> Listener:
+    """The router's main listener (start it with ``await listener.start(host, port)``; start
+    the router itself with ``router.start()``)."""
+    s = router.settings
+    access_log = logging.getLogger("sessionroute.access") if s.log_level == "debug" else None
+    return Listener(
+        RouterApp(router, _routes()), max_body=s.max_payload_size, access_log=access_log
+    )
 
-    Args:
-        router: the router.
-        **kwargs: passed to :class:`aiohttp.web.Server` (``access_log``,
-            ``handler_cancellation``, ...).
-    """
-    return web.Server(RouterHandler(router, _routes(router)), **kwargs)
 
-
-def build_metrics_server(router: Router, **kwargs: Any) -> web.Server:
+def build_metrics_listener(router: Router) -> Listener:
     """A listener serving only ``GET /metrics`` (for ``--prometheus-port``)."""
-    handler = RouterHandler(router, {"/metrics": {"GET": handlers.metrics}})
-    return web.Server(handler, **kwargs)
+    app = RouterApp(router, {"/metrics": {"GET": handlers.metrics}})
+    return Listener(app, max_body=router.settings.max_payload_size)

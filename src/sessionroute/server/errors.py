@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import json
 
-from aiohttp import web
-
 from sessionroute.errors import ConfigError, NoWorkerAvailable, WorkerError
+from sessionroute.server.wire import Response
 
 __all__ = ["error_for_exception", "error_response"]
 
@@ -21,6 +20,7 @@ _TYPES: dict[int, str] = {
     404: "not_found_error",
     405: "invalid_request_error",
     413: "invalid_request_error",
+    417: "invalid_request_error",
     500: "internal_error",
     502: "upstream_error",
     503: "service_unavailable",
@@ -33,35 +33,24 @@ def error_response(
     message: str,
     code: str,
     *,
-    headers: dict[str, str] | None = None,
-) -> web.Response:
+    headers: tuple[tuple[str, str], ...] = (),
+) -> Response:
     """A JSON error response.
 
     Args:
         status: HTTP status.
         message: human-readable message.
         code: short machine-readable code (e.g. ``"no_worker_available"``).
-        headers: extra response headers.
+        headers: extra response headers as (name, value) pairs.
     """
     body = {"error": {"message": message, "type": _TYPES.get(status, "error"), "code": code}}
-    return web.Response(
-        status=status,
-        body=json.dumps(body).encode(),
-        content_type="application/json",
-        headers=headers,
-    )
+    return Response(status, json.dumps(body).encode(), "application/json", headers)
 
 
-def error_for_exception(exc: BaseException) -> web.Response:
-    """Map a sessionroute error (or an aiohttp HTTP exception) to a JSON error response."""
+def error_for_exception(exc: BaseException) -> Response:
+    """Map a sessionroute error to a JSON error response (500 for anything else)."""
     if isinstance(exc, NoWorkerAvailable):
         return error_response(503, str(exc) or "no worker available", "no_worker_available")
     if isinstance(exc, WorkerError | ConfigError):
         return error_response(400, str(exc), "invalid_request")
-    if isinstance(exc, web.HTTPException):
-        code = exc.reason.lower().replace(" ", "_")
-        headers = {}
-        if isinstance(exc, web.HTTPMethodNotAllowed):
-            headers["Allow"] = ", ".join(sorted(exc.allowed_methods))
-        return error_response(exc.status, exc.reason, code, headers=headers or None)
     return error_response(500, "internal router error", "internal_error")

@@ -1,11 +1,13 @@
 """Proxying one generation request: route, forward, retry, relay, release.
 
-The body is read once and forwarded as received; it is parsed only when the policy reads the
-prompt (``Policy.needs_content``). Requests go upstream through
+The body is read once (as the pieces it arrived in) and forwarded as received; it is parsed
+only when the policy reads the prompt (``Policy.needs_content``). Requests go upstream through
 :class:`~sessionroute.server.upstream.UpstreamPool` (aiohttp's client protocol without
 ``ClientSession``), with the client's headers forwarded as the raw bytes it sent. Responses
 with a known length up to :data:`BUFFER_LIMIT` bytes are relayed in one write; everything
-else (server-sent event streams in particular) is relayed chunk by chunk as it arrives.
+else (server-sent event streams in particular) is relayed chunk by chunk as it arrives, written
+straight to the client connection (:class:`~sessionroute.server.http1.Connection`) with
+pre-serialized header bytes and its flow control.
 Retries (on :data:`RETRY_STATUSES` and connection errors, with exponential backoff and
 jitter) happen only before the first byte of a response is sent to the client. A worker that
 refuses connections is marked unavailable at once, so the next attempt re-places the session.
@@ -21,15 +23,13 @@ import time
 from typing import Any
 
 import aiohttp
-from aiohttp import web
-from aiohttp.streams import StreamReader
 
 from sessionroute.errors import NoWorkerAvailable
 from sessionroute.routing import Reservation
 from sessionroute.server.errors import error_response
+from sessionroute.server.http1 import Connection, Request
 from sessionroute.server.router import Router
 from sessionroute.server.upstream import HOP_BY_HOP, Exchange, UpstreamConnectError
-from sessionroute.state import extract_session_id
 from sessionroute.types import RouteRequest
 
 __all__ = ["BUFFER_LIMIT", "HOP_BY_HOP", "RETRY_STATUSES", "prompt_text", "proxy_request"]
@@ -40,7 +40,9 @@ RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 """Upstream statuses that are retried (vllm-router's list)."""
 
 
-_RESPONSE_DROP = HOP_BY_HOP | {"content-length", "x-request-id", "date", "server"}
+_RESPONSE_DROP = frozenset(
+    n.encode() for n in (*HOP_BY_HOP, "content-length", "x-request-id", "date", "server")
+)
 
 BUFFER_LIMIT = 256 * 1024
 """Responses with a Content-Length up to this many bytes are relayed in one write."""
@@ -78,100 +80,84 @@ def prompt_text(payload: Any) -> str:
     return ""
 
 
-def _header_block(router: Router, request: web.BaseRequest) -> bytes:
+def _header_block(router: Router, req: Request) -> bytes:
     """The client's headers as received, minus the dropped ones, plus the worker credential."""
     known = router.header_fates
     out: list[bytes] = []
-    for name, value in request.raw_headers:
+    for name, value in req.headers:
         f = known.get(name)
         if f is None:
             f = router.header_fate(name)
         if f == 0:
             out += (name, b": ", value, b"\r\n")
         elif f == 2:  # Connection names more headers to drop (rare with HTTP/1.1 clients)
-            return _header_block_connection(router, request)
+            return _header_block_connection(router, req)
     out.append(router.worker_auth)
     return b"".join(out)
 
 
-def _header_block_connection(router: Router, request: web.BaseRequest) -> bytes:
+def _header_block_connection(router: Router, req: Request) -> bytes:
     drop = set(router.request_drop)
-    for name, value in request.raw_headers:
+    for name, value in req.headers:
         if name.lower() == b"connection":
             drop.update(t.strip().lower() for t in value.split(b","))
-    kept = [b"%s: %s\r\n" % kv for kv in request.raw_headers if kv[0].lower() not in drop]
+    kept = [b"%s: %s\r\n" % kv for kv in req.headers if kv[0].lower() not in drop]
     return b"".join(kept) + router.worker_auth
 
 
-async def _read_body(content: StreamReader, length: int | None, limit: int) -> list[bytes] | None:
-    """The request body as the pieces it arrived in (no joining copy), or None when it
-    exceeds ``limit`` bytes.
-
-    ``length`` is the request's Content-Length (checked against ``limit`` by the caller; the
-    parser stops there), None for a chunked body, which is checked while it arrives.
-    """
-    parts: list[bytes] = []
-    size = 0
-    while True:
-        chunk, _ = await content.readchunk()
-        if not chunk:
-            if content.at_eof():
-                return parts
-            continue  # the end of an HTTP chunk of a chunked body
-        size += len(chunk)
-        if length is None and size > limit:
-            return None
-        parts.append(chunk)
+def _error(conn: Connection, status: int, message: str, code: str, rid: bytes) -> None:
+    resp = error_response(status, message, code)
+    conn.respond_raw(
+        status, None, resp.header_bytes() + b"x-request-id: " + rid + b"\r\n", resp.body
+    )
 
 
-async def proxy_request(request: web.BaseRequest, router: Router) -> web.StreamResponse:
+async def proxy_request(conn: Connection, req: Request, router: Router) -> None:
     """Handle one POST to a generation route (see the module docstring).
 
-    Returns JSON errors: 413 over ``--max-payload-size``, 400 for malformed JSON when the policy
-    parses the body, 503 when no worker is available, 502 when every attempt failed to connect,
-    504 on upstream timeout; upstream error responses pass through.
+    Answers with JSON errors: 413 over ``--max-payload-size``, 400 for malformed JSON when the
+    policy parses the body, 503 when no worker is available, 502 when every attempt failed
+    to connect, 504 on upstream timeout; upstream error responses pass through.
     """
     s = router.settings
-    headers = request.headers
-    for name in s.request_id_headers:
-        rid = headers.get(name)
-        if rid:
+    lower = req.lower
+    for name in router.request_id_names:
+        raw_rid = lower.get(name)
+        if raw_rid:
+            rid = raw_rid.decode("utf-8", "surrogateescape")
             break
     else:
-        rid = router.new_request_id(request.path)
-    length = request.content_length
-    limit = s.max_payload_size
-    if length is not None and length > limit:
-        return _too_large(length, limit, rid)
-    content = request.content
-    parts: list[bytes] | None
-    if content.is_eof():  # all of it arrived with the headers (a join of one: no copy)
-        data = content.read_nowait()
-        parts = [data] if len(data) <= limit else None
-    else:
-        parts = await _read_body(content, length, limit)
-    if parts is None:
-        return _too_large(None, limit, rid)
-    size = sum(map(len, parts)) if len(parts) != 1 else len(parts[0])
-    found = extract_session_id(headers, s.session_headers)
+        rid = router.new_request_id(req.path)
+        raw_rid = rid.encode()
+    parts = req.parts if req.complete else await req.body()
+    if parts is None or req.too_large:
+        _too_large(conn, req, s.max_payload_size, raw_rid)
+        return
+    size = req.size
+    session_id: str | None = None
+    session_header = "x-session-id"
+    for name, label in router.session_names:
+        value = lower.get(name)
+        if value:
+            value = value.rstrip(b" \t")
+            if value:
+                session_id = value.decode("utf-8", "surrogateescape")
+                session_header = label
+                break
     text: str | None = None
     model: str | None = None
     if router.needs_content:
         try:
             payload = json.loads(b"".join(parts))
         except (ValueError, RecursionError) as exc:  # RecursionError: absurd nesting
-            return error_response(
-                400,
-                f"request body is not valid JSON: {exc}",
-                "malformed_json",
-                headers={"x-request-id": rid},
-            )
+            _error(conn, 400, f"request body is not valid JSON: {exc}", "malformed_json", raw_rid)
+            return
         text = prompt_text(payload)
         m = payload.get("model") if isinstance(payload, dict) else None
         model = m if isinstance(m, str) else None
     route_req = RouteRequest(
-        session_id=found[1] if found else None,
-        session_header=found[0] if found else "x-session-id",
+        session_id=session_id,
+        session_header=session_header,
         prompt_tokens=size // 4,
         text=text,
         model=model,
@@ -182,43 +168,52 @@ async def proxy_request(request: web.BaseRequest, router: Router) -> web.StreamR
     try:
         reservation = core.route(route_req)
     except NoWorkerAvailable as exc:
-        return error_response(503, str(exc), "no_worker_available", headers={"x-request-id": rid})
+        _error(conn, 503, str(exc), "no_worker_available", raw_rid)
+        return
     router.metrics.observe_routing(t0, time.perf_counter())
     holder = [reservation]
     try:
-        return await _forward(request, router, holder, parts, size, rid)
+        await _forward(conn, req, router, holder, parts, size, raw_rid)
     finally:
         core.complete(holder[0])
 
 
-def _too_large(size: int | None, limit: int, rid: str) -> web.Response:
-    got = f"{size} bytes" if size is not None else "more"
-    return error_response(
+def _too_large(conn: Connection, req: Request, limit: int, rid: bytes) -> None:
+    length = req.content_length
+    got = f"{length} bytes" if length is not None and length > limit else "more"
+    resp = error_response(
         413,
         f"request body of {got} exceeds --max-payload-size of {limit} bytes",
         "payload_too_large",
-        headers={"x-request-id": rid},
+    )
+    conn.respond_raw(
+        413,
+        None,
+        resp.header_bytes() + b"x-request-id: " + rid + b"\r\n",
+        resp.body,
+        keep_alive=req.complete,
     )
 
 
 async def _forward(
-    request: web.BaseRequest,
+    conn: Connection,
+    req: Request,
     router: Router,
     holder: list[Reservation],
     parts: list[bytes],
     size: int,
-    rid: str,
-) -> web.StreamResponse:
+    rid: bytes,
+) -> None:
     s = router.settings
     core = router.core
     metrics = router.metrics
     pool = router.upstream
-    tail = _header_block(router, request) + b"Content-Length: %d\r\n\r\n" % size
-    method = request.method
-    path_qs = request.rel_url.raw_path_qs
+    tail = _header_block(router, req) + b"Content-Length: %d\r\n\r\n" % size
+    method = req.method
+    path_qs = req.target.decode("utf-8", "surrogateescape")
     attempts = router.max_attempts
     last_error = ""
-    task = asyncio.current_task()  # the handler's (request.task is the connection's)
+    task = asyncio.current_task()
     if task is None:
         raise RuntimeError("proxy_request must run in a task")
     for attempt in range(attempts):
@@ -232,12 +227,14 @@ async def _forward(
                 try:
                     res = holder[0] = core.route(res.request)
                 except NoWorkerAvailable:
-                    return error_response(
+                    _error(
+                        conn,
                         503,
                         f"no worker available (last error: {last_error})",
                         "no_worker_available",
-                        headers={"x-request-id": rid},
+                        rid,
                     )
+                    return
         worker = res.worker
         ex = Exchange(pool, worker, task)
         try:
@@ -260,12 +257,14 @@ async def _forward(
                     raise
                 router.record_failure(worker)
                 metrics.count_request(worker, 504)
-                return error_response(
+                _error(
+                    conn,
                     504,
                     f"upstream {worker} did not answer within {s.request_timeout_secs} s",
                     "upstream_timeout",
-                    headers={"x-request-id": rid},
+                    rid,
                 )
+                return
             metrics.observe_upstream(worker, t0, time.perf_counter())
             status = message.code
             if status >= 500:
@@ -274,19 +273,23 @@ async def _forward(
                 router.record_success(worker)
             if status in RETRY_STATUSES and attempt + 1 < attempts:
                 if not await _drain(ex):
-                    return _timeout_reading(router, worker, rid)
+                    _timeout_reading(conn, router, worker, rid)
+                    return
                 last_error = f"{worker}: status {status}"
                 continue
-            return await _relay(request, router, ex, worker, rid)
+            await _relay(conn, router, ex, worker, rid)
+            return
         finally:
             ex.close()
     metrics.count_request(holder[0].worker, 502)
-    return error_response(
+    _error(
+        conn,
         502,
         f"upstream unreachable after {attempts} attempt(s): {last_error}",
         "upstream_unreachable",
-        headers={"x-request-id": rid},
+        rid,
     )
+    return
 
 
 async def _drain(ex: Exchange) -> bool:
@@ -304,24 +307,33 @@ async def _drain(ex: Exchange) -> bool:
     return True
 
 
-def _timeout_reading(router: Router, worker: str, rid: str) -> web.Response:
+def _timeout_reading(conn: Connection, router: Router, worker: str, rid: bytes) -> None:
     router.record_failure(worker)
     router.metrics.count_request(worker, 502)
-    return error_response(
+    _error(
+        conn,
         502,
         f"upstream {worker} failed while sending its response: timeout",
         "upstream_error",
-        headers={"x-request-id": rid},
+        rid,
     )
 
 
-async def _relay(
-    request: web.BaseRequest,
-    router: Router,
-    ex: Exchange,
-    worker: str,
-    rid: str,
-) -> web.StreamResponse:
+def _response_headers(raw: tuple[tuple[bytes, bytes], ...]) -> tuple[bytes, int | None]:
+    """The upstream's headers to relay (serialized) and its Content-Length (None if absent)."""
+    out: list[bytes] = []
+    length: int | None = None
+    for name, value in raw:
+        low = name.lower()
+        if low in _RESPONSE_DROP:
+            if low == b"content-length":
+                length = int(value)
+            continue
+        out += (name, b": ", value, b"\r\n")
+    return b"".join(out), length
+
+
+async def _relay(conn: Connection, router: Router, ex: Exchange, worker: str, rid: bytes) -> None:
     message = ex.message
     payload = ex.payload
     if message is None or payload is None:
@@ -329,35 +341,36 @@ async def _relay(
     status = message.code
     metrics = router.metrics
     try:
-        headers = [kv for kv in message.headers.items() if kv[0].lower() not in _RESPONSE_DROP]
-        headers.append(("x-request-id", rid))
-        raw_length = message.headers.get("Content-Length")
-        length = int(raw_length) if raw_length is not None else None
+        headers, length = _response_headers(message.raw_headers)
+        headers += b"x-request-id: " + rid + b"\r\n"
         if length is not None and length <= BUFFER_LIMIT:
             try:
                 data = payload.read_nowait() if payload.is_eof() else await payload.read()
             except aiohttp.ClientError as exc:
                 router.record_failure(worker)
                 metrics.count_request(worker, 502)
-                return error_response(
+                _error(
+                    conn,
                     502,
                     f"upstream {worker} failed while sending its response: {type(exc).__name__}",
                     "upstream_error",
-                    headers={"x-request-id": rid},
+                    rid,
                 )
+                return
             except asyncio.CancelledError:
                 if not ex.is_timeout():
                     raise
-                return _timeout_reading(router, worker, rid)
+                _timeout_reading(conn, router, worker, rid)
+                return
             metrics.count_request(worker, status)
-            return web.Response(status=status, reason=message.reason, body=data, headers=headers)
-        resp = web.StreamResponse(status=status, reason=message.reason, headers=headers)
-        if length is not None:
-            resp.content_length = length
-        await resp.prepare(request)
+            conn.respond_raw(status, message.reason, headers, data)
+            return None
+        conn.start_response(status, message.reason, headers, length)
         try:
             async for chunk in payload.iter_any():
-                await resp.write(chunk)
+                conn.write(chunk)
+                if conn.paused:
+                    await conn.drain()
         except (
             aiohttp.ClientPayloadError,
             aiohttp.ClientConnectionError,
@@ -370,12 +383,11 @@ async def _relay(
             log.warning("upstream %s failed mid-response: %r", worker, exc)
             router.record_failure(worker)
             metrics.count_request(worker, 502)
-            if request.transport is not None:
-                request.transport.abort()  # no terminating chunk: the client sees truncation
-            return resp
-        await resp.write_eof()
+            conn.abort()  # no terminating chunk: the client sees truncation
+            return None
+        conn.end_response()
         metrics.count_request(worker, status)
-        return resp
+        return None
     except (asyncio.CancelledError, ConnectionResetError):
         metrics.count_request(worker, 499)
         raise

@@ -93,6 +93,14 @@ class Router:
         Content-Length, Expect; Authorization when it is the router's or is replaced)."""
         self.header_fates: dict[bytes, int] = {}
         """Memo of :meth:`header_fate` by header name as received."""
+        self.request_id_names: tuple[bytes, ...] = tuple(
+            n.lower().encode("latin-1") for n in settings.request_id_headers
+        )
+        """Lower-case names of the headers echoed as ``x-request-id``, in order."""
+        self.session_names: tuple[tuple[bytes, str], ...] = tuple(
+            (n.lower().encode("latin-1"), n.lower()) for n in settings.session_headers
+        )
+        """(lower-case name as bytes, as text) of the session headers, in order."""
         self.max_attempts = settings.max_attempts
         """Upstream attempts per request (1 with ``--disable-retries``)."""
         self._id_base = self.rng.randbytes(12).translate(_ID_TABLE).decode()

@@ -1,9 +1,9 @@
 """Starting and stopping a router: listeners, signals, graceful shutdown, uvloop.
 
 Shutdown (SIGTERM, SIGINT or :meth:`RunningRouter.stop`) first closes the listening sockets,
-then lets in-flight requests finish for up to ``--shutdown-timeout-secs`` seconds (aiohttp's
-graceful shutdown; streams still open then are cancelled, which releases their reservations),
-then stops the health checker and closes the upstream session.
+closes idle keep-alive connections, then lets in-flight requests finish for up to
+``--shutdown-timeout-secs`` seconds (streams still open then are cancelled, which releases
+their reservations), then stops the health checker and closes the upstream session.
 """
 
 from __future__ import annotations
@@ -15,23 +15,15 @@ import random
 import signal
 from dataclasses import dataclass
 
-from aiohttp import web
-
 from sessionroute.clock import Clock
-from sessionroute.server.app import build_metrics_server, build_server
+from sessionroute.server.app import build_listener, build_metrics_listener
 from sessionroute.server.config import RouterSettings
+from sessionroute.server.listener import Listener
 from sessionroute.server.router import Router
 
 __all__ = ["RunningRouter", "run", "serve", "start_router"]
 
 log = logging.getLogger("sessionroute.server")
-
-
-def _bound_port(runner: web.BaseRunner) -> int:
-    for addr in runner.addresses:
-        if isinstance(addr, tuple) and len(addr) >= 2:
-            return int(addr[1])
-    raise RuntimeError("router is not listening on a TCP port")
 
 
 @dataclass(slots=True)
@@ -40,16 +32,16 @@ class RunningRouter:
 
     Attributes:
         router: its state (routing core, health, metrics).
-        runner: the aiohttp runner of the main listener (a low-level ``web.Server``).
+        listener: the main listener.
         port: the bound port (useful with ``--port 0``).
-        metrics_runner: the runner of the ``--prometheus-port`` listener, if any.
+        metrics_listener: the ``--prometheus-port`` listener, if any.
         metrics_port: its bound port, if any.
     """
 
     router: Router
-    runner: web.ServerRunner
+    listener: Listener
     port: int
-    metrics_runner: web.ServerRunner | None = None
+    metrics_listener: Listener | None = None
     metrics_port: int | None = None
 
     @property
@@ -60,9 +52,9 @@ class RunningRouter:
     async def stop(self) -> None:
         """Graceful shutdown (see the module docstring)."""
         try:
-            if self.metrics_runner is not None:
-                await self.metrics_runner.cleanup()
-            await self.runner.cleanup()
+            if self.metrics_listener is not None:
+                await self.metrics_listener.shutdown(0.0)
+            await self.listener.shutdown(self.router.settings.shutdown_timeout_secs)
         finally:
             await self.router.close()
 
@@ -79,32 +71,24 @@ async def start_router(
         UnknownPolicyError, ConfigError: bad policy or options. OSError: port unavailable.
     """
     router = Router(settings, clock=clock, rng=rng)
-    access_log = logging.getLogger("aiohttp.access") if settings.log_level == "debug" else None
-    runner = web.ServerRunner(
-        build_server(
-            router,
-            handler_cancellation=True,
-            auto_decompress=False,  # compressed request bodies are forwarded as received
-            access_log=access_log,
-            read_bufsize=2**20,  # a 200 KB context arrives without pausing the socket
-        ),
-        shutdown_timeout=settings.shutdown_timeout_secs,
-    )
-    await runner.setup()
+    listener = build_listener(router)
+    running: RunningRouter | None = None
     try:
         await router.start()
-        site = web.TCPSite(runner, settings.host, settings.port, backlog=1024)
-        await site.start()
-        running = RunningRouter(router, runner, _bound_port(runner))
+        port = await listener.start(settings.host, settings.port, backlog=1024)
+        running = RunningRouter(router, listener, port)
         if settings.prometheus_port is not None:
-            mrunner = web.ServerRunner(build_metrics_server(router, access_log=None))
-            await mrunner.setup()
-            running.metrics_runner = mrunner
-            await web.TCPSite(mrunner, settings.prometheus_host, settings.prometheus_port).start()
-            running.metrics_port = _bound_port(mrunner)
+            mlistener = build_metrics_listener(router)
+            running.metrics_listener = mlistener
+            running.metrics_port = await mlistener.start(
+                settings.prometheus_host, settings.prometheus_port
+            )
     except BaseException:
-        await runner.cleanup()
-        await router.close()
+        if running is not None:
+            await running.stop()
+        else:
+            await listener.shutdown(0.0)
+            await router.close()
         raise
     return running
 
