@@ -101,7 +101,7 @@ class FastCore(LazyCore):
             else:
                 p_tok += n
                 attn += n * (nc + n / 2)
-        if self.waiting:
+        if budget > 0 and self.waiting:
             p2, d2, c2, a2 = self.admit(s, budget, plan)
             p_tok += p2
             d_seq += d2

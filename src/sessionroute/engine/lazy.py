@@ -133,11 +133,10 @@ class LazyCore(Core):
                 spool.grow_each(ab)
             return
         if ab:
-            if spool.fresh < len(ab):  # this step's allocations evict
-                for r in fb:
-                    if spool.fill_may_hit(r):
-                        self.decode_blocks_in_order(g, ab, fb)
-                        return
+            # this step's allocations evict: a fill whose key is cached must see them in order
+            if spool.fresh < len(ab) and spool.fills_may_hit(fb):
+                self.decode_blocks_in_order(g, ab, fb)
+                return
             spool.grow_each(ab)
         spool.fill_each(fb)
 

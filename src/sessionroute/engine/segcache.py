@@ -29,7 +29,6 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
-from operator import ne
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -72,15 +71,26 @@ class SaltCache(dict[int, int]):
 
 
 def common_run(a: Sequence[int], i: int, b: Sequence[int], j: int, m: int) -> int:
-    """Length of the common run of ``a[i:i+m]`` and ``b[j:j+m]`` (both at least ``m`` long)."""
-    x = a[i : i + m]
-    y = b[j : j + m]
-    if x == y:
+    """Length of the common run of ``a[i:i+m]`` and ``b[j:j+m]`` (both at least ``m`` long).
+
+    Keys are chained (equal keys at an offset mean equal keys at every smaller offset), so the
+    run length is found by binary search: O(log m) comparisons, the last one first.
+    """
+    if m <= 0:
+        return 0
+    if a[i + m - 1] == b[j + m - 1]:
         return m
-    if type(x) is not type(y) and list(x) == list(y):
-        return m
-    diff = list(map(ne, x, y))
-    return diff.index(True) if True in diff else min(len(x), len(y))
+    if a[i] != b[j]:
+        return 0
+    lo = 1  # a[i + lo - 1] == b[j + lo - 1]
+    hi = m - 1  # the run is at most hi long
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[i + mid - 1] == b[j + mid - 1]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 def add_start(res: _Res, p: int) -> None:

@@ -287,23 +287,26 @@ class SegmentPool(SegmentStore):
                 self.register(r, p + 1)
             r.nreg = p + 1
 
-    def fill_may_hit(self, r: Holder) -> bool:
-        """Whether filling ``r``'s block ``r.nreg`` (see :meth:`fill_each`) may find its key
-        cached already (False only when it certainly does not)."""
-        p = r.nreg
-        if p >= r.nkeys:
-            return False
-        if r.keys[p] in r.cache:
-            return True
-        res: _Res = r.blocks[-1].res
-        seg = res.segs[-1]
-        holes = seg.holes
-        return not (
-            res.owner is r
-            and seg.creg == p
-            and seg.lo < p < seg.hi
-            and not (holes and holes[-1] == p - 1)
-        )
+    def fills_may_hit(self, rs: Iterable[Holder]) -> bool:
+        """Whether filling any of ``rs``' blocks ``r.nreg`` (see :meth:`fill_each`) may find its
+        key cached already (False only when none does)."""
+        for r in rs:
+            p = r.nreg
+            if p >= r.nkeys:
+                continue
+            if r.keys[p] in r.cache:
+                return True
+            res: _Res = r.blocks[-1].res
+            seg = res.segs[-1]
+            holes = seg.holes
+            if not (
+                res.owner is r
+                and seg.creg == p
+                and seg.lo < p < seg.hi
+                and not (holes and holes[-1] == p - 1)
+            ):
+                return True
+        return False
 
     def release(self, r: Holder) -> None:
         """Free ``r``'s blocks deepest first; segments nobody uses join the queue tail."""
