@@ -8,8 +8,11 @@ same inputs always give the same order (no dependence on object ids or hash orde
 from __future__ import annotations
 
 import heapq
+from collections import deque
 from collections.abc import Callable
 from typing import Any
+
+_Event = tuple[float, int, int, Callable[[Any], None], Any]
 
 __all__ = [
     "PRIO_ARRIVAL",
@@ -52,22 +55,31 @@ class VirtualClock:
 class EventQueue:
     """A heap of ``(time, priority, seq, callback, argument)`` owned by one simulation.
 
+    Far-future timers (:meth:`push_late`, e.g. rollout timeouts, which all lie an hour ahead
+    and are rarely cancelled) wait in a FIFO lane instead of the heap: an event goes there
+    when it does not sort before the lane's last one (by time, then priority), so the lane
+    stays sorted, and only the lane's first event is in the heap. Every event keeps the
+    sequence number of its push, so the order of events is exactly the order a single heap
+    would give; the heap just stays small (a push or pop costs ``log`` of the heap's size).
+
     Args:
         clock: the virtual clock this queue advances as it pops events.
     """
 
-    __slots__ = ("_heap", "_seq", "_work", "clock", "events_run", "stopped")
+    __slots__ = ("_heap", "_lane", "_seq", "_work", "clock", "events_run", "stopped")
 
     def __init__(self, clock: VirtualClock | None = None) -> None:
         self.clock = clock if clock is not None else VirtualClock()
-        self._heap: list[tuple[float, int, int, Callable[[Any], None], Any]] = []
+        self._heap: list[_Event] = []
+        self._lane: deque[_Event] = deque()  # sorted; its first event is also in the heap
         self._seq = 0
         self._work = 0  # scheduled events with priority < PRIO_SAMPLE (not periodic samplers)
         self.events_run = 0
         self.stopped = False
 
     def __len__(self) -> int:
-        return len(self._heap)
+        lane = len(self._lane)
+        return len(self._heap) + (lane - 1 if lane else 0)
 
     def now(self) -> float:
         """The current simulated time in seconds."""
@@ -85,6 +97,36 @@ class EventQueue:
         if prio < PRIO_SAMPLE:
             self._work += 1
         heapq.heappush(self._heap, (t, prio, self._seq, fn, arg))
+
+    def push_late(self, t: float, prio: int, fn: Callable[[Any], None], arg: Any = None) -> None:
+        """:meth:`push` for a timer far ahead: same order of events, a smaller heap.
+
+        Raises:
+            ValueError: if ``t`` is earlier than the current time.
+        """
+        lane = self._lane
+        if lane:
+            last = lane[-1]
+            if t < last[0] or (t == last[0] and prio < last[1]):
+                self.push(t, prio, fn, arg)
+                return
+        if t < self.clock._t:
+            raise ValueError(f"event scheduled in the past: {t!r} < now {self.clock._t!r}")
+        self._seq += 1
+        if prio < PRIO_SAMPLE:
+            self._work += 1
+        ev = (t, prio, self._seq, fn, arg)
+        lane.append(ev)
+        if len(lane) == 1:
+            heapq.heappush(self._heap, (t, prio, ev[2], self._fire_lane, ev))
+
+    def _fire_lane(self, ev: _Event) -> None:
+        lane = self._lane
+        lane.popleft()
+        if lane:
+            t, prio, seq, _fn, _arg = nxt = lane[0]
+            heapq.heappush(self._heap, (t, prio, seq, self._fire_lane, nxt))
+        ev[3](ev[4])
 
     def peek_time(self) -> float | None:
         """Time of the next event, or None when the queue is empty."""

@@ -20,17 +20,17 @@ from sessionroute.engine import EngineRequest, ReplicaConfig, RequestResult
 from sessionroute.errors import NoWorkerAvailable
 from sessionroute.routing import Reservation, RoutingCore
 from sessionroute.sim.events import PRIO_ARRIVAL, PRIO_TIMER, PRIO_WAKE, EventQueue
-from sessionroute.sim.ideal import IdealCache, ideal_work_s
+from sessionroute.sim.ideal import IdealCache
 from sessionroute.sim.metrics import Recorder
 from sessionroute.sim.replicas import SimReplica
 from sessionroute.sim.spec import RouterSection
-from sessionroute.state.session_id import extract_session_id
 from sessionroute.types import RouteRequest
 from sessionroute.workloads.base import SessionEnd, Turn, TurnOutcome
 
 __all__ = ["Simulation"]
 
 _ROUTED, _ENGINE, _BACKOFF, _DELIVER, _DONE, _CANCELLED = range(6)
+_LATE_S = 300.0  # timers further ahead (rollout timeouts) go to the queue's FIFO lane
 
 
 def _invoke(fn: Callable[[], None]) -> None:
@@ -108,14 +108,25 @@ class Simulation:
         self._handle = 0
         self._delay = router.network_delay_s
         self._header = router.session_headers[0].lower()
-        self._header_names = tuple(h.lower() for h in router.session_headers)
         self._send_header = router.send_session_header
         self._needs_content = bool(getattr(core.policy, "needs_content", False))
         self._session_start: dict[str, float] = {}
         self._last_rep: dict[str, int] = {}
         self.ended_sessions: list[str] = []
         self.ideal = IdealCache(config.block_size)
+        self._observe = self.ideal.observe
         self.prefix_resets = 0
+        # hot-path copies of fixed settings and of the recorder's lists
+        self._model_len = config.model_len
+        self._bs = config.block_size
+        self._nblocks = config.num_blocks
+        self._b_tok = self._profile.b_tok_s
+        self._b_pa = self._profile.b_pa_s
+        self._b_kv = self._profile.b_kv_s
+        self._ttft = recorder.ttft_s
+        self._itl = recorder.itl_s
+        self._latency = recorder.turn_latency_s
+        self._queue_s = recorder.queue_s
 
     # -- Host protocol --------------------------------------------------------------------------
     @property
@@ -134,38 +145,38 @@ class Simulation:
 
     def call_at(self, t: float, fn: Callable[[], None]) -> None:
         """Run ``fn()`` at simulated time ``t``."""
-        self.queue.push(t, PRIO_TIMER, _invoke, fn)
+        queue = self.queue
+        if t - queue.clock._t > _LATE_S:
+            queue.push_late(t, PRIO_TIMER, _invoke, fn)
+        else:
+            queue.push(t, PRIO_TIMER, _invoke, fn)
 
     def submit(self, turn: Turn, on_done: Callable[[TurnOutcome], None]) -> int:
         """Send a turn now; see :class:`~sessionroute.workloads.base.Host`."""
         now = self.queue.clock._t
         self._handle += 1
-        req = _Req(self._handle, turn, on_done, now)
+        handle = self._handle
+        req = _Req(handle, turn, on_done, now)
         counts = self.rec.counts
         counts["requests_submitted"] += 1
         sid = turn.session_id
         if sid not in self._session_start:
             self._session_start[sid] = now
             counts["sessions_seen"] += 1
-        total = turn.prompt_len + turn.output_len
-        if (
-            turn.prompt_len < 1
-            or turn.output_len < 1
-            or total > self.config.model_len
-            or -(-total // self.config.block_size) > self.config.num_blocks
-        ):
+        plen = turn.prompt_len
+        olen = turn.output_len
+        total = plen + olen
+        if plen < 1 or olen < 1 or total > self._model_len or -(-total // self._bs) > self._nblocks:
             counts["requests_rejected"] += 1
             req.state = _DELIVER
-            self._reqs[req.handle] = req
+            self._reqs[handle] = req
             out = TurnOutcome(turn, now, now, False, 0, -1)
             self.queue.push(now, PRIO_TIMER, self._deliver, (req, out))
-            return req.handle
-        req.hit = self.ideal.observe(
-            turn.block_keys, turn.prompt_len, turn.output_len, turn.cache_salt
-        )
-        self._reqs[req.handle] = req
+            return handle
+        req.hit = self._observe(turn.block_keys, plen, olen, turn.cache_salt)
+        self._reqs[handle] = req
         self._route(req)
-        return req.handle
+        return handle
 
     def cancel(self, handle: int) -> None:
         """Abort a turn wherever it is; its reservation is completed once; no response."""
@@ -220,22 +231,18 @@ class Simulation:
 
     # -- request lifecycle ----------------------------------------------------------------------
     def _route(self, req: _Req) -> None:
-        queue = self.queue
-        now = queue.clock._t
         turn = req.turn
         req.attempt += 1
         rid = f"{req.handle}.{req.attempt}"
-        found = (
-            extract_session_id({self._header: turn.session_id}, self._header_names)
-            if self._send_header
-            else None
-        )
+        sid = turn.session_id
+        # extract_session_id({header: sid}, header_names) with only the first name set: the
+        # session id when the client sends it and it is not empty.
         rr = RouteRequest(
-            session_id=None if found is None else found[1],
+            session_id=sid if self._send_header and sid else None,
             prompt_tokens=turn.prompt_len,
             tokens=turn.block_keys if self._needs_content else None,
             request_id=rid,
-            session_header=self._header if found is None else found[0],
+            session_header=self._header,
         )
         try:
             res = self.core.route(rr)
@@ -244,15 +251,20 @@ class Simulation:
             self._backoff(req)
             return
         rep = self._by_url[res.worker]
-        sid = turn.session_id
-        last = self._last_rep.get(sid)
-        if last != rep.index:
+        index = rep.index
+        last_rep = self._last_rep
+        last = last_rep.get(sid)
+        if last != index:
             if last is not None:
                 self.rec.counts["session_moves"] += 1
-            self._last_rep[sid] = rep.index
-        req.res, req.rep, req.rid, req.state = res, rep, rid, _ROUTED
+            last_rep[sid] = index
+        req.res = res
+        req.rep = rep
+        req.rid = rid
+        req.state = _ROUTED
         if self._delay > 0:
-            queue.push(now + self._delay, PRIO_ARRIVAL, self._arrive, req)
+            queue = self.queue
+            queue.push(queue.clock._t + self._delay, PRIO_ARRIVAL, self._arrive, req)
         else:
             self._arrive(req)
 
@@ -260,19 +272,21 @@ class Simulation:
         if req.state != _ROUTED:
             return
         rep = req.rep
-        if rep is None or rep.engine is None:
+        engine = None if rep is None else rep.engine
+        if rep is None or engine is None:
             self._fail(req)
             return
-        self._sync(rep)
+        now = self.queue.clock._t
+        for result in engine.advance(now):
+            self._finish(rep, result)
         turn = req.turn
-        rep.engine.add_request(
-            EngineRequest(
-                req.rid, turn.prompt_len, turn.output_len, turn.block_keys, turn.cache_salt
-            ),
-            self.queue.clock._t,
+        rid = req.rid
+        engine.add_request(
+            EngineRequest(rid, turn.prompt_len, turn.output_len, turn.block_keys, turn.cache_salt),
+            now,
         )
         req.state = _ENGINE
-        rep.inflight[req.rid] = req
+        rep.inflight[rid] = req
         self._reschedule(rep)
 
     def _complete(self, req: _Req) -> None:
@@ -310,30 +324,44 @@ class Simulation:
         req: _Req | None = rep.inflight.pop(r.request_id, None)
         if req is None:
             raise RuntimeError(f"replica {rep.url} finished unknown request {r.request_id!r}")
-        self._complete(req)
+        if req.res is not None:
+            self.core.complete(req.res)
         d = self._delay
         sent = req.sent_s
         done = r.finish_s + d
         turn = req.turn
-        self.rec.request_done(
-            r.first_token_s + d - sent,
-            r.itl_mean_s,
-            r.output_tokens,
-            done - sent,
-            r.queue_time_s,
-            r.prompt_tokens,
-            r.cached_tokens,
-        )
-        self.rec.ideal_work_s += ideal_work_s(
-            self._profile, turn.prompt_len, req.hit, turn.output_len
+        prompt = r.prompt_tokens
+        output = r.output_tokens
+        cached = r.cached_tokens
+        rec = self.rec
+        c = rec.counts
+        c["requests_completed"] += 1
+        c["prompt_tokens"] += prompt
+        c["output_tokens"] += output
+        c["cached_tokens"] += cached
+        self._ttft.append(r.first_token_s + d - sent)
+        if output > 1:
+            self._itl.append(r.itl_mean_s)
+        self._latency.append(done - sent)
+        self._queue_s.append(r.queue_time_s)
+        # ideal_work_s(profile, prompt_len, hit, output_len), inlined (same arithmetic)
+        plen = turn.prompt_len
+        hit = req.hit
+        p = plen - hit
+        o = turn.output_len
+        rec.ideal_work_s += (
+            self._b_tok * (p + o)
+            + self._b_pa * p * (hit + p / 2.0)
+            + self._b_kv * o * (plen + (o - 1) / 2.0)
         )
         rep.requests += 1
-        rep.prompt_tokens += r.prompt_tokens
-        rep.output_tokens += r.output_tokens
+        rep.prompt_tokens += prompt
+        rep.output_tokens += output
         req.state = _DELIVER
-        out = TurnOutcome(turn, sent, done, True, r.cached_tokens, rep.index)
-        now = self.queue.clock._t
-        self.queue.push(done if done > now else now, PRIO_TIMER, self._deliver, (req, out))
+        out = TurnOutcome(turn, sent, done, True, cached, rep.index)
+        queue = self.queue
+        now = queue.clock._t
+        queue.push(done if done > now else now, PRIO_TIMER, self._deliver, (req, out))
 
     def _deliver(self, arg: tuple[_Req, TurnOutcome]) -> None:
         req, out = arg
@@ -354,19 +382,25 @@ class Simulation:
             return
         if t == rep.wake_t:
             return
-        now = self.queue.clock._t
+        queue = self.queue
+        now = queue.clock._t
         if t < now:
             t = now
-        rep.wake_token += 1
+        token = rep.wake_token + 1
+        rep.wake_token = token
         rep.wake_t = t
-        self.queue.push(t, PRIO_WAKE, self._wake, (rep, rep.wake_token))
+        queue.push(t, PRIO_WAKE, self._wake, (rep, token))
 
     def _wake(self, arg: tuple[SimReplica, int]) -> None:
         rep, token = arg
         if token != rep.wake_token:
             return
         rep.wake_t = None
-        self._sync(rep)
+        engine = rep.engine
+        if engine is None:
+            return
+        for result in engine.advance(self.queue.clock._t):
+            self._finish(rep, result)
         self._reschedule(rep)
 
     # -- replica lifecycle (used by :mod:`sessionroute.sim.faults`) ------------------------------
