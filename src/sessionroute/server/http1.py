@@ -147,6 +147,9 @@ class Connection(ResponseWriter, asyncio.Protocol):
         self._queue: deque[Request] = deque()
         self._task: asyncio.Task[None] | None = None
         self._head_bytes = 0
+        self._in_head = False
+        self._last_read = 0
+        self._headers: list[tuple[bytes, bytes]] = []
         self._read_paused = False
         self._bad = False
         self._lingering: Request | None = None
@@ -177,6 +180,9 @@ class Connection(ResponseWriter, asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._bad:
             return
+        self._last_read = n = len(data)
+        if self._in_head:  # a head spanning reads: bound what the parser accumulates
+            self._head_bytes += n
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -189,36 +195,38 @@ class Connection(ResponseWriter, asyncio.Protocol):
             self._pause_reading()
         except httptools.HttpParserError as exc:
             self._bad_request(str(exc) or type(exc).__name__)
+        else:
+            if self._in_head and self._head_bytes > MAX_HEAD_BYTES:
+                self._bad_request("request line and headers over 64 KiB")
 
-    # -- parser callbacks ------------------------------------------------------------------
+    # -- parser callbacks (kept minimal: they run once per header) -------------------------
     def on_message_begin(self) -> None:
-        self._parsing = Request()
+        self._parsing = req = Request()
+        self._headers = req.headers
+        self._in_head = True
         self._head_bytes = 0
 
     def on_url(self, url: bytes) -> None:
         req = self._parsing
         if req is not None:
             req.target += url
-            self._head_bytes += len(url)
-            if self._head_bytes > MAX_HEAD_BYTES:
-                raise ValueError("request head too large")
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        req = self._parsing
-        if req is None:
-            return
-        req.headers.append((name, value))
-        low = name.lower()
-        if low not in req.lower:
-            req.lower[low] = value
-        self._head_bytes += len(name) + len(value) + 4
-        if self._head_bytes > MAX_HEAD_BYTES:
-            raise ValueError("request head too large")
+        self._headers.append((name, value))
 
     def on_headers_complete(self) -> None:
         req = self._parsing
         if req is None:
             return
+        self._in_head = False
+        headers = req.headers
+        if len(headers) > 256:
+            raise ValueError("more than 256 headers")
+        if self._head_bytes or self._last_read > MAX_HEAD_BYTES:  # else it is smaller
+            size = len(req.target) + sum(len(n) + len(v) + 4 for n, v in headers)
+            if size > MAX_HEAD_BYTES:
+                raise ValueError("request line and headers over 64 KiB")
+        req.lower = {name.lower(): value for name, value in reversed(headers)}  # first wins
         parser = self._parser
         req.method = parser.get_method().decode("ascii", "replace")
         req.keep_alive = parser.should_keep_alive()
