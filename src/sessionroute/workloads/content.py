@@ -67,37 +67,43 @@ class BlockChain:
         Raises:
             ValueError: on a negative ``length``.
         """
-        if length < 0:
-            raise ValueError(f"segment length must be >= 0, got {length!r}")
-        if length == 0:
+        if length <= 0:
+            if length < 0:
+                raise ValueError(f"segment length must be >= 0, got {length!r}")
             return
         bs = self.block_size
         keys = self.keys
-        prev = keys[-1] if keys else ROOT_KEY
+        tail_len = self._tail_len
         off = 0
-        if self._tail_len:
-            need = bs - self._tail_len
+        if tail_len:
+            need = bs - tail_len
             if length < need:
-                self._tail.extend((segment, 0, length))
-                self._tail_len += length
+                self._tail += (segment, 0, length)
+                self._tail_len = tail_len + length
                 self.tokens += length
                 return
-            self._tail.extend((segment, 0, need))
-            prev = hash((prev, *self._tail))
+            tail = self._tail
+            tail += (segment, 0, need)
+            prev = hash((keys[-1] if keys else ROOT_KEY, *tail))
             keys.append(prev)
-            self._tail = []
-            self._tail_len = 0
             off = need
+        else:
+            prev = keys[-1] if keys else ROOT_KEY
         end = length - (length - off) % bs
         if off < end:
             # Full blocks inside one segment: keyed by the key before them (the anchor), the
             # segment and the offset - the same content up to the block's end, as a chain.
-            anchor = prev
-            keys.extend([hash((anchor, segment, o)) for o in range(off, end, bs)])
+            if end - off == bs:
+                keys.append(hash((prev, segment, off)))
+            else:
+                keys += [hash((prev, segment, o)) for o in range(off, end, bs)]
             off = end
         if off < length:
             self._tail = [segment, off, length - off]
             self._tail_len = length - off
+        elif tail_len:
+            self._tail = []
+            self._tail_len = 0
         self.tokens += length
 
 

@@ -116,6 +116,8 @@ class SweRlWorkload:
         self._buffer: deque[_Rollout] = deque()
         self._uid = 0
         self._stopped = False
+        self._on_done_cb = self._on_done
+        self._send_cb = self._send
         self.stats = dict.fromkeys(
             (
                 "rollouts_started",
@@ -199,12 +201,17 @@ class SweRlWorkload:
         host = self._host
         if host is None or r.state != _ACTIVE:
             return
-        out = min(r.outputs[r.turn], self._limit - r.prompt_len)
-        r.chain.append(self._new_segment(), out)
+        out = r.outputs[r.turn]
+        room = self._limit - r.prompt_len
+        if out > room:
+            out = room
+        self._seg += 1
+        chain = r.chain
+        chain.append(self._seg, out)
         r.out_len = out
-        turn = Turn(r.sid, r.prompt_len, out, tuple(r.chain.keys), r.salt, r)
+        turn = Turn(r.sid, r.prompt_len, out, tuple(chain.keys), r.salt, r)
         self.stats["turns"] += 1
-        r.handle = host.submit(turn, self._on_done)
+        r.handle = host.submit(turn, self._on_done_cb)
 
     def _on_done(self, outcome: TurnOutcome) -> None:
         r: _Rollout = outcome.turn.tag
@@ -212,20 +219,20 @@ class SweRlWorkload:
         if r.state != _ACTIVE or host is None:
             return
         r.handle = -1
-        uid = r.uid
         k = r.turn
         r.turn = k + 1
         total = r.prompt_len + r.out_len
-        if not outcome.ok or r.turn >= r.n_turns:
-            self._end(uid, r, "completed", "rollouts_completed")
+        if not outcome.ok or k + 1 >= r.n_turns:
+            self._end(r.uid, r, "completed", "rollouts_completed")
             return
         obs = r.obs[k]
         if total + obs + 1 > self._limit:
-            self._end(uid, r, "completed", "rollouts_context_limit")
+            self._end(r.uid, r, "completed", "rollouts_context_limit")
             return
-        r.chain.append(self._new_segment(), obs)
+        self._seg += 1
+        r.chain.append(self._seg, obs)
         r.prompt_len = total + obs
-        host.call_at(host.now() + r.tools[k], partial(self._send, r))
+        host.call_at(host.now() + r.tools[k], partial(self._send_cb, r))
 
     def _end(self, uid: int, r: _Rollout, how: SessionEnd, counter: str) -> None:
         host = self._host
