@@ -113,13 +113,29 @@ class Req:
 
 
 class Step:
-    """A step (``k == 0``: ``sched`` lists ``(request, tokens)``) or a run of ``k`` decode steps.
+    """A step (``k == 0``: ``sched`` lists ``(request, tokens)``) or a run of ``k`` steps.
 
-    A run's step ``j`` lasts ``a + c * j`` seconds (context grows by ``D`` tokens a step) and
-    every request in ``decoders`` decodes one token in each.
+    A decode run's step ``j`` lasts ``a + c * j`` seconds (context grows by ``D`` tokens a step)
+    and every lazy decoder decodes one token in each. A prefill run (``pre``) is ``k`` steps in
+    which the lazy decoders decode and ``req`` prefills ``chunk`` tokens; step ``j`` lasts
+    ``dts[j]`` and ends at ``ts[j]``; its first ``j`` steps are applied.
     """
 
-    __slots__ = ("a", "c", "decoders", "end", "k", "lazy", "sched", "start")
+    __slots__ = (
+        "a",
+        "c",
+        "chunk",
+        "dts",
+        "end",
+        "j",
+        "k",
+        "lazy",
+        "pre",
+        "req",
+        "sched",
+        "start",
+        "ts",
+    )
 
     def __init__(self, start: float, end: float, sched: list[tuple[Req, int]]) -> None:
         self.start = start
@@ -129,7 +145,12 @@ class Step:
         self.lazy = False  # fast path: lazy decoders decode in this step too
         self.a = 0.0
         self.c = 0.0
-        self.decoders: list[Req] = []
+        self.pre = False
+        self.req: Req | None = None
+        self.chunk = 0
+        self.j = 0
+        self.ts: list[float] = []
+        self.dts: list[float] = []
 
 
 class Core:

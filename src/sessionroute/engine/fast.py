@@ -26,9 +26,10 @@ Three devices, all exact:
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_left
 
 from sessionroute.engine.core import RUNNING, Core, Req, Step
-from sessionroute.engine.lazy import LazyCore
+from sessionroute.engine.prefill import PrefillRuns
 
 __all__ = ["FastCore"]
 
@@ -38,10 +39,10 @@ def _run_start(s: float, a: float, c: float, j: int) -> float:
     return s + j * a + c * (j * (j - 1) // 2)
 
 
-class FastCore(LazyCore):
+class FastCore(PrefillRuns):
     """:class:`Core` with lazy decoders (:class:`~sessionroute.engine.lazy.LazyCore`),
-    closed-form decode runs and the run-length
-    :class:`~sessionroute.engine.segments.SegmentPool`."""
+    closed-form decode runs, prefill runs (:class:`~sessionroute.engine.prefill.PrefillRuns`)
+    and the run-length :class:`~sessionroute.engine.segments.SegmentPool`."""
 
     # ------------------------------------------------------------ steps
 
@@ -52,6 +53,8 @@ class FastCore(LazyCore):
             self.inflight = self.schedule(s)
             return
         st = self.plan_run(s)
+        if st is None:
+            st = self.plan_prefill(s)
         if st is None:
             st = self.fast_step(s)
         if st is None:
@@ -124,6 +127,9 @@ class FastCore(LazyCore):
 
     def apply(self, st: Step) -> None:
         """Apply a finished step or run at its end."""
+        if st.pre:
+            self.apply_pre(st, st.k)
+            return
         if st.k:
             self.apply_run(st, st.k)
             return
@@ -232,11 +238,19 @@ class FastCore(LazyCore):
         if len(self.ends) > 8192:
             self.trim()
 
-    def split(self, x: float) -> None:
+    def split(self, x: float, *, arrival: bool = False) -> None:
         """Make the state exact at time ``x``: apply a run's steps that start before ``x``
-        except the last, which becomes an ordinary step in flight."""
+        except the last, which becomes an ordinary step in flight.
+
+        With ``arrival`` (a request arrives at ``x``) a prefill run stays whole: no step of it
+        can admit anything.
+        """
         st = self.inflight
         if st is None or not st.k or st.end <= x:
+            return
+        if st.pre:
+            if not arrival:
+                self.split_pre(st, x)
             return
         s, a, c = st.start, st.a, st.c
         lo, hi = 0, st.k  # s_lo < x <= s_hi (or lo = 0 when x <= s)
@@ -255,4 +269,20 @@ class FastCore(LazyCore):
         step = self.fast_step(start)
         if step is None:  # cannot happen: the run was planned to fit
             raise RuntimeError("decode run split into a step that does not fit")
+        self.inflight = step
+
+    def split_pre(self, st: Step, x: float) -> None:
+        """:meth:`split` of a prefill run: steps that start before ``x`` are applied except
+        the last, which becomes an ordinary step in flight."""
+        ts = st.ts
+        m = bisect_left(ts, x, st.j)  # steps before m end before x; step m starts before x
+        if m >= st.k:
+            m = st.k - 1
+        self.inflight = None
+        self.apply_pre(st, m)
+        start = ts[m - 1] if m else st.start
+        self.now = start
+        step = self.fast_step(start)
+        if step is None:  # cannot happen: the run was planned to fit
+            raise RuntimeError("prefill run split into a step that does not fit")
         self.inflight = step

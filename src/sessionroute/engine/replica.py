@@ -96,7 +96,7 @@ class Replica:
             now,
         )
         if isinstance(core, FastCore):
-            core.split(now)
+            core.split(now, arrival=True)
         core.reqs[r.rid] = r
         core.seq += 1
         heapq.heappush(core.pending, (now, core.seq, r))
