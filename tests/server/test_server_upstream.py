@@ -286,9 +286,9 @@ async def test_pool_prune_watchdog_and_connect_errors(raw: RawBackend) -> None:
         ex = Exchange(pool, raw.url, task)
         try:
             head = pool.request_head(raw.url, "POST", "/v1/completions")
-            message = await ex.send((head + b"Content-Length: 2\r\n\r\n", b"{}"))
-            assert message.code == 200
-            assert ex.payload is not None and await ex.payload.read() == OK_BODY
+            status = await ex.send((head + b"Content-Length: 2\r\n\r\n", b"{}"))
+            assert status == 200
+            assert await ex.read() == OK_BODY
         finally:
             ex.close()
         assert pool.idle_count(raw.url) == 1
@@ -326,3 +326,28 @@ async def test_many_concurrent_requests_share_the_pool(
     pool = router.router.upstream
     assert 1 <= pool.idle_count(backends[0].url) <= 40
     assert json.loads(backends[0].seen[-1].body)["model"] == "fake-model"
+
+
+@pytest.mark.parametrize(
+    ("answer", "code"),
+    [
+        (b"SPDY/9 700 Nope\r\n\r\n", "upstream_unreachable"),  # not HTTP: retried
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 50\r\n\r\n" + OK_BODY[:10], "upstream_error"),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", None),  # bad chunk
+    ],
+)
+async def test_broken_upstream_answers_are_errors_and_release(
+    answer: bytes, code: str | None, raw: RawBackend, make_router: MakeRouter
+) -> None:
+    """502 when nothing was relayed yet; a truncated response once the stream started."""
+    raw.respond = lambda head: (answer, True)
+    router = await make_router([raw.url], retry_max_retries=2)
+    async with aiohttp.ClientSession() as client:
+        if code is None:
+            with pytest.raises(aiohttp.ClientPayloadError):
+                await post_chat(client, router, "b")
+        else:
+            status, body = await post_chat(client, router, "b")
+            assert status == 502 and body["error"]["code"] == code
+    assert router.router.core.cluster.in_flight(raw.url) == 0
+    assert router.router.upstream.idle_count(raw.url) == 0

@@ -2,8 +2,8 @@
 
 The body is read once (as the pieces it arrived in) and forwarded as received; it is parsed
 only when the policy reads the prompt (``Policy.needs_content``). Requests go upstream through
-:class:`~sessionroute.server.upstream.UpstreamPool` (aiohttp's client protocol without
-``ClientSession``), with the client's headers forwarded as the raw bytes it sent. Responses
+:class:`~sessionroute.server.upstream.UpstreamPool` (a protocol of ours on the ``httptools``
+response parser), with the client's headers forwarded as the raw bytes it sent. Responses
 with a known length up to :data:`BUFFER_LIMIT` bytes are relayed in one write; everything
 else (server-sent event streams in particular) is relayed chunk by chunk as it arrives, written
 straight to the client connection (:class:`~sessionroute.server.http1.Connection`) with
@@ -22,14 +22,12 @@ import logging
 import time
 from typing import Any
 
-import aiohttp
-
 from sessionroute.errors import NoWorkerAvailable
 from sessionroute.routing import Reservation
 from sessionroute.server.errors import error_response
 from sessionroute.server.http1 import Connection, Request
 from sessionroute.server.router import Router
-from sessionroute.server.upstream import HOP_BY_HOP, Exchange, UpstreamConnectError
+from sessionroute.server.upstream import HOP_BY_HOP, Exchange, UpstreamConnectError, UpstreamError
 from sessionroute.types import RouteRequest
 
 __all__ = ["BUFFER_LIMIT", "HOP_BY_HOP", "RETRY_STATUSES", "prompt_text", "proxy_request"]
@@ -243,12 +241,12 @@ async def _forward(
                 head = pool.heads.get((worker, method, path_qs)) or pool.request_head(
                     worker, method, path_qs
                 )
-                message = await ex.send((head + tail, *parts))
+                status = await ex.send((head + tail, *parts))
             except UpstreamConnectError as exc:
                 last_error = f"{worker}: {type(exc).__name__}: {exc}"
                 router.record_unreachable(worker, last_error)
                 continue
-            except aiohttp.ClientError as exc:  # reset, disconnect, malformed response
+            except UpstreamError as exc:  # reset, disconnect, malformed response
                 last_error = f"{worker}: {type(exc).__name__}: {exc}"
                 router.record_failure(worker)
                 continue
@@ -266,7 +264,6 @@ async def _forward(
                 )
                 return
             metrics.observe_upstream(worker, t0, time.perf_counter())
-            status = message.code
             if status >= 500:
                 router.record_failure(worker)
             else:
@@ -294,11 +291,9 @@ async def _forward(
 
 async def _drain(ex: Exchange) -> bool:
     """Read a (small) error body so the connection can be reused; False on timeout."""
-    if ex.payload is None:
-        return True
     try:
-        await ex.payload.read()
-    except aiohttp.ClientError:
+        await ex.read()
+    except UpstreamError:
         pass
     except asyncio.CancelledError:
         if not ex.is_timeout():
@@ -319,7 +314,7 @@ def _timeout_reading(conn: Connection, router: Router, worker: str, rid: bytes) 
     )
 
 
-def _response_headers(raw: tuple[tuple[bytes, bytes], ...]) -> tuple[bytes, int | None]:
+def _response_headers(raw: list[tuple[bytes, bytes]]) -> tuple[bytes, int | None]:
     """The upstream's headers to relay (serialized) and its Content-Length (None if absent)."""
     out: list[bytes] = []
     length: int | None = None
@@ -334,25 +329,22 @@ def _response_headers(raw: tuple[tuple[bytes, bytes], ...]) -> tuple[bytes, int 
 
 
 async def _relay(conn: Connection, router: Router, ex: Exchange, worker: str, rid: bytes) -> None:
-    message = ex.message
-    payload = ex.payload
-    if message is None or payload is None:
-        raise RuntimeError("relay before the response headers arrived")
-    status = message.code
+    status = ex.status
     metrics = router.metrics
     try:
-        headers, length = _response_headers(message.raw_headers)
+        headers, length = _response_headers(ex.headers)
         headers += b"x-request-id: " + rid + b"\r\n"
+        reason = ex.reason.decode("latin-1")
         if length is not None and length <= BUFFER_LIMIT:
             try:
-                data = payload.read_nowait() if payload.is_eof() else await payload.read()
-            except aiohttp.ClientError as exc:
+                data = await ex.read()
+            except UpstreamError as exc:
                 router.record_failure(worker)
                 metrics.count_request(worker, 502)
                 _error(
                     conn,
                     502,
-                    f"upstream {worker} failed while sending its response: {type(exc).__name__}",
+                    f"upstream {worker} failed while sending its response: {exc}",
                     "upstream_error",
                     rid,
                 )
@@ -363,31 +355,21 @@ async def _relay(conn: Connection, router: Router, ex: Exchange, worker: str, ri
                 _timeout_reading(conn, router, worker, rid)
                 return
             metrics.count_request(worker, status)
-            conn.respond_raw(status, message.reason, headers, data)
-            return None
-        conn.start_response(status, message.reason, headers, length)
+            conn.respond_raw(status, reason, headers, data)
+            return
+        conn.start_response(status, reason, headers, length)
         try:
-            async for chunk in payload.iter_any():
-                conn.write(chunk)
-                if conn.paused:
-                    await conn.drain()
-        except (
-            aiohttp.ClientPayloadError,
-            aiohttp.ClientConnectionError,
-            asyncio.CancelledError,
-        ) as exc:
-            if isinstance(exc, ConnectionResetError):
-                raise  # the client went away: handled below
+            await ex.relay(conn)  # written piece by piece as it arrives
+        except (UpstreamError, asyncio.CancelledError) as exc:
             if isinstance(exc, asyncio.CancelledError) and not ex.is_timeout():
                 raise
             log.warning("upstream %s failed mid-response: %r", worker, exc)
             router.record_failure(worker)
             metrics.count_request(worker, 502)
             conn.abort()  # no terminating chunk: the client sees truncation
-            return None
+            return
         conn.end_response()
         metrics.count_request(worker, status)
-        return None
-    except (asyncio.CancelledError, ConnectionResetError):
+    except asyncio.CancelledError:
         metrics.count_request(worker, 499)
         raise

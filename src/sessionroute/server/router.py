@@ -108,7 +108,6 @@ class Router:
         self.upstream = UpstreamPool(
             timeout_s=settings.request_timeout_secs,
             connect_timeout_s=min(settings.request_timeout_secs, 10.0),
-            read_bufsize=2**18,
             keepalive_s=60.0,
         )
         self._session: aiohttp.ClientSession | None = None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from email.utils import formatdate
 from http import HTTPStatus
@@ -105,6 +106,8 @@ class ResponseWriter:
         self._closing = False
         self._paused = False
         self._drain_waiter: asyncio.Future[None] | None = None
+        self.on_resume: Callable[[], None] | None = None
+        """Called once when the buffer next drains (set by a relay that paused its source)."""
         # the response in progress
         self._started = False
         self._status = 0
@@ -120,6 +123,10 @@ class ResponseWriter:
     def resume_writing(self) -> None:
         """The transport's buffer drained below its low-water mark."""
         self._paused = False
+        hook = self.on_resume
+        if hook is not None:
+            self.on_resume = None
+            hook()
         waiter = self._drain_waiter
         if waiter is not None:
             self._drain_waiter = None
