@@ -122,7 +122,7 @@ class LazyCore(Core):
         for those starting one, offer a block to the cache for those filling one.
 
         Allocation (which may evict idle cached blocks) and registration of keys nobody has
-        cached commute, so they run in two batches unless a filling block's key is cached
+        cached commute, so they run in two batches unless a filling block's key may be cached
         already (then the reference's admission order matters: one at a time)."""
         bs = self.bs
         ab = self.buckets[-g % bs]
@@ -132,11 +132,22 @@ class LazyCore(Core):
             if ab:
                 spool.grow_each(ab)
             return
-        if ab:
-            # this step's allocations evict: a fill whose key is cached must see them in order
-            if spool.fresh < len(ab) and spool.fills_may_hit(fb):
-                self.decode_blocks_in_order(g, ab, fb)
+        if ab and spool.fresh < len(ab):
+            # this step's allocations evict cached blocks. A fill that finds its key uncached
+            # finds it uncached after any eviction too, so those fills go first; from the first
+            # that may find its key cached on, the reference's admission order matters
+            if ab is fb:  # block size 1: a decoder allocates and fills the same block
+                if spool.fills_may_hit(fb):
+                    self.decode_blocks_in_order(g, ab, fb)
+                    return
+            else:
+                rest = spool.fill_each_until_hit(fb)
+                if rest:
+                    self.decode_blocks_in_order(g, ab, dict.fromkeys(rest))
+                else:
+                    spool.grow_each(ab)
                 return
+        if ab:
             spool.grow_each(ab)
         spool.fill_each(fb)
 

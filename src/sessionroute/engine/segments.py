@@ -287,6 +287,30 @@ class SegmentPool(SegmentStore):
                 self.register(r, p + 1)
             r.nreg = p + 1
 
+    def fill_each_until_hit(self, rs: Iterable[Holder]) -> list[Holder]:
+        """:meth:`fill_each` in order up to the first of ``rs`` whose key may be cached already
+        (see :meth:`fills_may_hit`); returns that one and the rest, not filled."""
+        it = iter(rs)
+        for r in it:
+            p = r.nreg
+            if p >= r.nkeys:
+                continue
+            res: _Res = r.blocks[-1].res
+            seg = res.segs[-1]
+            holes = seg.holes
+            if (
+                res.owner is r
+                and seg.creg == p
+                and seg.lo < p < seg.hi
+                and not (holes and holes[-1] == p - 1)
+                and r.keys[p] not in r.cache
+            ):
+                seg.creg = p + 1
+                r.nreg = p + 1
+            else:
+                return [r, *it]
+        return []
+
     def fills_may_hit(self, rs: Iterable[Holder]) -> bool:
         """Whether filling any of ``rs``' blocks ``r.nreg`` (see :meth:`fill_each`) may find its
         key cached already (False only when none does)."""
