@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Sequence, Sized
+from typing import TypeVar
 
 from sessionroute.engine.blocks import Holder
 from sessionroute.engine.segcache import (
@@ -50,6 +51,8 @@ from sessionroute.engine.segcache import (
 from sessionroute.engine.segstore import SHIFT, SegmentStore, _Ext, _Res, _Seg
 
 __all__ = ["SegmentPool"]
+
+_H = TypeVar("_H", bound=Holder)
 
 _MASK = (1 << SHIFT) - 1
 
@@ -287,7 +290,7 @@ class SegmentPool(SegmentStore):
                 self.register(r, p + 1)
             r.nreg = p + 1
 
-    def fill_each_until_hit(self, rs: Iterable[Holder]) -> list[Holder]:
+    def fill_each_until_hit(self, rs: Iterable[_H]) -> list[_H]:
         """:meth:`fill_each` in order up to the first of ``rs`` whose key may be cached already
         (see :meth:`fills_may_hit`); returns that one and the rest, not filled."""
         it = iter(rs)
