@@ -66,7 +66,7 @@ class EventQueue:
         clock: the virtual clock this queue advances as it pops events.
     """
 
-    __slots__ = ("_heap", "_lane", "_seq", "_work", "clock", "events_run", "stopped")
+    __slots__ = ("_heap", "_lane", "_seq", "_work", "clock", "events_run", "stopped", "t_end")
 
     def __init__(self, clock: VirtualClock | None = None) -> None:
         self.clock = clock if clock is not None else VirtualClock()
@@ -76,6 +76,7 @@ class EventQueue:
         self._work = 0  # scheduled events with priority < PRIO_SAMPLE (not periodic samplers)
         self.events_run = 0
         self.stopped = False
+        self.t_end = float("inf")  # the limit of the run in progress (seconds)
 
     def __len__(self) -> int:
         lane = len(self._lane)
@@ -146,6 +147,7 @@ class EventQueue:
         heap = self._heap
         clock = self.clock
         pop = heapq.heappop
+        self.t_end = t_end
         n = 0
         while heap and not self.stopped and self._work:
             if heap[0][0] > t_end:

@@ -401,9 +401,35 @@ class Simulation:
         engine = rep.engine
         if engine is None:
             return
-        for result in engine.advance(self.queue.clock._t):
-            self._finish(rep, result)
-        self._reschedule(rep)
+        queue = self.queue
+        clock = queue.clock
+        heap = queue._heap
+        while True:
+            for result in engine.advance(clock._t):
+                self._finish(rep, result)
+            t = engine.next_event_time()
+            if t is None:
+                return
+            now = clock._t
+            if t < now:
+                t = now
+            # The next wake-up would be the queue's next event (it would sort before the
+            # head: a later sequence number, so an equal head must have a higher priority):
+            # run it now, as the queue would, instead of pushing and popping it.
+            if (
+                (not heap or t < heap[0][0] or (t == heap[0][0] and heap[0][1] > PRIO_WAKE))
+                and t <= queue.t_end
+                and not queue.stopped
+            ):
+                clock._t = t
+                queue.events_run += 1
+                rep.wake_token += 1
+                continue
+            token = rep.wake_token + 1
+            rep.wake_token = token
+            rep.wake_t = t
+            queue.push(t, PRIO_WAKE, self._wake, (rep, token))
+            return
 
     # -- replica lifecycle (used by :mod:`sessionroute.sim.faults`) ------------------------------
     def add_replica(self) -> SimReplica:
