@@ -193,7 +193,7 @@ class Exchange:
         while not self.status:
             if self._error is not None:
                 raise self._error
-            self._waiter = waiter = asyncio.get_running_loop().create_future()
+            self._waiter = waiter = self._task.get_loop().create_future()
             await waiter
         return self.status
 
@@ -207,7 +207,7 @@ class Exchange:
         while not self.complete:
             if self._error is not None:
                 raise self._error
-            self._waiter = waiter = asyncio.get_running_loop().create_future()
+            self._waiter = waiter = self._task.get_loop().create_future()
             await waiter
         parts = self._parts
         return parts[0] if len(parts) == 1 else b"".join(parts)
@@ -230,7 +230,7 @@ class Exchange:
         while not self.complete:
             if self._error is not None:
                 raise self._error
-            self._waiter = waiter = asyncio.get_running_loop().create_future()
+            self._waiter = waiter = self._task.get_loop().create_future()
             await waiter
 
     # -- from the connection -------------------------------------------------------------

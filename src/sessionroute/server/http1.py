@@ -146,6 +146,10 @@ class Connection(ResponseWriter, asyncio.Protocol):
         self._current: Request | None = None
         self._queue: deque[Request] = deque()
         self._task: asyncio.Task[None] | None = None
+        loop = listener.loop  # not get_running_loop() per request: it costs a getpid() call
+        if loop is None:
+            raise RuntimeError("the listener is not started")
+        self._loop = loop
         self._head_bytes = 0
         self._in_head = False
         self._last_read = 0
@@ -292,26 +296,34 @@ class Connection(ResponseWriter, asyncio.Protocol):
         except Exception:
             log.exception("unhandled error on %s %s", req.method, req.path)
             coro = None
-            self._internalerror_response()
+            self._internal_error()
         if coro is None:
             self._finish()
             return
-        task = self._task = asyncio.get_running_loop().create_task(coro)
-        task.add_done_callback(self._task_done)
+        self._task = self._loop.create_task(self._run(coro))
 
-    def _task_done(self, task: asyncio.Task[None]) -> None:
-        self._task = None
-        if task.cancelled():
+    @property
+    def task(self) -> asyncio.Task[None] | None:
+        """The task running the current request's handler (None when it answered at once)."""
+        return self._task
+
+    async def _run(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run a handler coroutine, then finish its request (no done-callback: that would
+        cost the event loop one more iteration per request)."""
+        try:
+            await coro
+        except asyncio.CancelledError:  # the client went away, or shutdown
+            self._task = None
             self.abort()
-            return
-        exc = task.exception()
-        if exc is not None:
+            raise
+        except Exception as exc:
             if not isinstance(exc, ConnectionError):
                 log.error("unhandled error in a request handler", exc_info=exc)
-            self._internalerror_response()
+            self._internal_error()
+        self._task = None
         self._finish()
 
-    def _internalerror_response(self) -> None:
+    def _internal_error(self) -> None:
         if self._started:
             self.abort()
         else:
@@ -337,7 +349,7 @@ class Connection(ResponseWriter, asyncio.Protocol):
                 # Closing with unread data would reset the connection before the client
                 # reads the answer: linger until the body ends, for LINGER_S at most.
                 self._lingering = req
-                self._linger_timer = asyncio.get_running_loop().call_later(LINGER_S, self.abort)
+                self._linger_timer = self._loop.call_later(LINGER_S, self.abort)
                 return
         if not self._keep or self._closing:
             transport.close()

@@ -33,6 +33,8 @@ class Listener:
         access_log: logging.Logger | None = None,
     ) -> None:
         self.handler = handler
+        self.loop: asyncio.AbstractEventLoop | None = None
+        """The event loop it listens on (set by :meth:`start`)."""
         self.access_log = access_log
         self.max_body = max_body
         self.keepalive_s = keepalive_s
@@ -49,7 +51,7 @@ class Listener:
         Raises:
             OSError: the address is not available.
         """
-        loop = asyncio.get_running_loop()
+        self.loop = loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
             lambda: Connection(self), host, port, backlog=backlog, reuse_address=True
         )

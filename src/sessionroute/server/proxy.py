@@ -211,7 +211,7 @@ async def _forward(
     path_qs = req.target.decode("utf-8", "surrogateescape")
     attempts = router.max_attempts
     last_error = ""
-    task = asyncio.current_task()
+    task = conn.task  # not asyncio.current_task(): it costs a getpid() syscall
     if task is None:
         raise RuntimeError("proxy_request must run in a task")
     for attempt in range(attempts):
