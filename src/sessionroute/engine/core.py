@@ -19,6 +19,7 @@ from typing import Any
 
 from sessionroute.engine.api import ReplicaConfig, RequestResult
 from sessionroute.engine.blocks import BlockPool, KVPool
+from sessionroute.engine.steps import Step
 
 __all__ = ["ABORTED", "FINISHED", "RUNNING", "WAITING", "Core", "Req", "Step"]
 
@@ -110,47 +111,6 @@ class Req:
             itl_mean_s=self.itl_sum / gaps if gaps else 0.0,
             itl_max_s=self.itl_max,
         )
-
-
-class Step:
-    """A step (``k == 0``: ``sched`` lists ``(request, tokens)``) or a run of ``k`` steps.
-
-    A decode run's step ``j`` lasts ``a + c * j`` seconds (context grows by ``D`` tokens a step)
-    and every lazy decoder decodes one token in each. A prefill run (``pre``) is ``k`` steps in
-    which the lazy decoders decode and ``req`` prefills ``chunk`` tokens; step ``j`` lasts
-    ``dts[j]`` and ends at ``ts[j]``; its first ``j`` steps are applied.
-    """
-
-    __slots__ = (
-        "a",
-        "c",
-        "chunk",
-        "dts",
-        "end",
-        "j",
-        "k",
-        "lazy",
-        "pre",
-        "req",
-        "sched",
-        "start",
-        "ts",
-    )
-
-    def __init__(self, start: float, end: float, sched: list[tuple[Req, int]]) -> None:
-        self.start = start
-        self.end = end
-        self.sched = sched
-        self.k = 0
-        self.lazy = False  # fast path: lazy decoders decode in this step too
-        self.a = 0.0
-        self.c = 0.0
-        self.pre = False
-        self.req: Req | None = None
-        self.chunk = 0
-        self.j = 0
-        self.ts: list[float] = []
-        self.dts: list[float] = []
 
 
 class Core:

@@ -28,13 +28,23 @@ run-length hole bookkeeping.
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from sessionroute.engine.segstore import _Res, _Seg
 
-__all__ = ["SaltCache", "add_start", "common_run", "drop_starts", "restart", "run_end"]
+__all__ = [
+    "SaltCache",
+    "add_start",
+    "audit",
+    "cached_keys",
+    "common_run",
+    "drop_starts",
+    "find_run",
+    "restart",
+    "run_end",
+]
 
 _SHIFT = 32
 _MASK = (1 << _SHIFT) - 1
@@ -224,3 +234,56 @@ def find_run(
         x = run_end(s, q, keys, limit)
         return (s, x) if x > p else (None, p)
     return None, p
+
+
+# ------------------------------------------------------------ inspection (tests)
+
+
+def positions(res: _Res) -> set[int]:
+    """The positions ``res`` caches."""
+    out: set[int] = set()
+    for seg in res.segs:
+        top = seg.creg if seg.creg < seg.hi else seg.hi
+        holes = set(seg.holes)
+        out.update(p for p in range(seg.lo, top) if p not in holes)
+    return out
+
+
+def cached_keys(reservations: Iterable[_Res], cache: SaltCache) -> set[int]:
+    """Every key cached in ``cache`` by ``reservations`` (expands the runs)."""
+    out: set[int] = set()
+    for res in reservations:
+        if res.cache is cache:
+            out.update(res.keys[p] for p in positions(res))
+    return out
+
+
+def audit(reservations: Iterable[_Res], caches: Iterable[SaltCache]) -> None:
+    """Check the start entries, ``res.starts`` and the position index against the segments.
+
+    Raises:
+        RuntimeError: if a key is cached twice, a start is missing or extra, or the position
+            index disagrees.
+    """
+    want: dict[int, dict[int, int]] = {}
+    for res in reservations:
+        cached = positions(res)
+        starts = sorted(p for p in cached if p - 1 not in cached)
+        if starts != res.starts:
+            raise RuntimeError(f"reservation {res.rix}: starts {res.starts} != {starts}")
+        entries = want.setdefault(id(res.cache), {})
+        for p in cached:
+            k = res.keys[p]
+            if k in entries:
+                raise RuntimeError(f"key {k} cached twice")
+            entries[k] = res.base | p if p in starts else -1
+    for cache in caches:
+        entries = want.get(id(cache), {})
+        starts_only = {k: b for k, b in entries.items() if b >= 0}
+        if dict(cache) != starts_only:
+            raise RuntimeError("start entries disagree with the segments")
+        npos: dict[int, int] = {}
+        for b in starts_only.values():
+            npos[b & _MASK] = npos.get(b & _MASK, 0) + 1
+        if cache.npos != npos or cache.spos != sorted(npos):
+            raise RuntimeError("position index disagrees with the start entries")

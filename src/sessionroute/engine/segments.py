@@ -42,6 +42,8 @@ from sessionroute.engine.blocks import Holder
 from sessionroute.engine.segcache import (
     SaltCache,
     add_start,
+    audit,
+    cached_keys,
     common_run,
     drop_starts,
     find_run,
@@ -387,16 +389,7 @@ class SegmentPool(SegmentStore):
 
     def cached_keys(self, salt: str | None) -> set[int]:
         """Every key cached under ``salt`` (expands the runs; for tests and debugging)."""
-        cache = self.cache_for(salt)
-        out: set[int] = set()
-        for res in self._res.values():
-            if res.cache is not cache:
-                continue
-            for seg in res.segs:
-                top = seg.creg if seg.creg < seg.hi else seg.hi
-                holes = set(seg.holes)
-                out.update(res.keys[p] for p in range(seg.lo, top) if p not in holes)
-        return out
+        return cached_keys(self._res.values(), self.cache_for(salt))
 
     def audit(self) -> None:
         """Check the run-length cache against its definition (for tests).
@@ -405,29 +398,4 @@ class SegmentPool(SegmentStore):
             RuntimeError: if a key is cached twice, a start is missing or extra, or the
                 position index disagrees.
         """
-        want: dict[int, dict[int, int]] = {}
-        for res in self._res.values():
-            cached: set[int] = set()
-            for seg in res.segs:
-                top = seg.creg if seg.creg < seg.hi else seg.hi
-                holes = set(seg.holes)
-                cached.update(p for p in range(seg.lo, top) if p not in holes)
-            starts = sorted(p for p in cached if p - 1 not in cached)
-            if starts != res.starts:
-                raise RuntimeError(f"reservation {res.rix}: starts {res.starts} != {starts}")
-            entries = want.setdefault(id(res.cache), {})
-            for p in cached:
-                k = res.keys[p]
-                if k in entries:
-                    raise RuntimeError(f"key {k} cached twice")
-                entries[k] = res.base | p if p in starts else -1
-        for cache in self._caches.values():
-            entries = want.get(id(cache), {})
-            starts_only = {k: b for k, b in entries.items() if b >= 0}
-            if dict(cache) != starts_only:
-                raise RuntimeError("start entries disagree with the segments")
-            npos: dict[int, int] = {}
-            for b in starts_only.values():
-                npos[b & _MASK] = npos.get(b & _MASK, 0) + 1
-            if cache.npos != npos or cache.spos != sorted(npos):
-                raise RuntimeError("position index disagrees with the start entries")
+        audit(self._res.values(), self._caches.values())

@@ -183,14 +183,16 @@ class SegmentStore:
             creg = seg.creg
             top = creg if creg < hi else hi
             if top > new_hi:  # evicted blocks leave the cache: only run starts are entries
-                drop_starts(res, new_hi, top)
+                st = res.starts
+                if st and st[-1] >= new_hi:
+                    drop_starts(res, new_hi, top)
                 holes = seg.holes
                 if holes and holes[-1] >= new_hi:
                     del holes[bisect_left(holes, new_hi) :]
                 seg.creg = new_hi
-                if top == hi:
+                if top == hi and res.segs[-1] is not seg:
                     i = bisect_left(res.lows, lo) + 1
-                    if i < len(res.segs) and res.lows[i] == hi:
+                    if res.lows[i] == hi:
                         restart(res, i)
             seg.hi = new_hi
             if new_hi == lo:

@@ -1,0 +1,52 @@
+"""What the scheduler hands to the clock: one engine step, or a run of steps planned together
+(fast path)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sessionroute.engine.core import Req
+
+__all__ = ["Step"]
+
+
+class Step:
+    """A step (``k == 0``: ``sched`` lists ``(request, tokens)``) or a run of ``k`` steps.
+
+    A decode run's step ``j`` lasts ``a + c * j`` seconds (context grows by ``D`` tokens a step)
+    and every lazy decoder decodes one token in each. A prefill run (``pre``) is ``k`` steps in
+    which the lazy decoders decode and ``req`` prefills ``chunk`` tokens; step ``j`` lasts
+    ``dts[j]`` and ends at ``ts[j]``; its first ``j`` steps are applied.
+    """
+
+    __slots__ = (
+        "a",
+        "c",
+        "chunk",
+        "dts",
+        "end",
+        "j",
+        "k",
+        "lazy",
+        "pre",
+        "req",
+        "sched",
+        "start",
+        "ts",
+    )
+
+    def __init__(self, start: float, end: float, sched: list[tuple[Req, int]]) -> None:
+        self.start = start
+        self.end = end
+        self.sched = sched
+        self.k = 0
+        self.lazy = False  # fast path: lazy decoders decode in this step too
+        self.a = 0.0
+        self.c = 0.0
+        self.pre = False
+        self.req: Req | None = None
+        self.chunk = 0
+        self.j = 0
+        self.ts: list[float] = []
+        self.dts: list[float] = []
