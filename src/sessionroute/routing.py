@@ -43,17 +43,25 @@ class RoutingCore:
     Attributes:
         policy: the routing policy.
         cluster: workers, health and in-flight load.
-        decisions: count of decisions by kind.
         log: when not None, every decision is appended as ``(session_id, worker, kind)``
             (used by parity tests).
     """
 
     policy: Policy
     cluster: Cluster
-    decisions: dict[DecisionKind, int] = field(
-        default_factory=lambda: dict.fromkeys(DecisionKind, 0)
-    )
     log: list[tuple[str | None, str, str]] | None = None
+    _counts: dict[str, int] = field(
+        default_factory=lambda: dict.fromkeys((k.value for k in DecisionKind), 0),
+        init=False,
+        repr=False,
+    )
+    """Decisions by kind value: keyed by the string because hashing an Enum member runs
+    Python code (``Enum.__hash__``), twice per ``+= 1``."""
+
+    @property
+    def decisions(self) -> dict[DecisionKind, int]:
+        """Count of decisions by kind (a fresh dict)."""
+        return {DecisionKind(v): n for v, n in self._counts.items()}
 
     def route(self, request: RouteRequest) -> Reservation:
         """Choose a worker and reserve load on it.
@@ -63,7 +71,7 @@ class RoutingCore:
         """
         d: Decision = self.policy.select(request, self.cluster)
         generation = self.cluster.reserve(d.worker, request.prompt_tokens)
-        self.decisions[d.kind] += 1
+        self._counts[d.kind._value_] += 1
         if self.log is not None:
             self.log.append((request.session_id, d.worker, d.kind.value))
         return Reservation(request, d.worker, d.kind, False, generation)

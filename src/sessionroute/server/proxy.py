@@ -153,14 +153,9 @@ async def proxy_request(conn: Connection, req: Request, router: Router) -> None:
         text = prompt_text(payload)
         m = payload.get("model") if isinstance(payload, dict) else None
         model = m if isinstance(m, str) else None
-    route_req = RouteRequest(
-        session_id=session_id,
-        session_header=session_header,
-        prompt_tokens=size // 4,
-        text=text,
-        model=model,
-        request_id=rid,
-    )
+    # Positional: a frozen dataclass's keyword __init__ costs twice as much. Field order:
+    # session_id, prompt_tokens, text, tokens, model, request_id, session_header.
+    route_req = RouteRequest(session_id, size // 4, text, None, model, rid, session_header)
     core = router.core
     t0 = time.perf_counter()
     try:
