@@ -246,8 +246,15 @@ class SegmentPool(SegmentStore):
                         s = self._res[got >> SHIFT]
                         x = run_end(s, p, keys, top)
                     elif first and p > 0:
-                        # keys[p] may continue the run holding keys[p - 1]
-                        s, x = find_run(cache, self._res, keys, p - 1, top)
+                        # keys[p] may continue the run holding keys[p - 1]: the hit block
+                        # there (held, so cached), else whoever caches its key
+                        exts: list[_Ext] = r.blocks
+                        prev = exts[-2] if len(exts) > 1 else None
+                        if prev is not None and prev.hi == p and prev.res is not res:
+                            s = prev.res
+                            x = run_end(s, p - 1, keys, top)
+                        else:
+                            s, x = find_run(cache, self._res, keys, p - 1, top)
                         if s is not None and x <= p:
                             s = None
                     else:
