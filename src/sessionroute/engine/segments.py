@@ -249,9 +249,9 @@ class SegmentPool(SegmentStore):
                         # keys[p] may continue the run holding keys[p - 1]: the hit block
                         # there (held, so cached), else whoever caches its key
                         exts: list[_Ext] = r.blocks
-                        prev = exts[-2] if len(exts) > 1 else None
-                        if prev is not None and prev.hi == p and prev.res is not res:
-                            s = prev.res
+                        pext = exts[-2] if len(exts) > 1 else None
+                        if pext is not None and pext.hi == p and pext.res is not res:
+                            s = pext.res
                             x = run_end(s, p - 1, keys, top)
                         else:
                             s, x = find_run(cache, self._res, keys, p - 1, top)
