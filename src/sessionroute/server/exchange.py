@@ -209,6 +209,10 @@ class Exchange:
                 raise self._error
             self._waiter = waiter = self._task.get_loop().create_future()
             await waiter
+        return self.body()
+
+    def body(self) -> bytes:
+        """The body received so far (all of it once :attr:`complete`)."""
         parts = self._parts
         return parts[0] if len(parts) == 1 else b"".join(parts)
 

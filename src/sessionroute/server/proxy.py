@@ -332,7 +332,7 @@ async def _relay(conn: Connection, router: Router, ex: Exchange, worker: str, ri
         reason = ex.reason.decode("latin-1")
         if length is not None and length <= BUFFER_LIMIT:
             try:
-                data = await ex.read()
+                data = ex.body() if ex.complete else await ex.read()
             except UpstreamError as exc:
                 router.record_failure(worker)
                 metrics.count_request(worker, 502)
