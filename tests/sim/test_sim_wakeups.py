@@ -1,0 +1,82 @@
+"""Replica wake-ups run in the same callback when they would be the queue's next event: a
+differential test against pushing every wake-up through the heap (the plain event loop)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from sessionroute.clock import ManualClock
+from sessionroute.sim import SimSpec, run_simulation
+from sessionroute.sim.events import PRIO_WAKE
+from sessionroute.sim.replicas import SimReplica
+from sessionroute.sim.simulation import Simulation
+
+
+def _plain_wake(self: Simulation, arg: tuple[SimReplica, int]) -> None:
+    """Every wake-up through the heap: run the replica to now, then push the next one."""
+    rep, token = arg
+    if token != rep.wake_token:
+        return
+    rep.wake_t = None
+    engine = rep.engine
+    if engine is None:
+        return
+    for result in engine.advance(self.queue.clock._t):
+        self._finish(rep, result)
+    t = engine.next_event_time()
+    if t is None:
+        return
+    t = max(t, self.queue.clock._t)
+    rep.wake_token += 1
+    rep.wake_t = t
+    self.queue.push(t, PRIO_WAKE, self._wake, (rep, rep.wake_token))
+
+
+def _run(spec: dict[str, Any], policy: str) -> tuple[str, int]:
+    res = run_simulation(SimSpec.model_validate(spec), policy, seed=3, wall_clock=ManualClock())
+    m = dict(res.metrics)
+    events = int(m.pop("events"))
+    return json.dumps([m, res.timeseries, res.steps, res.samples], sort_keys=True), events
+
+
+SPECS: list[tuple[dict[str, Any], str]] = [
+    ({"workload": {"kind": "toy"}}, "sticky_least_loaded"),
+    (
+        {
+            "workload": {"kind": "toy"},
+            "router": {"network_delay_s": 0.004},
+            "faults": [
+                {"at_s": 4.0, "replica": 0, "kind": "down"},
+                {"at_s": 9.0, "replica": 0, "kind": "up"},
+                {"at_s": 2.0, "replica": 1, "kind": "slow", "factor": 3.0},
+                {"at_s": 6.0, "kind": "add"},
+            ],
+        },
+        "consistent_hash",
+    ),
+    (
+        {
+            "workload": {
+                "kind": "swe-rl",
+                "steps": 2,
+                "options": {"batch_size": 16, "group_size": 4, "trainer_step_s": 5.0},
+            },
+            "sim": {"max_simulated_s": 120.0},
+        },
+        "sticky_least_loaded",
+    ),
+]
+
+
+@pytest.mark.parametrize(("spec", "policy"), SPECS)
+def test_inline_wakeups_change_nothing_not_even_the_event_count(
+    spec: dict[str, Any], policy: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    inline, inline_events = _run(spec, policy)
+    monkeypatch.setattr(Simulation, "_wake", _plain_wake)
+    plain, plain_events = _run(spec, policy)
+    assert inline == plain
+    assert inline_events == plain_events > 0
