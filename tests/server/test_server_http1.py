@@ -211,3 +211,18 @@ async def test_backpressure_stops_reading_upstream(
         got += size
     assert got == total == state["sent"]
     writer.close()
+
+
+async def test_upgrade_requests_are_served_then_closed(
+    backends: list[FakeBackend], make_router: MakeRouter
+) -> None:
+    router = await make_router([backends[0].url])
+    reader, writer = await _connect(router.port)
+    writer.write(
+        b"GET /liveness HTTP/1.1\r\nHost: r\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\n"
+        b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"  # what follows belongs to the other protocol
+    )
+    status, _, body = await _response(reader)
+    assert status == 200 and json.loads(body) == {"status": "alive"}
+    assert await asyncio.wait_for(reader.read(), 5) == b""
+    writer.close()

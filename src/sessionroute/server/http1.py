@@ -192,11 +192,11 @@ class Connection(ResponseWriter, asyncio.Protocol):
         except httptools.HttpParserUpgrade:
             # An Upgrade request (h2c, websocket) is served as plain HTTP/1.1; the bytes after
             # it belong to another protocol, so the connection ends after the response.
-            self._closing = True
             req = self._parsing
             if req is not None and not req.complete:
                 self.on_message_complete()
             self._pause_reading()
+            self.close_when_idle()
         except httptools.HttpParserError as exc:
             self._bad_request(str(exc) or type(exc).__name__)
         else:
