@@ -32,7 +32,6 @@ import contextlib
 import ssl
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 from yarl import URL
 
@@ -154,15 +153,6 @@ class UpstreamPool:
                 self.prune()
 
     # -- exchanges ------------------------------------------------------------------------
-    def exchange(self, worker: str, task: asyncio.Task[Any]) -> Exchange:
-        """A new exchange with ``worker``, owned by ``task`` (the one that will await it).
-
-        Its deadline is now plus ``timeout_s``; when it passes, ``task`` is cancelled (see
-        :meth:`Exchange.is_timeout`). Always :meth:`Exchange.close` it (``try/finally``).
-        The same as ``Exchange(pool, worker, task)``.
-        """
-        return Exchange(self, worker, task)
-
     def request_head(self, worker: str, method: str, path_qs: str) -> bytes:
         """``METHOD /base/path?q HTTP/1.1\\r\\nHost: h:p\\r\\n`` for ``worker`` (memoized).
 

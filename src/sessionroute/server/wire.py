@@ -105,7 +105,6 @@ class ResponseWriter:
         self._lost = False
         self._closing = False
         self._paused = False
-        self._drain_waiter: asyncio.Future[None] | None = None
         self.on_resume: Callable[[], None] | None = None
         """Called once when the buffer next drains (set by a relay that paused its source)."""
         # the response in progress
@@ -127,11 +126,6 @@ class ResponseWriter:
         if hook is not None:
             self.on_resume = None
             hook()
-        waiter = self._drain_waiter
-        if waiter is not None:
-            self._drain_waiter = None
-            if not waiter.done():
-                waiter.set_result(None)
 
     def abort(self) -> None:
         """Drop the connection at once (the client sees a truncated response)."""
@@ -226,20 +220,8 @@ class ResponseWriter:
 
     @property
     def paused(self) -> bool:
-        """The transport's write buffer is over its high-water mark (await :meth:`drain`)."""
+        """The transport's write buffer is over its high-water mark (see :attr:`on_resume`)."""
         return self._paused
-
-    async def drain(self) -> None:
-        """Wait until the transport's write buffer is below its low-water mark.
-
-        Raises:
-            ConnectionResetError: the client went away.
-        """
-        if self._lost:
-            raise ConnectionResetError("client disconnected")
-        if self._paused:
-            self._drain_waiter = waiter = asyncio.get_running_loop().create_future()
-            await waiter
 
     def send_continue(self) -> None:
         """Write ``100 Continue`` (for ``Expect: 100-continue``)."""
