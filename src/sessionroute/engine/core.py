@@ -160,6 +160,25 @@ class Core:
             return a if a > self.now else self.now
         return None
 
+    def next_event(self, now: float) -> float | None:
+        """:meth:`~sessionroute.engine.replica.Replica.next_event_time` at engine time ``now``:
+        starts a step due at ``now``; returns when the engine next has something to report."""
+        if self.inflight is None:
+            s = self.next_start()
+            if s is None:
+                return None
+            if s > now:
+                return s
+            self.run_until(s, inclusive=True)
+        t = self.event_time()
+        return self.next_start() if t is None else t
+
+    def event_time(self) -> float | None:
+        """When the engine next has something to report: the end of the step in flight (None
+        when none is)."""
+        st = self.inflight
+        return None if st is None else st.end
+
     def current_step(self) -> Step | None:
         """The step in progress (scheduled, not yet applied), or None."""
         return self.inflight

@@ -26,7 +26,7 @@ Three devices, all exact:
 from __future__ import annotations
 
 import heapq
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 
 from sessionroute.engine.core import RUNNING, Core, Req, Step
 from sessionroute.engine.prefill import PrefillRuns
@@ -45,6 +45,44 @@ class FastCore(PrefillRuns):
     and the run-length :class:`~sessionroute.engine.segments.SegmentPool`."""
 
     # ------------------------------------------------------------ steps
+
+    def run_until(self, t: float, inclusive: bool = False) -> None:
+        """:meth:`Core.run_until`; a prefill run's steps that end by ``t`` are applied and the
+        run stays in flight (its next step has begun if it starts before ``t``, or at ``t``
+        with ``inclusive``)."""
+        while True:
+            st = self.inflight
+            if st is not None:
+                if st.end > t:
+                    if st.pre:
+                        ts = st.ts
+                        if ts[st.j] <= t:
+                            m = bisect_right(ts, t, st.j)
+                            self.apply_pre(st, m)
+                            self.now = ts[m - 1]
+                            st.begun = ts[m - 1] < t or inclusive
+                        elif not st.begun and (ts[st.j - 1] < t or inclusive):
+                            st.begun = True
+                    return
+                self.inflight = None
+                self.apply(st)
+                self.now = st.end
+                continue
+            s = self.next_start()
+            if s is None or s > t or (s == t and not inclusive):
+                return
+            self.start_step(s)
+
+    def next_event(self, now: float) -> float | None:
+        """:meth:`Core.next_event`: a prefill run's next step due at ``now`` begins."""
+        st = self.inflight
+        if st is not None and st.pre and not st.begun:
+            s = st.ts[st.j - 1]
+            if s > now:
+                return s
+            st.begun = True
+            return self.event_time()
+        return Core.next_event(self, now)
 
     def start_step(self, s: float) -> None:
         """Queue arrivals up to ``s``; start a run, a fast step or a reference step."""
@@ -273,8 +311,13 @@ class FastCore(PrefillRuns):
 
     def split_pre(self, st: Step, x: float) -> None:
         """:meth:`split` of a prefill run: steps that start before ``x`` are applied except
-        the last, which becomes an ordinary step in flight."""
+        the last, which becomes an ordinary step in flight (nothing changes when the run's
+        next step has not begun and starts at or after ``x``)."""
         ts = st.ts
+        if not st.begun:
+            if x <= ts[st.j - 1]:
+                return
+            st.begun = True
         m = bisect_left(ts, x, st.j)  # steps before m end before x; step m starts before x
         if m >= st.k:
             m = st.k - 1

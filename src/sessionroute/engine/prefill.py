@@ -16,12 +16,15 @@ their registration) is done when the run is applied, in step order.
 
 from __future__ import annotations
 
-import heapq
+from bisect import bisect_left
 
-from sessionroute.engine.core import Step
+from sessionroute.engine.core import Req, Step
 from sessionroute.engine.lazy import LazyCore
 
 __all__ = ["PrefillRuns"]
+
+_MAX_STEPS = 64
+"""Most steps a prefill run plans."""
 
 
 class PrefillRuns(LazyCore):
@@ -34,24 +37,34 @@ class PrefillRuns(LazyCore):
         if len(running) != d + 1:
             return None
         r = running[d]
-        chunk = self.budget - d
+        budget = self.budget
         nc = r.nc
         rem = r.prompt_len + r.num_output - nc
-        if chunk <= 0 or rem <= 2 * chunk:
+        if rem <= 2 * (budget - d) or d >= budget:
             return None
-        k = (rem - 1) // chunk  # steps whose chunk leaves more prefill to do
         g = self.g
-        if d:
-            heap = self.fheap
-            while heap and (
-                not heap[0][2].lazy
-                or heap[0][0] != heap[0][2].sync + heap[0][2].output_len - heap[0][2].num_output - 1
-            ):
-                heapq.heappop(heap)
-            if heap and heap[0][0] - g + 1 < k:
-                k = heap[0][0] - g + 1
-        if k < 2:
-            return None
+        horizon = g + min(_MAX_STEPS, rem // (budget - d) + 1)
+        # lazy decoders finishing within the horizon: step -> (count, their share of s0)
+        # the heap's entries below the horizon: a walk of the heap tree that stops at larger ones
+        heap = self.fheap
+        size = len(heap)
+        last: dict[Req, int] = {}
+        todo = [0] if size and heap[0][0] < horizon else []
+        while todo:
+            i = todo.pop()
+            gf, _, q = heap[i]
+            if q.lazy and gf == q.sync + q.output_len - q.num_output - 1:
+                last[q] = gf
+            i = 2 * i + 1
+            if i < size and heap[i][0] < horizon:
+                todo.append(i)
+            i += 1
+            if i < size and heap[i][0] < horizon:
+                todo.append(i)
+        fin: dict[int, tuple[int, int]] = {}
+        for q, gf in last.items():
+            n0, c0 = fin.get(gf, (0, 0))
+            fin[gf] = (n0 + 1, c0 + q.prompt_len + q.num_output - q.sync)
         bs = self.bs
         buckets = self.buckets
         free = self.pool.num_free
@@ -61,9 +74,13 @@ class PrefillRuns(LazyCore):
         s0 = self.s0
         ts: list[float] = []
         dts: list[float] = []
+        chunks: list[int] = []
+        ev: list[int] = []
         t = s
-        for j in range(k):
-            gj = g + j
+        for gj in range(g, horizon):
+            chunk = budget - d
+            if rem <= chunk:
+                break  # the prefill's last chunk: an ordinary step (first token, admissions)
             top = nc + chunk
             need = -(-top // bs) - nb
             if need < 0:
@@ -75,34 +92,62 @@ class PrefillRuns(LazyCore):
             t = t + dt
             ts.append(t)
             dts.append(dt)
+            chunks.append(chunk)
             nc = top
+            rem -= chunk
             nb += need
+            f = fin.get(gj)
+            if f is not None:
+                ev.append(gj - g)
+                d -= f[0]
+                s0 -= f[1]
         if len(ts) < 2:
             return None
         run = Step(s, ts[-1], [])
         run.pre = True
         run.k = len(ts)
         run.req = r
-        run.chunk = chunk
         run.ts = ts
         run.dts = dts
+        run.chunks = chunks
+        run.ev = ev
         return run
 
+    def event_time(self) -> float | None:
+        """End of the step in flight, or of a prefill run's next step with a finish (else of
+        the run); None when no step is in flight."""
+        st = self.inflight
+        if st is None:
+            return None
+        if st.pre:
+            ev = st.ev
+            i = bisect_left(ev, st.j)
+            if i < len(ev):
+                return st.ts[ev[i]]
+        return st.end
+
     def apply_pre(self, st: Step, m: int) -> None:
-        """Apply steps ``st.j .. m - 1`` of prefill run ``st`` (schedule and end of each)."""
+        """Apply steps ``st.j .. m - 1`` of prefill run ``st`` (schedule and end of each).
+
+        Raises:
+            RuntimeError: if the state does not match the plan (cannot happen).
+        """
         r = st.req
         if r is None:
             raise RuntimeError("prefill run without its request")
-        chunk = st.chunk
         bs = self.bs
         pool = self.pool
         ts = st.ts
         dts = st.dts
+        chunks = st.chunks
         for j in range(st.j, m):
             g = self.g
             start = ts[j - 1] if j else st.start
             e = ts[j]
+            chunk = chunks[j]
             n_dec = self.n_dec
+            if n_dec + chunk != self.budget:
+                raise RuntimeError(f"prefill run step {j}: {n_dec} decoders, chunk {chunk}")
             # schedule (at the step's start): decoders first, in admission order, then r
             if n_dec:
                 self.decode_blocks(g)

@@ -122,24 +122,14 @@ class Replica:
     def next_event_time(self) -> float | None:
         """Time of the replica's next internal event, seconds; None when idle.
 
-        The end of the step (or run of identical decode steps) in progress, else the next known
-        arrival. Every finish happens at such a time, so this is a lower bound on the earliest
+        The end of the step (or run of steps) in progress, or of a prefill run's next step in
+        which a request finishes, else the next known arrival. Every finish happens at such a
+        time, so this is a lower bound on the earliest
         finish if nothing new arrives (exact when the run ends with a completion); a caller
         advances to it and may get no results, then asks again. A step due to start exactly at
         :attr:`time` is started by this call.
         """
-        core = self._core
-        if core.inflight is None:
-            s = core.next_start()
-            if s is None:
-                return None
-            if s > self._time:
-                return s
-            core.run_until(s, inclusive=True)
-        inflight = core.current_step()
-        if inflight is None:
-            return core.next_start()
-        return inflight.end
+        return self._core.next_event(self._time)
 
     def abort(self, request_id: str, now: float) -> bool:
         """Cancel a pending, waiting or running request at ``now``; its blocks are freed.

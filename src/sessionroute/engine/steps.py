@@ -16,16 +16,19 @@ class Step:
 
     A decode run's step ``j`` lasts ``a + c * j`` seconds (context grows by ``D`` tokens a step)
     and every lazy decoder decodes one token in each. A prefill run (``pre``) is ``k`` steps in
-    which the lazy decoders decode and ``req`` prefills ``chunk`` tokens; step ``j`` lasts
-    ``dts[j]`` and ends at ``ts[j]``; its first ``j`` steps are applied.
+    which the lazy decoders decode and ``req`` prefills ``chunks[j]`` tokens in step ``j``, which
+    lasts ``dts[j]`` and ends at ``ts[j]``; lazy decoders finish at the end of the steps listed in
+    ``ev``; its first ``j`` steps are applied, and step ``j`` has started unless not ``begun``.
     """
 
     __slots__ = (
         "a",
+        "begun",
         "c",
-        "chunk",
+        "chunks",
         "dts",
         "end",
+        "ev",
         "j",
         "k",
         "lazy",
@@ -46,7 +49,9 @@ class Step:
         self.c = 0.0
         self.pre = False
         self.req: Req | None = None
-        self.chunk = 0
+        self.chunks: list[int] = []
+        self.ev: list[int] = []
         self.j = 0
+        self.begun = True  # step j has started (False: it starts exactly where step j-1 ended)
         self.ts: list[float] = []
         self.dts: list[float] = []
