@@ -311,11 +311,14 @@ class FastCore(PrefillRuns):
 
     def split_pre(self, st: Step, x: float) -> None:
         """:meth:`split` of a prefill run: steps that start before ``x`` are applied except
-        the last, which becomes an ordinary step in flight (nothing changes when the run's
-        next step has not begun and starts at or after ``x``)."""
+        the last, which becomes an ordinary step in flight (when the run's next step has not
+        begun and starts at or after ``x``, the rest of the run is dropped: nothing is in
+        progress, and the next step is planned afresh)."""
         ts = st.ts
         if not st.begun:
-            if x <= ts[st.j - 1]:
+            if x <= ts[st.j - 1]:  # nothing in progress: drop the rest of the plan
+                self.inflight = None
+                self.now = ts[st.j - 1]
                 return
             st.begun = True
         m = bisect_left(ts, x, st.j)  # steps before m end before x; step m starts before x
