@@ -16,16 +16,16 @@ once per header and only appends; the case-folded lookup dict is built once per 
 Per connection, one :class:`Connection` parses requests and hands each to the listener's
 handler when its headers are complete (the body keeps arriving into :class:`Request`). The
 handler either answers at once (:meth:`Connection.respond`) and returns None, or returns a
-coroutine that the connection runs as one task and that writes the response itself
-(:meth:`Connection.respond` or :meth:`Connection.start_response` / :meth:`Connection.write` /
-:meth:`Connection.end_response`). Requests are handled one at a time per connection in
-arrival order (pipelined ones wait). Keep-alive follows HTTP/1.1 and HTTP/1.0 rules
-(``httptools.should_keep_alive``); a malformed request gets a 400 JSON error and the
-connection is closed; a body over the limit is reported on the :class:`Request` and discarded.
-When the client goes away, the request's task is cancelled. Writes respect the transport's
-flow control (a relay pauses its source while the client's buffer is full). The listener
-(:mod:`sessionroute.server.listener`) closes idle keep-alive connections and shuts down
-gracefully.
+coroutine that writes the response itself (:meth:`Connection.respond`, or
+:meth:`Connection.start_response`, :meth:`Connection.write` and
+:meth:`Connection.end_response`). The connection runs those coroutines one after the other on
+one task of its own, so requests are handled in arrival order (pipelined ones wait).
+Keep-alive follows HTTP/1.1 and HTTP/1.0 rules (``httptools.should_keep_alive``). A malformed
+request gets a 400 JSON error and the connection is closed; a body over the limit is reported
+on the :class:`Request` and discarded. When the client goes away, the connection's task is
+cancelled. Writes respect the transport's flow control (a relay pauses its source while the
+client's buffer is full). The listener (:mod:`sessionroute.server.listener`) closes idle
+keep-alive connections and shuts down gracefully.
 """
 
 from __future__ import annotations
@@ -145,6 +145,8 @@ class Connection(ResponseWriter, asyncio.Protocol):
         self._current: Request | None = None
         self._queue: deque[Request] = deque()
         self._task: asyncio.Task[None] | None = None
+        self._pending: Coroutine[Any, Any, None] | None = None
+        self._wakeup: asyncio.Future[None] | None = None
         loop = listener.loop  # not get_running_loop() per request: it costs a getpid() call
         if loop is None:
             raise RuntimeError("the listener is not started")
@@ -176,6 +178,9 @@ class Connection(ResponseWriter, asyncio.Protocol):
         task = self._task
         if task is not None and not task.done():
             task.cancel()
+        if self._pending is not None:  # never started: close it (no "never awaited" warning)
+            self._pending.close()
+            self._pending = None
 
     def data_received(self, data: bytes) -> None:
         if self._bad:
@@ -296,28 +301,45 @@ class Connection(ResponseWriter, asyncio.Protocol):
         if coro is None:
             self._finish()
             return
-        self._task = self._loop.create_task(self._run(coro))
+        self._pending = coro
+        if self._task is None:
+            self._task = self._loop.create_task(self._serve())
+        else:
+            waiter = self._wakeup
+            if waiter is not None:
+                self._wakeup = None
+                waiter.set_result(None)
 
     @property
     def task(self) -> asyncio.Task[None] | None:
-        """The task running the current request's handler (None when it answered at once)."""
+        """The task running this connection's handler coroutines (None before the first)."""
         return self._task
 
-    async def _run(self, coro: Coroutine[Any, Any, None]) -> None:
-        """Run a handler coroutine, then finish its request (no done-callback: that would
-        cost the event loop one more iteration per request)."""
-        try:
-            await coro
-        except asyncio.CancelledError:  # the client went away, or shutdown
-            self._task = None
-            self.abort()
-            raise
-        except Exception as exc:
-            if not isinstance(exc, ConnectionError):
-                log.error("unhandled error in a request handler", exc_info=exc)
-            self._internal_error()
-        self._task = None
-        self._finish()
+    async def _serve(self) -> None:
+        """Run the handler coroutines of this connection's requests, one after the other.
+
+        One task per connection, woken by a future for each request, rather than a task per
+        request: creating a task (context copy, registration in a ``WeakSet``, first step)
+        cost more than the rest of the listener's work on a request.
+        """
+        loop = self._loop
+        while True:
+            coro = self._pending
+            if coro is None:
+                self._wakeup = waiter = loop.create_future()
+                await waiter
+                continue
+            self._pending = None
+            try:
+                await coro
+            except asyncio.CancelledError:  # the client went away, or shutdown
+                self.abort()
+                raise
+            except Exception as exc:
+                if not isinstance(exc, ConnectionError):
+                    log.error("unhandled error in a request handler", exc_info=exc)
+                self._internal_error()
+            self._finish()  # may start the next (pipelined) request: _pending is then set
 
     def _internal_error(self) -> None:
         if self._started:
