@@ -117,9 +117,11 @@ class LazyCore(Core):
             self.lazify(r)
             i += 1
 
-    def decode_blocks(self, g: int) -> None:
+    def decode_blocks(self, g: int, extra: int = 0) -> None:
         """Block work of the lazy decoders in step ``g``, in admission order: allocate a block
-        for those starting one, offer a block to the cache for those filling one.
+        for those starting one, offer a block to the cache for those filling one; then take
+        ``extra`` free blocks for the newest request (it puts them in place with
+        :meth:`~sessionroute.engine.segments.SegmentPool.extend`).
 
         Allocation (which may evict idle cached blocks) and registration of keys nobody has
         cached commute, so they run in two batches unless a filling block's key may be cached
@@ -130,25 +132,36 @@ class LazyCore(Core):
         spool = self.spool
         if not fb:
             if ab:
-                spool.grow_each(ab)
+                spool.grow_each(ab, extra)
+            elif extra:
+                spool.take(extra)
             return
-        if ab and spool.fresh < len(ab):
+        n = len(ab) + extra
+        if n and spool.fresh < n:
             # this step's allocations evict cached blocks. A fill that finds its key uncached
             # finds it uncached after any eviction too, so those fills go first; from the first
             # that may find its key cached on, the reference's admission order matters
             if ab is fb:  # block size 1: a decoder allocates and fills the same block
                 if spool.fills_may_hit(fb):
                     self.decode_blocks_in_order(g, ab, fb)
+                    if extra:
+                        spool.take(extra)
                     return
             else:
                 rest = spool.fill_each_until_hit(fb)
                 if rest:
                     self.decode_blocks_in_order(g, ab, dict.fromkeys(rest))
+                    if extra:
+                        spool.take(extra)
+                elif ab:
+                    spool.grow_each(ab, extra)
                 else:
-                    spool.grow_each(ab)
+                    spool.take(extra)
                 return
         if ab:
-            spool.grow_each(ab)
+            spool.grow_each(ab, extra)
+        elif extra:
+            spool.take(extra)
         spool.fill_each(fb)
 
     def decode_blocks_in_order(self, g: int, ab: dict[Req, None], fb: dict[Req, None]) -> None:

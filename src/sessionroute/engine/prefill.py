@@ -136,7 +136,7 @@ class PrefillRuns(LazyCore):
         if r is None:
             raise RuntimeError("prefill run without its request")
         bs = self.bs
-        pool = self.pool
+        spool = self.spool
         ts = st.ts
         dts = st.dts
         chunks = st.chunks
@@ -149,13 +149,16 @@ class PrefillRuns(LazyCore):
             if n_dec + chunk != self.budget:
                 raise RuntimeError(f"prefill run step {j}: {n_dec} decoders, chunk {chunk}")
             # schedule (at the step's start): decoders first, in admission order, then r
-            if n_dec:
-                self.decode_blocks(g)
             nc = r.nc
             top = nc + chunk
             need = -(-top // bs) - r.nblocks
-            if need > 0:
-                pool.grow(r, need)
+            if n_dec:
+                # the decoders' block work, and the free blocks r needs after them
+                self.decode_blocks(g, need if need > 0 else 0)
+                if need > 0:
+                    spool.extend(r, need)
+            elif need > 0:
+                spool.grow(r, need)
             if top // bs > r.nreg and r.nreg < r.nkeys:
                 self.register(r, top)
             self.n_steps += 1

@@ -174,13 +174,23 @@ class SegmentPool(SegmentStore):
         self._evict(n)
         self._extend(r, n)
 
-    def grow_each(self, rs: Iterable[Holder]) -> None:
-        """Allocate one block for each of ``rs`` (a sized iterable)."""
+    def take(self, n: int) -> None:
+        """Take ``n`` free blocks (evicting) for an :meth:`extend` that follows."""
+        self._evict(n)
+
+    def extend(self, r: Holder, n: int) -> None:
+        """Put ``n`` blocks taken already (:meth:`take`, ``grow_each``'s ``extra``) at the end
+        of ``r``'s chain."""
+        self._extend(r, n)
+
+    def grow_each(self, rs: Iterable[Holder], extra: int = 0) -> None:
+        """Allocate one block for each of ``rs`` (a sized iterable), then take ``extra`` more
+        free blocks for a :meth:`extend` that follows."""
         n = len(rs) if isinstance(rs, Sized) else None
         if n is None:
             rs = list(rs)
             n = len(rs)
-        self._evict(n)
+        self._evict(n + extra)
         for r in rs:
             ext: _Ext = r.blocks[-1]
             res = ext.res
@@ -208,6 +218,13 @@ class SegmentPool(SegmentStore):
         cache: SaltCache = r.cache  # type: ignore[assignment]
         keys = r.keys
         segs = res.segs
+        seg = segs[-1]
+        if seg.lo < p == seg.creg and full <= seg.hi and seg.ref == 1:
+            # the common case: the request's own last segment continues its cached run
+            holes = seg.holes
+            if not (holes and holes[-1] == p - 1) and cache.first_start_key(keys, p, full) == full:
+                seg.creg = full
+                return
         i = bisect_right(res.lows, p) - 1
         seg = segs[i]
         if p > seg.lo:
