@@ -4,14 +4,16 @@ which the lazy decoders decode and one request prefills a full chunk, planned in
 Under a prefill-bound load most steps look alike: every running request but the newest is a
 lazy decoder (one token each), and the newest is in chunked prefill and takes the rest of the
 token budget. Nothing waiting can be admitted (no budget is left), so an arrival does not
-change such a step. While the decoders' count is fixed (no finish) and the prefill does not
-reach its last chunk, the steps are known in advance: chunk ``budget - D``, ``C`` growing by
-``D`` a step, ``A`` by ``chunk**2``. A run plans them until the first step in which a decoder
-finishes (inclusive), the step before the prefill's last chunk, or the blocks they allocate no
-longer fit in the free ones (then an ordinary step decides on preemption). Step times are
-computed step by step with the same arithmetic as an ordinary step, so results are
-bit-identical; the block work of each step (decoders' block boundaries, the chunk's blocks and
-their registration) is done when the run is applied, in step order.
+change such a step. Until the prefill reaches its last chunk the steps are known in advance:
+chunk ``budget - D``, ``C = s0 + D * g``, ``A = chunk * (computed + chunk / 2)``, with ``D`` and
+``s0`` dropping at the known steps where lazy decoders finish (the lazy-decoder heap). A run
+plans them (at most ``_MAX_STEPS``) until the step before the prefill's last chunk or until the
+blocks they allocate no longer fit in the free ones (then an ordinary step decides on
+preemption). Step times are computed step by step with the same arithmetic as an ordinary
+step, so results are bit-identical. The block work of each step (decoders' block boundaries,
+the chunk's blocks and their registration) and its end (tokens, finishes) are done when the
+run is applied, in step order, up to each time the replica is advanced to (the run stays in
+flight; see :meth:`~sessionroute.engine.fast.FastCore.run_until`).
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ __all__ = ["SHIFT", "SegmentStore", "common_run"]
 
 SHIFT = 32
 """Bits of the position in a block id ``(rix << SHIFT) | position``."""
+_MASK = (1 << SHIFT) - 1
 
 
 class _Res:
@@ -317,6 +318,73 @@ class SegmentStore:
                 res.segs.append(_Seg(res, seg.hi, seg.hi + n, 1, seg.hi, []))
             ext.hi += n
         r.nblocks += n
+
+    # ------------------------------------------------------------ lookup
+
+    def lookup(
+        self, cache: dict[int, int], keys: Sequence[int], limit: int
+    ) -> tuple[int, int, list[tuple[_Res, int, int]]]:
+        """Longest cached prefix of ``keys`` up to ``limit`` blocks (vLLM
+        ``find_longest_cache_hit``), without side effects.
+
+        Returns:
+            ``(hit_blocks, idle_hit_blocks, pieces)``, ``pieces`` the hit as
+            ``(reservation, lo, hi)`` runs in chain order.
+        """
+        pieces: list[tuple[_Res, int, int]] = []
+        h = 0
+        idle = 0
+        get = cache.get
+        resmap = self._res
+        cres: _Res | None = None  # the last run reached the end of cres.segs[ci - 1] at cp
+        ci = cp = 0
+        while h < limit:
+            seg = None
+            if cres is not None:
+                segs = cres.segs
+                if ci < len(segs):
+                    nxt = segs[ci]
+                    holes = nxt.holes
+                    if (
+                        nxt.lo == cp < nxt.creg
+                        and not (holes and holes[0] == cp)
+                        and cres.keys[cp] == keys[h]
+                    ):
+                        seg = nxt
+                        res = cres
+                        p = cp
+                        i = ci
+                cres = None
+            if seg is None:
+                b = get(keys[h])
+                if b is None:
+                    break
+                res = resmap[b >> SHIFT]
+                p = b & _MASK
+                i = bisect_right(res.lows, p) - 1
+                seg = res.segs[i]
+            hi = seg.hi
+            end = seg.creg if seg.creg < hi else hi
+            holes = seg.holes
+            if holes:
+                k = bisect_right(holes, p)
+                if k < len(holes) and holes[k] < end:
+                    end = holes[k]
+            m = end - p
+            if m > limit - h:
+                m = limit - h
+            if m < 1:
+                raise RuntimeError(f"cached block {res.base | p} outside its segment's cached run")
+            d = common_run(keys, h, res.keys, p, m) if m > 1 else 1
+            pieces.append((res, p, p + d))
+            if not seg.ref:
+                idle += d
+            h += d
+            if p + d == hi:
+                cres = res
+                ci = i + 1
+                cp = hi
+        return h, idle, pieces
 
     @property
     def usage(self) -> float:
