@@ -124,10 +124,9 @@ class Replica:
 
         The end of the step (or run of steps) in progress, or of a prefill run's next step in
         which a request finishes, else the next known arrival. Every finish happens at such a
-        time, so this is a lower bound on the earliest
-        finish if nothing new arrives (exact when the run ends with a completion); a caller
-        advances to it and may get no results, then asks again. A step due to start exactly at
-        :attr:`time` is started by this call.
+        time, so this is a lower bound on the earliest finish if nothing new arrives (exact when
+        the run ends with a completion); a caller advances to it and may get no results, then
+        asks again. A step due to start exactly at :attr:`time` is started by this call.
         """
         return self._core.next_event(self._time)
 
