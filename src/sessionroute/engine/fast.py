@@ -124,15 +124,24 @@ class FastCore(PrefillRuns):
                 return None
             plan.append((r, n))
             budget -= n
+        taken = 0  # blocks plan[0] needs, taken in the decoders' eviction (it comes next)
         if n_dec:
-            self.decode_blocks(g)
+            if plan:
+                r, n = plan[0]
+                taken = -(-(r.nc + n) // bs) - r.nblocks
+                if taken < 0:
+                    taken = 0
+            self.decode_blocks(g, taken)
         p_tok = d_seq = ctx = 0
         attn = 0.0
         for r, n in plan:
             nc = r.nc
             ntok = r.prompt_len + r.num_output
             need = -(-(nc + n) // bs) - r.nblocks
-            if need > 0:
+            if taken:
+                self.spool.extend(r, taken)
+                taken = 0
+            elif need > 0:
                 pool.grow(r, need)
             if (nc + n) // bs > r.nreg and r.nreg < r.nkeys:
                 self.register(r, nc + n)
