@@ -226,3 +226,24 @@ async def test_upgrade_requests_are_served_then_closed(
     assert status == 200 and json.loads(body) == {"status": "alive"}
     assert await asyncio.wait_for(reader.read(), 5) == b""
     writer.close()
+
+
+async def test_connection_serves_on_after_an_upstream_timeout(
+    backends: list[FakeBackend], make_router: MakeRouter
+) -> None:
+    """The connection's task absorbs a timeout's cancellation and serves the next request."""
+    b = backends[0]
+    b.hold = asyncio.Event()  # held until released below
+    router = await make_router([b.url], request_timeout_secs=0.2)
+    reader, writer = await _connect(router.port)
+    writer.write(_post())
+    status, _, body = await _response(reader)
+    assert status == 504 and json.loads(body)["error"]["code"] == "upstream_timeout"
+    b.hold.set()
+    writer.write(_post())  # same connection
+    status, _, body = await _response(reader)
+    assert status == 200 and json.loads(body)["object"] == "chat.completion"
+    (conn,) = router.listener.connections
+    assert conn.task is not None and not conn.task.done() and conn.task.cancelling() == 0
+    writer.close()
+    assert router.router.core.cluster.in_flight(b.url) == 0
