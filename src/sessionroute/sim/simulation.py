@@ -20,11 +20,12 @@ from typing import Any
 from sessionroute.engine import EngineRequest, ReplicaConfig, RequestResult
 from sessionroute.errors import NoWorkerAvailable
 from sessionroute.routing import Reservation, RoutingCore
-from sessionroute.sim.events import PRIO_ARRIVAL, PRIO_TIMER, PRIO_WAKE, EventQueue
+from sessionroute.sim.events import PRIO_ARRIVAL, PRIO_TIMER, EventQueue
 from sessionroute.sim.ideal import IdealCache
 from sessionroute.sim.metrics import Recorder
 from sessionroute.sim.replicas import SimReplica
 from sessionroute.sim.spec import RouterSection
+from sessionroute.sim.wakeups import ReplicaDriver
 from sessionroute.types import RouteRequest
 from sessionroute.workloads.base import SessionEnd, Turn, TurnOutcome
 
@@ -69,7 +70,7 @@ class _Req:
         self.rep: SimReplica | None = None
 
 
-class Simulation:
+class Simulation(ReplicaDriver):
     """Replicas + router + request lifecycle; the workloads' host.
 
     Args:
@@ -314,14 +315,6 @@ class Simulation:
         if req.state == _BACKOFF:
             self._route(req)
 
-    def _sync(self, rep: SimReplica) -> None:
-        """Run ``rep``'s engine to now and handle the requests that finished."""
-        engine = rep.engine
-        if engine is None:
-            return
-        for result in engine.advance(self.queue.clock._t):
-            self._finish(rep, result)
-
     def _finish(self, rep: SimReplica, r: RequestResult) -> None:
         req: _Req | None = rep.inflight.pop(r.request_id, None)
         if req is None:
@@ -373,64 +366,6 @@ class Simulation:
         self._reqs.pop(req.handle, None)
         req.on_done(out)
 
-    # -- replica wake-ups -----------------------------------------------------------------------
-    def _reschedule(self, rep: SimReplica) -> None:
-        engine = rep.engine
-        if engine is None:
-            return
-        t = engine.next_event_time()
-        if t is None:
-            rep.wake_t = None
-            return
-        if t == rep.wake_t:
-            return
-        queue = self.queue
-        now = queue.clock._t
-        if t < now:
-            t = now
-        token = rep.wake_token + 1
-        rep.wake_token = token
-        rep.wake_t = t
-        queue.push(t, PRIO_WAKE, self._wake, (rep, token))
-
-    def _wake(self, arg: tuple[SimReplica, int]) -> None:
-        rep, token = arg
-        if token != rep.wake_token:
-            return
-        rep.wake_t = None
-        engine = rep.engine
-        if engine is None:
-            return
-        queue = self.queue
-        clock = queue.clock
-        heap = queue._heap
-        while True:
-            for result in engine.advance(clock._t):
-                self._finish(rep, result)
-            t = engine.next_event_time()
-            if t is None:
-                return
-            now = clock._t
-            if t < now:
-                t = now
-            # The next wake-up would be the queue's next event (it would sort before the
-            # head: a later sequence number, so an equal head must have a higher priority):
-            # run it now, as the queue would, instead of pushing and popping it.
-            if (
-                (not heap or t < heap[0][0] or (t == heap[0][0] and heap[0][1] > PRIO_WAKE))
-                and t <= queue.t_end
-                and not queue.stopped
-            ):
-                clock._t = t
-                queue.events_run += 1
-                rep.wake_token += 1
-                continue
-            token = rep.wake_token + 1
-            rep.wake_token = token
-            rep.wake_t = t
-            queue.push(t, PRIO_WAKE, self._wake, (rep, token))
-            return
-
     # -- replica lifecycle (used by :mod:`sessionroute.sim.faults`) ------------------------------
     def add_replica(self) -> SimReplica:
         """A new replica with the next index joins the cluster and the router."""
@@ -455,18 +390,7 @@ class Simulation:
             self.rec.counts["requests_failed_over"] += 1
             self._fail(req)
 
-    def sync(self, rep: SimReplica) -> None:
-        """Run ``rep`` to now, handle its completions and reschedule its wake-up."""
-        self._sync(rep)
-        self._reschedule(rep)
-
     # -- observation ----------------------------------------------------------------------------
-    def sync_all(self) -> None:
-        """Run every live replica to now (before reading counters or gauges)."""
-        for rep in self.replicas:
-            if rep.engine is not None:
-                self.sync(rep)
-
     def in_flight(self) -> int:
         """Turns submitted and not yet delivered or cancelled."""
         return len(self._reqs)

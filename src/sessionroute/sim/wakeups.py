@@ -1,0 +1,113 @@
+"""Replica wake-ups: the lazy driving of the simulated replicas' engines.
+
+A replica's engine only runs when the simulator asks it to: on an arrival (see
+:class:`~sessionroute.sim.simulation.Simulation`), at a wake-up event at the engine's
+``next_event_time()``, and before its gauges or counters are read. A wake-up runs the engine to
+its time, hands every finished request to :meth:`ReplicaDriver._finish` and schedules the next
+wake-up; one whose time did not change is not scheduled again, and an older one left in the
+queue is stale (its token no longer matches) and does nothing. When the next wake-up would be
+the queue's very next event, it runs in the same callback (same order, still counted in
+``events``) instead of going through the heap.
+"""
+
+from __future__ import annotations
+
+from sessionroute.engine import RequestResult
+from sessionroute.sim.events import PRIO_WAKE, EventQueue
+from sessionroute.sim.replicas import SimReplica
+
+__all__ = ["ReplicaDriver"]
+
+
+class ReplicaDriver:
+    """Wake-up scheduling over ``queue`` for ``replicas`` (a base of the simulation).
+
+    Attributes:
+        queue: the simulation's event queue.
+        replicas: every replica slot, up or down.
+    """
+
+    queue: EventQueue
+    replicas: list[SimReplica]
+
+    def _finish(self, rep: SimReplica, r: RequestResult) -> None:
+        """Handle a request ``rep`` finished (the simulation's request lifecycle)."""
+        raise NotImplementedError
+
+    def _sync(self, rep: SimReplica) -> None:
+        """Run ``rep``'s engine to now and handle the requests that finished."""
+        engine = rep.engine
+        if engine is None:
+            return
+        for result in engine.advance(self.queue.clock._t):
+            self._finish(rep, result)
+
+    # -- replica wake-ups -----------------------------------------------------------------------
+    def _reschedule(self, rep: SimReplica) -> None:
+        engine = rep.engine
+        if engine is None:
+            return
+        t = engine.next_event_time()
+        if t is None:
+            rep.wake_t = None
+            return
+        if t == rep.wake_t:
+            return
+        queue = self.queue
+        now = queue.clock._t
+        if t < now:
+            t = now
+        token = rep.wake_token + 1
+        rep.wake_token = token
+        rep.wake_t = t
+        queue.push(t, PRIO_WAKE, self._wake, (rep, token))
+
+    def _wake(self, arg: tuple[SimReplica, int]) -> None:
+        rep, token = arg
+        if token != rep.wake_token:
+            return
+        rep.wake_t = None
+        engine = rep.engine
+        if engine is None:
+            return
+        queue = self.queue
+        clock = queue.clock
+        heap = queue._heap
+        while True:
+            for result in engine.advance(clock._t):
+                self._finish(rep, result)
+            t = engine.next_event_time()
+            if t is None:
+                return
+            now = clock._t
+            if t < now:
+                t = now
+            # The next wake-up would be the queue's next event (it would sort before the
+            # head: a later sequence number, so an equal head must have a higher priority):
+            # run it now, as the queue would, instead of pushing and popping it.
+            if (
+                (not heap or t < heap[0][0] or (t == heap[0][0] and heap[0][1] > PRIO_WAKE))
+                and t <= queue.t_end
+                and not queue.stopped
+            ):
+                clock._t = t
+                queue.events_run += 1
+                rep.wake_token += 1
+                continue
+            token = rep.wake_token + 1
+            rep.wake_token = token
+            rep.wake_t = t
+            queue.push(t, PRIO_WAKE, self._wake, (rep, token))
+            return
+
+    def sync(self, rep: SimReplica) -> None:
+        """Run ``rep`` to now, handle its completions and reschedule its wake-up."""
+        self._sync(rep)
+        self._reschedule(rep)
+
+    # -- observation ----------------------------------------------------------------------------
+    def sync_all(self) -> None:
+        """Run every live replica to now (before reading counters or gauges)."""
+        for rep in self.replicas:
+            if rep.engine is not None:
+                self.sync(rep)
