@@ -55,8 +55,8 @@ class VirtualClock:
 class EventQueue:
     """A heap of ``(time, priority, seq, callback, argument)`` owned by one simulation.
 
-    Far-future timers (:meth:`push_late`, e.g. rollout timeouts, which all lie an hour ahead
-    and are rarely cancelled) wait in a FIFO lane instead of the heap: an event goes there
+    Far-future timers (:meth:`push_late`, e.g. rollout timeouts, all an hour ahead, most of
+    them firing as no-ops) wait in a FIFO lane instead of the heap: an event goes there
     when it does not sort before the lane's last one (by time, then priority), so the lane
     stays sorted, and only the lane's first event is in the heap. Every event keeps the
     sequence number of its push, so the order of events is exactly the order a single heap
