@@ -85,3 +85,15 @@ def test_a_shared_prefix_is_common_to_every_namespace() -> None:
     b = expand_trace_blocks([5, 6], 64, 128, 32, namespace=2, shared_prefix_tokens=64)
     assert a[:2] == b[:2]
     assert a[2:] != b[2:]
+
+
+def test_trace_ids_are_chained_again_so_equal_ids_after_different_prefixes_never_share() -> None:
+    # ids [1, 7] and [2, 7]: block 1 carries the same trace id after different content, so
+    # its keys must differ (the replica model relies on chained keys; vLLM chains hashes).
+    a = expand_trace_blocks([1, 7], 64, 128, 64, namespace=0)
+    b = expand_trace_blocks([2, 7], 64, 128, 64, namespace=0)
+    assert len(a) == len(b) == 2
+    assert a[0] != b[0]
+    assert a[1] != b[1]
+    c = expand_trace_blocks([1, 7], 64, 128, 64, namespace=0)
+    assert c == a

@@ -117,13 +117,16 @@ def expand_trace_blocks(
 ) -> list[int]:
     """Keys at ``block_size`` for a prompt described by a trace's chained block ids.
 
-    Trace block ``j`` (id ``ids[j]``) covers tokens ``[j * src_block, (j + 1) * src_block)``
-    and, being chained, identifies all content up to its end. Block ``i`` at ``block_size``
-    ends at token ``e = (i + 1) * block_size``; its key is ``hash((namespace, ids[(e - 1) //
-    src_block], e))``, which identifies the content up to ``e``. Keys are made for every full
-    block with ``e <= n_tokens`` whose trace block exists. Blocks ending within the first
-    ``shared_prefix_tokens`` tokens get a namespace-free key (content shared by every session,
-    e.g. a system prompt the trace does not hash globally).
+    Trace block ``j`` (id ``ids[j]``) covers tokens ``[j * src_block, (j + 1) * src_block)``.
+    The ids are chained again here, ``c[j] = hash((c[j - 1], ids[j]))`` from ``c[-1] =
+    namespace``, so a key identifies all content up to its end even where a trace's ids are not
+    prefix-chained themselves (the replica model relies on chained keys, ENGINE.md; vLLM chains
+    its block hashes the same way); for chained ids such as Mooncake's ``hash_ids`` this changes
+    no sharing. Block ``i`` at ``block_size`` ends at token ``e = (i + 1) * block_size``; its key
+    is ``hash((c[(e - 1) // src_block], e))``. Keys are made for every full block with ``e <=
+    n_tokens`` whose trace block exists. Blocks ending within the first ``shared_prefix_tokens``
+    tokens get a namespace-free key (content shared by every session, e.g. a system prompt the
+    trace does not hash globally).
 
     Args:
         ids: chained trace block ids (Mooncake ``hash_ids``, Weka rebuilt ids).
@@ -138,14 +141,19 @@ def expand_trace_blocks(
     """
     n = n_tokens // block_size
     covered = len(ids) * src_block
+    if n * block_size > covered:
+        n = covered // block_size
+    chained: list[int] = []
+    c = namespace
+    for x in ids[: ((n * block_size - 1) // src_block + 1) if n else 0]:
+        c = hash((c, x))
+        chained.append(c)
     out: list[int] = []
     append = out.append
     for i in range(n):
         e = (i + 1) * block_size
-        if e > covered:
-            break
         if e <= shared_prefix_tokens:
             append(hash((-1, e)))
         else:
-            append(hash((namespace, ids[(e - 1) // src_block], e)))
+            append(hash((chained[(e - 1) // src_block], e)))
     return out
