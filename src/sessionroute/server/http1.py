@@ -199,7 +199,8 @@ class Connection(ResponseWriter, asyncio.Protocol):
             self._pause_reading()
             self.close_when_idle()
         except httptools.HttpParserError as exc:
-            self._bad_request(str(exc) or type(exc).__name__)
+            cause = exc.__context__ if isinstance(exc, httptools.HttpParserCallbackError) else None
+            self._bad_request(str(cause or exc) or type(exc).__name__)
         else:
             if self._in_head and self._head_bytes > MAX_HEAD_BYTES:
                 self._bad_request("request line and headers over 64 KiB")
@@ -286,6 +287,12 @@ class Connection(ResponseWriter, asyncio.Protocol):
 
     # -- handling ---------------------------------------------------------------------------
     def _start(self, req: Request) -> None:
+        if not self._begin(req):
+            self._finish()
+
+    def _begin(self, req: Request) -> bool:
+        """Hand ``req`` to the handler; False when it was answered at once (then call
+        :meth:`_finish`), True when its coroutine is scheduled on the connection's task."""
         self._current = req
         self.count += 1
         self._started = False
@@ -299,8 +306,7 @@ class Connection(ResponseWriter, asyncio.Protocol):
             coro = None
             self._internal_error()
         if coro is None:
-            self._finish()
-            return
+            return False
         self._pending = coro
         if self._task is None:
             self._task = self._loop.create_task(self._serve())
@@ -309,6 +315,7 @@ class Connection(ResponseWriter, asyncio.Protocol):
             if waiter is not None:
                 self._wakeup = None
                 waiter.set_result(None)
+        return True
 
     @property
     def task(self) -> asyncio.Task[None] | None:
@@ -350,16 +357,29 @@ class Connection(ResponseWriter, asyncio.Protocol):
             )
 
     def _finish(self) -> None:
+        """End the current request; start the queued (pipelined) ones, looping over those
+        answered at once (no recursion: a client may pipeline thousands of them)."""
+        while self._finish_one():
+            nxt = self._queue.popleft()
+            if self._read_paused and len(self._queue) < 4 and not self._bad:
+                self._read_paused = False
+                if self.transport is not None:
+                    self.transport.resume_reading()
+            if self._begin(nxt):
+                return
+
+    def _finish_one(self) -> bool:
+        """End the current request; True when the connection goes on to a queued one."""
         req = self._current
         self._current = None
         access = self._listener.access_log
         if access is not None and req is not None:
             access.info('"%s %s" %d', req.method, req.target.decode("latin-1"), self._status)
         if self._lost:
-            return
+            return False
         transport = self.transport
         if transport is None:
-            return
+            return False
         if req is not None and not req.complete:
             req.discard = True  # answered early (401, 413, ...): the rest is read and dropped
             req.parts = []
@@ -368,16 +388,11 @@ class Connection(ResponseWriter, asyncio.Protocol):
                 # reads the answer: linger until the body ends, for LINGER_S at most.
                 self._lingering = req
                 self._linger_timer = self._loop.call_later(LINGER_S, self.abort)
-                return
+                return False
         if not self._keep or self._closing:
             transport.close()
-            return
-        if self._queue:
-            nxt = self._queue.popleft()
-            if self._read_paused and len(self._queue) < 4 and not self._bad:
-                self._read_paused = False
-                transport.resume_reading()
-            self._start(nxt)
+            return False
+        return bool(self._queue)
 
     def _pause_reading(self) -> None:
         if not self._read_paused and self.transport is not None:
@@ -389,9 +404,14 @@ class Connection(ResponseWriter, asyncio.Protocol):
         self._pause_reading()
         self._queue.clear()
         current = self._current
-        if current is not None and not current.complete:
-            self.abort()  # the body in progress is broken: its handler is cancelled
-        elif current is None:
+        if self._lingering is not None:  # already answered; dropping the rest of the body
+            if self.transport is not None:
+                self.transport.close()
+        elif current is not None and not current.complete and self._started:
+            self.abort()  # the body in progress is broken, and so is the answer under way
+        elif current is None or not current.complete:
+            # No answer under way (a handler waiting for a broken body is cancelled when
+            # the close completes, after the 400 is flushed).
             self._started = False
             self._keep = False
             self._head_only = False

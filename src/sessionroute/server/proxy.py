@@ -122,7 +122,7 @@ async def proxy_request(conn: Connection, req: Request, router: Router) -> None:
     for name in router.request_id_names:
         raw_rid = lower.get(name)
         if raw_rid:
-            rid = raw_rid.decode("utf-8", "surrogateescape")
+            rid = raw_rid.decode("utf-8", "replace")  # policies hash it: no lone surrogates
             break
     else:
         rid = router.new_request_id(req.path)
@@ -139,7 +139,8 @@ async def proxy_request(conn: Connection, req: Request, router: Router) -> None:
         if value:
             value = value.rstrip(b" \t")
             if value:
-                session_id = value.decode("utf-8", "surrogateescape")
+                # "replace", as /finish_session decodes its query: the id must hash (UTF-8)
+                session_id = value.decode("utf-8", "replace")
                 session_header = label
                 break
     text: str | None = None

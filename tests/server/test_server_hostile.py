@@ -1,0 +1,83 @@
+"""Hostile clients over raw sockets: broken chunked bodies, pipelining floods, header bytes
+that are not UTF-8. Each must get a JSON error (or its answer), never a crash or a stall."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from .backend import FakeBackend
+from .conftest import MakeRouter
+from .test_server_http1 import _connect, _post, _response
+
+
+async def test_broken_chunked_body_gets_a_json_400(
+    backends: list[FakeBackend], make_router: MakeRouter
+) -> None:
+    """The handler waits for the body when its chunk framing breaks: a 400, not a reset."""
+    router = await make_router([backends[0].url])
+    reader, writer = await _connect(router.port)
+    writer.write(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nx-session-id: s\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\nzz\r\n"
+    )
+    status, headers, body = await _response(reader)
+    assert status == 400 and headers["connection"] == "close"
+    assert "chunk size" in json.loads(body)["error"]["message"]
+    assert await asyncio.wait_for(reader.read(), 5) == b""
+    writer.close()
+    assert router.router.core.cluster.in_flight(backends[0].url) == 0
+    assert not backends[0].seen
+
+
+async def test_thousands_of_pipelined_requests_behind_a_proxied_one(
+    backends: list[FakeBackend], make_router: MakeRouter
+) -> None:
+    """Queued requests answered at once are started in a loop, not by recursion."""
+    router = await make_router([backends[0].url])
+    reader, writer = await _connect(router.port)
+    n = 2000
+    writer.write(_post() + b"GET /nope HTTP/1.1\r\nHost: r\r\n\r\n" * n)
+    statuses = [(await _response(reader))[0] for _ in range(n + 1)]
+    assert statuses == [200] + [404] * n
+    writer.write(b"GET /liveness HTTP/1.1\r\nHost: r\r\n\r\n")
+    assert (await _response(reader))[0] == 200
+    writer.close()
+
+
+async def test_header_callback_errors_name_their_cause(
+    backends: list[FakeBackend], make_router: MakeRouter
+) -> None:
+    router = await make_router([backends[0].url])
+    reader, writer = await _connect(router.port)
+    writer.write(b"GET /" + b"a" * 70000 + b" HTTP/1.1\r\nHost: r\r\n\r\n")
+    status, _, body = await _response(reader)
+    assert status == 400 and "over 64 KiB" in json.loads(body)["error"]["message"]
+    writer.close()
+
+
+async def test_session_and_request_ids_that_are_not_utf8(
+    backends: list[FakeBackend], make_router: MakeRouter
+) -> None:
+    """Ids are hashed as UTF-8: invalid bytes are replaced (as /finish_session decodes its
+    query), never a 500; the id echoed back is the bytes received."""
+    for policy in ("consistent_hash", "sticky_least_loaded"):
+        router = await make_router([b.url for b in backends], policy=policy)
+        for header in (b"x-session-id: \xff\xfe", b"x-request-id: \xff"):
+            reader, writer = await _connect(router.port)
+            writer.write(_post().replace(b"x-session-id: s", header))
+            status, headers, _ = await _response(reader)
+            assert status == 200, (policy, header)
+            if header.startswith(b"x-request-id"):
+                assert headers["x-request-id"] == "\xff"  # latin-1 view of the raw byte
+            writer.close()
+        core = router.router.core
+        if policy == "sticky_least_loaded":
+            assert core.policy.worker_of("\ufffd\ufffd") is not None
+        reader, writer = await _connect(router.port)
+        writer.write(b"POST /finish_session?session_id=%FF%FE HTTP/1.1\r\nHost: r\r\n\r\n")
+        status, _, body = await _response(reader)
+        assert status == 200 and json.loads(body)["session_id"] == "\ufffd\ufffd"
+        writer.close()
+        if policy == "sticky_least_loaded":
+            assert core.policy.worker_of("\ufffd\ufffd") is None
