@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import AsyncIterator
+
+import pytest
 
 from .backend import FakeBackend
 from .conftest import MakeRouter
 from .test_server_http1 import _connect, _post, _response
+from .test_server_upstream import OK_BODY, RawBackend, fixed
 
 
 async def test_broken_chunked_body_gets_a_json_400(
@@ -81,3 +85,66 @@ async def test_session_and_request_ids_that_are_not_utf8(
         writer.close()
         if policy == "sticky_least_loaded":
             assert core.policy.worker_of("\ufffd\ufffd") is None
+
+
+@pytest.fixture
+async def worker() -> AsyncIterator[RawBackend]:
+    backend = await RawBackend().start()
+    yield backend
+    await backend.stop()
+
+
+async def test_a_second_response_to_one_request_is_not_relayed(
+    worker: RawBackend, make_router: MakeRouter
+) -> None:
+    """A worker that answers twice (in one packet) must not splice its second answer's
+    headers and body into the first: the connection is closed instead of reused."""
+    extra = b"HTTP/1.1 200 OK\r\nX-Evil: 1\r\nContent-Length: 7\r\n\r\nSMUGGLE"
+    answers = [fixed() + extra, fixed(b'{"second": true}')]
+    worker.respond = lambda head: (answers.pop(0), False)
+    router = await make_router([worker.url])
+    reader, writer = await _connect(router.port)
+    writer.write(_post())
+    status, headers, body = await _response(reader)
+    assert status == 200 and "x-evil" not in headers and body == OK_BODY
+    opened = worker.connections
+    writer.write(_post())
+    status, _, body = await _response(reader)
+    assert status == 200 and body == b'{"second": true}'
+    assert worker.connections == opened + 1  # the desynchronized connection was not reused
+    writer.close()
+
+
+@pytest.mark.parametrize("status", [204, 304])
+async def test_bodyless_statuses_are_relayed_without_framing(
+    status: int, worker: RawBackend, make_router: MakeRouter
+) -> None:
+    """A 204/304 has no body: no chunked framing (a stray ``0\\r\\n\\r\\n`` would be read as
+    the next response on the client's keep-alive connection)."""
+    worker.respond = lambda head: (b"HTTP/1.1 %d X\r\n\r\n" % status, False)
+    router = await make_router([worker.url])
+    reader, writer = await _connect(router.port)
+    writer.write(_post() + b"GET /liveness HTTP/1.1\r\nHost: r\r\n\r\n")
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+    assert head.startswith(b"HTTP/1.1 %d " % status)
+    assert b"transfer-encoding" not in head.lower() and b"content-length" not in head.lower()
+    status2, _, body = await _response(reader)  # the next answer follows at once
+    assert status2 == 200 and json.loads(body) == {"status": "alive"}
+    writer.close()
+    assert router.router.core.cluster.in_flight(worker.url) == 0
+
+
+async def test_an_upgrade_answer_from_a_worker_is_a_502(
+    worker: RawBackend, make_router: MakeRouter
+) -> None:
+    worker.respond = lambda head: (
+        b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\nConnection: upgrade\r\n\r\nxx",
+        True,
+    )
+    router = await make_router([worker.url], retry_max_retries=2)
+    reader, writer = await _connect(router.port)
+    writer.write(_post())
+    status, _, body = await _response(reader)
+    assert status == 502 and "101" in json.loads(body)["error"]["message"]
+    writer.close()
+    assert router.router.core.cluster.in_flight(worker.url) == 0

@@ -59,7 +59,8 @@ class WorkerConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         try:
             self._parser.feed_data(data)
-        except httptools.HttpParserError as exc:  # the parser callbacks raise nothing else
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
+            # (the parser callbacks raise nothing else; an upgrade is a 101, refused below)
             ex = self.exchange
             if ex is not None:
                 ex._fail(UpstreamError(f"malformed response: {exc.__context__ or exc}"))
@@ -74,7 +75,7 @@ class WorkerConnection(asyncio.Protocol):
     # -- parser callbacks (an AttributeError while idle is a protocol error) ---------------
     def on_message_begin(self) -> None:
         ex = self.exchange
-        if ex is None:
+        if ex is None or ex.complete:  # a second response to one request: desync
             raise RuntimeError("unsolicited response")
         ex.headers = []
         ex.reason = b""
@@ -246,7 +247,10 @@ class Exchange:
                 waiter.set_result(None)
 
     def _on_head(self, status: int, keep_alive: bool) -> None:
-        if 100 <= status < 200 and status != 101:
+        if status == 101:  # the router asked for no upgrade: nothing valid can follow
+            self._fail(UpstreamError("unexpected 101 Switching Protocols"))
+            return
+        if 100 <= status < 200:
             self._info = True  # an interim response: the real one follows
             return
         self.status = status

@@ -181,7 +181,9 @@ class ResponseWriter:
         self._started = True
         self._status = status
         self._chunked = False
-        if length is not None:
+        if status in (204, 304):  # never a body, nor a framing header (RFC 9110 6.4.1)
+            framing = b""
+        elif length is not None:
             framing = b"Content-Length: %d\r\n" % length
         elif self._http10:
             framing = b""
