@@ -39,6 +39,7 @@ class TraceFormatError(SessionRouteError, ValueError):
         path: the file.
         line: 1-based line number in the file.
         field: the offending column or key.
+        message: what is wrong with it.
     """
 
     def __init__(self, path: str, line: int, field: str, message: str) -> None:
@@ -46,3 +47,9 @@ class TraceFormatError(SessionRouteError, ValueError):
         self.path = path
         self.line = line
         self.field = field
+        self.message = message
+
+    def __reduce__(self) -> tuple[type[TraceFormatError], tuple[str, int, str, str]]:
+        # Rebuilt from the four constructor arguments: the default (from ``args``, the one
+        # formatted string) fails to unpickle, which broke ``compare``'s process pool.
+        return (type(self), (self.path, self.line, self.field, self.message))

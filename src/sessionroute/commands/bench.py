@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import re
 from typing import Any
 
 __all__ = ["register"]
@@ -21,6 +22,23 @@ _TARGETS: dict[str, tuple[str, str]] = {
 }
 
 
+class _DefaultsFormatter(argparse.HelpFormatter):
+    """Appends ``(default: X)`` to an option's help unless the help already names a default."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if (
+            "default" in text
+            or re.search(r"\([0-9.]+\)$", text)  # "seconds per row (10)" already says it
+            or not action.option_strings
+            or action.default is None
+            or action.default is False
+            or action.default is argparse.SUPPRESS
+        ):
+            return action.help
+        return f"{text} (default: %(default)s)".lstrip()
+
+
 def register(sub: Any) -> None:
     parser = sub.add_parser(
         "bench",
@@ -33,9 +51,14 @@ def register(sub: Any) -> None:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError:
             continue
-        p = targets.add_parser(name, help=help_text, description=help_text)
+        p = targets.add_parser(
+            name, help=help_text, description=help_text, formatter_class=_DefaultsFormatter
+        )
         p.add_argument("--json", action="store_true", help="print one JSON document")
         module.add_arguments(p)
+        for action in p._actions:  # options a bench module left without help still show it
+            if action.help is None and action.option_strings and action.default is not None:
+                action.help = "(default: %(default)s)"
         p.set_defaults(handler=_make_handler(module))
 
 

@@ -41,6 +41,7 @@ from sessionroute.sim.spec import (
     SimOptions,
     WorkloadSection,
 )
+from sessionroute.workloads.registry import workload_config
 
 __all__ = [
     "ArmSpec",
@@ -157,7 +158,10 @@ def parse_experiment(
         spec = ExperimentSpec.model_validate(expanded)
     except ValidationError as err:
         raise ConfigError(_format_validation(err, source)) from None
-    resolve_arms(spec)  # refuse unmatched arms and bad policies early
+    try:  # refuse unmatched arms, bad policies and bad workloads early
+        resolve_arms(spec)
+    except ConfigError as err:
+        raise type(err)(f"{source}: {err}") from None
     return spec
 
 
@@ -217,9 +221,10 @@ def resolve_arms(spec: ExperimentSpec) -> list[ResolvedArm]:
     """Merge each arm's overrides, validate policies, and refuse unmatched arms.
 
     Raises:
-        ConfigError: for an unknown policy or option, duplicate arm names, an override of an
-            unknown section, or arms that differ in anything but the policy (the differences
-            are listed) unless declared in ``allow_differences``.
+        ConfigError: for an unknown policy or option, an unknown workload kind or option,
+            duplicate arm names, an override of an unknown section, or arms that differ in
+            anything but the policy (the differences are listed) unless declared in
+            ``allow_differences``.
     """
     base = spec.model_dump(include=set(_SHARED_KEYS))
     arms: list[ResolvedArm] = []
@@ -235,6 +240,8 @@ def resolve_arms(spec: ExperimentSpec) -> list[ResolvedArm]:
             checked = ExperimentSpec.model_validate({**merged, "arms": [{"policy": arm.policy}]})
         except ValidationError as err:
             raise ConfigError(_format_validation(err, f"arms[{i}].overrides")) from None
+        # the workload's kind and options, checked here rather than in each run's process
+        workload_config(checked.workload.kind, checked.workload.steps, checked.workload.options)
         settings = checked.model_dump(include=set(_SHARED_KEYS))
         cls = policy_class(arm.policy)
         make_config(cls, arm.policy_options)

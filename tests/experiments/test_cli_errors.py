@@ -1,0 +1,93 @@
+"""A newcomer's mistakes get one clear error line, not a traceback or the wrong usage."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import pytest
+
+from sessionroute.cli import main
+from sessionroute.errors import TraceFormatError
+
+
+def test_trace_format_error_survives_pickling() -> None:
+    # compare's worker processes send it back to the parent pickled
+    err = TraceFormatError("t.csv", 3, "row", "missing column")
+    back = pickle.loads(pickle.dumps(err))
+    assert isinstance(back, TraceFormatError)
+    assert str(back) == "t.csv:3: field 'row': missing column"
+    assert (back.path, back.line, back.field, back.message) == (
+        "t.csv",
+        3,
+        "row",
+        "missing column",
+    )
+
+
+def test_broken_trace_in_parallel_runs_is_a_clear_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "broken.csv"
+    trace.write_text("a,b,c\n1,2\n", encoding="utf-8")
+    argv = ["compare", "--workload", str(trace), "--policies", "round_robin,random"]
+    rc = main([*argv, "--jobs", "2", "--out", str(tmp_path / "out")])
+    err = " ".join(capsys.readouterr().err.split())  # rich wraps long lines
+    assert rc == 2
+    assert "broken.csv:1: field 'row'" in err
+    assert "Traceback" not in err and "BrokenProcessPool" not in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "prog"),
+    [
+        (["compare", "--bogus"], "sessionroute compare"),
+        (["compare", "a.toml", "b.toml"], "sessionroute compare"),
+        (["bench", "engine", "--bogus"], "sessionroute bench engine"),
+        (["emulate", "--bogus"], "sessionroute emulate"),
+    ],
+)
+def test_unknown_flag_is_reported_by_the_subcommand(
+    argv: list[str], prog: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exc.value.code == 2
+    assert f"{prog}: error: unrecognized arguments: {argv[-1]}" in err
+    assert err.startswith(f"usage: {prog} ")
+
+
+def test_dry_run_refuses_an_unknown_workload_kind(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    exp = tmp_path / "exp.toml"
+    exp.write_text('[workload]\nkind = "nosuch"\n[[arms]]\npolicy = "round_robin"\n', "utf-8")
+    rc = main(["compare", str(exp), "--dry-run"])
+    captured = capsys.readouterr()
+    assert rc == 2
+    assert captured.out == ""  # no plan printed
+    assert "exp.toml: unknown workload kind 'nosuch'" in " ".join(captured.err.split())
+
+
+def test_dry_run_refuses_an_unknown_workload_option(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    exp = tmp_path / "exp.toml"
+    body = '[workload]\nkind = "toy"\noptions = {{{}}}\n[[arms]]\npolicy = "random"\n'
+    exp.write_text(body.format("sessions = 4"), "utf-8")
+    assert main(["compare", str(exp), "--dry-run"]) == 0  # the control: a valid option
+    capsys.readouterr()
+    exp.write_text(body.format("bogus = 1"), "utf-8")
+    assert main(["compare", str(exp), "--dry-run"]) == 2
+    assert "workload 'toy': unknown option 'bogus'" in " ".join(capsys.readouterr().err.split())
+
+
+def test_bench_help_shows_defaults(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["bench", "sim", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--replicas REPLICAS (default: 3)" in text
+    assert "--seed SEED (default: 0)" in text
+    assert "--steps STEPS RL steps (swe-rl) (default: 20)" in text
+    assert "(default: False)" not in text
