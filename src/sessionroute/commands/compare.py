@@ -28,10 +28,13 @@ def register(sub: Any) -> None:
     parser = sub.add_parser(
         "compare",
         help="compare routing policies on a workload (simulated or live)",
+        # RawDescriptionHelpFormatter keeps the epilog's layout, so the description is
+        # wrapped here
         description=(
-            "Run matched arms that differ only in the routing policy on the same workload and "
-            "seed, then print a comparison table and write results.json, timeseries.csv and "
-            "report.html. Without FILE, runs the built-in default experiment."
+            "Run matched arms that differ only in the routing policy on the same workload and\n"
+            "seed, then print a comparison table and write results.json, config.resolved.toml,\n"
+            "timeseries.csv, steps.csv and report.html. Without FILE, runs the built-in default\n"
+            "experiment (examples/default.toml)."
         ),
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -44,7 +47,11 @@ def register(sub: Any) -> None:
     parser.add_argument(
         "--policies", help="comma-separated policies, one arm each (replaces FILE's arms)"
     )
-    parser.add_argument("--steps", type=int, help="RL steps to run (swe-rl)")
+    parser.add_argument(
+        "--steps",
+        type=int,
+        help="RL steps to run (swe-rl; default: the file's, 20 in the default experiment)",
+    )
     parser.add_argument("--seed", type=int, help="base seed (repeat k uses seed + k)")
     parser.add_argument("--repeats", type=int, help="runs per arm; >= 2 shows 95 %% intervals")
     parser.add_argument(

@@ -33,7 +33,12 @@ def register(sub: Any) -> None:
         help="simulated seconds per wall second (10: ten times faster than the GPU; default 1)",
     )
     a("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
-    a("--port", type=int, default=8100, help="first port; replica i uses port+i (0: free ports)")
+    a(
+        "--port",
+        type=int,
+        default=8100,
+        help="first port; replica i uses port+i (default 8100; 0: free ports)",
+    )
     a("--model", default=None, help="served model name (default: the profile name)")
     a("--block-size", type=int, default=16, help="tokens per KV block (default 16)")
     a("--kv-capacity-tokens", type=int, default=None, help="KV capacity (default: profile's)")
@@ -53,7 +58,12 @@ def register(sub: Any) -> None:
         default=5.0,
         help="wall ms between token progress reads while streaming (default 5)",
     )
-    a("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    a(
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="log level (default info)",
+    )
     parser.set_defaults(handler=_run)
 
 
