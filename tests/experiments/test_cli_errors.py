@@ -91,3 +91,16 @@ def test_bench_help_shows_defaults(capsys: pytest.CaptureFixture[str]) -> None:
     assert "--seed SEED (default: 0)" in text
     assert "--steps STEPS RL steps (swe-rl) (default: 20)" in text
     assert "(default: False)" not in text
+
+
+def test_unusable_out_dir_fails_before_the_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("", encoding="utf-8")
+    out = blocker / "run"  # a directory cannot be created under a file
+    rc = main(["compare", "--workload", "toy", "--policies", "random", "--out", str(out)])
+    err = " ".join(capsys.readouterr().err.split())
+    assert rc == 2
+    assert f"cannot create output directory {str(out)!r}" in err
+    assert "random" not in err.split("error:")[0]  # no arm was started

@@ -146,6 +146,15 @@ def _run(args: argparse.Namespace) -> int:
         plan = resolved_experiment(spec, arms)
         print(json.dumps(plan, indent=2))
         return 0
+    if args.out is not None:  # a bad --out fails now, not after the whole run
+        try:
+            Path(args.out).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            err_console.print(
+                f"[red]error:[/red] cannot create output directory {args.out!r}: {exc}",
+                highlight=False,
+            )
+            return 2
     from sessionroute.experiments.progress import RichReporter
     from sessionroute.experiments.sim_arm import simulate_arm
     from sessionroute.experiments.table import print_comparison
