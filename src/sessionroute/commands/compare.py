@@ -42,7 +42,10 @@ def register(sub: Any) -> None:
     parser.add_argument("file", nargs="?", metavar="FILE", help="experiment file (TOML)")
     parser.add_argument(
         "--workload",
-        help="swe-rl, toy, trace:weka, trace:mooncake, or a trace file path (overrides FILE)",
+        help=(
+            "swe-rl, toy, trace:weka, trace:mooncake, or a .csv/.jsonl trace path "
+            "(replaces the kind and options of FILE's [workload])"
+        ),
     )
     parser.add_argument(
         "--policies", help="comma-separated policies, one arm each (replaces FILE's arms)"
