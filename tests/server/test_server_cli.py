@@ -101,7 +101,9 @@ def test_unknown_and_unsupported_flags_fail_clearly(
     with pytest.raises(SystemExit) as exc:
         main(["serve", *argv])
     assert exc.value.code == 2
-    assert needle in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert needle in err
+    assert len(err.splitlines()) == 2 and "see --help" in err  # short usage, then the error
 
 
 @pytest.mark.parametrize(

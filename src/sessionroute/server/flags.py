@@ -126,7 +126,12 @@ class _Unsupported(argparse.Action):
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add every ``serve`` flag to ``parser`` (defaults shown by ``--help``)."""
+    """Add every ``serve`` flag to ``parser`` (defaults shown by ``--help``).
+
+    The usage line is short: argparse's generated one lists all ~35 flags, and printed it
+    above every error (a mistyped flag scrolled its one-line message off a 30-line block).
+    """
+    parser.usage = "%(prog)s [--worker-urls URL ...] [--policy POLICY] [options] (see --help)"
     d = DEFAULTS
     a = parser.add_argument
     a("--host", default=d["host"], help="address to bind (default: %(default)s)")
