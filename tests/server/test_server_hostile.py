@@ -148,3 +148,28 @@ async def test_an_upgrade_answer_from_a_worker_is_a_502(
     assert status == 502 and "101" in json.loads(body)["error"]["message"]
     writer.close()
     assert router.router.core.cluster.in_flight(worker.url) == 0
+
+
+async def test_client_gone_before_the_answer_counts_499_and_releases(
+    backends: list[FakeBackend], make_router: MakeRouter
+) -> None:
+    b = backends[0]
+    b.hold = asyncio.Event()
+    router = await make_router([b.url], policy="sticky_least_loaded")
+    core = router.router.core
+    reader, writer = await _connect(router.port)
+    writer.write(_post())
+    while not b.seen:  # the request reached the worker, which holds its answer
+        await asyncio.sleep(0.005)
+    assert core.cluster.in_flight(b.url) == 1
+    writer.transport.abort()
+    while core.cluster.in_flight(b.url):
+        await asyncio.sleep(0.005)
+    text = router.router.metrics.render().decode()
+    assert f'sessionroute_requests_total{{status="499",worker="{b.url}"}} 1.0' in text
+    b.hold.set()
+    reader, writer = await _connect(router.port)  # the router serves on
+    writer.write(_post())
+    assert (await _response(reader))[0] == 200
+    writer.close()
+    assert core.cluster.in_flight(b.url) == 0

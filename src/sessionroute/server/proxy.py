@@ -248,6 +248,7 @@ async def _forward(
                 continue
             except asyncio.CancelledError:
                 if not ex.is_timeout():
+                    metrics.count_request(worker, 499)  # the client went away (or shutdown)
                     raise
                 router.record_failure(worker)
                 metrics.count_request(worker, 504)
