@@ -173,3 +173,19 @@ async def test_client_gone_before_the_answer_counts_499_and_releases(
     assert (await _response(reader))[0] == 200
     writer.close()
     assert core.cluster.in_flight(b.url) == 0
+
+
+@pytest.mark.parametrize("status", [200, 503])
+async def test_a_body_that_stalls_past_the_timeout_is_a_504(
+    status: int, worker: RawBackend, make_router: MakeRouter
+) -> None:
+    """The head came, the (small, buffered) body never ends: an upstream timeout (504) both
+    when relaying it and when draining a retried 503, as for a head that never comes."""
+    worker.respond = lambda head: (b"HTTP/1.1 %d X\r\nContent-Length: 100\r\n\r\n{" % status, False)
+    router = await make_router([worker.url], request_timeout_secs=0.2, retry_max_retries=2)
+    reader, writer = await _connect(router.port)
+    writer.write(_post())
+    got, _, body = await _response(reader)
+    assert got == 504 and json.loads(body)["error"]["code"] == "upstream_timeout"
+    writer.close()
+    assert router.router.core.cluster.in_flight(worker.url) == 0

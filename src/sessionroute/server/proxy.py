@@ -300,13 +300,15 @@ async def _drain(ex: Exchange) -> bool:
 
 
 def _timeout_reading(conn: Connection, router: Router, worker: str, rid: bytes) -> None:
+    """The deadline passed while reading a buffered body: a 504, as for a missing head."""
     router.record_failure(worker)
-    router.metrics.count_request(worker, 502)
+    router.metrics.count_request(worker, 504)
     _error(
         conn,
-        502,
-        f"upstream {worker} failed while sending its response: timeout",
-        "upstream_error",
+        504,
+        f"upstream {worker} did not finish its response within "
+        f"{router.settings.request_timeout_secs} s",
+        "upstream_timeout",
         rid,
     )
 
