@@ -189,3 +189,21 @@ async def test_a_body_that_stalls_past_the_timeout_is_a_504(
     assert got == 504 and json.loads(body)["error"]["code"] == "upstream_timeout"
     writer.close()
     assert router.router.core.cluster.in_flight(worker.url) == 0
+
+
+async def test_oversize_chunked_body_message_reads_well(
+    backends: list[FakeBackend], make_router: MakeRouter
+) -> None:
+    router = await make_router([backends[0].url], max_payload_size=1000)
+    reader, writer = await _connect(router.port)
+    writer.write(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nTransfer-Encoding: chunked\r\n\r\n"
+        + (b"3e8\r\n" + b"a" * 1000 + b"\r\n") * 2
+        + b"0\r\n\r\n"
+    )
+    status, _, body = await _response(reader)
+    assert status == 413
+    assert json.loads(body)["error"]["message"] == (
+        "request body of over 1000 bytes exceeds --max-payload-size of 1000 bytes"
+    )
+    writer.close()

@@ -174,7 +174,7 @@ async def proxy_request(conn: Connection, req: Request, router: Router) -> None:
 
 def _too_large(conn: Connection, req: Request, limit: int, rid: bytes) -> None:
     length = req.content_length
-    got = f"{length} bytes" if length is not None and length > limit else "more"
+    got = f"{length} bytes" if length is not None and length > limit else f"over {limit} bytes"
     resp = error_response(
         413,
         f"request body of {got} exceeds --max-payload-size of {limit} bytes",
