@@ -24,6 +24,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -261,9 +262,15 @@ def _median_rows(raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 async def _start(cmd: list[str], url: str, port: int, procs: list[subprocess.Popen[bytes]]) -> int:
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    procs.append(proc)
-    await _wait_listening(url, proc, 60)
+    with tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
+        procs.append(proc)
+        try:
+            await _wait_listening(url, proc, 60)
+        except RuntimeError as e:
+            err.seek(0)
+            tail = err.read()[-2000:].decode(errors="replace").strip()
+            raise RuntimeError(f"{e}; its stderr ends with: {tail or '(nothing)'}") from None
     return _listener_pid(port) or proc.pid
 
 
@@ -292,7 +299,8 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
                 binary = _vllm_router_binary()
                 if binary is None:
                     continue
-                cmd = [binary, *common]
+                # its Prometheus listener defaults to port 29000, which may be taken
+                cmd = [binary, *common, "--prometheus-port", str(_free_port())]
                 with contextlib.suppress(Exception):
                     from importlib.metadata import version
 
