@@ -247,3 +247,41 @@ async def test_connection_serves_on_after_an_upstream_timeout(
     assert conn.task is not None and not conn.task.done() and conn.task.cancelling() == 0
     writer.close()
     assert router.router.core.cluster.in_flight(b.url) == 0
+
+
+async def test_a_client_stalled_mid_body_is_disconnected_and_a_slow_one_is_not() -> None:
+    from sessionroute.server.http1 import Connection, Request
+    from sessionroute.server.listener import Listener
+    from sessionroute.server.wire import json_response
+
+    cancelled: list[bool] = []
+
+    async def handle(conn: Connection, req: Request) -> None:
+        try:
+            parts = await req.body()
+        except asyncio.CancelledError:
+            cancelled.append(True)
+            raise
+        conn.respond(json_response({"bytes": sum(map(len, parts or []))}))
+
+    listener = Listener(handle, max_body=1 << 20, keepalive_s=1.0)  # sweeps every 0.5 s
+    port = await listener.start("127.0.0.1", 0)
+    try:
+        head = b"POST /x HTTP/1.1\r\nHost: r\r\nContent-Length: 30\r\n\r\n"
+        stalled_r, stalled_w = await _connect(port)
+        stalled_w.write(head + b"0123456789")  # 10 of 30 body bytes, then nothing
+        slow_r, slow_w = await _connect(port)
+        slow_w.write(head)
+        for _ in range(30):  # one byte every 50 ms: 1.5 s in all, three sweeps
+            await asyncio.sleep(0.05)
+            slow_w.write(b"x")
+        status, _, body = await _response(slow_r)
+        assert status == 200 and json.loads(body) == {"bytes": 30}
+        assert await asyncio.wait_for(stalled_r.read(), 5) == b""  # disconnected
+        assert cancelled == [True]
+        # an idle keep-alive connection is closed too
+        assert await asyncio.wait_for(slow_r.read(), 5) == b""
+        for w in (stalled_w, slow_w):
+            w.close()
+    finally:
+        await listener.shutdown(1.0)

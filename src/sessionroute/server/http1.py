@@ -162,6 +162,9 @@ class Connection(ResponseWriter, asyncio.Protocol):
         self.count = 0
         """Requests started on this connection (the idle sweep compares it)."""
         self.seen_count = -1
+        self.received = 0
+        """Bytes received on this connection (the sweep finds stalled bodies with it)."""
+        self.seen_received = -1
 
     # -- asyncio.Protocol ---------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -186,6 +189,7 @@ class Connection(ResponseWriter, asyncio.Protocol):
         if self._bad:
             return
         self._last_read = n = len(data)
+        self.received += n
         if self._in_head:  # a head spanning reads: bound what the parser accumulates
             self._head_bytes += n
         try:
@@ -420,6 +424,11 @@ class Connection(ResponseWriter, asyncio.Protocol):
                 self.transport.close()
         else:
             self._closing = True  # the response in progress is the last one
+
+    def awaiting_body(self) -> bool:
+        """Whether the request being handled is still receiving its body from the client."""
+        req = self._current
+        return req is not None and req is self._parsing and not self._read_paused
 
     def close_when_idle(self) -> None:
         """No more requests on this connection: close it now if idle, else after the

@@ -20,7 +20,9 @@ class Listener:
     Args:
         handler: see :data:`Handler`.
         max_body: largest request body, bytes (larger ones are flagged ``too_large``).
-        keepalive_s: idle keep-alive connections are closed after about this many seconds.
+        keepalive_s: idle keep-alive connections are closed after about this many seconds,
+            and so is a connection whose client stopped sending the body of the request being
+            handled (no byte for that long; the handler's task is cancelled).
         access_log: where to log one line per request (none when None).
     """
 
@@ -66,7 +68,10 @@ class Listener:
             for conn in list(self.connections):
                 if conn._current is None and conn.count == conn.seen_count:
                     conn.close_when_idle()
+                elif conn.awaiting_body() and conn.received == conn.seen_received:
+                    conn.abort()  # sent a head, then no byte of its body for a whole sweep
                 conn.seen_count = conn.count
+                conn.seen_received = conn.received
 
     def _forget(self, conn: Connection) -> None:
         self.connections.discard(conn)
