@@ -145,3 +145,8 @@ def test_trace_lookup_uses_the_environment_then_fails_clearly(tmp_path: Path) ->
     assert resolve_trace("x.csv", env={TRACES_ENV: str(tmp_path)}) == tmp_path / "x.csv"
     with pytest.raises(ConfigError, match=TRACES_ENV):
         resolve_trace("no-such-trace.csv", env={TRACES_ENV: str(tmp_path)})
+
+
+def test_a_directory_given_as_a_trace_is_named_as_such(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="is a directory"):
+        resolve_trace(str(tmp_path), env={TRACES_ENV: str(tmp_path)})

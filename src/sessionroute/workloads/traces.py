@@ -47,11 +47,14 @@ def resolve_trace(name: str, env: Mapping[str, str] | None = None) -> Path:
     """The path of trace file ``name`` (an existing path, or a file name in a trace dir).
 
     Raises:
-        ConfigError: if it is found nowhere (the message lists where it looked).
+        ConfigError: if it is a directory, or found nowhere (the message lists where it
+            looked).
     """
     p = Path(name)
     if p.is_file():
         return p
+    if p.is_dir():
+        raise ConfigError(f"trace {name!r} is a directory; give the trace file inside it")
     looked = [p]
     if not p.is_absolute():
         for d in trace_dirs(env):
