@@ -127,3 +127,17 @@ def test_missing_and_non_toml_file(tmp_path: Path) -> None:
     bad.write_text("this is = = not toml")
     with pytest.raises(ConfigError, match="not valid TOML"):
         load_experiment(bad)
+
+
+def test_an_unset_setting_is_shown_as_unset_in_the_difference() -> None:
+    data = {
+        "arms": [
+            {"policy": "consistent_hash"},
+            {"policy": "sticky_least_loaded", "overrides": {"replicas": {"block_size": 64}}},
+        ],
+    }
+    with pytest.raises(ConfigError) as info:
+        parse_experiment(data)
+    msg = str(info.value)
+    assert "replicas.block_size" in msg
+    assert "(unset: default)" in msg and "None" not in msg and "64" in msg

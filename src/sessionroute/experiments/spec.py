@@ -204,6 +204,11 @@ def _flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def _shown(value: Any) -> str:
+    """A setting's value in the arms-differ message (TOML has no null: None means unset)."""
+    return "(unset: default)" if value is None else repr(value)
+
+
 def arm_differences(a: ResolvedArm, b: ResolvedArm) -> dict[str, tuple[Any, Any]]:
     """Dotted keys whose values differ between two arms' settings: key -> (a, b)."""
     fa, fb = _flatten(a.settings), _flatten(b.settings)
@@ -266,7 +271,8 @@ def resolve_arms(spec: ExperimentSpec) -> list[ResolvedArm]:
         }
         if diffs:
             shown = "\n".join(
-                f"  {k}: {first.name}={a!r} vs {other.name}={b!r}" for k, (a, b) in diffs.items()
+                f"  {k}: {first.name}={_shown(a)} vs {other.name}={_shown(b)}"
+                for k, (a, b) in diffs.items()
             )
             raise ConfigError(
                 f"arms {first.name!r} and {other.name!r} differ in more than the policy:\n{shown}\n"
