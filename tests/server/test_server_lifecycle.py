@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import aiohttp
 import openai
+import pytest
 
 from sessionroute.clock import ManualClock
+from sessionroute.server import RouterSettings
+from sessionroute.server.runner import serve
 from sessionroute.types import DecisionKind
 
 from .backend import FakeBackend
-from .conftest import MakeRouter, post_chat
+from .conftest import FAST, MakeRouter, post_chat
 
 
 async def test_scenario7_idle_session_is_placed_as_new(
@@ -127,3 +131,17 @@ async def test_openai_sdk_async_and_sync(
     assert text == "tok0 tok1 tok2 "
     served = [b for b in backends if b.seen]
     assert len(served) == 1 and set(served[0].sessions()) == {"sdk-a"}
+
+
+async def test_serve_without_workers_warns_how_to_add_one(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="sessionroute.server")
+    stop = asyncio.Event()
+    task = asyncio.create_task(serve(RouterSettings.build(**FAST, worker_urls=()), stop))
+    for _ in range(1000):  # until the router is up and has logged
+        if task.done() or any("no workers" in r.getMessage() for r in caplog.records):
+            break
+        await asyncio.sleep(0.01)
+    stop.set()
+    await task
+    warned = [r.getMessage() for r in caplog.records if "no workers" in r.getMessage()]
+    assert len(warned) == 1 and "/add_worker" in warned[0]

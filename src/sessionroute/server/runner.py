@@ -109,6 +109,11 @@ async def serve(settings: RouterSettings, stop: asyncio.Event | None = None) -> 
         settings.policy,
         list(settings.worker_urls),
     )
+    if not settings.worker_urls:
+        log.warning(
+            "no workers: generation requests get 503 until one is added "
+            "(POST /add_worker?url=http://HOST:PORT, or --worker-urls at start)"
+        )
     try:
         await stop.wait()
         log.info("shutting down (in-flight requests get %.0f s)", settings.shutdown_timeout_secs)
