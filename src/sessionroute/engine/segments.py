@@ -226,6 +226,21 @@ class SegmentPool(SegmentStore):
             p = top
             i += 1
 
+    @staticmethod
+    def _fillable_in_place(r: Holder, p: int) -> _Seg | None:
+        """The segment in which ``r``'s block ``p`` extends ``r``'s own cached run, else None.
+
+        That is ``r``'s own last segment, offered to the cache up to ``p`` with ``p - 1``
+        cached (not a hole): only a start can then hold ``keys[p]``, so one dict probe decides.
+        """
+        res: _Res = r.blocks[-1].res
+        seg = res.segs[-1]
+        if res.owner is r and seg.creg == p and seg.lo < p < seg.hi:
+            holes = seg.holes
+            if not (holes and holes[-1] == p - 1):
+                return seg
+        return None
+
     def fill_each(self, rs: Iterable[Holder]) -> None:
         """Each of ``rs`` (decoders filling their last block) offers block ``r.nreg`` to the
         cache unless it has no key (``r.nreg == r.nkeys``); ``r.nreg`` advances."""
@@ -233,21 +248,13 @@ class SegmentPool(SegmentStore):
             p = r.nreg
             if p >= r.nkeys:
                 continue
-            res: _Res = r.blocks[-1].res
-            seg = res.segs[-1]
-            holes = seg.holes
-            if (
-                res.owner is r
-                and seg.creg == p
-                and seg.lo < p < seg.hi
-                and not (holes and holes[-1] == p - 1)
-            ):
-                # the reservation caches p - 1: only a start can hold keys[p]
-                if r.keys[p] in r.cache:
-                    holes.append(p)
-                seg.creg = p + 1
-            else:
+            seg = self._fillable_in_place(r, p)
+            if seg is None:
                 self.register(r, p + 1)
+            else:
+                if r.keys[p] in r.cache:
+                    seg.holes.append(p)
+                seg.creg = p + 1
             r.nreg = p + 1
 
     def fill_each_until_hit(self, rs: Iterable[_H]) -> list[_H]:
@@ -258,20 +265,11 @@ class SegmentPool(SegmentStore):
             p = r.nreg
             if p >= r.nkeys:
                 continue
-            res: _Res = r.blocks[-1].res
-            seg = res.segs[-1]
-            holes = seg.holes
-            if (
-                res.owner is r
-                and seg.creg == p
-                and seg.lo < p < seg.hi
-                and not (holes and holes[-1] == p - 1)
-                and r.keys[p] not in r.cache
-            ):
-                seg.creg = p + 1
-                r.nreg = p + 1
-            else:
+            seg = self._fillable_in_place(r, p)
+            if seg is None or r.keys[p] in r.cache:
                 return [r, *it]
+            seg.creg = p + 1
+            r.nreg = p + 1
         return []
 
     def fills_may_hit(self, rs: Iterable[Holder]) -> bool:
@@ -281,17 +279,7 @@ class SegmentPool(SegmentStore):
             p = r.nreg
             if p >= r.nkeys:
                 continue
-            if r.keys[p] in r.cache:
-                return True
-            res: _Res = r.blocks[-1].res
-            seg = res.segs[-1]
-            holes = seg.holes
-            if not (
-                res.owner is r
-                and seg.creg == p
-                and seg.lo < p < seg.hi
-                and not (holes and holes[-1] == p - 1)
-            ):
+            if r.keys[p] in r.cache or self._fillable_in_place(r, p) is None:
                 return True
         return False
 
