@@ -192,6 +192,7 @@ class Core:
             st = self.inflight
             if st is not None:
                 if st.end > t:
+                    self.advance_within(st, t, inclusive)
                     return
                 self.inflight = None
                 self.apply(st)
@@ -201,6 +202,11 @@ class Core:
             if s is None or s > t or (s == t and not inclusive):
                 return
             self.start_step(s)
+
+    def advance_within(self, st: Step, t: float, inclusive: bool) -> None:
+        """Hook of :meth:`run_until` for the step in flight ``st`` that ends after ``t``:
+        nothing here (one step is atomic); the fast path applies a prefill run's steps that
+        end by ``t``."""
 
     def start_step(self, s: float) -> None:
         """Queue arrivals up to ``s`` and schedule the step starting at ``s``."""

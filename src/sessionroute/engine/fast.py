@@ -46,32 +46,20 @@ class FastCore(PrefillRuns):
 
     # ------------------------------------------------------------ steps
 
-    def run_until(self, t: float, inclusive: bool = False) -> None:
-        """:meth:`Core.run_until`; a prefill run's steps that end by ``t`` are applied and the
-        run stays in flight (its next step has begun if it starts before ``t``, or at ``t``
+    def advance_within(self, st: Step, t: float, inclusive: bool) -> None:
+        """:meth:`Core.advance_within`: a prefill run's steps that end by ``t`` are applied and
+        the run stays in flight (its next step has begun if it starts before ``t``, or at ``t``
         with ``inclusive``)."""
-        while True:
-            st = self.inflight
-            if st is not None:
-                if st.end > t:
-                    if st.pre:
-                        ts = st.ts
-                        if ts[st.j] <= t:
-                            m = bisect_right(ts, t, st.j)
-                            self.apply_pre(st, m)
-                            self.now = ts[m - 1]
-                            st.begun = ts[m - 1] < t or inclusive
-                        elif not st.begun and (ts[st.j - 1] < t or inclusive):
-                            st.begun = True
-                    return
-                self.inflight = None
-                self.apply(st)
-                self.now = st.end
-                continue
-            s = self.next_start()
-            if s is None or s > t or (s == t and not inclusive):
-                return
-            self.start_step(s)
+        if not st.pre:
+            return
+        ts = st.ts
+        if ts[st.j] <= t:
+            m = bisect_right(ts, t, st.j)
+            self.apply_pre(st, m)
+            self.now = ts[m - 1]
+            st.begun = ts[m - 1] < t or inclusive
+        elif not st.begun and (ts[st.j - 1] < t or inclusive):
+            st.begun = True
 
     def next_event(self, now: float) -> float | None:
         """:meth:`Core.next_event`: a prefill run's next step due at ``now`` begins."""
