@@ -196,26 +196,41 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def print_table(result: dict[str, Any]) -> None:
-    """Print the result as a table."""
-    print(
-        f"engine bench: {result['profile']}, {result['sessions']} sessions, contexts to "
-        f"{result['max_context']} tokens, block size {result['block_size']}"
+    """Print the result as a table: one row per measurement, one column per implementation
+    (narrow enough for an 80-column terminal)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(
+        title=(
+            f"sessionroute bench engine: {result['profile']}, {result['sessions']} sessions, "
+            f"contexts to {result['max_context']:,} tokens, block size {result['block_size']}"
+        )
     )
-    cols = [
-        ("requests", "{:d}"),
-        ("wall_seconds", "{:.2f}"),
-        ("requests_per_wall_second", "{:,.0f}"),
-        ("requests_per_cpu_second", "{:,.0f}"),
-        ("simulated_seconds", "{:,.1f}"),
-        ("steps_per_wall_second", "{:,.0f}"),
-        ("preemptions", "{:d}"),
-        ("prefix_cache_hit_rate", "{:.3f}"),
-        ("mean_prompt_tokens", "{:,.0f}"),
+    table.add_column("measurement")
+    impls = [i for i in ("fast", "reference") if not result[i].get("skipped")]
+    for impl in impls:
+        table.add_column(impl, justify="right")
+    if len(impls) == 2:
+        table.add_column("fast / reference", justify="right")
+    rows = [
+        ("requests", "requests", "{:,d}", False),
+        ("wall_seconds", "wall seconds", "{:.2f}", False),
+        ("requests_per_wall_second", "requests / wall second", "{:,.0f}", True),
+        ("requests_per_cpu_second", "requests / CPU second", "{:,.0f}", True),
+        ("simulated_seconds", "simulated seconds", "{:,.1f}", False),
+        ("steps_per_wall_second", "engine steps / wall second", "{:,.0f}", True),
+        ("preemptions", "preemptions", "{:,d}", False),
+        ("prefix_cache_hit_rate", "prefix-cache hit rate", "{:.3f}", False),
+        ("mean_prompt_tokens", "mean prompt tokens", "{:,.0f}", False),
     ]
-    print(f"{'':12}" + "".join(f"{name:>28}" for name, _ in cols))
-    for impl in ("fast", "reference"):
-        row = result[impl]
-        if row.get("skipped"):
-            print(f"{impl:12}  skipped")
-            continue
-        print(f"{impl:12}" + "".join(f"{fmt.format(row[name]):>28}" for name, fmt in cols))
+    for key, label, fmt, ratio in rows:
+        cells = [fmt.format(result[i][key]) for i in impls]
+        if len(impls) == 2:
+            ref = result["reference"][key]
+            cells.append(f"{result['fast'][key] / ref:,.1f}x" if ratio and ref else "")
+        table.add_row(label, *cells)
+    console = Console()
+    console.print(table)
+    if result["reference"].get("skipped"):
+        console.print("reference: skipped (--reference-requests 0)")
