@@ -207,3 +207,21 @@ async def test_oversize_chunked_body_message_reads_well(
         "request body of over 1000 bytes exceeds --max-payload-size of 1000 bytes"
     )
     writer.close()
+
+
+@pytest.mark.parametrize("headers", [1, 2000])
+async def test_a_worker_head_that_never_ends_is_a_502(
+    headers: int, worker: RawBackend, make_router: MakeRouter
+) -> None:
+    """A worker that streams headers without end (one huge one, or thousands of small ones)
+    is cut off at the head limit with a 502, not buffered until the request times out."""
+    pad = b"X-Pad: " + b"a" * (70_000 // headers) + b"\r\n"
+    worker.respond = lambda head: (b"HTTP/1.1 200 OK\r\n" + pad * headers, False)
+    router = await make_router([worker.url])
+    reader, writer = await _connect(router.port)
+    writer.write(_post())
+    status, _, body = await asyncio.wait_for(_response(reader), 10)
+    assert status == 502
+    assert "response head over 65536 bytes" in json.loads(body)["error"]["message"]
+    writer.close()
+    assert router.router.core.cluster.in_flight(worker.url) == 0

@@ -20,7 +20,18 @@ if TYPE_CHECKING:
     from sessionroute.server.upstream import UpstreamPool
     from sessionroute.server.wire import ResponseWriter
 
-__all__ = ["Exchange", "UpstreamConnectError", "UpstreamError", "WorkerConnection"]
+__all__ = [
+    "MAX_RESPONSE_HEAD_BYTES",
+    "Exchange",
+    "UpstreamConnectError",
+    "UpstreamError",
+    "WorkerConnection",
+]
+
+MAX_RESPONSE_HEAD_BYTES = 65536
+"""Most bytes a worker may send before its response head is complete (the listener's limit on
+request heads too): a worker streaming endless headers is cut off with a 502 instead of
+filling the router's memory."""
 
 
 class UpstreamError(Exception):
@@ -46,6 +57,7 @@ class WorkerConnection(asyncio.Protocol):
         self.exchange: Exchange | None = None
         self.lost = False
         self._parser = httptools.HttpResponseParser(self)
+        self._head_bytes = 0  # bytes received while the current response head is incomplete
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -65,6 +77,18 @@ class WorkerConnection(asyncio.Protocol):
             if ex is not None:
                 ex._fail(UpstreamError(f"malformed response: {exc.__context__ or exc}"))
             self.close()
+            return
+        ex = self.exchange
+        if ex is not None and not ex.status:  # the head is still incomplete
+            self._head_bytes += len(data)
+            if self._head_bytes > MAX_RESPONSE_HEAD_BYTES:
+                ex._fail(
+                    UpstreamError(
+                        f"response head over {MAX_RESPONSE_HEAD_BYTES} bytes "
+                        f"({self._head_bytes} received without its end)"
+                    )
+                )
+                self.close()
 
     def close(self) -> None:
         """Close the connection (idempotent)."""
@@ -77,6 +101,7 @@ class WorkerConnection(asyncio.Protocol):
         ex = self.exchange
         if ex is None or ex.complete:  # a second response to one request: desync
             raise RuntimeError("unsolicited response")
+        self._head_bytes = 0
         ex.headers = []
         ex.reason = b""
 
