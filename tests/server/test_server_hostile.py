@@ -225,3 +225,20 @@ async def test_a_worker_head_that_never_ends_is_a_502(
     assert "response head over 65536 bytes" in json.loads(body)["error"]["message"]
     writer.close()
     assert router.router.core.cluster.in_flight(worker.url) == 0
+
+
+async def test_a_retried_error_body_that_never_ends_does_not_hold_the_retry(
+    worker: RawBackend, make_router: MakeRouter
+) -> None:
+    """A 503 whose chunked body never ends is not read before the retry: its connection is
+    closed and the retry (on a new connection) answers at once."""
+    endless = b"HTTP/1.1 503 Busy\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nbusy!\r\n"
+    answers = [endless, fixed()]
+    worker.respond = lambda head: (answers.pop(0), False)
+    router = await make_router([worker.url], retry_max_retries=2)
+    reader, writer = await _connect(router.port)
+    writer.write(_post())
+    status, _, body = await asyncio.wait_for(_response(reader), 10)
+    assert status == 200 and body == OK_BODY
+    assert len(worker.heads) == 2  # the 503, then the retry
+    writer.close()

@@ -286,8 +286,31 @@ async def _forward(
     return
 
 
+_DRAIN_MAX_BYTES = 65536
+"""Largest retried error body (bytes) read to keep its connection; a larger one, or one whose
+length is not given, closes the connection instead."""
+
+
+def _known_small(headers: list[tuple[bytes, bytes]]) -> bool:
+    """Whether the response declares a ``Content-Length`` of at most ``_DRAIN_MAX_BYTES``."""
+    for name, value in headers:
+        if name.lower() == b"content-length":
+            try:
+                return int(value) <= _DRAIN_MAX_BYTES
+            except ValueError:
+                return False
+    return False
+
+
 async def _drain(ex: Exchange) -> bool:
-    """Read a (small) error body so the connection can be reused; False on timeout."""
+    """Read a retried error body so the connection can be reused; False on timeout.
+
+    Only a body known to be small is read (see ``_DRAIN_MAX_BYTES``): a large, chunked or
+    close-delimited one is left unread and :meth:`Exchange.close` closes its connection, so a
+    worker streaming an endless error body cannot hold the retry back.
+    """
+    if not ex.complete and not _known_small(ex.headers):
+        return True
     try:
         await ex.read()
     except UpstreamError:
