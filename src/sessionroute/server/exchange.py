@@ -203,11 +203,14 @@ class Exchange:
         target = pool._targets.get(self.worker) or pool._target(self.worker)
         idle = target.idle
         conn = None
-        while idle:  # the most recently used first; closed ones are dropped
-            cand = idle.pop()[0]
-            if not cand.lost:
+        # idle since before `stale` (the keep-alive ago): the worker may be closing it now
+        stale = self.deadline - pool.timeout_s - pool.keepalive_s
+        while idle:  # the most recently used first; closed or stale ones are dropped
+            cand, since = idle.pop()
+            if not cand.lost and since > stale:
                 conn = cand
                 break
+            cand.close()
         if conn is None:
             conn = await pool._connect(target)
         self._conn = conn

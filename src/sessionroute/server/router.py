@@ -25,9 +25,14 @@ from sessionroute.server.metrics import RouterMetrics
 from sessionroute.server.upstream import REQUEST_DROP, UpstreamPool
 from sessionroute.state import Cluster
 
-__all__ = ["Router"]
+__all__ = ["WORKER_KEEPALIVE_S", "Router"]
 
 log = logging.getLogger("sessionroute.server")
+
+WORKER_KEEPALIVE_S = 4.0
+"""Seconds an idle connection to a worker is reused: below vLLM's API server keep-alive
+(``VLLM_HTTP_TIMEOUT_KEEP_ALIVE``, 5 s by default; uvicorn's default is 5 s too), so the router
+does not send a request on a connection the worker is closing at that moment."""
 
 _ALNUM = string.ascii_letters + string.digits
 _ID_TABLE = bytes(ord(_ALNUM[i % len(_ALNUM)]) for i in range(256))
@@ -108,7 +113,7 @@ class Router:
         self.upstream = UpstreamPool(
             timeout_s=settings.request_timeout_secs,
             connect_timeout_s=min(settings.request_timeout_secs, 10.0),
-            keepalive_s=60.0,
+            keepalive_s=WORKER_KEEPALIVE_S,
         )
         self._session: aiohttp.ClientSession | None = None
         self.health: HealthChecker | None = None

@@ -89,8 +89,10 @@ class UpstreamPool:
     Args:
         timeout_s: seconds an exchange may take, response body included.
         connect_timeout_s: seconds to wait for a TCP (and TLS) connection.
-        keepalive_s: idle connections are closed after this many seconds (checked every
-            10 s); a connection the worker closed is never reused.
+        keepalive_s: an idle connection is not reused after this many seconds (and is closed
+            within 10 s more); a connection the worker closed is never reused. Keep it below
+            the workers' own keep-alive, or a request may go out on a connection the worker is
+            closing at that moment.
         max_idle: idle connections kept per worker (more are closed on release).
     """
 
@@ -104,7 +106,7 @@ class UpstreamPool:
     ) -> None:
         self.timeout_s = timeout_s
         self._connect_timeout = connect_timeout_s
-        self._keepalive = keepalive_s
+        self.keepalive_s = keepalive_s
         self._max_idle = max_idle
         self._tick = max(0.005, min(1.0, timeout_s / 10))
         self._targets: dict[str, _Target] = {}
@@ -219,7 +221,7 @@ class UpstreamPool:
         for target in self._targets.values():
             keep = []
             for proto, since in target.idle:
-                if not proto.lost and now - since < self._keepalive:
+                if not proto.lost and now - since < self.keepalive_s:
                     keep.append((proto, since))
                 else:
                     proto.close()
