@@ -34,6 +34,7 @@ class Req:
 
     __slots__ = (
         "arrival",
+        "blazy",
         "blocks",
         "cache",
         "cached_tokens",
@@ -90,6 +91,7 @@ class Req:
         self.cached_tokens = -1
         self.preemptions = 0
         self.lazy = False  # fast path: a decoder whose counters are kept lazily
+        self.blazy = False  # fast path: a lazy decoder whose blocks are kept lazily too
         self.sync = 0  # fast path: step index its lazy counters refer to
         self.phase = 0  # fast path: (nc - sync) % block_size
         self.order = 0  # admission order

@@ -96,7 +96,7 @@ class FastCore(PrefillRuns):
         running = self.running
         n_dec = self.n_dec
         budget = self.budget - n_dec
-        free = pool.num_free - len(self.buckets[-g % bs])
+        free = pool.num_free - len(self.buckets[-g % bs]) - len(self.lbuckets[-g % bs])
         if free < 0:
             return None
         plan: list[tuple[Req, int]] = []
@@ -174,6 +174,7 @@ class FastCore(PrefillRuns):
                 self.ends.append(st.end)
                 self.push_dur(self.g, st.end - st.start)
                 self.g += 1
+                self.gb = self.g
                 self.lazify_front()
             return
         e = st.end
@@ -188,6 +189,7 @@ class FastCore(PrefillRuns):
                 finished.append(r)
         if finished:
             self.unrun(finished)
+        self.gb = self.g
         self.lazify_front()
         if len(self.ends) > 8192:
             self.trim()
@@ -219,8 +221,9 @@ class FastCore(PrefillRuns):
             # step g + m allocates len(buckets[-(g + m) % bs]) blocks
             m = 0
             buckets = self.buckets
+            lbuckets = self.lbuckets
             while m < bs:
-                cnt = len(buckets[-(g + m) % bs])
+                cnt = len(buckets[-(g + m) % bs]) + len(lbuckets[-(g + m) % bs])
                 if cnt > extra:
                     break
                 extra -= cnt

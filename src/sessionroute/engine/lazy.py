@@ -16,7 +16,9 @@ from operator import attrgetter
 
 from sessionroute.engine.api import ReplicaConfig
 from sessionroute.engine.core import RUNNING, Core, Req
+from sessionroute.engine.segcache import SaltCache
 from sessionroute.engine.segments import SegmentPool
+from sessionroute.engine.segstore import _Res
 
 __all__ = ["LazyCore"]
 
@@ -47,7 +49,11 @@ class LazyCore(Core):
         # (strictly decreasing); the longest step in [i, g) is mx_dur[bisect_left(mx_step, i)]
         self.mx_step: list[int] = []
         self.mx_dur: list[float] = []
+        spool.touch = self.touch
+        # lazy decoders by phase: per-step block work (eager) or blocks kept lazily too
         self.buckets: list[dict[Req, None]] = [{} for _ in range(self.bs)]
+        self.lbuckets: list[dict[Req, None]] = [{} for _ in range(self.bs)]
+        self.gb = 0  # steps whose decoders' block work is done (g, or g + 1 inside step g)
         self.n_dec = 0  # lazy decoders: running[:n_dec]
         self.s0 = 0  # sum over lazy decoders of (tokens at sync - sync)
         self.fheap: list[tuple[int, int, Req]] = []  # (step of last token, seq, request)
@@ -61,7 +67,12 @@ class LazyCore(Core):
         r.sync = g
         ph = (r.nc - g) % self.bs
         r.phase = ph
-        self.buckets[ph][r] = None
+        if self.blocks_lazy_ok(r):
+            r.blazy = True
+            r.blocks[-1].res.lazy = True
+            self.lbuckets[ph][r] = None
+        else:
+            self.buckets[ph][r] = None
         self.n_dec += 1
         self.s0 += r.prompt_len + r.num_output - g
         self.seq += 1
@@ -89,9 +100,124 @@ class LazyCore(Core):
             r.num_output += k
             r.sync = self.g
 
+    def blocks_lazy_ok(self, r: Req) -> bool:
+        """Whether the block work of ``r`` (becoming a lazy decoder at step ``g``) can be kept
+        lazily: every block it allocates extends its own last segment, and every block it fills
+        extends its own cached run with a key nobody caches.
+
+        That holds while nobody else reads that segment: its blocks are the request's own
+        (owner, ``ref == 1``), it caches the block before the next fill, and none of the keys it
+        will fill is a cached start now. Keys are chained, so another request can only come to
+        cache one of them, or hold one of its blocks, after reading this segment (a lookup or a
+        registration reaching the block before it); the pool calls :meth:`touch` first.
+        """
+        exts = r.blocks
+        if not exts:
+            return False
+        ext = exts[-1]
+        res = ext.res
+        seg = res.segs[-1]
+        if res.owner is not r or seg.ref != 1 or ext.hi != seg.hi or seg.hi != r.nblocks:
+            return False
+        p = r.nreg
+        end: int = (r.prompt_len + r.output_len - 1) // self.bs
+        if end > r.nkeys:
+            end = r.nkeys
+        if p >= end:
+            return True
+        if seg.creg != p or seg.lo >= p:
+            return False
+        holes = seg.holes
+        if holes and holes[-1] == p - 1:
+            return False
+        cache = r.cache
+        if not isinstance(cache, SaltCache):
+            return False
+        return cache.first_start_key(r.keys, p, end) == end
+
+    def sync_blocks(self, r: Req) -> None:
+        """Bring a block-lazy decoder's blocks and registration up to step ``gb``: it has
+        scheduled ``nc + gb - sync`` tokens, holds a block for each started one and has
+        offered each full one with a key to the cache (all in its own last segment)."""
+        t = r.nc + self.gb - r.sync
+        bs = self.bs
+        ext = r.blocks[-1]
+        seg = ext.res.segs[-1]
+        nb = -(-t // bs)
+        dn = nb - r.nblocks
+        if dn > 0:
+            seg.hi += dn
+            ext.hi += dn
+            r.nblocks = nb
+        full = t // bs
+        if full > r.nkeys:
+            full = r.nkeys
+        if full > r.nreg:
+            seg.creg = full
+            r.nreg = full
+
+    def sync_all_blocks(self) -> None:
+        """:meth:`sync_blocks` of every block-lazy decoder (they stay block-lazy), so the pool
+        shows the reference's state (for tests and inspection)."""
+        for lb in self.lbuckets:
+            for r in lb:
+                self.sync_blocks(r)
+
+    def eager_blocks(self, r: Req) -> None:
+        """Make a block-lazy decoder's blocks exact and its block work per step again (it
+        stays a lazy decoder); the phase bucket keeps admission order."""
+        self.sync_blocks(r)
+        r.blazy = False
+        r.blocks[-1].res.lazy = False
+        ph = r.phase
+        del self.lbuckets[ph][r]
+        b = self.buckets[ph]
+        if b and next(reversed(b)).order > r.order:
+            rs = sorted([*b, r], key=_ORDER)
+            b.clear()
+            b.update(dict.fromkeys(rs))
+        else:
+            b[r] = None
+
+    def touch(self, res: _Res) -> None:
+        """The pool's callback before it reads a reservation whose owner is block-lazy.
+
+        Raises:
+            RuntimeError: if the owner is not a block-lazy decoder (cannot happen).
+        """
+        r = res.owner
+        if not isinstance(r, Req) or not r.blazy:
+            raise RuntimeError(f"reservation {res.rix} is lazy without a block-lazy owner")
+        self.eager_blocks(r)
+
+    def eagerize(self, g: int) -> list[Req]:
+        """Make the block-lazy decoders that allocate or fill a block in step ``g`` eager, as
+        they are before that step's block work; returns those that fill one."""
+        bs = self.bs
+        gb = self.gb
+        self.gb = g
+        fillers: list[Req] = []
+        pf = (-g - 1) % bs
+        for ph in {-g % bs, pf}:
+            lb = self.lbuckets[ph]
+            if lb:
+                rs = list(lb)
+                for r in rs:
+                    self.eager_blocks(r)
+                if ph == pf:
+                    fillers = rs
+        self.gb = gb
+        return fillers
+
     def delazify(self, r: Req) -> None:
-        """Take a (materialized) lazy decoder out of the lazy set."""
-        del self.buckets[r.phase][r]
+        """Take a (materialized) lazy decoder out of the lazy set, its blocks exact."""
+        if r.blazy:
+            self.sync_blocks(r)
+            r.blazy = False
+            r.blocks[-1].res.lazy = False
+            del self.lbuckets[r.phase][r]
+        else:
+            del self.buckets[r.phase][r]
         self.n_dec -= 1
         self.s0 -= r.prompt_len + r.num_output - r.sync
         r.lazy = False
@@ -100,8 +226,13 @@ class LazyCore(Core):
         """Materialize every lazy decoder (before a reference step)."""
         for r in self.running[: self.n_dec]:
             self.materialize(r)
+            if r.blazy:
+                self.sync_blocks(r)
+                r.blazy = False
+                r.blocks[-1].res.lazy = False
             r.lazy = False
         self.buckets = [{} for _ in range(self.bs)]
+        self.lbuckets = [{} for _ in range(self.bs)]
         self.n_dec = 0
         self.s0 = 0
         self.fheap.clear()
@@ -123,26 +254,36 @@ class LazyCore(Core):
         ``extra`` free blocks for the newest request (it puts them in place with
         :meth:`~sessionroute.engine.segments.SegmentPool.extend`).
 
+        A block-lazy decoder's allocation is only its share of the step's eviction (its blocks
+        and fills are brought up to date when something reads them, :meth:`sync_blocks`).
         Allocation (which may evict idle cached blocks) and registration of keys nobody has
         cached commute, so they run in two batches unless a filling block's key may be cached
-        already (then the reference's admission order matters: one at a time)."""
+        already (then the reference's admission order matters: one at a time); an eager fill
+        that is not in place (it may read other reservations) first makes the block-lazy
+        decoders at a boundary in this step eager."""
         bs = self.bs
-        ab = self.buckets[-g % bs]
+        pa = -g % bs
+        ab = self.buckets[pa]
         fb = self.buckets[(-g - 1) % bs]
         spool = self.spool
+        self.gb = g + 1
         if not fb:
+            n = len(self.lbuckets[pa]) + extra
             if ab:
-                spool.grow_each(ab, extra)
-            elif extra:
-                spool.take(extra)
+                spool.grow_each(ab, n)
+            elif n:
+                spool.take(n)
             return
-        n = len(ab) + extra
+        if not spool.fills_in_place(fb):
+            self.eagerize(g)
+        n = len(ab) + len(self.lbuckets[pa]) + extra
         if n and spool.fresh < n:
             # this step's allocations evict cached blocks. A fill that finds its key uncached
             # finds it uncached after any eviction too, so those fills go first; from the first
             # that may find its key cached on, the reference's admission order matters
             if ab is fb:  # block size 1: a decoder allocates and fills the same block
                 if spool.fills_may_hit(fb):
+                    self.eagerize(g)
                     self.decode_blocks_in_order(g, ab, fb)
                     if extra:
                         spool.take(extra)
@@ -150,18 +291,22 @@ class LazyCore(Core):
             else:
                 rest = spool.fill_each_until_hit(fb)
                 if rest:
-                    self.decode_blocks_in_order(g, ab, dict.fromkeys(rest))
+                    fillers = self.eagerize(g)
+                    self.decode_blocks_in_order(g, ab, dict.fromkeys([*rest, *fillers]))
                     if extra:
                         spool.take(extra)
-                elif ab:
-                    spool.grow_each(ab, extra)
-                else:
-                    spool.take(extra)
+                    return
+                n -= len(ab)
+                if ab:
+                    spool.grow_each(ab, n)
+                elif n:
+                    spool.take(n)
                 return
+        n -= len(ab)
         if ab:
-            spool.grow_each(ab, extra)
-        elif extra:
-            spool.take(extra)
+            spool.grow_each(ab, n)
+        elif n:
+            spool.take(n)
         spool.fill_each(fb)
 
     def decode_blocks_in_order(self, g: int, ab: dict[Req, None], fb: dict[Req, None]) -> None:

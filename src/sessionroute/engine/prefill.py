@@ -69,6 +69,7 @@ class PrefillRuns(LazyCore):
             fin[gf] = (n0 + 1, c0 + q.prompt_len + q.num_output - q.sync)
         bs = self.bs
         buckets = self.buckets
+        lbuckets = self.lbuckets
         free = self.pool.num_free
         nb = r.nblocks
         step_time = self.profile.step_time
@@ -87,7 +88,7 @@ class PrefillRuns(LazyCore):
             need = -(-top // bs) - nb
             if need < 0:
                 need = 0
-            free -= need + (len(buckets[-gj % bs]) if d else 0)
+            free -= need + (len(buckets[-gj % bs]) + len(lbuckets[-gj % bs]) if d else 0)
             if free < 0:
                 break
             dt = step_time(chunk, d, s0 + d * gj, chunk * (nc + chunk / 2)) * slow

@@ -28,7 +28,7 @@ run-length hole bookkeeping.
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -207,13 +207,19 @@ def run_end(res: _Res, p: int, keys: Sequence[int], limit: int) -> int:
 
 
 def find_run(
-    cache: SaltCache, resmap: dict[int, _Res], keys: Sequence[int], p: int, limit: int
+    cache: SaltCache,
+    resmap: dict[int, _Res],
+    keys: Sequence[int],
+    p: int,
+    limit: int,
+    touch: Callable[[_Res], None],
 ) -> tuple[_Res | None, int]:
     """Who caches ``keys[p]``: ``(S, x)`` with ``S`` caching ``[p, x)`` under ``keys`` (``x``
     capped at ``limit > p``), or ``(None, p)`` if nobody does.
 
     Walks the start positions at or below ``p`` downwards: the first whose key is ``keys``' own
-    is the only reservation that can cache ``keys[p]`` (chained keys).
+    is the only reservation that can cache ``keys[p]`` (chained keys). ``touch`` is called on
+    ``S`` before its segments are read if ``S.lazy`` (see ``SegmentStore.touch``).
 
     Raises:
         RuntimeError: if a start key sits at another position than its chain index (keys that
@@ -231,6 +237,8 @@ def find_run(
         if b & _MASK != q:
             raise RuntimeError(f"key at chain position {q} is cached at {b & _MASK}")
         s = resmap[b >> _SHIFT]
+        if s.lazy:
+            touch(s)
         x = run_end(s, q, keys, limit)
         return (s, x) if x > p else (None, p)
     return None, p

@@ -186,6 +186,8 @@ class SegmentPool(SegmentStore):
                     if b & _MASK != p:
                         raise RuntimeError(f"key at chain position {p} is cached at {b & _MASK}")
                     s = self._res[b >> SHIFT]
+                    if s.lazy:
+                        self.touch(s)
                     x = run_end(s, p, keys, top)
                 else:
                     got = cache.get(keys[p])
@@ -195,6 +197,8 @@ class SegmentPool(SegmentStore):
                                 f"key at chain position {p} is cached at {got & _MASK}"
                             )
                         s = self._res[got >> SHIFT]
+                        if s.lazy:
+                            self.touch(s)
                         x = run_end(s, p, keys, top)
                     elif first and p > 0:
                         # keys[p] may continue the run holding keys[p - 1]: the hit block
@@ -203,9 +207,11 @@ class SegmentPool(SegmentStore):
                         pext = exts[-2] if len(exts) > 1 else None
                         if pext is not None and pext.hi == p and pext.res is not res:
                             s = pext.res
+                            if s.lazy:
+                                self.touch(s)
                             x = run_end(s, p - 1, keys, top)
                         else:
-                            s, x = find_run(cache, self._res, keys, p - 1, top)
+                            s, x = find_run(cache, self._res, keys, p - 1, top, self.touch)
                         if s is not None and x <= p:
                             s = None
                     else:
@@ -256,6 +262,15 @@ class SegmentPool(SegmentStore):
                     seg.holes.append(p)
                 seg.creg = p + 1
             r.nreg = p + 1
+
+    def fills_in_place(self, rs: Iterable[Holder]) -> bool:
+        """Whether each of ``rs`` fills block ``r.nreg`` (see :meth:`fill_each`) in place, or
+        has no key to fill (then none reads another reservation)."""
+        for r in rs:
+            p = r.nreg
+            if p < r.nkeys and self._fillable_in_place(r, p) is None:
+                return False
+        return True
 
     def fill_each_until_hit(self, rs: Iterable[_H]) -> list[_H]:
         """:meth:`fill_each` in order up to the first of ``rs`` whose key may be cached already

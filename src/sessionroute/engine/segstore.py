@@ -18,7 +18,7 @@
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from sessionroute.engine.blocks import Holder
 from sessionroute.engine.segcache import SaltCache, common_run, drop_starts, restart
@@ -31,10 +31,14 @@ SHIFT = 32
 _MASK = (1 << SHIFT) - 1
 
 
+def _no_touch(res: _Res) -> None:
+    raise RuntimeError(f"reservation {res.rix} is lazy but the pool has no touch callback")
+
+
 class _Res:
     """A reservation: the id space of one admission's blocks and its segments by position."""
 
-    __slots__ = ("base", "cache", "keys", "lows", "owner", "rix", "segs", "starts")
+    __slots__ = ("base", "cache", "keys", "lazy", "lows", "owner", "rix", "segs", "starts")
 
     def __init__(
         self, rix: int, keys: Sequence[int], cache: dict[int, int], owner: Holder | None
@@ -47,6 +51,8 @@ class _Res:
         self.segs: list[_Seg] = []
         self.starts: list[int] = []  # cached positions whose predecessor it does not cache
         self.owner = owner  # the allocating request while it holds its blocks (appends here)
+        # the owner's last segment grows lazily (fast path): call the pool's touch first
+        self.lazy = False
 
 
 class _Seg:
@@ -103,6 +109,7 @@ class SegmentStore:
         self._rix = 0
         dummy = _Res(-1, (), SaltCache(), None)
         self._head = _Seg(dummy, 0, 0, 0, 0, [])  # sentinel of the circular queue
+        self.touch: Callable[[_Res], None] = _no_touch
 
     def cache_for(self, salt: str | None) -> SaltCache:
         """The cache of a ``cache_salt`` (key -> block id of each run start; see
@@ -360,6 +367,8 @@ class SegmentStore:
                 if b is None:
                     break
                 res = resmap[b >> SHIFT]
+                if res.lazy:
+                    self.touch(res)
                 p = b & _MASK
                 i = bisect_right(res.lows, p) - 1
                 seg = res.segs[i]
