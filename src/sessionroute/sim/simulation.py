@@ -17,10 +17,10 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from sessionroute.engine import EngineRequest, ReplicaConfig, RequestResult
+from sessionroute.engine import ReplicaConfig, RequestResult
 from sessionroute.errors import NoWorkerAvailable
 from sessionroute.routing import Reservation, RoutingCore
-from sessionroute.sim.events import PRIO_ARRIVAL, PRIO_TIMER, EventQueue
+from sessionroute.sim.events import PRIO_ARRIVAL, PRIO_TIMER, PRIO_WAKE, EventQueue
 from sessionroute.sim.ideal import IdealCache
 from sessionroute.sim.metrics import Recorder
 from sessionroute.sim.replicas import SimReplica
@@ -279,18 +279,27 @@ class Simulation(ReplicaDriver):
         if rep is None or engine is None:
             self._fail(req)
             return
-        now = self.queue.clock._t
-        for result in engine.advance(now):
-            self._finish(rep, result)
+        queue = self.queue
+        now = queue.clock._t
         turn = req.turn
         rid = req.rid
-        engine.add_request(
-            EngineRequest(rid, turn.prompt_len, turn.output_len, turn.block_keys, turn.cache_salt),
-            now,
+        results, t = engine.arrive(
+            rid, turn.prompt_len, turn.output_len, turn.block_keys, turn.cache_salt, now
         )
+        for result in results:
+            self._finish(rep, result)
         req.state = _ENGINE
         rep.inflight[rid] = req
-        self._reschedule(rep)
+        # _reschedule(rep) with the engine's next event time already known
+        if t is None:
+            rep.wake_t = None
+        elif t != rep.wake_t:
+            if t < now:
+                t = now
+            token = rep.wake_token + 1
+            rep.wake_token = token
+            rep.wake_t = t
+            queue.push(t, PRIO_WAKE, self._wake, (rep, token))
 
     def _complete(self, req: _Req) -> None:
         if req.res is not None:

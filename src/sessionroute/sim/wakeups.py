@@ -73,18 +73,31 @@ class ReplicaDriver:
         queue = self.queue
         clock = queue.clock
         heap = queue._heap
+        t_end = queue.t_end
         while True:
-            for result in engine.advance(clock._t):
+            # The replica's next wake-up runs in this callback when it would be the queue's
+            # next event: before the heap's head (a later sequence number, so an equal head
+            # must have a higher priority), within the run's limit, the run not stopped.
+            # Wake-ups that finish nothing are run inside the engine (Replica.wake).
+            if queue.stopped:
+                until, inclusive = float("-inf"), False
+            elif heap and heap[0][0] <= t_end:
+                head = heap[0]
+                until, inclusive = head[0], head[1] > PRIO_WAKE
+            else:
+                until, inclusive = t_end, True
+            results, t, moves = engine.wake(clock._t, until, inclusive)
+            if moves:
+                clock._t = engine.time
+                queue.events_run += moves
+                rep.wake_token += moves
+            for result in results:
                 self._finish(rep, result)
-            t = engine.next_event_time()
             if t is None:
                 return
             now = clock._t
             if t < now:
                 t = now
-            # The next wake-up would be the queue's next event (it would sort before the
-            # head: a later sequence number, so an equal head must have a higher priority):
-            # run it now, as the queue would, instead of pushing and popping it.
             if (
                 (not heap or t < heap[0][0] or (t == heap[0][0] and heap[0][1] > PRIO_WAKE))
                 and t <= queue.t_end
