@@ -55,8 +55,11 @@ class LazyCore(Core):
         self.lbuckets: list[dict[Req, None]] = [{} for _ in range(self.bs)]
         self.gb = 0  # steps whose decoders' block work is done (g, or g + 1 inside step g)
         self.n_dec = 0  # lazy decoders: running[:n_dec]
+        self.n_eager = 0  # lazy decoders with per-step block work (in buckets)
         self.s0 = 0  # sum over lazy decoders of (tokens at sync - sync)
         self.fheap: list[tuple[int, int, Req]] = []  # (step of last token, seq, request)
+        # lazy decoders by the step of their last token: [count, their share of s0]
+        self.fsched: dict[int, list[int]] = {}
 
     # ------------------------------------------------------------ lazy decoders
 
@@ -73,10 +76,19 @@ class LazyCore(Core):
             self.lbuckets[ph][r] = None
         else:
             self.buckets[ph][r] = None
+            self.n_eager += 1
         self.n_dec += 1
-        self.s0 += r.prompt_len + r.num_output - g
+        share = r.prompt_len + r.num_output - g
+        self.s0 += share
         self.seq += 1
-        heapq.heappush(self.fheap, (g + r.output_len - r.num_output - 1, self.seq, r))
+        gf = g + r.output_len - r.num_output - 1
+        heapq.heappush(self.fheap, (gf, self.seq, r))
+        f = self.fsched.get(gf)
+        if f is None:
+            self.fsched[gf] = [1, share]
+        else:
+            f[0] += 1
+            f[1] += share
 
     def materialize(self, r: Req) -> None:
         """Bring a lazy decoder's counters and times up to step ``g``."""
@@ -171,6 +183,7 @@ class LazyCore(Core):
         r.blocks[-1].res.lazy = False
         ph = r.phase
         del self.lbuckets[ph][r]
+        self.n_eager += 1
         b = self.buckets[ph]
         if b and next(reversed(b)).order > r.order:
             rs = sorted([*b, r], key=_ORDER)
@@ -218,8 +231,17 @@ class LazyCore(Core):
             del self.lbuckets[r.phase][r]
         else:
             del self.buckets[r.phase][r]
+            self.n_eager -= 1
         self.n_dec -= 1
-        self.s0 -= r.prompt_len + r.num_output - r.sync
+        share = r.prompt_len + r.num_output - r.sync
+        self.s0 -= share
+        gf = r.sync + r.output_len - r.num_output - 1
+        f = self.fsched[gf]
+        if f[0] == 1:
+            del self.fsched[gf]
+        else:
+            f[0] -= 1
+            f[1] -= share
         r.lazy = False
 
     def delazify_all(self) -> None:
@@ -233,9 +255,11 @@ class LazyCore(Core):
             r.lazy = False
         self.buckets = [{} for _ in range(self.bs)]
         self.lbuckets = [{} for _ in range(self.bs)]
+        self.n_eager = 0
         self.n_dec = 0
         self.s0 = 0
         self.fheap.clear()
+        self.fsched.clear()
 
     def lazify_front(self) -> None:
         """Lazify the decoders that directly follow the lazy prefix of ``running``."""

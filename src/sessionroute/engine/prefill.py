@@ -22,6 +22,7 @@ from bisect import bisect_left
 
 from sessionroute.engine.core import Req, Step
 from sessionroute.engine.lazy import LazyCore
+from sessionroute.engine.segcache import SaltCache
 
 __all__ = ["PrefillRuns"]
 
@@ -46,27 +47,7 @@ class PrefillRuns(LazyCore):
             return None
         g = self.g
         horizon = g + min(_MAX_STEPS, rem // (budget - d) + 1)
-        # lazy decoders finishing within the horizon: step -> (count, their share of s0)
-        # the heap's entries below the horizon: a walk of the heap tree that stops at larger ones
-        heap = self.fheap
-        size = len(heap)
-        last: dict[Req, int] = {}
-        todo = [0] if size and heap[0][0] < horizon else []
-        while todo:
-            i = todo.pop()
-            gf, _, q = heap[i]
-            if q.lazy and gf == q.sync + q.output_len - q.num_output - 1:
-                last[q] = gf
-            i = 2 * i + 1
-            if i < size and heap[i][0] < horizon:
-                todo.append(i)
-            i += 1
-            if i < size and heap[i][0] < horizon:
-                todo.append(i)
-        fin: dict[int, tuple[int, int]] = {}
-        for q, gf in last.items():
-            n0, c0 = fin.get(gf, (0, 0))
-            fin[gf] = (n0 + 1, c0 + q.prompt_len + q.num_output - q.sync)
+        fin = self.fsched  # lazy decoders finishing at a step: [count, their share of s0]
         bs = self.bs
         buckets = self.buckets
         lbuckets = self.lbuckets
@@ -138,6 +119,9 @@ class PrefillRuns(LazyCore):
         r = st.req
         if r is None:
             raise RuntimeError("prefill run without its request")
+        if m - st.j > 1 and not self.n_eager and self.batchable(st, r, m):
+            self.apply_pre_batch(st, r, m)
+            return
         bs = self.bs
         spool = self.spool
         ts = st.ts
@@ -179,4 +163,120 @@ class PrefillRuns(LazyCore):
                 self.unrun(finished)
             if len(self.ends) > 8192:
                 self.trim()
+        st.j = m
+
+    def batchable(self, st: Step, r: Req, m: int) -> bool:
+        """Whether steps ``st.j .. m - 1`` of prefill run ``st`` can be applied in one batch
+        (:meth:`apply_pre_batch`): every lazy decoder is block-lazy (the caller checks) and
+        ``r``'s registration over the steps extends its own cached run with keys nobody caches
+        as a start (so evictions inside the span cannot change it; see
+        :meth:`~sessionroute.engine.segments.SegmentPool.register`)."""
+        full = (r.nc + sum(st.chunks[st.j : m])) // self.bs
+        if full > r.nkeys:
+            full = r.nkeys
+        p = r.nreg
+        if full <= p:
+            return True
+        exts = r.blocks
+        if not exts:
+            return False
+        res = exts[-1].res
+        seg = res.segs[-1]
+        if res.owner is not r or seg.ref != 1 or not seg.lo < p == seg.creg:
+            return False
+        holes = seg.holes
+        if holes and holes[-1] == p - 1:
+            return False
+        cache = r.cache
+        if not isinstance(cache, SaltCache):
+            return False
+        return cache.first_start_key(r.keys, p, full) == full
+
+    def apply_pre_batch(self, st: Step, r: Req, m: int) -> None:
+        """:meth:`apply_pre` of steps ``st.j .. m - 1`` in one batch; same state as step by step.
+
+        Per step only the step end and duration are recorded; between finishes the decoders'
+        block allocations are a count (all are block-lazy). The run was planned so that all
+        its allocations fit in the blocks free when it was planned, so every eviction of the
+        span takes blocks that were free at its start, whatever the interleaving with the
+        finishing decoders' releases (which go to the queue tail): the decoders' evictions are
+        taken before each finish and ``r``'s blocks at the end, with its registration (its keys
+        are no cached start, so no eviction changes what it caches).
+
+        Raises:
+            RuntimeError: if the state does not match the plan (cannot happen).
+        """
+        bs = self.bs
+        spool = self.spool
+        lbuckets = self.lbuckets
+        ts = st.ts
+        dts = st.dts
+        chunks = st.chunks
+        ev = st.ev
+        nev = len(ev)
+        ends = self.ends
+        mx_step = self.mx_step
+        mx_dur = self.mx_dur
+        j0 = j = st.j
+        g = self.g
+        busy = self.busy
+        ngen = 0
+        take = 0
+        i = bisect_left(ev, j)
+        prev = ts[j - 1] if j else st.start
+        while j < m:
+            fin = i < nev and ev[i] < m
+            if fin:
+                k = ev[i] + 1
+                i += 1
+            else:
+                k = m
+            nd = self.n_dec
+            if nd + chunks[j] != self.budget:
+                raise RuntimeError(f"prefill run step {j}: {nd} decoders, chunk {chunks[j]}")
+            if nd:
+                for x in range(g, g + k - j):
+                    take += len(lbuckets[-x % bs])
+            for jj in range(j, k):
+                e = ts[jj]
+                dur = e - prev
+                while mx_dur and mx_dur[-1] <= dur:  # push_dur, inlined
+                    mx_dur.pop()
+                    mx_step.pop()
+                mx_step.append(g)
+                mx_dur.append(dur)
+                prev = e
+                busy += dts[jj]
+                g += 1
+            ends += ts[j:k]
+            ngen += nd * (k - j)
+            j = k
+            self.g = self.gb = g
+            if take:
+                spool.take(take)
+                take = 0
+            finished = self.finish_lazy(g - 1, ts[k - 1])
+            if finished:
+                if not fin:
+                    raise RuntimeError(f"prefill run step {k - 1}: a finish not in the plan")
+                self.unrun(finished)
+        total = sum(chunks[j0:m])
+        top = r.nc + total
+        need = -(-top // bs) - r.nblocks
+        if need < 0:
+            need = 0
+        if need:
+            spool.take(need)
+            spool.extend(r, need)
+        if top // bs > r.nreg and r.nreg < r.nkeys:
+            self.register(r, top)
+        r.nc = top
+        if top >= r.prompt_len + r.num_output:
+            raise RuntimeError(f"{r.rid} finished inside a prefill run")
+        self.busy = busy
+        self.n_steps += m - j0
+        self.n_iteration += total + ngen
+        self.n_generation += ngen
+        if len(ends) > 8192:
+            self.trim()
         st.j = m

@@ -172,9 +172,16 @@ def restart(res: _Res, i: int) -> None:
     add_start(res, lo)
 
 
-def run_end(res: _Res, p: int, keys: Sequence[int], limit: int) -> int:
+def run_end(
+    res: _Res, p: int, keys: Sequence[int], limit: int, touch: Callable[[_Res], None]
+) -> int:
     """End ``x`` of the run ``res`` caches from position ``p`` with keys equal to ``keys``:
-    ``res`` caches ``[p, x)``, ``res.keys[p:x] == keys[p:x]``, ``x <= limit`` (``p`` if none)."""
+    ``res`` caches ``[p, x)``, ``res.keys[p:x] == keys[p:x]``, ``x <= limit`` (``p`` if none).
+
+    ``touch`` is called on a lazy ``res`` (see ``SegmentStore.touch``) before the run is
+    extended into its last segment (whose extent and cached run may be kept lazily); a run
+    whose key differs at the segment's start ends there whatever the segment holds.
+    """
     lows = res.lows
     segs = res.segs
     i = bisect_right(lows, p) - 1
@@ -187,6 +194,8 @@ def run_end(res: _Res, p: int, keys: Sequence[int], limit: int) -> int:
         seg = segs[i]
         if seg.lo > x:
             return x
+        if res.lazy and i == n - 1 and x < len(rkeys) and keys[x] == rkeys[x]:
+            touch(res)
         hi = seg.hi
         end = seg.creg if seg.creg < hi else hi
         holes = seg.holes
@@ -218,8 +227,8 @@ def find_run(
     capped at ``limit > p``), or ``(None, p)`` if nobody does.
 
     Walks the start positions at or below ``p`` downwards: the first whose key is ``keys``' own
-    is the only reservation that can cache ``keys[p]`` (chained keys). ``touch`` is called on
-    ``S`` before its segments are read if ``S.lazy`` (see ``SegmentStore.touch``).
+    is the only reservation that can cache ``keys[p]`` (chained keys). ``touch`` as in
+    :func:`run_end`.
 
     Raises:
         RuntimeError: if a start key sits at another position than its chain index (keys that
@@ -237,9 +246,7 @@ def find_run(
         if b & _MASK != q:
             raise RuntimeError(f"key at chain position {q} is cached at {b & _MASK}")
         s = resmap[b >> _SHIFT]
-        if s.lazy:
-            touch(s)
-        x = run_end(s, q, keys, limit)
+        x = run_end(s, q, keys, limit, touch)
         return (s, x) if x > p else (None, p)
     return None, p
 

@@ -186,9 +186,7 @@ class SegmentPool(SegmentStore):
                     if b & _MASK != p:
                         raise RuntimeError(f"key at chain position {p} is cached at {b & _MASK}")
                     s = self._res[b >> SHIFT]
-                    if s.lazy:
-                        self.touch(s)
-                    x = run_end(s, p, keys, top)
+                    x = run_end(s, p, keys, top, self.touch)
                 else:
                     got = cache.get(keys[p])
                     if got is not None:
@@ -197,9 +195,7 @@ class SegmentPool(SegmentStore):
                                 f"key at chain position {p} is cached at {got & _MASK}"
                             )
                         s = self._res[got >> SHIFT]
-                        if s.lazy:
-                            self.touch(s)
-                        x = run_end(s, p, keys, top)
+                        x = run_end(s, p, keys, top, self.touch)
                     elif first and p > 0:
                         # keys[p] may continue the run holding keys[p - 1]: the hit block
                         # there (held, so cached), else whoever caches its key
@@ -207,9 +203,7 @@ class SegmentPool(SegmentStore):
                         pext = exts[-2] if len(exts) > 1 else None
                         if pext is not None and pext.hi == p and pext.res is not res:
                             s = pext.res
-                            if s.lazy:
-                                self.touch(s)
-                            x = run_end(s, p - 1, keys, top)
+                            x = run_end(s, p - 1, keys, top, self.touch)
                         else:
                             s, x = find_run(cache, self._res, keys, p - 1, top, self.touch)
                         if s is not None and x <= p:

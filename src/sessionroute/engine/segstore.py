@@ -361,17 +361,19 @@ class SegmentStore:
                         res = cres
                         p = cp
                         i = ci
+                        if res.lazy and ci == len(segs) - 1:
+                            self.touch(res)
                 cres = None
             if seg is None:
                 b = get(keys[h])
                 if b is None:
                     break
                 res = resmap[b >> SHIFT]
-                if res.lazy:
-                    self.touch(res)
                 p = b & _MASK
                 i = bisect_right(res.lows, p) - 1
                 seg = res.segs[i]
+                if res.lazy and i == len(res.segs) - 1:
+                    self.touch(res)
             hi = seg.hi
             end = seg.creg if seg.creg < hi else hi
             holes = seg.holes
