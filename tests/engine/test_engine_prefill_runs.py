@@ -15,6 +15,7 @@ from sessionroute.engine import (
     RequestResult,
     chain_block_keys,
 )
+from sessionroute.engine.fast import FastCore
 
 
 def _config() -> ReplicaConfig:
@@ -92,3 +93,34 @@ def test_acting_at_a_finish_inside_a_prefill_run_matches_reference(
                 assert x == pytest.approx(y, abs=1e-6)
             else:
                 assert x == y
+
+
+@pytest.mark.parametrize("slowdown", [1.0, 1.7, 0.3])
+@pytest.mark.parametrize("context", [40, 3001, 17_017])
+def test_prefill_run_step_times_are_step_time_bit_for_bit(slowdown: float, context: int) -> None:
+    """A planned prefill run's durations are exactly ``StepTimeProfile.step_time`` (the plan
+    computes the roofline part once per run and adds the context terms itself)."""
+    profile = PROFILES["glm45air-h200-tp8"]
+    rep = Replica(ReplicaConfig(profile, block_size=16, slowdown=slowdown))
+    for i in range(3):  # decoders that outlive the run
+        rep.add_request(_req(f"d{i}", 100_000 * (i + 1), context + i, 2000), 0.0)
+    rep.advance(1.0)  # inside their decode run (12.5 s)
+    rep.add_request(_req("long", 900_000, 120_000, 4), 1.0)
+    core = rep._core
+    assert isinstance(core, FastCore)
+    for _ in range(20):
+        t = rep.next_event_time()
+        assert t is not None
+        st = core.current_step()
+        if st is not None and st.pre:
+            break
+        rep.advance(t)
+    assert st is not None and st.pre and st.req is not None and st.j == 0 and st.k >= 2
+    d = core.n_dec
+    nc = st.req.nc
+    for j, chunk in enumerate(st.chunks):
+        assert chunk == core.budget - d
+        c = core.s0 + d * (core.g + j)
+        want = profile.step_time(chunk, d, c, chunk * (nc + chunk / 2)) * slowdown
+        assert st.dts[j] == want
+        nc += chunk

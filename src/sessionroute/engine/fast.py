@@ -10,10 +10,12 @@ Three devices, all exact:
   is decoding gets its one token in every step, ahead of the (at most one) request still in
   prefill, which is the newest. Such decoders form a prefix of ``running`` whose token counts,
   token times and inter-token latencies are kept lazily: a decoder that joined at step ``sync``
-  has decoded ``g - sync`` tokens by step ``g``. Per step the engine only touches the decoders
-  that cross a block boundary (bucketed by ``(nc - sync) % block_size``; they allocate a block
-  or fill one, in admission order, exactly when the reference does), the requests in prefill,
-  admissions and completions (a heap by finishing step). ``D`` is a count and
+  has decoded ``g - sync`` tokens by step ``g``. Per step the engine only takes a count of free
+  blocks for the block-lazy decoders (their blocks are functions of the step,
+  :mod:`sessionroute.engine.lazy`) and touches the other decoders that cross a block boundary
+  (bucketed by ``(nc - sync) % block_size``; they allocate a block or fill one, in admission
+  order, exactly when the reference does), the requests in prefill, admissions and completions
+  (a heap by finishing step). ``D`` is a count and
   ``C = s0 + D * g``. A step that would preempt falls back to the reference step.
 * **Decode runs in closed form.** When only decoders run and no waiting request can be admitted
   (empty queue, ``max_num_seqs`` reached or decodes use the whole budget), step ``j`` of the run

@@ -1,11 +1,17 @@
 """Lazy decoders of the fast path (see :mod:`sessionroute.engine.fast`): bookkeeping that keeps
-per-step work to the decoders that cross a block boundary.
+per-step work to a count of blocks, plus the decoders whose block work cannot be deferred.
 
 With ``max_num_seqs <= max_num_batched_tokens`` every running request that is decoding gets its
 one token in every step, ahead of the (at most one) request still in prefill, which is the
 newest. Such decoders form a prefix of ``running`` whose token counts, token times and
 inter-token latencies are kept lazily: a decoder that joined at step ``sync`` has decoded
 ``g - sync`` tokens by step ``g``. Their block work is bucketed by ``(nc - sync) % block_size``.
+
+Most are *block-lazy* (:meth:`LazyCore.blocks_lazy_ok`): their blocks and registration are
+functions of the step too (:meth:`LazyCore.sync_blocks`), so a step only takes as many free
+blocks as its block-lazy decoders start. The others (``buckets``) allocate and fill block by
+block in admission order, exactly when the reference does; a block-lazy decoder joins them when
+the pool is about to read its last segment (:meth:`LazyCore.touch`).
 """
 
 from __future__ import annotations

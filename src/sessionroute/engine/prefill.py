@@ -53,7 +53,12 @@ class PrefillRuns(LazyCore):
         lbuckets = self.lbuckets
         free = self.pool.num_free
         nb = r.nblocks
-        step_time = self.profile.step_time
+        profile = self.profile
+        b_kv = profile.b_kv_s
+        b_pa = profile.b_pa_s
+        # every step has N = chunk + D = budget tokens: b0 + max(T_mem(N), b_tok * N) is the
+        # same in all (step_time with C = A = 0 is exactly that sum)
+        base = profile.step_time(budget - d, d, 0, 0.0)
         slow = self.slowdown
         s0 = self.s0
         ts: list[float] = []
@@ -72,7 +77,8 @@ class PrefillRuns(LazyCore):
             free -= need + (len(buckets[-gj % bs]) + len(lbuckets[-gj % bs]) if d else 0)
             if free < 0:
                 break
-            dt = step_time(chunk, d, s0 + d * gj, chunk * (nc + chunk / 2)) * slow
+            # StepTimeProfile.step_time(chunk, d, C, A), same operations in the same order
+            dt = (base + b_kv * (s0 + d * gj) + b_pa * (chunk * (nc + chunk / 2))) * slow
             t = t + dt
             ts.append(t)
             dts.append(dt)
@@ -199,9 +205,9 @@ class PrefillRuns(LazyCore):
         block allocations are a count (all are block-lazy). The run was planned so that all
         its allocations fit in the blocks free when it was planned, so every eviction of the
         span takes blocks that were free at its start, whatever the interleaving with the
-        finishing decoders' releases (which go to the queue tail): the decoders' evictions are
-        taken before each finish and ``r``'s blocks at the end, with its registration (its keys
-        are no cached start, so no eviction changes what it caches).
+        finishing decoders' releases (which go to the queue tail): all of the span's evictions
+        are taken at its end, with ``r``'s blocks and registration (its keys are no cached
+        start, so no eviction changes what it caches).
 
         Raises:
             RuntimeError: if the state does not match the plan (cannot happen).
@@ -252,9 +258,6 @@ class PrefillRuns(LazyCore):
             ngen += nd * (k - j)
             j = k
             self.g = self.gb = g
-            if take:
-                spool.take(take)
-                take = 0
             finished = self.finish_lazy(g - 1, ts[k - 1])
             if finished:
                 if not fin:
@@ -265,8 +268,9 @@ class PrefillRuns(LazyCore):
         need = -(-top // bs) - r.nblocks
         if need < 0:
             need = 0
+        if take or need:
+            spool.take(take + need)
         if need:
-            spool.take(need)
             spool.extend(r, need)
         if top // bs > r.nreg and r.nreg < r.nkeys:
             self.register(r, top)

@@ -194,7 +194,7 @@ def run_end(
         seg = segs[i]
         if seg.lo > x:
             return x
-        if res.lazy and i == n - 1 and x < len(rkeys) and keys[x] == rkeys[x]:
+        if res.lazy and i == n - 1 and x < limit and x < len(rkeys) and keys[x] == rkeys[x]:
             touch(res)
         hi = seg.hi
         end = seg.creg if seg.creg < hi else hi
