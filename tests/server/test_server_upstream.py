@@ -358,27 +358,24 @@ async def test_a_connection_idle_past_the_keepalive_is_not_reused(raw: RawBacken
     worker (vLLM closes idle connections after 5 s) may be closing it at that moment."""
     pool = UpstreamPool(timeout_s=5.0, connect_timeout_s=5.0, keepalive_s=0.05)
     pool.start()
-    try:
-        task = asyncio.current_task()
-        assert task is not None
-        head = pool.request_head(raw.url, "POST", "/v1/chat/completions")
-        body = b"{}"
-        tail = b"Content-Length: 2\r\n\r\n"
-        for _ in range(2):  # back to back: one connection
-            ex = Exchange(pool, raw.url, task)
-            try:
-                assert await ex.send((head + tail, body)) == 200
-                await ex.read()
-            finally:
-                ex.close()
-        assert raw.connections == 1 and pool.idle_count(raw.url) == 1
-        await asyncio.sleep(0.1)  # idle past the keep-alive (the 10 s prune has not run)
+    task = asyncio.current_task()
+    assert task is not None
+    parts = (pool.request_head(raw.url, "POST", "/v1/chat") + b"Content-Length: 2\r\n\r\n", b"{}")
+
+    async def exchange() -> None:
         ex = Exchange(pool, raw.url, task)
         try:
-            assert await ex.send((head + tail, body)) == 200
+            assert await ex.send(parts) == 200
             await ex.read()
         finally:
             ex.close()
+
+    try:
+        await exchange()
+        await exchange()  # back to back: the same connection
+        assert raw.connections == 1 and pool.idle_count(raw.url) == 1
+        await asyncio.sleep(0.1)  # idle past the keep-alive (the 10 s prune has not run)
+        await exchange()
         assert raw.connections == 2  # a new connection; the stale one was closed
         assert pool.idle_count(raw.url) == 1
     finally:
