@@ -320,6 +320,12 @@ class Replica:
         self._sync()
         return self._core.pool.usage
 
+    def gauges(self) -> tuple[int, int, float]:
+        """``(num_running, num_waiting, kv_cache_usage)`` read at once (one sync, not three)."""
+        self._sync()
+        core = self._core
+        return len(core.running), len(core.waiting) + len(core.pending), core.pool.usage
+
     @property
     def num_gpu_blocks(self) -> int:
         """KV blocks (``vllm:cache_config_info{num_gpu_blocks}``)."""

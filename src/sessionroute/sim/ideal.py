@@ -4,7 +4,7 @@
   whole fleet. A request's ideal hit is the longest prefix of its prompt blocks seen before
   (in any earlier request's prompt or output, same ``cache_salt``), at most
   ``prompt_len - 1`` tokens like vLLM. Because keys are chained, "seen" is prefix-closed and
-  the longest prefix is found by binary search.
+  the longest prefix is found by galloping back from the prompt's last block, then bisecting.
 * ``ideal_busy_seconds``: the compute terms of the step-time model (``shared/ENGINE.md``) at
   ideal reuse, summed over requests and divided evenly over the replicas: per request
   ``b_tok * (P + O) + b_pa * P * (H + P / 2) + b_kv * O * (L + (O - 1) / 2)`` with ``L``
@@ -49,8 +49,23 @@ class IdealCache:
         if seen is None:
             seen = self._seen[salt] = set()
         bs = self.block_size
-        n_prompt = min(len(keys), prompt_len // bs)
-        lo, hi = 0, n_prompt  # keys[:lo] all seen; find the first unseen in [lo, hi)
+        n_prompt = prompt_len // bs
+        if n_prompt > len(keys):
+            n_prompt = len(keys)
+        # keys[:lo] are seen and keys[hi:n_prompt] are not (seen keys form a prefix). A turn
+        # usually adds a few blocks to a prefix seen before, so gallop back from the end
+        # (probes at hi - 1, hi - 2, hi - 4, ...), then bisect the last gap.
+        lo, hi = 0, n_prompt
+        step = 1
+        while lo < hi:
+            i = hi - step
+            if i < lo:
+                i = lo
+            if keys[i] in seen:
+                lo = i + 1
+                break
+            hi = i
+            step += step
         while lo < hi:
             mid = (lo + hi) // 2
             if keys[mid] in seen:

@@ -127,4 +127,4 @@ class SimReplica:
         e = self.engine
         if e is None:
             return 0, 0, 0.0
-        return e.num_running, e.num_waiting, e.kv_cache_usage
+        return e.gauges()

@@ -7,8 +7,10 @@ steps (the wall-clock measurements excepted; inject ``wall_clock`` to pin them t
 from __future__ import annotations
 
 import dataclasses
+import gc
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +36,31 @@ __all__ = ["SimResult", "default_url", "replica_config", "run_simulation"]
 
 DEFAULT_BLOCK_SIZE = 16
 """vLLM's default KV block size (tokens), used when neither the spec nor the workload sets one."""
+
+GC_THRESHOLDS = (100_000, 20, 100)
+"""Python's cyclic-GC thresholds while a simulation runs (the default is ``(700, 10, 10)``)."""
+
+
+@contextmanager
+def _fewer_gc_passes() -> Iterator[None]:
+    """Raise the cyclic GC's thresholds to :data:`GC_THRESHOLDS` for the block; restore after.
+
+    A run allocates millions of short-lived objects and holds large long-lived ones (engine
+    caches, the ideal-hit key sets, the recorder's lists), so with the default thresholds the
+    collector keeps traversing live objects: ~3.5 % of a default run's instructions. Cycles
+    are still collected, less often (memory held by cyclic garbage grows by at most one
+    threshold's worth of objects). Thresholds already higher, or a disabled collector, are
+    left as they are. Results do not depend on when the collector runs.
+    """
+    old = gc.get_threshold()
+    if old[0] == 0:
+        yield
+        return
+    gc.set_threshold(*(max(a, b) for a, b in zip(old, GC_THRESHOLDS, strict=False)))
+    try:
+        yield
+    finally:
+        gc.set_threshold(*old)
 
 
 def default_url(index: int) -> str:
@@ -177,7 +204,8 @@ def run_simulation(
         Sweeper(sim, spec.router.sweep_interval_s).start()
     workload.start(sim)
     limit = spec.sim.max_simulated_s if spec.sim.max_simulated_s is not None else float("inf")
-    queue.run_until(limit)
+    with _fewer_gc_passes():
+        queue.run_until(limit)
     sampler.sample()
     if progress is not None:
         progress(1.0)

@@ -47,6 +47,7 @@ class _Req:
         "handle",
         "hit",
         "on_done",
+        "out",
         "rep",
         "res",
         "rid",
@@ -68,6 +69,7 @@ class _Req:
         self.rid = ""
         self.res: Reservation | None = None
         self.rep: SimReplica | None = None
+        self.out: TurnOutcome | None = None  # the response, between finish and delivery
 
 
 class Simulation(ReplicaDriver):
@@ -173,8 +175,8 @@ class Simulation(ReplicaDriver):
             counts["requests_rejected"] += 1
             req.state = _DELIVER
             self._reqs[handle] = req
-            out = TurnOutcome(turn, now, now, False, 0, -1)
-            self.queue.push(now, PRIO_TIMER, self._deliver, (req, out))
+            req.out = TurnOutcome(turn, now, now, False, 0, -1)
+            self.queue.push(now, PRIO_TIMER, self._deliver, req)
             return handle
         req.hit = self._observe(turn.block_keys, plen, olen, turn.cache_salt)
         self._reqs[handle] = req
@@ -362,18 +364,19 @@ class Simulation(ReplicaDriver):
         rep.prompt_tokens += prompt
         rep.output_tokens += output
         req.state = _DELIVER
-        out = TurnOutcome(turn, sent, done, True, cached, rep.index)
+        req.out = TurnOutcome(turn, sent, done, True, cached, rep.index)
         queue = self.queue
         now = queue.clock._t
-        queue.push(done if done > now else now, PRIO_TIMER, self._deliver, (req, out))
+        queue.push(done if done > now else now, PRIO_TIMER, self._deliver, req)
 
-    def _deliver(self, arg: tuple[_Req, TurnOutcome]) -> None:
-        req, out = arg
+    def _deliver(self, req: _Req) -> None:
         if req.state != _DELIVER:
             return
         req.state = _DONE
-        self._reqs.pop(req.handle, None)
-        req.on_done(out)
+        del self._reqs[req.handle]
+        out = req.out
+        if out is not None:
+            req.on_done(out)
 
     # -- replica lifecycle (used by :mod:`sessionroute.sim.faults`) ------------------------------
     def add_replica(self) -> SimReplica:
