@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -148,4 +149,52 @@ def test_pool_state_equals_reference_at_every_event(w: Workload) -> None:
     for rep in reps:
         while (t := rep.next_event_time()) is not None:
             rep.advance(t)
+    assert _state(reps[0]) == _state(reps[1])
+
+
+def test_lookup_into_a_block_lazy_decoders_segment_brings_it_up_to_date() -> None:
+    """A request whose prompt continues a decoding request's content hits the decoder's blocks
+    (including those it filled lazily), and the decoder goes back to per-step block work."""
+    bs = 4
+    config = ReplicaConfig(
+        PROFILES["toy-8b-h100-tp1"],
+        block_size=bs,
+        kv_capacity_tokens=400 * bs,
+        max_num_batched_tokens=64,
+        max_num_seqs=4,
+    )
+    content = list(range(1000, 1000 + 40 + 200))
+    first = EngineRequest("a", 40, 200, chain_block_keys(content, bs))
+    reps = [Replica(config, fast=True), Replica(config, fast=False)]
+    for rep in reps:
+        rep.add_request(first, 0.0)
+        rep.advance(0.5)  # "a" decodes for a while
+        assert rep.num_running == 1  # (a gauge read splits the decode run at 0.5 s)
+    fast_core = reps[0]._core
+    assert isinstance(fast_core, FastCore)
+    a = fast_core.reqs["a"]
+    assert a.lazy and a.blazy
+    done_tokens = a.num_output + fast_core.g - a.sync
+    assert done_tokens > 3 * bs  # it has filled blocks lazily since it became a decoder
+    follow = EngineRequest(
+        "b", 40 + done_tokens - 2, 8, chain_block_keys(content[: 40 + done_tokens + 6], bs)
+    )
+    for rep in reps:
+        rep.add_request(follow, 0.5)
+    b = fast_core.reqs["b"]
+    while b not in fast_core.running:
+        t = reps[0].next_event_time()
+        assert t is not None
+        reps[0].advance(t)
+    assert a in fast_core.running and a.lazy and not a.blazy  # the lookup touched it
+    results = []
+    for rep in reps:
+        out = {}
+        while (t := rep.next_event_time()) is not None:
+            out.update({r.request_id: r for r in rep.advance(t)})
+        results.append(out)
+    fast, ref = results
+    assert fast["b"].cached_tokens == ref["b"].cached_tokens > 40
+    for rid in ("a", "b"):
+        assert fast[rid].finish_s == pytest.approx(ref[rid].finish_s, abs=1e-6)
     assert _state(reps[0]) == _state(reps[1])

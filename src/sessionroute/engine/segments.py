@@ -203,7 +203,11 @@ class SegmentPool(SegmentStore):
                         pext = exts[-2] if len(exts) > 1 else None
                         if pext is not None and pext.hi == p and pext.res is not res:
                             s = pext.res
-                            x = run_end(s, p - 1, keys, top, self.touch)
+                            rk = s.keys
+                            if p < len(rk) and rk[p] == keys[p]:
+                                x = run_end(s, p - 1, keys, top, self.touch)
+                            else:  # its key at p is not ours: it cannot cache keys[p]
+                                s = None
                         else:
                             s, x = find_run(cache, self._res, keys, p - 1, top, self.touch)
                         if s is not None and x <= p:
