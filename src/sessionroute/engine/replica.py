@@ -111,7 +111,7 @@ class Replica:
             or rid in core.reqs
         ):
             self._refuse(rid, prompt_len, output_len, nkeys)
-        if not isinstance(block_keys, list | tuple):
+        if not isinstance(block_keys, (list, tuple)):
             return list(block_keys)
         return block_keys
 

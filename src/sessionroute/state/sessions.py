@@ -16,6 +16,16 @@ from sessionroute.errors import ConfigError
 __all__ = ["SessionStats", "SessionTable"]
 
 
+class _Pin:
+    """A session's worker and last access time (seconds); mutable, one per pinned session."""
+
+    __slots__ = ("last", "worker")
+
+    def __init__(self, worker: str, last: float) -> None:
+        self.worker = worker
+        self.last = last
+
+
 @dataclass(slots=True)
 class SessionStats:
     """Lifecycle counters (monotonic).
@@ -68,7 +78,7 @@ class SessionTable:
         self.ttl_s = float(ttl_s)
         self._max = max_sessions
         # session id -> [worker, last access]; ordered by last access (oldest first).
-        self._pins: OrderedDict[str, list[object]] = OrderedDict()
+        self._pins: OrderedDict[str, _Pin] = OrderedDict()
         self._counts: dict[str, int] = {}
         # Sessions unpinned because their worker was removed -> their last access time.
         self._displaced: dict[str, float] = {}
@@ -91,7 +101,7 @@ class SessionTable:
     def worker_of(self, session_id: str) -> str | None:
         """The pinned worker, without touching the access time or checking the TTL."""
         entry = self._pins.get(session_id)
-        return None if entry is None else str(entry[0])
+        return None if entry is None else entry.worker
 
     def lookup(self, session_id: str, now: float) -> str | None:
         """The pinned worker if the session is live (idle < TTL), else None.
@@ -102,17 +112,17 @@ class SessionTable:
         entry = self._pins.get(session_id)
         if entry is None:
             return None
-        if now - float(entry[1]) >= self.ttl_s:  # type: ignore[arg-type]
+        if now - entry.last >= self.ttl_s:
             self._drop(session_id)
             self.stats.expired += 1
             return None
-        return str(entry[0])
+        return entry.worker
 
     def touch(self, session_id: str, now: float) -> None:
         """Refresh the access time of a pinned session (no-op if unknown)."""
         entry = self._pins.get(session_id)
         if entry is not None:
-            entry[1] = now
+            entry.last = now
             self._pins.move_to_end(session_id)
 
     def pin(self, session_id: str, worker: str, now: float) -> None:
@@ -124,7 +134,7 @@ class SessionTable:
             oldest = next(iter(self._pins))
             self._drop(oldest)
             self.stats.evicted += 1
-        self._pins[session_id] = [worker, now]
+        self._pins[session_id] = _Pin(worker, now)
         self._counts[worker] = self._counts.get(worker, 0) + 1
 
     def unpin(self, session_id: str) -> str | None:
@@ -148,10 +158,10 @@ class SessionTable:
         Each is remembered until its TTL runs out, so that :meth:`take_displaced` can report
         its next turn as a re-pin rather than a new session. O(sessions).
         """
-        moved = [(sid, e[1]) for sid, e in self._pins.items() if e[0] == worker]
+        moved = [(sid, e.last) for sid, e in self._pins.items() if e.worker == worker]
         for sid, last in moved:
             self._drop(sid)
-            self._displaced[sid] = float(last)  # type: ignore[arg-type]
+            self._displaced[sid] = float(last)
         return len(moved)
 
     def take_displaced(self, session_id: str, now: float) -> bool:
@@ -181,7 +191,7 @@ class SessionTable:
             n = len(stale)
         while self._pins:
             sid, entry = next(iter(self._pins.items()))
-            if float(entry[1]) > cutoff:  # type: ignore[arg-type]
+            if entry.last > cutoff:
                 break
             self._drop(sid)
             n += 1
@@ -190,10 +200,10 @@ class SessionTable:
 
     def sessions_on(self, worker: str) -> list[str]:
         """Session ids pinned to ``worker`` (O(sessions); for admin and tests)."""
-        return [sid for sid, e in self._pins.items() if e[0] == worker]
+        return [sid for sid, e in self._pins.items() if e.worker == worker]
 
     def _drop(self, session_id: str) -> str:
-        worker = str(self._pins.pop(session_id)[0])
+        worker = self._pins.pop(session_id).worker
         c = self._counts.get(worker, 0) - 1
         if c > 0:
             self._counts[worker] = c
