@@ -66,17 +66,22 @@ class PrefillRuns(LazyCore):
         chunks: list[int] = []
         ev: list[int] = []
         t = s
+        # the most blocks the run can take: the prefill's up to its end, and one per decoder
+        # every block_size steps; with that many free, no step needs the free-block check
+        track = free < -(-(nc + rem) // bs) - nb + d * -(-(horizon - g) // bs)
         for gj in range(g, horizon):
             chunk = budget - d
             if rem <= chunk:
                 break  # the prefill's last chunk: an ordinary step (first token, admissions)
             top = nc + chunk
-            need = -(-top // bs) - nb
-            if need < 0:
-                need = 0
-            free -= need + (len(buckets[-gj % bs]) + len(lbuckets[-gj % bs]) if d else 0)
-            if free < 0:
-                break
+            if track:
+                need = -(-top // bs) - nb
+                if need < 0:
+                    need = 0
+                free -= need + (len(buckets[-gj % bs]) + len(lbuckets[-gj % bs]) if d else 0)
+                if free < 0:
+                    break
+                nb += need
             # StepTimeProfile.step_time(chunk, d, C, A), same operations in the same order
             dt = (base + b_kv * (s0 + d * gj) + b_pa * (chunk * (nc + chunk / 2))) * slow
             t = t + dt
@@ -85,7 +90,6 @@ class PrefillRuns(LazyCore):
             chunks.append(chunk)
             nc = top
             rem -= chunk
-            nb += need
             f = fin.get(gj)
             if f is not None:
                 ev.append(gj - g)
