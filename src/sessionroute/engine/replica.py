@@ -218,6 +218,11 @@ class Replica:
         :meth:`next_event_time` calls while it has nothing else to do before ``until``: the
         same steps run in the same order. :attr:`time` is the last time advanced to.
 
+        Like :meth:`next_event_time`, computing ``next_t`` starts a step due at the last time
+        advanced to. A driver that answers a finish with a new request *at the finish time*
+        (a closed loop with no delay) and wants it in that step must use :meth:`advance`,
+        :meth:`add_request`, then :meth:`next_event_time` instead (``bench engine`` does).
+
         Returns:
             ``(finished, next_t, moves)``: the requests that finished at the last time advanced
             to (in finish order), :meth:`next_event_time` after it, and how many times the
