@@ -22,7 +22,6 @@ from operator import attrgetter
 
 from sessionroute.engine.api import ReplicaConfig
 from sessionroute.engine.core import RUNNING, Core, Req
-from sessionroute.engine.segcache import SaltCache
 from sessionroute.engine.segments import SegmentPool
 from sessionroute.engine.segstore import _Res
 
@@ -145,13 +144,7 @@ class LazyCore(Core):
             return True
         if seg.creg != p or seg.lo >= p:
             return False
-        holes = seg.holes
-        if holes and holes[-1] == p - 1:
-            return False
-        cache = r.cache
-        if not isinstance(cache, SaltCache):
-            return False
-        return cache.first_start_key(r.keys, p, end) == end
+        return self.spool.extends_own_run(r, seg, p, end)
 
     def sync_blocks(self, r: Req) -> None:
         """Bring a block-lazy decoder's blocks and registration up to step ``gb``: it has
@@ -298,11 +291,7 @@ class LazyCore(Core):
         spool = self.spool
         self.gb = g + 1
         if not fb:
-            n = len(self.lbuckets[pa]) + extra
-            if ab:
-                spool.grow_each(ab, n)
-            elif n:
-                spool.take(n)
+            self._allocate(ab, len(self.lbuckets[pa]) + extra)
             return
         if not spool.fills_in_place(fb):
             self.eagerize(g)
@@ -326,18 +315,17 @@ class LazyCore(Core):
                     if extra:
                         spool.take(extra)
                     return
-                n -= len(ab)
-                if ab:
-                    spool.grow_each(ab, n)
-                elif n:
-                    spool.take(n)
+                self._allocate(ab, n - len(ab))
                 return
-        n -= len(ab)
-        if ab:
-            spool.grow_each(ab, n)
-        elif n:
-            spool.take(n)
+        self._allocate(ab, n - len(ab))
         spool.fill_each(fb)
+
+    def _allocate(self, ab: dict[Req, None], extra: int) -> None:
+        """One block for each decoder of ``ab``, then ``extra`` free blocks taken."""
+        if ab:
+            self.spool.grow_each(ab, extra)
+        elif extra:
+            self.spool.take(extra)
 
     def decode_blocks_in_order(self, g: int, ab: dict[Req, None], fb: dict[Req, None]) -> None:
         """:meth:`decode_blocks` one request at a time in admission order (the reference's)."""

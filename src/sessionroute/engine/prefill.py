@@ -22,7 +22,6 @@ from bisect import bisect_left
 
 from sessionroute.engine.core import Req, Step
 from sessionroute.engine.lazy import LazyCore
-from sessionroute.engine.segcache import SaltCache
 
 __all__ = ["PrefillRuns"]
 
@@ -194,13 +193,7 @@ class PrefillRuns(LazyCore):
         seg = res.segs[-1]
         if res.owner is not r or seg.ref != 1 or not seg.lo < p == seg.creg:
             return False
-        holes = seg.holes
-        if holes and holes[-1] == p - 1:
-            return False
-        cache = r.cache
-        if not isinstance(cache, SaltCache):
-            return False
-        return cache.first_start_key(r.keys, p, full) == full
+        return self.spool.extends_own_run(r, seg, p, full)
 
     def apply_pre_batch(self, st: Step, r: Req, m: int) -> None:
         """:meth:`apply_pre` of steps ``st.j .. m - 1`` in one batch; same state as step by step.

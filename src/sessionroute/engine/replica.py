@@ -83,16 +83,9 @@ class Replica:
             EngineRequestError: as :meth:`add_request`.
         """
         keys = self._check(request_id, prompt_len, output_len, block_keys)
-        core = self._core
-        core.run_until(now)
-        if now > self._time:
-            self._time = now
-        done = core.done
-        out: list[RequestResult] = []
-        while done and done[0].finish_s <= now:
-            out.append(done.popleft())
+        out = self.advance(now)
         self._queue(request_id, prompt_len, output_len, keys, cache_salt, now)
-        return out, core.next_event(self._time)
+        return out, self._core.next_event(self._time)
 
     def _check(
         self, rid: str, prompt_len: int, output_len: int, block_keys: Sequence[int]

@@ -231,6 +231,20 @@ class SegmentPool(SegmentStore):
             i += 1
 
     @staticmethod
+    def extends_own_run(r: Holder, seg: _Seg, p: int, end: int) -> bool:
+        """Whether ``r``'s own last segment ``seg``, offered to the cache up to ``p``
+        (``seg.creg == p``), caches positions ``p .. end - 1`` by extending its cached run in
+        place: block ``p - 1`` is cached (not a hole) and no start of ``r``'s salt holds any of
+        their keys, so no dict entry is touched (see :meth:`register`)."""
+        holes = seg.holes
+        if holes and holes[-1] == p - 1:
+            return False
+        cache = r.cache
+        if not isinstance(cache, SaltCache):
+            return False
+        return cache.first_start_key(r.keys, p, end) == end
+
+    @staticmethod
     def _fillable_in_place(r: Holder, p: int) -> _Seg | None:
         """The segment in which ``r``'s block ``p`` extends ``r``'s own cached run, else None.
 

@@ -20,7 +20,7 @@ from typing import Any
 from sessionroute.engine import ReplicaConfig, RequestResult
 from sessionroute.errors import NoWorkerAvailable
 from sessionroute.routing import Reservation, RoutingCore
-from sessionroute.sim.events import PRIO_ARRIVAL, PRIO_TIMER, PRIO_WAKE, EventQueue
+from sessionroute.sim.events import PRIO_ARRIVAL, PRIO_TIMER, EventQueue
 from sessionroute.sim.ideal import IdealCache
 from sessionroute.sim.metrics import Recorder
 from sessionroute.sim.replicas import SimReplica
@@ -292,16 +292,7 @@ class Simulation(ReplicaDriver):
             self._finish(rep, result)
         req.state = _ENGINE
         rep.inflight[rid] = req
-        # _reschedule(rep) with the engine's next event time already known
-        if t is None:
-            rep.wake_t = None
-        elif t != rep.wake_t:
-            if t < now:
-                t = now
-            token = rep.wake_token + 1
-            rep.wake_token = token
-            rep.wake_t = t
-            queue.push(t, PRIO_WAKE, self._wake, (rep, token))
+        self._schedule_wake(rep, t)  # _reschedule with the engine's next event time known
 
     def _complete(self, req: _Req) -> None:
         if req.res is not None:

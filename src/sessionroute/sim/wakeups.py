@@ -47,7 +47,11 @@ class ReplicaDriver:
         engine = rep.engine
         if engine is None:
             return
-        t = engine.next_event_time()
+        self._schedule_wake(rep, engine.next_event_time())
+
+    def _schedule_wake(self, rep: SimReplica, t: float | None) -> None:
+        """Wake ``rep`` at its engine's next event time ``t`` (None: idle, no wake-up); a
+        wake-up already due then stays, an earlier one is superseded (its token goes stale)."""
         if t is None:
             rep.wake_t = None
             return
