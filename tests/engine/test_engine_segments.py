@@ -15,6 +15,8 @@ from hypothesis import strategies as st
 from sessionroute.engine.blocks import BlockPool, KVPool
 from sessionroute.engine.segments import SegmentPool
 
+from .pool_views import block_queue, segment_queue
+
 
 class Holder:
     """A request as a pool sees it."""
@@ -36,31 +38,6 @@ def chain(tokens: list[int]) -> list[int]:
         parent = hash((parent, t))
         keys.append(parent)
     return keys
-
-
-def block_queue(pool: BlockPool) -> list[int | None]:
-    """The per-block free queue in eviction order: never-used blocks, then queued ones."""
-    out: list[int | None] = [None] * (pool.num_blocks - pool._next)
-    for e in pool._queue:
-        b = e & 0xFFFF_FFFF
-        if e >> 32 == pool.ver[b]:
-            out.append(pool.key[b] if pool.owner[b] is not None else None)
-    return out
-
-
-def segment_queue(pool: SegmentPool) -> list[int | None]:
-    """The segment pool's queue expanded to blocks in eviction order."""
-    out: list[int | None] = [None] * pool.fresh
-    head = pool._head
-    seg = head.next
-    while seg is not head:
-        res = seg.res
-        for p in range(seg.hi - 1, seg.lo - 1, -1):
-            k = res.keys[p] if p < len(res.keys) else None
-            cached = p < seg.creg and p not in seg.holes
-            out.append(k if k is not None and cached else None)
-        seg = seg.next
-    return out
 
 
 _OPS = (
