@@ -104,3 +104,43 @@ def test_unusable_out_dir_fails_before_the_run(
     assert rc == 2
     assert f"cannot create output directory {str(out)!r}" in err
     assert "random" not in err.split("error:")[0]  # no arm was started
+
+
+@pytest.mark.parametrize("dry_run", [True, False])
+def test_a_malformed_trace_fails_before_any_arm_runs(
+    dry_run: bool, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The trace is read once up front: ``--dry-run`` refuses it too, and a real run fails
+    before its progress bars (and before creating ``--out``)."""
+    trace = tmp_path / "bad.csv"
+    trace.write_text(
+        "row,session,agent,turn,t,input_tokens,output_tokens,cached_tokens,match_row,"
+        "api_time,think_time,model,stop\n"
+        "0,1,0,0,0.0,71175,169,0,-1,7.34,0.0,0,tool_use\n"
+        "1,1,0,1,19.0,abc,296,71168,0,9.19,12.0,0,tool_use\n",
+        encoding="utf-8",
+    )
+    out = tmp_path / "out"
+    argv = ["compare", "--workload", str(trace), "--out", str(out)]
+    rc = main([*argv, "--dry-run"] if dry_run else argv)
+    captured = capsys.readouterr()
+    err = " ".join(captured.err.split())
+    assert rc == 2
+    assert "bad.csv:3: field 'input_tokens': not an integer: 'abc'" in err
+    assert "100.0%" not in err and captured.out == ""
+    assert not out.exists()
+
+
+def test_steps_on_a_workload_without_steps_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["compare", "--workload", "toy", "--steps", "3", "--dry-run"])
+    err = " ".join(capsys.readouterr().err.split())
+    assert rc == 2
+    assert "--steps applies to the swe-rl workload only" in err and "'toy'" in err
+
+
+def test_command_line_changes_are_noted_in_the_description(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["compare", "--steps", "2", "--policies", "random", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "(changed on the command line: --steps 2, --policies random)" in out

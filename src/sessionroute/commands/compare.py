@@ -95,11 +95,19 @@ def _load(args: argparse.Namespace) -> Any:
         text = resources.files("sessionroute").joinpath("data/default.toml").read_text("utf-8")
         spec = parse_experiment(tomllib.loads(text), source="<built-in default>")
     data = spec.model_dump()
+    changed: list[str] = []
     if args.workload:
-        data["workload"] = {"kind": args.workload, "steps": data["workload"].get("steps")}
-        data["workload"]["options"] = {}
+        steps = data["workload"].get("steps") if args.workload == "swe-rl" else None
+        data["workload"] = {"kind": args.workload, "steps": steps, "options": {}}
+        changed.append(f"--workload {args.workload}")
     if args.steps is not None:
+        if data["workload"]["kind"] != "swe-rl":
+            raise ValueError(
+                f"--steps applies to the swe-rl workload only; this experiment's workload is "
+                f"{data['workload']['kind']!r} (its length is set by its own options)"
+            )
         data["workload"]["steps"] = args.steps
+        changed.append(f"--steps {args.steps}")
     if args.seed is not None:
         data["run"]["seed"] = args.seed
     if args.repeats is not None:
@@ -109,7 +117,31 @@ def _load(args: argparse.Namespace) -> Any:
         if not names:
             raise ValueError("--policies needs at least one policy name")
         data["arms"] = [{"policy": n} for n in names]
+        changed.append(f"--policies {args.policies}")
+    if changed and data.get("description"):
+        data["description"] += f" (changed on the command line: {', '.join(changed)})"
     return parse_experiment(data, source=args.file or "<built-in default>")
+
+
+def _check_workloads(arms: list[Any]) -> None:
+    """Build each arm's workload once, so that a malformed trace fails (naming file, line and
+    field) before any arm runs, ``--dry-run`` included.
+
+    Raises:
+        SessionRouteError: what building the workload raises (``TraceFormatError``, ...).
+    """
+    import numpy as np
+
+    from sessionroute.workloads.registry import workload_config
+
+    seen: set[str] = set()
+    for arm in arms:
+        wl = arm.settings["workload"]
+        key = json.dumps(wl, sort_keys=True, default=str)
+        if key not in seen:
+            seen.add(key)
+            cfg = workload_config(wl["kind"], wl.get("steps"), wl.get("options"))
+            cfg.build(np.random.default_rng(0))
 
 
 def _jobs(args: argparse.Namespace, spec: Any) -> int:
@@ -144,7 +176,12 @@ def _run(args: argparse.Namespace) -> int:
     )
     from sessionroute.experiments.spec import resolve_arms
 
-    arms = resolve_arms(spec)
+    try:
+        arms = resolve_arms(spec)
+        _check_workloads(arms)
+    except (SessionRouteError, ValueError) as exc:
+        err_console.print(f"[red]error:[/red] {exc}", highlight=False)
+        return 2
     if args.dry_run:
         plan = resolved_experiment(spec, arms)
         print(json.dumps(plan, indent=2))
