@@ -30,7 +30,12 @@ _SYSTEM_TOKENS = 2048
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``sessionroute bench engine``."""
-    parser.add_argument("--profile", default="glm45air-h200-tp8", choices=sorted(PROFILES))
+    parser.add_argument(
+        "--profile",
+        default="glm45air-h200-tp8",
+        choices=sorted(PROFILES),
+        help="replica step-time profile (default glm45air-h200-tp8)",
+    )
     parser.add_argument("--sessions", type=int, default=256, help="concurrent sessions")
     parser.add_argument("--max-context", type=int, default=60_000, help="tokens")
     parser.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
@@ -41,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-wall", type=float, default=20.0, help="wall seconds per implementation at most"
     )
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
 
 
 @dataclass
