@@ -215,3 +215,33 @@ async def test_unreachable_after_retries_is_502(
     assert status == 502 and body["error"]["code"] == "upstream_unreachable"
     assert "3 attempt" in body["error"]["message"]
     assert router.router.core.cluster.in_flight(slammer) == 0
+
+
+async def test_an_unhealthy_worker_is_rechecked_between_rounds(
+    backends: list[FakeBackend], make_router: MakeRouter
+) -> None:
+    """A worker that is down when the router starts (marked unhealthy) is back soon after it
+    comes up: unhealthy workers are checked every --health-recheck-interval-secs, not only
+    every --health-check-interval-secs (60 s here)."""
+    b = backends[0]
+    b.health_ok = False
+    router = await make_router(
+        [b.url, backends[1].url],
+        health_check_interval_secs=60.0,
+        health_recheck_interval_secs=0.02,
+        health_failure_threshold=1,
+    )
+    checker = router.router.health
+    assert checker is not None
+    while checker.rounds < 1:  # the startup round marks it unhealthy
+        await checker.round_done.wait()
+    assert not router.router.core.cluster.is_healthy(b.url)
+    checks = backends[1].health_checks
+    b.health_ok = True
+    for _ in range(250):
+        if router.router.core.cluster.is_healthy(b.url):
+            break
+        await asyncio.sleep(0.02)
+    assert router.router.core.cluster.is_healthy(b.url)
+    assert checker.rounds == 1  # no full round ran: only the unhealthy worker was checked
+    assert backends[1].health_checks == checks

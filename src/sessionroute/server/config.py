@@ -56,6 +56,7 @@ class RouterSettings(BaseModel):
     session_sweep_interval_secs: float = Field(DEFAULTS["session_sweep_interval_secs"], gt=0)
     request_timeout_secs: float = Field(DEFAULTS["request_timeout_secs"], gt=0)
     health_check_interval_secs: float = Field(DEFAULTS["health_check_interval_secs"], gt=0)
+    health_recheck_interval_secs: float = Field(DEFAULTS["health_recheck_interval_secs"], gt=0)
     health_check_timeout_secs: float = Field(DEFAULTS["health_check_timeout_secs"], gt=0)
     health_failure_threshold: int = Field(DEFAULTS["health_failure_threshold"], ge=1)
     health_success_threshold: int = Field(DEFAULTS["health_success_threshold"], ge=1)

@@ -41,6 +41,7 @@ DEFAULTS: dict[str, Any] = {
     "session_sweep_interval_secs": 60.0,
     "request_timeout_secs": 1800.0,
     "health_check_interval_secs": 60.0,
+    "health_recheck_interval_secs": 5.0,
     "health_check_timeout_secs": 5.0,
     "health_failure_threshold": 3,
     "health_success_threshold": 2,
@@ -175,6 +176,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for name, typ, help_text in (
         ("request_timeout_secs", float, "upstream request timeout, seconds"),
         ("health_check_interval_secs", float, "seconds between health checks"),
+        (
+            "health_recheck_interval_secs",
+            float,
+            "seconds between extra checks of unhealthy workers only, so a worker that comes "
+            "up is back within about threshold x this (sessionroute only)",
+        ),
         ("health_check_timeout_secs", float, "health check timeout, seconds"),
         ("health_failure_threshold", int, "consecutive failed checks before unhealthy"),
         ("health_success_threshold", int, "consecutive passed checks before healthy"),

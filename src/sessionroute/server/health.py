@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -196,6 +196,11 @@ class HealthChecker:
         workers: the router's url -> :class:`WorkerHealth` map (read at each round).
         endpoint: path to GET on each worker.
         interval_s: seconds between rounds.
+        recheck_s: seconds between extra checks of the unhealthy workers only (between
+            rounds): a worker marked unhealthy (by checks, or at once when it refused a
+            request's connection) is back after ``success_threshold`` passes, about
+            ``success_threshold * recheck_s`` seconds after it comes up, instead of
+            ``success_threshold * interval_s``.
         timeout_s: per-check timeout in seconds.
         failure_threshold: consecutive failures before a worker is unhealthy.
         success_threshold: consecutive passes before it is healthy again.
@@ -210,6 +215,7 @@ class HealthChecker:
         *,
         endpoint: str,
         interval_s: float,
+        recheck_s: float | None = None,
         timeout_s: float,
         failure_threshold: int,
         success_threshold: int,
@@ -220,6 +226,7 @@ class HealthChecker:
         self._workers = workers
         self._endpoint = endpoint
         self._interval = interval_s
+        self._recheck = interval_s if recheck_s is None else min(recheck_s, interval_s)
         self._timeout = timeout_s
         self._fail_n = failure_threshold
         self._pass_n = success_threshold
@@ -228,9 +235,14 @@ class HealthChecker:
         self.rounds = 0
         self.round_done = asyncio.Event()
 
-    async def check_once(self) -> None:
-        """Check every worker concurrently and apply the results."""
-        items = list(self._workers.items())
+    async def check_once(self, urls: Iterable[str] | None = None) -> None:
+        """Check every worker (or those of ``urls``) concurrently and apply the results; only
+        a check of every worker counts as a round (:attr:`rounds`, :attr:`round_done`)."""
+        full = urls is None
+        if urls is None:
+            items = list(self._workers.items())
+        else:
+            items = [(u, self._workers[u]) for u in urls if u in self._workers]
         results = await asyncio.gather(
             *(
                 probe(self._session, url.rstrip("/") + self._endpoint, self._timeout, self._headers)
@@ -245,12 +257,22 @@ class HealthChecker:
             if wh.observe_check(ok, self._fail_n, self._pass_n):
                 log.warning("worker %s is now %s", url, "healthy" if ok else "unhealthy")
                 self._on_change(url)
-        self.rounds += 1
-        self.round_done.set()
-        self.round_done = asyncio.Event()
+        if full:
+            self.rounds += 1
+            self.round_done.set()
+            self.round_done = asyncio.Event()
 
     async def run(self) -> None:
-        """Check now and then every ``interval_s`` seconds, forever (cancel the task to stop)."""
+        """Check every worker now and then every ``interval_s`` seconds, and the unhealthy
+        ones every ``recheck_s`` seconds in between, forever (cancel the task to stop)."""
+        loop = asyncio.get_running_loop()
         while True:
             await self.check_once()
-            await asyncio.sleep(self._interval)
+            next_round = loop.time() + self._interval
+            while (left := next_round - loop.time()) > 0:
+                await asyncio.sleep(min(self._recheck, left))
+                if next_round - loop.time() <= 0:
+                    break
+                sick = [u for u, wh in self._workers.items() if not wh.health_ok]
+                if sick:
+                    await self.check_once(sick)

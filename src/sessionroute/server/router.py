@@ -150,6 +150,7 @@ class Router:
             self.workers,
             endpoint=s.health_check_endpoint,
             interval_s=s.health_check_interval_secs,
+            recheck_s=s.health_recheck_interval_secs,
             timeout_s=s.health_check_timeout_secs,
             failure_threshold=s.health_failure_threshold,
             success_threshold=s.health_success_threshold,
