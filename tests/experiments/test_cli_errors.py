@@ -87,8 +87,8 @@ def test_bench_help_shows_defaults(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["bench", "sim", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert "--replicas REPLICAS (default: 3)" in text
-    assert "--seed SEED (default: 0)" in text
+    assert "--replicas REPLICAS simulated replicas (default: 3)" in text
+    assert "--seed SEED workload and policy seed (default: 0)" in text
     assert "--steps STEPS RL steps (swe-rl) (default: 20)" in text
     assert "(default: False)" not in text
 

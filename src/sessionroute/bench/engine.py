@@ -34,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--profile",
         default="glm45air-h200-tp8",
         choices=sorted(PROFILES),
-        help="replica step-time profile (default glm45air-h200-tp8)",
+        help="replica step-time profile",
     )
     parser.add_argument("--sessions", type=int, default=256, help="concurrent sessions")
     parser.add_argument("--max-context", type=int, default=60_000, help="tokens")
@@ -46,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-wall", type=float, default=20.0, help="wall seconds per implementation at most"
     )
-    parser.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
+    parser.add_argument("--seed", type=int, default=0, help="workload seed")
 
 
 @dataclass

@@ -18,16 +18,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``sessionroute bench sim``."""
     parser.add_argument("--workload", default="swe-rl", help="workload kind (default swe-rl)")
     parser.add_argument("--steps", type=int, default=20, help="RL steps (swe-rl)")
-    parser.add_argument("--replicas", type=int, default=3, help="simulated replicas (default 3)")
+    parser.add_argument("--replicas", type=int, default=3, help="simulated replicas")
     parser.add_argument(
         "--policy",
         default="sticky_least_loaded",
-        help="routing policy (default sticky_least_loaded)",
+        help="routing policy",
     )
     parser.add_argument(
         "--block-size", type=int, default=None, help="simulated KV block size (tokens)"
     )
-    parser.add_argument("--seed", type=int, default=0, help="workload and policy seed (default 0)")
+    parser.add_argument("--seed", type=int, default=0, help="workload and policy seed")
     parser.add_argument("--reference", action="store_true", help="use the naive engine")
 
 

@@ -34,7 +34,7 @@ TABLE_METRICS: tuple[tuple[str, str, bool], ...] = (
     ("session_latency_s.p50", "session latency p50 (s)", False),
     ("load_imbalance_cov", "busy-time CoV", False),
     ("max_over_mean_busy", "max/mean busy", False),
-    ("sessions_repinned", "sessions re-pinned", False),
+    ("sessions_repinned", "re-pins (turns moved)", False),
     ("sessions_leaked", "sessions leaked", False),
     ("ideal_hit_rate", "ideal hit rate (infinite cache)", True),
     ("simulated_seconds", "simulated time (s)", False),
