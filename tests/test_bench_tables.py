@@ -16,3 +16,31 @@ def test_bench_engine_table_fits_80_columns(capsys: pytest.CaptureFixture[str]) 
     ratio_row = next(line for line in lines if "requests / wall second" in line)
     assert ratio_row.rstrip(" │").endswith("x"), ratio_row  # fast / reference ratio shown
     assert "fast" in out and "reference" in out
+
+
+def test_bench_proxy_table_fits_80_columns_without_cutting_cells(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sessionroute.bench.proxy import print_table
+
+    monkeypatch.setenv("COLUMNS", "80")
+    rows = [
+        {
+            "target": target,
+            "body_bytes": body,
+            "concurrency": 64,
+            "rps": 3375.2,
+            "p50_ms": 18.22,
+            "p99_ms": 109.812,
+            "added_p50_ms": 20.21,
+            "router_cpu_us_per_req": 1155.3,
+            "backend_cpu_us_per_req": 544.0,
+        }
+        for target in ("sessionroute", "vllm-router")
+        for body in (87, 204882)
+    ]
+    print_table({"duration_s": 10, "repeat": 3, "policy": "consistent_hash", "rows": rows})
+    out = capsys.readouterr().out
+    assert max(len(line) for line in out.splitlines()) <= 80, out
+    assert "…" not in out, out
+    assert "sessionroute  204882" in out and "109.81" in out

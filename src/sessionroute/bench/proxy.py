@@ -343,38 +343,42 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def print_table(result: dict[str, Any]) -> None:
     """Print the rows as a table."""
+    from rich import box
     from rich.console import Console
     from rich.table import Table
 
     def fmt(v: Any, spec: str) -> str:
         return "-" if v is None else format(v, spec)
 
+    # no vertical rules: nine columns then fit an 80-column terminal without cutting cells
     table = Table(
         title=f"proxy overhead, {result['duration_s']:g} s x {result['repeat']} per row, "
-        f"policy {result['policy']}"
+        f"policy {result['policy']}",
+        box=box.SIMPLE_HEAD,
+        collapse_padding=True,
     )
-    cols = (
+    cols = (  # two-line headers keep the columns narrow
         "target",
-        "body",
+        "body\nbytes",
         "conc",
         "req/s",
-        "p50 ms",
-        "p99 ms",
-        "+p50 ms",
-        "router us",
-        "backend us",
+        "p50\nms",
+        "p99\nms",
+        "+p50\nms",
+        "router\nus/req",
+        "backend\nus/req",
     )
     for col in cols:
-        table.add_column(col, justify="left" if col == "target" else "right")
+        table.add_column(col, justify="left" if col == "target" else "right", no_wrap=True)
     for r in result["rows"]:
         table.add_row(
             r["target"],
             str(r["body_bytes"]),
             str(r["concurrency"]),
             fmt(r["rps"], ".0f"),
-            fmt(r["p50_ms"], ".3f"),
-            fmt(r["p99_ms"], ".3f"),
-            fmt(r.get("added_p50_ms"), ".3f"),
+            fmt(r["p50_ms"], ".2f"),
+            fmt(r["p99_ms"], ".2f"),
+            fmt(r.get("added_p50_ms"), ".2f"),
             fmt(r["router_cpu_us_per_req"], ".0f"),
             fmt(r["backend_cpu_us_per_req"], ".0f"),
         )
