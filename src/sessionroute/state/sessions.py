@@ -77,7 +77,7 @@ class SessionTable:
             raise ConfigError(f"max_sessions must be >= 1, got {max_sessions!r}")
         self.ttl_s = float(ttl_s)
         self._max = max_sessions
-        # session id -> [worker, last access]; ordered by last access (oldest first).
+        # session id -> its pin (worker, last access); ordered by last access (oldest first).
         self._pins: OrderedDict[str, _Pin] = OrderedDict()
         self._counts: dict[str, int] = {}
         # Sessions unpinned because their worker was removed -> their last access time.
