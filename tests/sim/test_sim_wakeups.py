@@ -10,29 +10,19 @@ import pytest
 
 from sessionroute.clock import ManualClock
 from sessionroute.sim import SimSpec, run_simulation
-from sessionroute.sim.events import PRIO_WAKE
 from sessionroute.sim.replicas import SimReplica
 from sessionroute.sim.simulation import Simulation
 
 
 def _plain_wake(self: Simulation, arg: tuple[SimReplica, int]) -> None:
-    """Every wake-up through the heap: run the replica to now, then push the next one."""
+    """Every wake-up through the heap: run the replica to now (`_sync`), then push the next one
+    (`_reschedule`)."""
     rep, token = arg
     if token != rep.wake_token:
         return
     rep.wake_t = None
-    engine = rep.engine
-    if engine is None:
-        return
-    for result in engine.advance(self.queue.clock._t):
-        self._finish(rep, result)
-    t = engine.next_event_time()
-    if t is None:
-        return
-    t = max(t, self.queue.clock._t)
-    rep.wake_token += 1
-    rep.wake_t = t
-    self.queue.push(t, PRIO_WAKE, self._wake, (rep, rep.wake_token))
+    self._sync(rep)
+    self._reschedule(rep)
 
 
 def _run(spec: dict[str, Any], policy: str) -> tuple[str, int]:
