@@ -5,6 +5,10 @@ Layers (imports point up): ``types``/``clock``/``errors`` -> ``policies``, ``sta
 ``experiments`` -> ``cli``. See ``shared/DESIGN.md``.
 """
 
+from sessionroute.native import install_guard
+
+install_guard()  # before any compiled module is imported: stale extensions are not used
+
 from sessionroute.clock import Clock, ManualClock, MonotonicClock
 from sessionroute.errors import (
     ConfigError,

@@ -22,6 +22,7 @@ from typing import Any
 
 from sessionroute.engine import PROFILES, EngineRequest, Replica, ReplicaConfig
 from sessionroute.errors import ConfigError
+from sessionroute.native import build_caption, compiled_modules
 
 __all__ = ["add_arguments", "print_table", "run", "run_closed_loop"]
 
@@ -188,6 +189,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {
         "profile": args.profile,
         "block_size": args.block_size,
+        "compiled": bool(compiled_modules()),
         **common,
         "fast": run_closed_loop(config, fast=True, requests=args.requests, **common),
     }
@@ -235,6 +237,7 @@ def print_table(result: dict[str, Any]) -> None:
             ref = result["reference"][key]
             cells.append(f"{result['fast'][key] / ref:,.1f}x" if ratio and ref else "")
         table.add_row(label, *cells)
+    table.caption = build_caption(result["compiled"])
     console = Console()
     console.print(table)
     if result["reference"].get("skipped"):

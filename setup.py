@@ -1,0 +1,59 @@
+"""Build hook: compiles the hot modules listed in ``src/sessionroute/native.py`` with mypyc.
+
+Everything else about the package is in ``pyproject.toml``. mypyc (https://mypyc.readthedocs.io)
+turns the typed modules into C extensions with the same behaviour; it needs a C compiler.
+``SESSIONROUTE_PURE_PYTHON=1 pip install ...`` builds nothing (pure Python, about half the
+speed of the replica model). The SHA-256 of each compiled source is recorded in
+``src/sessionroute/_compiled.json`` so that an edited source is never shadowed by its stale
+extension (see ``sessionroute.native.install_guard``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from setuptools import setup
+
+ROOT = Path(__file__).resolve().parent
+PACKAGE_DIR = ROOT / "src" / "sessionroute"
+
+
+def _native() -> Any:
+    """``sessionroute.native`` loaded by path (the package's dependencies are not installed
+    in the build environment)."""
+    spec = importlib.util.spec_from_file_location("_sessionroute_native", PACKAGE_DIR / "native.py")
+    if spec is None or spec.loader is None:
+        raise RuntimeError("cannot load src/sessionroute/native.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def ext_modules() -> list[Any]:
+    """The mypyc extensions, or none with ``SESSIONROUTE_PURE_PYTHON=1``."""
+    native = _native()
+    info = PACKAGE_DIR / native.BUILD_INFO
+    if os.environ.get(native.PURE_ENV, "") not in ("", "0"):
+        info.unlink(missing_ok=True)
+        return []
+    import mypy.version
+    from mypyc.build import mypycify
+
+    paths = [native._source_path(m, PACKAGE_DIR) for m in native.COMPILED_MODULES]
+    sources = {
+        m: native.source_digest(p) for m, p in zip(native.COMPILED_MODULES, paths, strict=True)
+    }
+    info.write_text(
+        json.dumps({"compiler": f"mypyc {mypy.version.__version__}", "sources": sources}, indent=1)
+        + "\n"
+    )
+    rel = [str(p.relative_to(ROOT)) for p in paths]
+    # the rest of the package's imports (numpy, pydantic, ...) are not installed here
+    return list(mypycify(["--ignore-missing-imports", *rel], opt_level="3"))
+
+
+setup(ext_modules=ext_modules())

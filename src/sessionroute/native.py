@@ -1,0 +1,184 @@
+"""Compiled hot modules: which modules ``setup.py`` compiles with mypyc, and the stale-build guard.
+
+The replica model and the simulator's event loop are compiled to C extensions with mypyc
+(https://mypyc.readthedocs.io, part of mypy) when the package is installed: the same typed
+Python source, about twice as fast. Results are identical to the pure-Python modules (the
+``results_digest`` benchmark and ``tests/test_native.py`` check it).
+
+An editable install (``pip install -e .``) puts the extensions beside their sources, where Python
+imports an extension before a ``.py`` file of the same name. A source edited after the build
+would then be ignored silently. :func:`install_guard`, run when :mod:`sessionroute` is
+imported, compares each compiled module's source with the SHA-256 recorded at build time
+(``_compiled.json``); when any differs, or when ``SESSIONROUTE_PURE_PYTHON=1`` is set, every
+compiled module is imported from its source instead, with a warning naming the stale modules.
+Set ``SESSIONROUTE_PURE_PYTHON=1`` at install time to build nothing.
+
+This module uses the standard library only: ``setup.py`` loads it by path in the build
+environment.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import json
+import os
+import sys
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
+
+__all__ = [
+    "BUILD_INFO",
+    "COMPILED_MODULES",
+    "PURE_ENV",
+    "build_caption",
+    "compiled_modules",
+    "install_guard",
+    "source_digest",
+    "stale_modules",
+]
+
+COMPILED_MODULES: tuple[str, ...] = (
+    "sessionroute.engine.steps",
+    "sessionroute.engine.blocks",
+    "sessionroute.engine.core",
+    "sessionroute.engine.lazy",
+    "sessionroute.engine.prefill",
+    "sessionroute.engine.fast",
+    "sessionroute.engine.segcache",
+    "sessionroute.engine.segstore",
+    "sessionroute.engine.segments",
+    "sessionroute.engine.replica",
+)
+"""Modules compiled with mypyc, as one group (they call each other natively)."""
+
+BUILD_INFO = "_compiled.json"
+"""File in the package folder: ``{"compiler": ..., "sources": {module: sha256}}`` at build."""
+
+PURE_ENV = "SESSIONROUTE_PURE_PYTHON"
+"""Environment variable: ``1`` builds nothing at install and imports sources at run time."""
+
+_PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+def _source_path(module: str, package_dir: Path = _PACKAGE_DIR) -> Path:
+    """The ``.py`` file of ``module`` (a dotted name under ``sessionroute``)."""
+    parts = module.split(".")[1:]
+    return package_dir.joinpath(*parts[:-1], parts[-1] + ".py")
+
+
+def _extension_paths(module: str, package_dir: Path = _PACKAGE_DIR) -> list[Path]:
+    """Compiled extension files of ``module`` present beside its source."""
+    src = _source_path(module, package_dir)
+    return [
+        src.with_name(src.stem + suffix)
+        for suffix in importlib.machinery.EXTENSION_SUFFIXES
+        if src.with_name(src.stem + suffix).is_file()
+    ]
+
+
+def source_digest(path: Path) -> str:
+    """SHA-256 (hex) of a source file's bytes.
+
+    Raises:
+        OSError: if the file cannot be read.
+    """
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _recorded(package_dir: Path) -> dict[str, str]:
+    """Source digests recorded at build time (empty when there is no readable record)."""
+    try:
+        info = json.loads((package_dir / BUILD_INFO).read_text())
+        sources = info["sources"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+    return {str(k): str(v) for k, v in sources.items()} if isinstance(sources, dict) else {}
+
+
+def stale_modules(package_dir: Path = _PACKAGE_DIR) -> list[str]:
+    """Compiled modules whose extension would be imported but whose source changed since the
+    build (or was never recorded): those Python must not import from the extension."""
+    recorded = _recorded(package_dir)
+    stale = []
+    for module in COMPILED_MODULES:
+        if not _extension_paths(module, package_dir):
+            continue
+        src = _source_path(module, package_dir)
+        if not src.is_file() or recorded.get(module) != source_digest(src):
+            stale.append(module)
+    return stale
+
+
+def compiled_modules() -> list[str]:
+    """Modules of :data:`COMPILED_MODULES` that are imported from a compiled extension now."""
+    out = []
+    for module in COMPILED_MODULES:
+        mod = sys.modules.get(module)
+        if mod is None:
+            spec = importlib.util.find_spec(module)
+            origin = spec.origin if spec is not None else None
+        else:
+            origin = getattr(mod, "__file__", None)
+        if origin is not None and not origin.endswith(".py"):
+            out.append(module)
+    return out
+
+
+def build_caption(compiled: bool) -> str:
+    """One line for benchmark tables: which build of the hot modules ran."""
+    if compiled:
+        return "hot modules compiled with mypyc (sessionroute.native)"
+    return (
+        "hot modules as pure Python (no compiled build, or SESSIONROUTE_PURE_PYTHON=1):"
+        " about half the speed"
+    )
+
+
+class _SourceFinder(importlib.abc.MetaPathFinder):
+    """Finds the listed modules' ``.py`` sources ahead of their compiled extensions."""
+
+    def __init__(self, modules: Sequence[str], package_dir: Path) -> None:
+        self.modules = frozenset(modules)
+        self.package_dir = package_dir
+
+    def find_spec(
+        self,
+        fullname: str,
+        path: Sequence[str] | None,
+        target: ModuleType | None = None,
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname not in self.modules:
+            return None
+        return importlib.util.spec_from_file_location(
+            fullname, _source_path(fullname, self.package_dir)
+        )
+
+
+def install_guard(package_dir: Path = _PACKAGE_DIR) -> bool:
+    """Import every compiled module from source when ``SESSIONROUTE_PURE_PYTHON=1`` or when
+    one of them is stale (warning with their names). Must run before any of them is imported.
+
+    Returns:
+        True when the sources will be imported, False when the compiled extensions will.
+    """
+    if os.environ.get(PURE_ENV, "") not in ("", "0"):
+        use_source = True
+    else:
+        stale = stale_modules(package_dir)
+        if stale:
+            warnings.warn(
+                f"sessionroute: compiled modules older than their source ({', '.join(stale)}):"
+                " running all compiled modules as pure Python (same results, about half the"
+                " speed). Rebuild with `pip install -e .`.",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        use_source = bool(stale)
+    if use_source and not any(isinstance(f, _SourceFinder) for f in sys.meta_path):
+        sys.meta_path.insert(0, _SourceFinder(COMPILED_MODULES, package_dir))
+    return use_source

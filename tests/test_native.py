@@ -1,0 +1,104 @@
+"""The mypyc-compiled hot modules (:mod:`sessionroute.native`): the stale-build guard, the
+pure-Python switch, and compiled == pure results."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from importlib.machinery import EXTENSION_SUFFIXES
+from pathlib import Path
+
+import pytest
+
+from sessionroute.native import (
+    BUILD_INFO,
+    COMPILED_MODULES,
+    PURE_ENV,
+    compiled_modules,
+    source_digest,
+    stale_modules,
+)
+
+
+def _fake_package(tmp_path: Path, module: str, source: str) -> Path:
+    """A package folder holding ``module``'s source and an (empty) extension beside it."""
+    parts = module.split(".")[1:]
+    src = tmp_path.joinpath(*parts[:-1], parts[-1] + ".py")
+    src.parent.mkdir(parents=True, exist_ok=True)
+    src.write_text(source)
+    src.with_name(parts[-1] + EXTENSION_SUFFIXES[0]).write_bytes(b"")
+    return src
+
+
+def test_extension_without_a_matching_recorded_source_is_stale(tmp_path: Path) -> None:
+    module = COMPILED_MODULES[0]
+    src = _fake_package(tmp_path, module, "X = 1\n")
+    assert stale_modules(tmp_path) == [module]  # no build record
+    (tmp_path / BUILD_INFO).write_text(json.dumps({"sources": {module: source_digest(src)}}))
+    assert stale_modules(tmp_path) == []
+    src.write_text("X = 2\n")  # edited after the build
+    assert stale_modules(tmp_path) == [module]
+    (tmp_path / BUILD_INFO).write_text("{not json")
+    assert stale_modules(tmp_path) == [module]
+
+
+def test_modules_without_an_extension_are_never_stale(tmp_path: Path) -> None:
+    module = COMPILED_MODULES[1]
+    src = _fake_package(tmp_path, module, "Y = 1\n")
+    src.with_name(src.stem + EXTENSION_SUFFIXES[0]).unlink()
+    assert stale_modules(tmp_path) == []
+
+
+def _python(code: str, *, pure: bool) -> str:
+    env = {k: v for k, v in os.environ.items() if k != PURE_ENV}
+    if pure:
+        env[PURE_ENV] = "1"
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_pure_python_switch_imports_every_compiled_module_from_source() -> None:
+    out = _python(
+        "import sessionroute.engine as e, sessionroute.native as n, sys\n"
+        "print(sorted(m for m in n.COMPILED_MODULES if m in sys.modules"
+        " and not sys.modules[m].__file__.endswith('.py')))\n"
+        "print(n.compiled_modules())",
+        pure=True,
+    )
+    assert out.split("\n")[:2] == ["[]", "[]"]
+
+
+_RESULTS = """
+import hashlib, json
+from sessionroute.bench.engine import run_closed_loop
+from sessionroute.clock import ManualClock
+from sessionroute.engine import PROFILES, ReplicaConfig
+from sessionroute.native import compiled_modules
+from sessionroute.sim import SimSpec, run_simulation
+
+WALL = {"wall_seconds", "requests_per_wall_second", "cpu_seconds", "requests_per_cpu_second",
+        "steps_per_wall_second"}
+cfg = ReplicaConfig(PROFILES["glm45air-h200-tp8"], block_size=16)
+bench = run_closed_loop(cfg, fast=True, sessions=64, max_context=40000, requests=600, seed=3)
+spec = SimSpec.model_validate({"workload": {"kind": "swe-rl", "steps": 1}})
+sim = run_simulation(spec, "sticky_least_loaded", seed=1, wall_clock=ManualClock())
+out = [{k: v for k, v in bench.items() if k not in WALL},
+       {k: v for k, v in sim.metrics.items() if k not in WALL}, sim.timeseries, sim.steps]
+print(len(compiled_modules()))
+print(hashlib.sha256(json.dumps(out, sort_keys=True, default=repr).encode()).hexdigest())
+"""
+
+
+@pytest.mark.slow
+def test_compiled_and_pure_python_give_identical_results() -> None:
+    if not compiled_modules():
+        pytest.skip("no compiled build here (installed with SESSIONROUTE_PURE_PYTHON=1?)")
+    n_compiled, compiled = _python(_RESULTS, pure=False).split()
+    n_pure, pure = _python(_RESULTS, pure=True).split()
+    assert (int(n_compiled), int(n_pure)) == (len(COMPILED_MODULES), 0)
+    assert compiled == pure
