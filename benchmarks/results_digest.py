@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from sessionroute.bench.engine import run_closed_loop
+from sessionroute.bench.closed_loop import run_closed_loop
 from sessionroute.clock import ManualClock
 from sessionroute.engine import PROFILES, ReplicaConfig
 from sessionroute.policies.registry import policy_names

@@ -75,7 +75,7 @@ def test_pure_python_switch_imports_every_compiled_module_from_source() -> None:
 
 _RESULTS = """
 import hashlib, json
-from sessionroute.bench.engine import run_closed_loop
+from sessionroute.bench.closed_loop import run_closed_loop
 from sessionroute.clock import ManualClock
 from sessionroute.engine import PROFILES, ReplicaConfig
 from sessionroute.native import compiled_modules

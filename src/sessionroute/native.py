@@ -53,6 +53,8 @@ COMPILED_MODULES: tuple[str, ...] = (
     "sessionroute.engine.segstore",
     "sessionroute.engine.segments",
     "sessionroute.engine.replica",
+    "sessionroute.engine.profiles",
+    "sessionroute.bench.closed_loop",
 )
 """Modules compiled with mypyc, as one group (they call each other natively)."""
 
