@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from setuptools import setup
+from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).resolve().parent
 PACKAGE_DIR = ROOT / "src" / "sessionroute"
@@ -56,4 +57,22 @@ def ext_modules() -> list[Any]:
     return list(mypycify(["--ignore-missing-imports", *rel], opt_level="3"))
 
 
-setup(ext_modules=ext_modules())
+class OptionalBuildExt(build_ext):
+    """``build_ext`` that installs the pure-Python package, with a warning, when the C compiler
+    is missing or fails (same results, about half the speed of the replica model)."""
+
+    def run(self) -> None:
+        try:
+            super().run()
+        except Exception as exc:  # CCompilerError, DistutilsExecError, missing compiler, ...
+            native = _native()
+            (PACKAGE_DIR / native.BUILD_INFO).unlink(missing_ok=True)  # stale guard: pure
+            print(
+                f"WARNING: sessionroute: compiling the hot modules failed ({exc}); installing"
+                " them as pure Python (same results, about half the speed). Install a C"
+                f" compiler (gcc) and reinstall, or set {native.PURE_ENV}=1 to skip the build.",
+                flush=True,
+            )
+
+
+setup(ext_modules=ext_modules(), cmdclass={"build_ext": OptionalBuildExt})

@@ -1,6 +1,6 @@
 """Compiled hot modules: which modules ``setup.py`` compiles with mypyc, and the stale-build guard.
 
-The replica model and the simulator's event loop are compiled to C extensions with mypyc
+The replica model and the simulator's hot modules are compiled to C extensions with mypyc
 (https://mypyc.readthedocs.io, part of mypy) when the package is installed: the same typed
 Python source, about twice as fast. Results are identical to the pure-Python modules (the
 ``results_digest`` benchmark and ``tests/test_native.py`` check it).
@@ -55,8 +55,27 @@ COMPILED_MODULES: tuple[str, ...] = (
     "sessionroute.engine.replica",
     "sessionroute.engine.profiles",
     "sessionroute.bench.closed_loop",
+    "sessionroute.hashing",
+    "sessionroute.routing",
+    "sessionroute.state.session_id",
+    "sessionroute.state.sessions",
+    "sessionroute.state.cluster",
+    "sessionroute.workloads.base",
+    "sessionroute.workloads.distributions",
+    "sessionroute.workloads.content",
+    "sessionroute.workloads.swe_rl",
+    "sessionroute.sim.events",
+    "sessionroute.sim.ideal",
+    "sessionroute.sim.metrics",
+    "sessionroute.sim.replicas",
+    "sessionroute.sim.sampling",
+    "sessionroute.sim.wakeups",
+    "sessionroute.sim.simulation",
 )
-"""Modules compiled with mypyc, as one group (they call each other natively)."""
+"""Modules compiled with mypyc, as one group (they call each other natively): the replica model,
+the ``bench engine`` load, and the simulator's event loop, request lifecycle, routing core,
+session table and ``swe-rl`` workload. Routing policies stay interpreted: users subclass them.
+Compiled classes cannot be subclassed or monkeypatched from interpreted code."""
 
 BUILD_INFO = "_compiled.json"
 """File in the package folder: ``{"compiler": ..., "sources": {module: sha256}}`` at build."""
