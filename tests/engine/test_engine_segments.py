@@ -7,27 +7,18 @@ order, each block shown as its cached key or None), so evictions happen in the s
 
 from __future__ import annotations
 
-from typing import Any
-
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sessionroute.engine.blocks import BlockPool, KVPool
+from sessionroute.engine.blocks import BlockPool, Holder, KVPool
 from sessionroute.engine.segments import SegmentPool
 
 from .pool_views import block_queue, segment_queue
 
 
-class Holder:
-    """A request as a pool sees it."""
-
-    def __init__(self, keys: list[int], cache: dict[int, int]) -> None:
-        self.keys = keys
-        self.nkeys = len(keys)
-        self.cache = cache
-        self.nreg = 0
-        self.blocks: list[Any] = []
-        self.nblocks = 0
+def holder(keys: list[int], cache: dict[int, int]) -> Holder:
+    """A request as a pool sees it (all its keys usable)."""
+    return Holder(keys, len(keys), cache)
 
 
 def chain(tokens: list[int]) -> list[int]:
@@ -77,7 +68,7 @@ def test_segment_pool_equals_block_pool(
             salt = data.draw(st.sampled_from([None, None, None, "s"]))
             keys = chain(tokens)
             limit = data.draw(st.one_of(st.just(len(keys)), st.integers(0, len(keys))))
-            hs = [Holder(keys, p.cache_for(salt)) for p in pools]
+            hs = [holder(keys, p.cache_for(salt)) for p in pools]
             found = [p.lookup(h.cache, keys, limit) for p, h in zip(pools, hs, strict=True)]
             assert found[0][:2] == found[1][:2]
             hit, idle, _ = found[0]
@@ -153,11 +144,11 @@ def test_hit_on_part_of_an_idle_segment_splits_it_and_keeps_queue_order() -> Non
     keys = chain([1, 2, 3, 4, 5, 6])
     pools: tuple[KVPool, KVPool] = (ref, seg)
     for p in pools:
-        a = Holder(keys, p.cache_for(None))
+        a = holder(keys, p.cache_for(None))
         p.admit(a, [], 6)
         p.register(a, 6)
         p.release(a)
-        b = Holder(chain([1, 2, 9]), p.cache_for(None))
+        b = holder(chain([1, 2, 9]), p.cache_for(None))
         h, idle, tok = p.lookup(b.cache, b.keys, 3)
         assert (h, idle) == (2, 2)
         p.admit(b, tok, 1)
@@ -173,15 +164,15 @@ def test_hit_in_the_middle_of_an_idle_segment_after_a_duplicate() -> None:
     keys = chain([0, 0, 0, 0])
     pools: tuple[KVPool, KVPool] = (ref, seg)
     for p in pools:
-        a = Holder(keys, p.cache_for(None))
-        b = Holder(keys, p.cache_for(None))
+        a = holder(keys, p.cache_for(None))
+        b = holder(keys, p.cache_for(None))
         p.admit(a, [], 4)
         p.admit(b, [], 4)
         p.register(a, 2)
         p.register(b, 4)
         p.release(a)
         p.release(b)
-        c = Holder(keys, p.cache_for(None))
+        c = holder(keys, p.cache_for(None))
         h, idle, tok = p.lookup(c.cache, keys, 3)
         assert (h, idle) == (3, 3)
         p.admit(c, tok, 1)
@@ -197,8 +188,8 @@ def test_decoder_filling_a_block_cached_elsewhere_leaves_it_uncached() -> None:
     keys = chain([5, 6, 7, 8])
     pools: tuple[KVPool, KVPool] = (ref, seg)
     for p in pools:
-        a = Holder(keys, p.cache_for(None))
-        b = Holder(keys, p.cache_for(None))
+        a = holder(keys, p.cache_for(None))
+        b = holder(keys, p.cache_for(None))
         p.admit(a, [], 4)
         p.register(a, 4)
         p.admit(b, [], 4)
@@ -211,7 +202,7 @@ def test_decoder_filling_a_block_cached_elsewhere_leaves_it_uncached() -> None:
         assert b.nreg == 4
         p.release(b)
         p.release(a)
-        d = Holder(chain([1, 2, 3, 4]), p.cache_for(None))
+        d = holder(chain([1, 2, 3, 4]), p.cache_for(None))
         p.admit(d, [], 4)  # evicts B's four blocks
         assert p.cached_keys(None) == set(keys)
     assert block_queue(ref) == segment_queue(seg) == keys[::-1]

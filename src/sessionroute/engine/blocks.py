@@ -13,7 +13,7 @@ while its version matches the block's.
 Deviation from vLLM: when a block fills with content whose key is already cached by another
 block, vLLM keeps both under the key; here the new block stays uncached (no duplicate keys).
 
-The scheduler talks to a pool through the request-level :class:`KVPool` protocol (``lookup``,
+The scheduler talks to a pool through the request-level :class:`KVPool` interface (``lookup``,
 ``admit``, ``grow``, ``register``, ``release``); :class:`BlockPool` is its per-block reference
 implementation and :class:`~sessionroute.engine.segments.SegmentPool` the run-length one the fast
 path uses (same results, per-block work only for blocks created or evicted).
@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 from itertools import islice
-from typing import Any, Protocol
+from typing import Any
 
 __all__ = ["BlockPool", "Holder", "KVPool"]
 
@@ -32,8 +32,16 @@ _ID_BITS = 32
 _ID_MASK = (1 << _ID_BITS) - 1
 
 
-class Holder(Protocol):
-    """What a pool needs of a request (the scheduler's ``Req``).
+class Holder:
+    """What a pool needs of a request: the base of the scheduler's ``Req``.
+
+    A class rather than a ``Protocol`` so that the compiled pools (:mod:`sessionroute.native`)
+    read these attributes directly instead of looking them up by name.
+
+    Args:
+        keys: chained block keys of prompt + output.
+        nkeys: usable keys (blocks beyond are never cached).
+        cache: the cache dict of the request's ``cache_salt``.
 
     Attributes:
         blocks: the pool's record of the request's blocks (pool-specific; empty when none).
@@ -42,30 +50,24 @@ class Holder(Protocol):
             fast path's ``fill_each`` too).
     """
 
-    blocks: list[Any]
-    nblocks: int
-    nreg: int
+    __slots__ = ("blocks", "cache", "keys", "nblocks", "nkeys", "nreg")
 
-    @property
-    def keys(self) -> Sequence[int]:
-        """Chained block keys of prompt + output."""
-        ...
-
-    @property
-    def nkeys(self) -> int:
-        """Usable keys (blocks beyond are never cached)."""
-        ...
-
-    @property
-    def cache(self) -> dict[int, int]:
-        """The cache dict of the request's ``cache_salt``."""
-        ...
+    def __init__(self, keys: Sequence[int], nkeys: int, cache: dict[int, int]) -> None:
+        self.keys = keys
+        self.nkeys = nkeys
+        self.cache = cache
+        self.blocks: list[Any] = []
+        self.nblocks = 0
+        self.nreg = 0
 
 
-class KVPool(Protocol):
+class KVPool:
     """Request-level interface of a KV block pool (what :class:`~sessionroute.engine.core.Core`
-    uses). Every method keeps vLLM V1 ``block_pool.py`` semantics as described in the module
-    docstring; implementations give identical results.
+    uses): the base class of :class:`BlockPool` and
+    :class:`~sessionroute.engine.segments.SegmentPool` (a class rather than a ``Protocol`` so
+    that compiled callers bind its methods natively). Every method keeps vLLM V1
+    ``block_pool.py`` semantics as described in the module docstring; implementations give
+    identical results.
 
     Attributes:
         num_blocks: total blocks.
@@ -77,7 +79,7 @@ class KVPool(Protocol):
 
     def cache_for(self, salt: str | None) -> dict[int, int]:
         """The cache dict of a ``cache_salt``."""
-        ...
+        raise NotImplementedError
 
     def lookup(
         self, cache: dict[int, int], keys: Sequence[int], limit: int
@@ -87,43 +89,43 @@ class KVPool(Protocol):
         Returns:
             ``(hit_blocks, idle_hit_blocks, token)``; ``token`` goes to :meth:`admit`.
         """
-        ...
+        raise NotImplementedError
 
     def admit(self, r: Holder, token: Any, new: int) -> None:
         """Take a lookup's hit blocks into use and allocate ``new`` more (``r`` held none)."""
-        ...
+        raise NotImplementedError
 
     def grow(self, r: Holder, n: int) -> None:
         """Allocate ``n`` blocks at the end of ``r``'s chain (evicting from the queue head)."""
-        ...
+        raise NotImplementedError
 
     def grow_each(self, rs: Sequence[Holder]) -> None:
         """Allocate one block for each of ``rs``, in order."""
-        ...
+        raise NotImplementedError
 
     def register(self, r: Holder, full: int) -> None:
         """Offer ``r``'s blocks ``r.nreg .. full - 1`` to the cache (``full <= r.nkeys``)."""
-        ...
+        raise NotImplementedError
 
     def release(self, r: Holder) -> None:
         """Free all of ``r``'s blocks, deepest first (finish, preemption or abort)."""
-        ...
+        raise NotImplementedError
 
     def reset_prefix_cache(self) -> int:
         """Uncache every idle block; returns how many."""
-        ...
+        raise NotImplementedError
 
     def cached_keys(self, salt: str | None) -> set[int]:
         """Every key cached under ``salt`` (for tests and debugging)."""
-        ...
+        raise NotImplementedError
 
     @property
     def usage(self) -> float:
         """Fraction of blocks in use."""
-        ...
+        raise NotImplementedError
 
 
-class BlockPool:
+class BlockPool(KVPool):
     """Fixed number of blocks, an LRU free queue and per-salt prefix caches.
 
     Args:

@@ -15,10 +15,9 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from collections.abc import Sequence
-from typing import Any
 
 from sessionroute.engine.api import ReplicaConfig, RequestResult
-from sessionroute.engine.blocks import BlockPool, KVPool
+from sessionroute.engine.blocks import BlockPool, Holder, KVPool
 from sessionroute.engine.steps import Step
 
 __all__ = ["ABORTED", "FINISHED", "RUNNING", "WAITING", "Core", "Req", "Step"]
@@ -29,26 +28,21 @@ FINISHED = 2
 ABORTED = 3
 
 
-class Req:
-    """Mutable state of one request inside the engine (token counts in tokens, times in s)."""
+class Req(Holder):
+    """Mutable state of one request inside the engine (token counts in tokens, times in s);
+    the pool's part (keys, cache, blocks) is :class:`~sessionroute.engine.blocks.Holder`'s."""
 
     __slots__ = (
         "arrival",
         "blazy",
-        "blocks",
-        "cache",
         "cached_tokens",
         "first_sched",
         "first_token",
         "itl_max",
         "itl_sum",
-        "keys",
         "last_token",
         "lazy",
-        "nblocks",
         "nc",
-        "nkeys",
-        "nreg",
         "num_output",
         "order",
         "output_len",
@@ -70,18 +64,14 @@ class Req:
         cache: dict[int, int],
         arrival: float,
     ) -> None:
+        # nkeys: usable keys, min(len(keys), (prompt + output) // block_size)
+        Holder.__init__(self, keys, nkeys, cache)
         self.rid = rid
         self.prompt_len = prompt_len
         self.output_len = output_len
-        self.keys = keys
-        self.nkeys = nkeys  # usable keys: min(len(keys), (prompt + output) // block_size)
-        self.cache = cache
         self.arrival = arrival
         self.num_output = 0
         self.nc = 0  # tokens computed (or scheduled in the step in flight), vLLM num_computed
-        self.blocks: list[Any] = []  # the pool's record of its blocks
-        self.nblocks = 0  # blocks held
-        self.nreg = 0  # leading blocks already offered to the cache
         self.status = WAITING
         self.first_sched = -1.0
         self.first_token = -1.0

@@ -23,7 +23,7 @@ from operator import attrgetter
 from sessionroute.engine.api import ReplicaConfig
 from sessionroute.engine.core import RUNNING, Core, Req
 from sessionroute.engine.segments import SegmentPool
-from sessionroute.engine.segstore import _Res
+from sessionroute.engine.segstore import _Ext, _Res
 
 __all__ = ["LazyCore"]
 
@@ -77,7 +77,8 @@ class LazyCore(Core):
         r.phase = ph
         if self.blocks_lazy_ok(r):
             r.blazy = True
-            r.blocks[-1].res.lazy = True
+            last: _Ext = r.blocks[-1]
+            last.res.lazy = True
             self.lbuckets[ph][r] = None
         else:
             self.buckets[ph][r] = None
@@ -128,7 +129,7 @@ class LazyCore(Core):
         cache one of them, or hold one of its blocks, after reading this segment (a lookup or a
         registration reaching the block before it); the pool calls :meth:`touch` first.
         """
-        exts = r.blocks
+        exts: list[_Ext] = r.blocks
         if not exts:
             return False
         ext = exts[-1]
@@ -152,7 +153,7 @@ class LazyCore(Core):
         offered each full one with a key to the cache (all in its own last segment)."""
         t = r.nc + self.gb - r.sync
         bs = self.bs
-        ext = r.blocks[-1]
+        ext: _Ext = r.blocks[-1]
         seg = ext.res.segs[-1]
         nb = -(-t // bs)
         dn = nb - r.nblocks
@@ -179,7 +180,8 @@ class LazyCore(Core):
         stays a lazy decoder); the phase bucket keeps admission order."""
         self.sync_blocks(r)
         r.blazy = False
-        r.blocks[-1].res.lazy = False
+        last: _Ext = r.blocks[-1]
+        last.res.lazy = False
         ph = r.phase
         del self.lbuckets[ph][r]
         self.n_eager += 1
@@ -226,7 +228,8 @@ class LazyCore(Core):
         if r.blazy:
             self.sync_blocks(r)
             r.blazy = False
-            r.blocks[-1].res.lazy = False
+            last: _Ext = r.blocks[-1]
+            last.res.lazy = False
             del self.lbuckets[r.phase][r]
         else:
             del self.buckets[r.phase][r]
@@ -250,7 +253,8 @@ class LazyCore(Core):
             if r.blazy:
                 self.sync_blocks(r)
                 r.blazy = False
-                r.blocks[-1].res.lazy = False
+                last: _Ext = r.blocks[-1]
+                last.res.lazy = False
             r.lazy = False
         self.buckets = [{} for _ in range(self.bs)]
         self.lbuckets = [{} for _ in range(self.bs)]

@@ -22,6 +22,7 @@ from bisect import bisect_left
 
 from sessionroute.engine.core import Req, Step
 from sessionroute.engine.lazy import LazyCore
+from sessionroute.engine.segstore import _Ext
 
 __all__ = ["PrefillRuns"]
 
@@ -186,7 +187,7 @@ class PrefillRuns(LazyCore):
         p = r.nreg
         if full <= p:
             return True
-        exts = r.blocks
+        exts: list[_Ext] = r.blocks
         if not exts:
             return False
         res = exts[-1].res

@@ -20,7 +20,7 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Sequence
 
-from sessionroute.engine.blocks import Holder
+from sessionroute.engine.blocks import Holder, KVPool
 from sessionroute.engine.segcache import SaltCache, common_run, drop_starts, restart
 
 __all__ = ["SHIFT", "SegmentStore", "common_run"]
@@ -82,7 +82,7 @@ class _Ext:
         self.hi = hi
 
 
-class SegmentStore:
+class SegmentStore(KVPool):
     """Blocks in segments, an LRU queue of idle segments and per-salt caches (no request-level
     API; :class:`~sessionroute.engine.segments.SegmentPool` adds it).
 
