@@ -2,10 +2,10 @@
 
 Everything else about the package is in ``pyproject.toml``. mypyc (https://mypyc.readthedocs.io)
 turns the typed modules into C extensions with the same behaviour; it needs a C compiler.
-``SESSIONROUTE_PURE_PYTHON=1 pip install ...`` builds nothing (pure Python, about half the
-speed of the replica model). The SHA-256 of each compiled source is recorded in
-``src/sessionroute/_compiled.json`` so that an edited source is never shadowed by its stale
-extension (see ``sessionroute.native.install_guard``).
+``SESSIONROUTE_PURE_PYTHON=1 pip install ...`` builds nothing (pure Python: about a third of
+the replica model's compiled speed). The SHA-256 of each compiled source is recorded in
+``_compiled.json`` beside the extensions so that an edited source is never shadowed by its
+stale extension (see ``sessionroute.native.install_guard``).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -34,25 +35,18 @@ def _native() -> Any:
     return module
 
 
+NATIVE = _native()
+PURE = os.environ.get(NATIVE.PURE_ENV, "") not in ("", "0")
+PATHS = [NATIVE._source_path(m, PACKAGE_DIR) for m in NATIVE.COMPILED_MODULES]
+
+
 def ext_modules() -> list[Any]:
     """The mypyc extensions, or none with ``SESSIONROUTE_PURE_PYTHON=1``."""
-    native = _native()
-    info = PACKAGE_DIR / native.BUILD_INFO
-    if os.environ.get(native.PURE_ENV, "") not in ("", "0"):
-        info.unlink(missing_ok=True)
+    if PURE:
         return []
-    import mypy.version
     from mypyc.build import mypycify
 
-    paths = [native._source_path(m, PACKAGE_DIR) for m in native.COMPILED_MODULES]
-    sources = {
-        m: native.source_digest(p) for m, p in zip(native.COMPILED_MODULES, paths, strict=True)
-    }
-    info.write_text(
-        json.dumps({"compiler": f"mypyc {mypy.version.__version__}", "sources": sources}, indent=1)
-        + "\n"
-    )
-    rel = [str(p.relative_to(ROOT)) for p in paths]
+    rel = [str(p.relative_to(ROOT)) for p in PATHS]
     # The package's dependencies (numpy, pydantic, ...) are not installed in pip's isolated
     # build environment: no config file (pyproject's strict settings would reject the Any
     # types of the missing imports; CI runs `mypy --strict` on everything separately).
@@ -60,22 +54,49 @@ def ext_modules() -> list[Any]:
     return list(mypycify(args, opt_level="3"))
 
 
-class OptionalBuildExt(build_ext):
-    """``build_ext`` that installs the pure-Python package, with a warning, when the C compiler
-    is missing or fails (same results, about half the speed of the replica model)."""
+def _short_reason(exc: Exception) -> str:
+    """One short line for a failed compile: the compiler and its exit status when the error
+    quotes a whole command line, else the error's first line."""
+    text = (str(exc).splitlines() or [type(exc).__name__])[0]
+    quoted = re.match(r"[Cc]ommand '\[?'?([^',\]]+)'?.*?((?:returned|failed with) .*)", text)
+    if quoted:
+        return f"C compiler {quoted.group(1)!r} {quoted.group(2).rstrip('.')}"
+    return text[:160]
+
+
+class RecordingBuildExt(build_ext):
+    """``build_ext`` that writes the build record (``sessionroute.native.BUILD_INFO``) beside
+    the extensions, in its own output only: the package folder of ``build_lib``, or of the
+    source tree for an in-place (editable) build. When the C compiler is missing or fails the
+    package stays pure Python and the record says why (``sessionroute`` then warns at run
+    time, since pip hides build output)."""
 
     def run(self) -> None:
+        if not self.extensions:
+            super().run()
+            return
+        record = Path(self.get_ext_fullpath("sessionroute.native")).parent / NATIVE.BUILD_INFO
         try:
             super().run()
         except Exception as exc:  # CCompilerError, DistutilsExecError, missing compiler, ...
-            native = _native()
-            (PACKAGE_DIR / native.BUILD_INFO).unlink(missing_ok=True)  # stale guard: pure
+            reason = _short_reason(exc)
+            info: dict[str, Any] = {"failed": reason}
             print(
-                f"WARNING: sessionroute: compiling the hot modules failed ({exc}); installing"
-                " them as pure Python (same results, about half the speed). Install a C"
-                f" compiler (gcc) and reinstall, or set {native.PURE_ENV}=1 to skip the build.",
+                f"WARNING: sessionroute: compiling the hot modules failed ({reason}); they stay"
+                " pure Python (same results, slower). Install a C compiler (gcc) and reinstall,"
+                f" or set {NATIVE.PURE_ENV}=1 to skip the build.",
                 flush=True,
             )
+        else:
+            import mypy.version
+
+            sources = {
+                m: NATIVE.source_digest(p)
+                for m, p in zip(NATIVE.COMPILED_MODULES, PATHS, strict=True)
+            }
+            info = {"compiler": f"mypyc {mypy.version.__version__}", "sources": sources}
+        record.parent.mkdir(parents=True, exist_ok=True)
+        record.write_text(json.dumps(info, indent=1) + "\n")
 
 
-setup(ext_modules=ext_modules(), cmdclass={"build_ext": OptionalBuildExt})
+setup(ext_modules=ext_modules(), cmdclass={"build_ext": RecordingBuildExt})

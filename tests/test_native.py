@@ -16,7 +16,10 @@ from sessionroute.native import (
     BUILD_INFO,
     COMPILED_MODULES,
     PURE_ENV,
+    build_failure,
     compiled_modules,
+    install_guard,
+    pure_reason,
     source_digest,
     stale_modules,
 )
@@ -102,3 +105,22 @@ def test_compiled_and_pure_python_give_identical_results() -> None:
     n_pure, pure = _python(_RESULTS, pure=True).split()
     assert (int(n_compiled), int(n_pure)) == (len(COMPILED_MODULES), 0)
     assert compiled == pure
+
+
+def test_a_failed_build_warns_at_every_run_and_names_the_reason(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(PURE_ENV, raising=False)
+    (tmp_path / BUILD_INFO).write_text(json.dumps({"failed": "command 'gcc' failed"}))
+    assert build_failure(tmp_path) == "command 'gcc' failed"
+    with pytest.warns(RuntimeWarning, match=r"not compiled at install \(command 'gcc' failed\)"):
+        assert install_guard(tmp_path) is False  # nothing compiled there: nothing to bypass
+    assert pure_reason(tmp_path) == "compiling failed at install: command 'gcc' failed"
+    monkeypatch.setenv(PURE_ENV, "1")
+    assert pure_reason(tmp_path) == f"{PURE_ENV} is set"
+
+
+def test_a_successful_build_record_is_no_failure(tmp_path: Path) -> None:
+    (tmp_path / BUILD_INFO).write_text(json.dumps({"compiler": "mypyc", "sources": {}}))
+    assert build_failure(tmp_path) is None
+    assert build_failure(tmp_path / "missing") is None

@@ -2,8 +2,9 @@
 
 The replica model and the simulator's hot modules are compiled to C extensions with mypyc
 (https://mypyc.readthedocs.io, part of mypy) when the package is installed: the same typed
-Python source, about twice as fast. Results are identical to the pure-Python modules (the
-``results_digest`` benchmark and ``tests/test_native.py`` check it).
+Python source, about 3x as fast for the replica model and 2x for the simulator. Results are
+identical to the pure-Python modules (the ``results_digest`` benchmark and
+``tests/test_native.py`` check it).
 
 An editable install (``pip install -e .``) puts the extensions beside their sources, where Python
 imports an extension before a ``.py`` file of the same name. A source edited after the build
@@ -11,7 +12,9 @@ would then be ignored silently. :func:`install_guard`, run when :mod:`sessionrou
 imported, compares each compiled module's source with the SHA-256 recorded at build time
 (``_compiled.json``); when any differs, or when ``SESSIONROUTE_PURE_PYTHON=1`` is set, every
 compiled module is imported from its source instead, with a warning naming the stale modules.
-Set ``SESSIONROUTE_PURE_PYTHON=1`` at install time to build nothing.
+A build whose C compiler failed records the reason instead, and every run warns until the
+package is reinstalled with a compiler (or ``SESSIONROUTE_PURE_PYTHON=1`` is set). Set
+``SESSIONROUTE_PURE_PYTHON=1`` at install time to build nothing.
 
 This module uses the standard library only: ``setup.py`` loads it by path in the build
 environment.
@@ -30,14 +33,17 @@ import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 __all__ = [
     "BUILD_INFO",
     "COMPILED_MODULES",
     "PURE_ENV",
     "build_caption",
+    "build_failure",
     "compiled_modules",
     "install_guard",
+    "pure_reason",
     "source_digest",
     "stale_modules",
 ]
@@ -78,7 +84,9 @@ session table and ``swe-rl`` workload. Routing policies stay interpreted: users 
 Compiled classes cannot be subclassed or monkeypatched from interpreted code."""
 
 BUILD_INFO = "_compiled.json"
-"""File in the package folder: ``{"compiler": ..., "sources": {module: sha256}}`` at build."""
+"""File the build writes beside the extensions (the package folder of its output):
+``{"compiler": ..., "sources": {module: sha256}}``, or ``{"failed": reason}`` when compiling
+failed."""
 
 PURE_ENV = "SESSIONROUTE_PURE_PYTHON"
 """Environment variable: ``1`` builds nothing at install and imports sources at run time."""
@@ -111,14 +119,26 @@ def source_digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _recorded(package_dir: Path) -> dict[str, str]:
-    """Source digests recorded at build time (empty when there is no readable record)."""
+def _record(package_dir: Path) -> dict[str, Any]:
+    """The build record (empty when there is none or it is unreadable)."""
     try:
         info = json.loads((package_dir / BUILD_INFO).read_text())
-        sources = info["sources"]
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError):
         return {}
+    return info if isinstance(info, dict) else {}
+
+
+def _recorded(package_dir: Path) -> dict[str, str]:
+    """Source digests recorded at build time (empty when there is no readable record)."""
+    sources = _record(package_dir).get("sources")
     return {str(k): str(v) for k, v in sources.items()} if isinstance(sources, dict) else {}
+
+
+def build_failure(package_dir: Path = _PACKAGE_DIR) -> str | None:
+    """Why the install did not compile the hot modules (a short reason), or None when it did
+    not try to or succeeded."""
+    failed = _record(package_dir).get("failed")
+    return str(failed) if failed else None
 
 
 def stale_modules(package_dir: Path = _PACKAGE_DIR) -> list[str]:
@@ -150,14 +170,27 @@ def compiled_modules() -> list[str]:
     return out
 
 
+_SPEED = "about 1/3 of the replica model's compiled speed, 1/2 of the simulator's"
+
+
+def pure_reason(package_dir: Path = _PACKAGE_DIR) -> str:
+    """Why the hot modules run as pure Python (for messages; meaningful when they do)."""
+    if os.environ.get(PURE_ENV, "") not in ("", "0"):
+        return f"{PURE_ENV} is set"
+    failed = build_failure(package_dir)
+    if failed:
+        return f"compiling failed at install: {failed}"
+    stale = stale_modules(package_dir)
+    if stale:
+        return f"{len(stale)} compiled modules are older than their source: reinstall"
+    return "installed without compiling"
+
+
 def build_caption(compiled: bool) -> str:
-    """One line for benchmark tables: which build of the hot modules ran."""
+    """One line for benchmark tables: which build of the hot modules ran, and why."""
     if compiled:
         return "hot modules compiled with mypyc (sessionroute.native)"
-    return (
-        "hot modules as pure Python (no compiled build, or SESSIONROUTE_PURE_PYTHON=1):"
-        " about half the speed"
-    )
+    return f"hot modules as pure Python ({pure_reason()}): {_SPEED}"
 
 
 class _SourceFinder(importlib.abc.MetaPathFinder):
@@ -190,16 +223,26 @@ def install_guard(package_dir: Path = _PACKAGE_DIR) -> bool:
     if os.environ.get(PURE_ENV, "") not in ("", "0"):
         use_source = True
     else:
+        failed = build_failure(package_dir)
         stale = stale_modules(package_dir)
-        if stale:
-            warnings.warn(
-                f"sessionroute: compiled modules older than their source ({', '.join(stale)}):"
-                " running all compiled modules as pure Python (same results, about half the"
-                " speed). Rebuild with `pip install -e .`.",
-                RuntimeWarning,
-                stacklevel=3,
+        if failed:
+            _warn(
+                f"the hot modules were not compiled at install ({failed}): running pure Python"
+                f" (same results, {_SPEED}). Install a C compiler (gcc) and reinstall, or set"
+                f" {PURE_ENV}=1 to silence this."
+            )
+        elif stale:
+            _warn(
+                f"compiled modules older than their source ({', '.join(stale)}): running all"
+                f" compiled modules as pure Python (same results, {_SPEED}). Rebuild with"
+                " `pip install -e .`."
             )
         use_source = bool(stale)
     if use_source and not any(isinstance(f, _SourceFinder) for f in sys.meta_path):
         sys.meta_path.insert(0, _SourceFinder(COMPILED_MODULES, package_dir))
     return use_source
+
+
+def _warn(message: str) -> None:
+    """A RuntimeWarning attributed to the package rather than to a line of whoever imported it."""
+    warnings.warn_explicit(f"sessionroute: {message}", RuntimeWarning, "sessionroute", 0)

@@ -25,3 +25,20 @@ def test_bench_sim_json_reports_requests_per_wall_second(
 def test_bench_sim_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "sim", "--workload", "toy", "--block-size", "64"]) == 0
     assert "requests / wall second" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["bench", "sim", "--steps", "0"], "workload.steps"),
+        (["bench", "engine", "--requests", "0"], "--requests must be >= 1"),
+    ],
+)
+def test_bench_bad_values_are_one_line_errors(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert "Traceback" not in err
+    assert err.startswith(f"sessionroute bench {argv[1]}: error:")

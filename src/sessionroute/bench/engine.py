@@ -36,9 +36,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sessions", type=int, default=256, help="concurrent sessions")
     parser.add_argument("--max-context", type=int, default=60_000, help="tokens")
     parser.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
-    parser.add_argument("--requests", type=int, default=20_000, help="fast-path requests")
     parser.add_argument(
-        "--reference-requests", type=int, default=1_000, help="reference requests (0: skip)"
+        "--requests",
+        type=int,
+        default=20_000,
+        help="requests to finish on the fast path (the engine the simulator uses)",
+    )
+    parser.add_argument(
+        "--reference-requests",
+        type=int,
+        default=1_000,
+        help="requests to finish on the naive one-step-per-iteration reference engine (0: skip)",
     )
     parser.add_argument(
         "--max-wall", type=float, default=20.0, help="wall seconds per implementation at most"

@@ -36,6 +36,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Run the simulation once and measure it.
 
+    Raises:
+        ConfigError: an option value the simulation refuses (e.g. ``--steps 0``).
+
     Returns:
         ``requests_per_wall_second``, ``simulated_requests`` (finished requests) and
         ``wall_seconds`` (exactly these keys: the ``--json`` document of issue 4).
@@ -43,16 +46,25 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     replicas: dict[str, Any] = {"count": args.replicas}
     if args.block_size is not None:
         replicas["block_size"] = args.block_size
+    from pydantic import ValidationError
+
     from sessionroute.clock import MonotonicClock
+    from sessionroute.errors import ConfigError
     from sessionroute.sim import SimSpec, run_simulation  # heavy: only when the bench runs
 
-    spec = SimSpec.model_validate(
-        {
-            "workload": {"kind": args.workload, "steps": args.steps},
-            "replicas": replicas,
-            "sim": {"fast_engine": not args.reference},
-        }
-    )
+    try:
+        spec = SimSpec.model_validate(
+            {
+                "workload": {"kind": args.workload, "steps": args.steps},
+                "replicas": replicas,
+                "sim": {"fast_engine": not args.reference},
+            }
+        )
+    except ValidationError as err:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in err.errors()
+        )
+        raise ConfigError(f"invalid options: {problems}") from None
     res = run_simulation(spec, args.policy, seed=args.seed, wall_clock=MonotonicClock())
     m = res.metrics
     return {

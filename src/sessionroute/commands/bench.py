@@ -6,6 +6,7 @@ import argparse
 import importlib
 import json
 import re
+import sys
 from typing import Any
 
 __all__ = ["register"]
@@ -64,7 +65,13 @@ def register(sub: Any) -> None:
 
 def _make_handler(module: Any) -> Any:
     def handler(args: argparse.Namespace) -> int:
-        result: dict[str, Any] = module.run(args)
+        from sessionroute.errors import ConfigError
+
+        try:
+            result: dict[str, Any] = module.run(args)
+        except ConfigError as exc:  # a bad option value: one line, like argparse's errors
+            print(f"sessionroute bench {args.target}: error: {exc}", file=sys.stderr)
+            return 2
         if args.json:
             print(json.dumps(result))
         else:
