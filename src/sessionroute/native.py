@@ -182,7 +182,7 @@ def pure_reason(package_dir: Path = _PACKAGE_DIR) -> str:
         return f"compiling failed at install: {failed}"
     stale = stale_modules(package_dir)
     if stale:
-        return f"{len(stale)} compiled modules are older than their source: reinstall"
+        return f"the source of {', '.join(stale)} changed since the build: reinstall"
     return "installed without compiling"
 
 
@@ -233,9 +233,9 @@ def install_guard(package_dir: Path = _PACKAGE_DIR) -> bool:
             )
         elif stale:
             _warn(
-                f"compiled modules older than their source ({', '.join(stale)}): running all"
-                f" compiled modules as pure Python (same results, {_SPEED}). Rebuild with"
-                " `pip install -e .`."
+                f"the source of compiled modules changed since the build ({', '.join(stale)}):"
+                f" running all compiled modules as pure Python (same results, {_SPEED})."
+                " Rebuild with `pip install -e .`."
             )
         use_source = bool(stale)
     if use_source and not any(isinstance(f, _SourceFinder) for f in sys.meta_path):

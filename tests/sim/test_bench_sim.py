@@ -30,8 +30,9 @@ def test_bench_sim_table(capsys: pytest.CaptureFixture[str]) -> None:
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["bench", "sim", "--steps", "0"], "workload.steps"),
-        (["bench", "engine", "--requests", "0"], "--requests must be >= 1"),
+        (["bench", "sim", "--steps", "0"], "--steps: Input should be greater than or equal to 1"),
+        (["bench", "sim", "--replicas", "0"], "--replicas: "),
+        (["bench", "engine", "--requests", "0"], "--requests must be >= 1, got 0"),
     ],
 )
 def test_bench_bad_values_are_one_line_errors(

@@ -56,10 +56,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Run the benchmark (fast path, then the reference) and return the result document."""
-    if args.sessions < 1 or args.requests < 1:
-        raise ConfigError(
-            f"--sessions and --requests must be >= 1, got {args.sessions}, {args.requests}"
-        )
+    for flag, value in (("--sessions", args.sessions), ("--requests", args.requests)):
+        if value < 1:
+            raise ConfigError(f"{flag} must be >= 1, got {value}")
     if args.max_context < SYSTEM_TOKENS + 5000:
         raise ConfigError(
             f"--max-context must be >= {SYSTEM_TOKENS + 5000}, got {args.max_context}"

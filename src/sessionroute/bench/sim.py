@@ -33,6 +33,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reference", action="store_true", help="use the naive engine")
 
 
+_FLAGS: dict[tuple[Any, ...], str] = {
+    ("workload", "steps"): "--steps",
+    ("workload", "kind"): "--workload",
+    ("replicas", "count"): "--replicas",
+    ("replicas", "block_size"): "--block-size",
+}
+"""Simulation spec fields -> the options that set them (for error messages)."""
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Run the simulation once and measure it.
 
@@ -62,7 +71,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         )
     except ValidationError as err:
         problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in err.errors()
+            f"{_FLAGS.get(tuple(e['loc']), '.'.join(map(str, e['loc'])))}: {e['msg']}"
+            for e in err.errors()
         )
         raise ConfigError(f"invalid options: {problems}") from None
     res = run_simulation(spec, args.policy, seed=args.seed, wall_clock=MonotonicClock())
