@@ -13,14 +13,18 @@ hit) and registers full blocks as they are scheduled.
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Sequence
+from operator import attrgetter
 
 from sessionroute.engine.api import ReplicaConfig, RequestResult
 from sessionroute.engine.blocks import BlockPool, Holder, KVPool
 from sessionroute.engine.steps import Step
 
 __all__ = ["ABORTED", "FINISHED", "RUNNING", "WAITING", "Core", "Req", "Step"]
+
+_admission_order = attrgetter("order")
 
 RUNNING = 0
 WAITING = 1
@@ -374,8 +378,20 @@ class Core:
         return False
 
     def drop(self, r: Req) -> None:
-        """Abort a running request now: out of ``running``, blocks freed."""
-        self.running.remove(r)
+        """Abort a running request now: out of ``running``, blocks freed.
+
+        ``running`` is in admission order, i.e. ascending :attr:`Req.order` (admissions append,
+        preemptions pop the end, finishes filter), so ``r`` is found by bisection rather than
+        by comparing it with every running request.
+
+        Raises:
+            RuntimeError: if ``r`` is not in ``running`` (cannot happen).
+        """
+        running = self.running
+        i = bisect_left(running, r.order, key=_admission_order)
+        if i == len(running) or running[i] is not r:
+            raise RuntimeError(f"{r.rid} is not running")
+        del running[i]
         self.pool.release(r)
 
     def finish(self, r: Req, e: float) -> None:
