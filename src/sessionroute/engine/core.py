@@ -378,7 +378,12 @@ class Core:
         return False
 
     def drop(self, r: Req) -> None:
-        """Abort a running request now: out of ``running``, blocks freed.
+        """Abort a running request now: out of ``running``, blocks freed."""
+        self.take_out(r)
+        self.pool.release(r)
+
+    def take_out(self, r: Req) -> None:
+        """Remove ``r`` from ``running``, the others' order kept.
 
         ``running`` is in admission order, i.e. ascending :attr:`Req.order` (admissions append,
         preemptions pop the end, finishes filter), so ``r`` is found by bisection rather than
@@ -392,7 +397,6 @@ class Core:
         if i == len(running) or running[i] is not r:
             raise RuntimeError(f"{r.rid} is not running")
         del running[i]
-        self.pool.release(r)
 
     def finish(self, r: Req, e: float) -> None:
         """Mark ``r`` finished at ``e``, free its blocks and buffer its result.

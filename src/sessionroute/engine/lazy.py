@@ -375,9 +375,8 @@ class LazyCore(Core):
         if len(finished) > 8:
             self.running = [r for r in self.running if r.status == RUNNING]
         else:
-            remove = self.running.remove
             for r in finished:
-                remove(r)
+                self.take_out(r)
 
     def trim(self) -> None:
         """Drop step times no lazy decoder needs any more."""
