@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import re
 from pathlib import Path
 from typing import Any
@@ -36,16 +35,19 @@ def _native() -> Any:
 
 
 NATIVE = _native()
-PURE = os.environ.get(NATIVE.PURE_ENV, "") not in ("", "0")
 PATHS = [NATIVE._source_path(m, PACKAGE_DIR) for m in NATIVE.COMPILED_MODULES]
+SOURCES: dict[str, str] = {}
+"""SHA-256 of each compiled module's source, taken when mypyc reads the sources."""
 
 
 def ext_modules() -> list[Any]:
     """The mypyc extensions, or none with ``SESSIONROUTE_PURE_PYTHON=1``."""
-    if PURE:
+    if NATIVE.pure_requested():
         return []
     from mypyc.build import mypycify
 
+    for module, path in zip(NATIVE.COMPILED_MODULES, PATHS, strict=True):
+        SOURCES[module] = NATIVE.source_digest(path)
     rel = [str(p.relative_to(ROOT)) for p in PATHS]
     # The package's dependencies (numpy, pydantic, ...) are not installed in pip's isolated
     # build environment: no config file (pyproject's strict settings would reject the Any
@@ -90,11 +92,7 @@ class RecordingBuildExt(build_ext):
         else:
             import mypy.version
 
-            sources = {
-                m: NATIVE.source_digest(p)
-                for m, p in zip(NATIVE.COMPILED_MODULES, PATHS, strict=True)
-            }
-            info = {"compiler": f"mypyc {mypy.version.__version__}", "sources": sources}
+            info = {"compiler": f"mypyc {mypy.version.__version__}", "sources": SOURCES}
         record.parent.mkdir(parents=True, exist_ok=True)
         record.write_text(json.dumps(info, indent=1) + "\n")
 

@@ -44,6 +44,7 @@ __all__ = [
     "compiled_modules",
     "install_guard",
     "pure_reason",
+    "pure_requested",
     "source_digest",
     "stale_modules",
 ]
@@ -100,14 +101,18 @@ def _source_path(module: str, package_dir: Path = _PACKAGE_DIR) -> Path:
     return package_dir.joinpath(*parts[:-1], parts[-1] + ".py")
 
 
-def _extension_paths(module: str, package_dir: Path = _PACKAGE_DIR) -> list[Path]:
-    """Compiled extension files of ``module`` present beside its source."""
+def _has_extension(module: str, package_dir: Path = _PACKAGE_DIR) -> bool:
+    """Whether a compiled extension of ``module`` sits beside its source."""
     src = _source_path(module, package_dir)
-    return [
-        src.with_name(src.stem + suffix)
+    return any(
+        src.with_name(src.stem + suffix).is_file()
         for suffix in importlib.machinery.EXTENSION_SUFFIXES
-        if src.with_name(src.stem + suffix).is_file()
-    ]
+    )
+
+
+def pure_requested() -> bool:
+    """Whether ``SESSIONROUTE_PURE_PYTHON`` asks for pure Python (set, and not ``0``)."""
+    return os.environ.get(PURE_ENV, "") not in ("", "0")
 
 
 def source_digest(path: Path) -> str:
@@ -147,7 +152,7 @@ def stale_modules(package_dir: Path = _PACKAGE_DIR) -> list[str]:
     recorded = _recorded(package_dir)
     stale = []
     for module in COMPILED_MODULES:
-        if not _extension_paths(module, package_dir):
+        if not _has_extension(module, package_dir):
             continue
         src = _source_path(module, package_dir)
         if not src.is_file() or recorded.get(module) != source_digest(src):
@@ -175,7 +180,7 @@ _SPEED = "about 1/3 of the replica model's compiled speed, 1/2 of the simulator'
 
 def pure_reason(package_dir: Path = _PACKAGE_DIR) -> str:
     """Why the hot modules run as pure Python (for messages; meaningful when they do)."""
-    if os.environ.get(PURE_ENV, "") not in ("", "0"):
+    if pure_requested():
         return f"{PURE_ENV} is set"
     failed = build_failure(package_dir)
     if failed:
@@ -220,7 +225,7 @@ def install_guard(package_dir: Path = _PACKAGE_DIR) -> bool:
     Returns:
         True when the sources will be imported, False when the compiled extensions will.
     """
-    if os.environ.get(PURE_ENV, "") not in ("", "0"):
+    if pure_requested():
         use_source = True
     else:
         failed = build_failure(package_dir)
