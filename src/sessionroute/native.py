@@ -50,6 +50,8 @@ __all__ = [
 ]
 
 COMPILED_MODULES: tuple[str, ...] = (
+    "sessionroute.types",
+    "sessionroute.engine.api",
     "sessionroute.engine.steps",
     "sessionroute.engine.blocks",
     "sessionroute.engine.core",

@@ -7,6 +7,7 @@ make the same decisions for the same event sequence.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Final
 
 from sessionroute.policies.base import Policy
 from sessionroute.state.cluster import Cluster
@@ -15,7 +16,7 @@ from sessionroute.types import Decision, DecisionKind, RouteRequest
 __all__ = ["Reservation", "RoutingCore"]
 
 
-@dataclass(slots=True, eq=False)
+@dataclass(init=False, slots=True, eq=False)
 class Reservation:
     """One routed request; pass it back to :meth:`RoutingCore.complete` exactly once.
 
@@ -29,11 +30,26 @@ class Reservation:
             completing an old reservation never takes load off the new one.
     """
 
-    request: RouteRequest
-    worker: str
-    kind: DecisionKind
-    done: bool = False
-    generation: int | None = None
+    request: Final[RouteRequest]
+    worker: Final[str]
+    kind: Final[DecisionKind]
+    done: bool
+    generation: Final[int | None]
+
+    def __init__(
+        self,
+        request: RouteRequest,
+        worker: str,
+        kind: DecisionKind,
+        done: bool = False,
+        generation: int | None = None,
+    ) -> None:
+        # its own __init__: a compiled class builds in ~1/6 of a dataclass __init__'s time
+        self.request = request
+        self.worker = worker
+        self.kind = kind
+        self.done = done
+        self.generation = generation
 
 
 @dataclass(slots=True)

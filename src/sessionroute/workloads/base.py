@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Final, Literal, Protocol
 
 __all__ = ["Host", "SessionEnd", "Turn", "TurnOutcome", "Workload", "WorkloadConfig"]
 
@@ -20,7 +20,7 @@ SessionEnd = Literal["completed", "cancelled"]
 (timeout, off-policy bound, or abandoned)."""
 
 
-@dataclass(slots=True)
+@dataclass(init=False, slots=True)
 class Turn:
     """One request of a session.
 
@@ -34,17 +34,37 @@ class Turn:
             ``prompt_len // block_size`` of them.
         cache_salt: prefix-cache namespace (e.g. the policy version of an RL rollout), or None.
         tag: opaque workload data, handed back in the :class:`TurnOutcome`.
+
+    Turns and outcomes exist once per request, so their fields are ``Final`` and they have their
+    own ``__init__`` (``dataclass(init=False)`` adds comparison and ``repr``): compiled, they
+    are immutable and cost about 1/6 of a dataclass to create.
     """
 
-    session_id: str
-    prompt_len: int
-    output_len: int
-    block_keys: Sequence[int]
-    cache_salt: str | None = None
-    tag: Any = None
+    session_id: Final[str]
+    prompt_len: Final[int]
+    output_len: Final[int]
+    block_keys: Final[Sequence[int]]
+    cache_salt: Final[str | None]
+    tag: Final[Any]
+
+    def __init__(
+        self,
+        session_id: str,
+        prompt_len: int,
+        output_len: int,
+        block_keys: Sequence[int],
+        cache_salt: str | None = None,
+        tag: Any = None,
+    ) -> None:
+        self.session_id = session_id
+        self.prompt_len = prompt_len
+        self.output_len = output_len
+        self.block_keys = block_keys
+        self.cache_salt = cache_salt
+        self.tag = tag
 
 
-@dataclass(slots=True)
+@dataclass(init=False, slots=True)
 class TurnOutcome:
     """What the client saw of one :class:`Turn`.
 
@@ -57,12 +77,22 @@ class TurnOutcome:
         replica: index of the replica that served it (-1 if rejected).
     """
 
-    turn: Turn
-    sent_s: float
-    done_s: float
-    ok: bool
-    cached_tokens: int
-    replica: int
+    turn: Final[Turn]
+    sent_s: Final[float]
+    done_s: Final[float]
+    ok: Final[bool]
+    cached_tokens: Final[int]
+    replica: Final[int]
+
+    def __init__(
+        self, turn: Turn, sent_s: float, done_s: float, ok: bool, cached_tokens: int, replica: int
+    ) -> None:
+        self.turn = turn
+        self.sent_s = sent_s
+        self.done_s = done_s
+        self.ok = ok
+        self.cached_tokens = cached_tokens
+        self.replica = replica
 
 
 class Host(Protocol):
