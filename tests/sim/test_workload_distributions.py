@@ -19,6 +19,26 @@ def test_lognormal_hits_its_median_and_p90_and_respects_the_cap() -> None:
     assert min(ints) >= 1 and all(isinstance(v, int) for v in ints)
 
 
+@pytest.mark.parametrize(
+    ("median", "p90", "cap", "floor"),
+    [(250, 1000, 8192, 1), (3.0, 40.0, 600.0, 0.0), (2.5, 2.5, 9.0, 0.0), (0.6, 4.0, 3.0, 0.5)],
+)
+def test_list_sampling_equals_the_numpy_expressions(
+    median: float, p90: float, cap: float, floor: float
+) -> None:
+    """``sample_list``/``sample_int`` clip and round per element in Python: they must give
+    exactly the values of the numpy expressions on the same draws (halves included)."""
+    d = LogNormal(median, p90, cap, floor)
+    for seed in range(20):
+        arr = d.sample(np.random.default_rng(seed), 300)
+        assert d.sample_list(np.random.default_rng(seed), 300) == arr.tolist()
+        low = max(1, int(np.ceil(floor)))
+        expect = np.maximum(np.rint(arr).astype(np.int64), low).tolist()
+        assert d.sample_int(np.random.default_rng(seed), 300) == expect
+    halves = [0.5, 1.5, 2.5, 3.49999, 4.5, 8.5]
+    assert [round(x) for x in halves] == np.rint(halves).astype(np.int64).tolist()
+
+
 def test_a_degenerate_lognormal_is_constant() -> None:
     x = LogNormal(5.0, 5.0, 10.0).sample(np.random.default_rng(0), 10)
     assert np.allclose(x, 5.0)

@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 
 from sessionroute.errors import ConfigError
-from sessionroute.workloads.base import SessionEnd, Turn, TurnOutcome
+from sessionroute.workloads.base import Host, SessionEnd, Turn, TurnOutcome
 from sessionroute.workloads.registry import workload_config
 from sessionroute.workloads.swe_rl import SweRlWorkload
 from sessionroute.workloads.swe_rl_config import SweRlConfig
 
 
-class FakeHost:
+class FakeHost(Host):
     """Answers every turn ``latency`` seconds after it is sent; records what it sees."""
 
     block_size = 16

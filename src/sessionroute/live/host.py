@@ -29,7 +29,7 @@ from sessionroute.client import Rollout, SessionReleaser
 from sessionroute.live.text import SessionText, TemplateOverhead
 from sessionroute.sim.ideal import IdealCache
 from sessionroute.sim.spec import RouterSection
-from sessionroute.workloads.base import SessionEnd, Turn, TurnOutcome, Workload
+from sessionroute.workloads.base import Host, SessionEnd, Turn, TurnOutcome, Workload
 
 __all__ = ["LiveHost", "LiveRecord"]
 
@@ -78,7 +78,7 @@ class _Session:
         self.last_replica: int | None = None
 
 
-class LiveHost:
+class LiveHost(Host):
     """Drives one workload through a router (see the module docstring).
 
     Args:

@@ -12,6 +12,8 @@ import random
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
+from mypy_extensions import mypyc_attr
+
 from sessionroute.clock import Clock
 from sessionroute.policies.base import Policy
 from sessionroute.state.cluster import ClusterView
@@ -21,6 +23,7 @@ from sessionroute.types import Decision, DecisionKind
 __all__ = ["SessionPolicy"]
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class SessionPolicy(Policy):
     """A policy that pins sessions. Its ``Config`` must have ``session_ttl_s``,
     ``sweep_interval_s`` and ``max_sessions``."""

@@ -25,6 +25,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
+from mypy_extensions import mypyc_attr
+
 from sessionroute.clock import Clock
 from sessionroute.errors import NoWorkerAvailable
 from sessionroute.state.cluster import ClusterView
@@ -34,6 +36,7 @@ from sessionroute.types import Decision, RouteRequest
 __all__ = ["Policy", "least_loaded_of", "require_healthy"]
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Policy(ABC):
     """Base class of routing policies.
 

@@ -27,6 +27,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from mypy_extensions import mypyc_attr
+
 from sessionroute.clock import Clock
 from sessionroute.errors import ConfigError
 from sessionroute.policies._radix import ApproxRadixTree, Content
@@ -83,6 +85,7 @@ def request_content(request: RouteRequest) -> Content:
     return ""
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class CacheAwarePolicy(Policy):
     """Prefix-affinity routing over per-worker approximate radix trees, with load balancing.
 

@@ -14,6 +14,8 @@ import random
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from mypy_extensions import mypyc_attr
+
 from sessionroute.clock import Clock
 from sessionroute.policies._ring import HashRing, KeyHashCache
 from sessionroute.policies.base import Policy, require_healthy
@@ -29,6 +31,7 @@ class ConsistentHashConfig:
     """``consistent_hash`` has no options."""
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class ConsistentHashPolicy(Policy):
     """Hash ring keyed by session id (Karger et al. 1997; vllm-router's layout)."""
 

@@ -7,6 +7,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from mypy_extensions import mypyc_attr
+
 from sessionroute.clock import Clock
 from sessionroute.policies.base import Policy, require_healthy
 from sessionroute.state.cluster import ClusterView
@@ -50,6 +52,7 @@ class LeastLoadedConfig:
     """``least_loaded`` has no options."""
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class LeastLoadedPolicy(Policy):
     """Route every request to the healthy worker with the fewest in-flight requests."""
 

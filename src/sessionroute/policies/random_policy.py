@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from mypy_extensions import mypyc_attr
+
 from sessionroute.policies.base import Policy, require_healthy
 from sessionroute.state.cluster import ClusterView
 from sessionroute.types import Decision, DecisionKind, RouteRequest
@@ -17,6 +19,7 @@ class RandomConfig:
     """``random`` has no options."""
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class RandomPolicy(Policy):
     """Pick ``healthy[rng.randrange(len(healthy))]`` (vllm-router ``random``).
 

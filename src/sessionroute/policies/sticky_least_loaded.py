@@ -21,6 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from mypy_extensions import mypyc_attr
+
 from sessionroute.errors import ConfigError
 from sessionroute.policies._rendezvous import rendezvous_winner
 from sessionroute.policies._sessions import SessionPolicy
@@ -51,6 +53,7 @@ class StickyLeastLoadedConfig:
             raise ConfigError(f"sweep_interval_s must be >= 0, got {self.sweep_interval_s!r}")
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class StickyLeastLoadedPolicy(SessionPolicy):
     """Place new sessions by fewest active sessions (rendezvous tie-break), then keep them."""
 

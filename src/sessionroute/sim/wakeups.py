@@ -13,14 +13,16 @@ the queue's very next event, it runs in the same callback (same order, still cou
 from __future__ import annotations
 
 from sessionroute.engine import RequestResult
-from sessionroute.sim.events import PRIO_WAKE, EventQueue
+from sessionroute.sim.events import PRIO_WAKE, SEQ_BITS, EventQueue
 from sessionroute.sim.replicas import SimReplica
+from sessionroute.workloads.base import Host
 
 __all__ = ["ReplicaDriver"]
 
 
-class ReplicaDriver:
-    """Wake-up scheduling over ``queue`` for ``replicas`` (a base of the simulation).
+class ReplicaDriver(Host):
+    """Wake-up scheduling over ``queue`` for ``replicas`` (a base of the simulation, which is
+    the workloads' :class:`~sessionroute.workloads.base.Host`).
 
     Attributes:
         queue: the simulation's event queue.
@@ -76,18 +78,18 @@ class ReplicaDriver:
             return
         queue = self.queue
         clock = queue.clock
-        heap = queue._heap
         t_end = queue.t_end
+        after_wake = (PRIO_WAKE + 1) << SEQ_BITS  # keys of events sorting after a wake-up
         while True:
             # The replica's next wake-up runs in this callback when it would be the queue's
             # next event: before the heap's head (a later sequence number, so an equal head
             # must have a higher priority), within the run's limit, the run not stopped.
             # Wake-ups that finish nothing are run inside the engine (Replica.wake).
+            head = queue.first()
             if queue.stopped:
                 until, inclusive = float("-inf"), False
-            elif heap and heap[0][0] <= t_end:
-                head = heap[0]
-                until, inclusive = head[0], head[1] > PRIO_WAKE
+            elif head is not None and head.t <= t_end:
+                until, inclusive = head.t, head.key >= after_wake
             else:
                 until, inclusive = t_end, True
             results, t, moves = engine.wake(clock._t, until, inclusive)
@@ -102,8 +104,9 @@ class ReplicaDriver:
             now = clock._t
             if t < now:
                 t = now
+            head = queue.first()
             if (
-                (not heap or t < heap[0][0] or (t == heap[0][0] and heap[0][1] > PRIO_WAKE))
+                (head is None or t < head.t or (t == head.t and head.key >= after_wake))
                 and t <= queue.t_end
                 and not queue.stopped
             ):

@@ -13,6 +13,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal, Protocol
 
+from mypy_extensions import mypyc_attr
+
 __all__ = ["Host", "SessionEnd", "Turn", "TurnOutcome", "Workload", "WorkloadConfig"]
 
 SessionEnd = Literal["completed", "cancelled"]
@@ -95,56 +97,62 @@ class TurnOutcome:
         self.replica = replica
 
 
-class Host(Protocol):
-    """What a workload may ask of its driver."""
+@mypyc_attr(allow_interpreted_subclasses=True)
+class Host:
+    """What a workload may ask of its driver: a base class to subclass, overriding every method.
+
+    A base class rather than a ``Protocol`` so that compiled workloads call a compiled host
+    (the simulator) natively; interpreted hosts (the live host, test fakes) subclass it too.
+    Each method here raises ``NotImplementedError``.
+    """
 
     @property
     def block_size(self) -> int:
         """Tokens per KV block of the replicas (the key granularity of :attr:`Turn.block_keys`)."""
-        ...
+        raise NotImplementedError
 
     @property
     def max_model_len(self) -> int:
         """Longest prompt + output the replicas accept, in tokens."""
-        ...
+        raise NotImplementedError
 
     def now(self) -> float:
         """Current time in seconds."""
-        ...
+        raise NotImplementedError
 
     def call_at(self, t: float, fn: Callable[[], None]) -> None:
         """Run ``fn()`` at time ``t`` seconds (``t >= now()``)."""
-        ...
+        raise NotImplementedError
 
     def submit(self, turn: Turn, on_done: Callable[[TurnOutcome], None]) -> int:
         """Send ``turn`` now; ``on_done`` is called once when its response has arrived (not if
         the turn is cancelled first). Returns a handle for :meth:`cancel`."""
-        ...
+        raise NotImplementedError
 
     def cancel(self, handle: int) -> None:
         """Abort an in-flight turn (no-op if it already finished); ``on_done`` is not called."""
-        ...
+        raise NotImplementedError
 
     def end_session(self, session_id: str, how: SessionEnd) -> None:
         """The session is over: record it and release it at the router (``/finish_session``)
         when the run releases sessions."""
-        ...
+        raise NotImplementedError
 
     def reset_prefix_cache(self) -> None:
         """Drop every cached-idle block on every replica (weight update with ``cache="reset"``)."""
-        ...
+        raise NotImplementedError
 
     def record_step(self, step: int, step_time_s: float) -> None:
         """An RL trainer step ``step`` (1-based) ended now after ``step_time_s`` seconds."""
-        ...
+        raise NotImplementedError
 
     def record_group(self, latency_s: float) -> None:
         """A GRPO group ended; ``latency_s`` is admission to its slowest rollout's end."""
-        ...
+        raise NotImplementedError
 
     def stop(self) -> None:
         """The workload is done: end the run after the current event."""
-        ...
+        raise NotImplementedError
 
 
 class Workload(Protocol):

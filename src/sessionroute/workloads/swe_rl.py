@@ -188,7 +188,7 @@ class SweRlWorkload:
             r.n_turns = n
             r.outputs = self._out.sample_int(rng, n)
             r.obs = self._obs.sample_int(rng, n)
-            r.tools = self._tool.sample(rng, n).tolist()
+            r.tools = self._tool.sample_list(rng, n)
             if c.cache == "salt":
                 r.salt = f"v{self._version}"
             self._active[self._uid] = r

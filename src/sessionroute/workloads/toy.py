@@ -124,7 +124,7 @@ class ToyWorkload:
             s = _Session(f"toy-{i}", chain, n)
             s.outputs = self._out.sample_int(rng, n)
             s.follow = self._follow.sample_int(rng, n)
-            s.think = self._think.sample(rng, n).tolist()
+            s.think = self._think.sample_list(rng, n)
             t += gap
             host.call_at(t, partial(self._open, s))
 
