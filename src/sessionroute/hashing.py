@@ -16,23 +16,23 @@ from mypy_extensions import i64
 
 __all__ = ["FURC_MAX", "FURC_SEED", "fbi_hash", "furc", "murmur64a", "rendezvous_score"]
 
-_MASK = 0xFFFFFFFFFFFFFFFF
-_M = 0xC6A4A7935BD1E995
-_R = 47
-FURC_SEED = 4193360111
+_MASK: Final = 0xFFFFFFFFFFFFFFFF
+_M: Final = 0xC6A4A7935BD1E995
+_R: Final = 47
+FURC_SEED: Final = 4193360111
 """Seed of every MurmurHash64A call in mcrouter's furc hash."""
-FURC_MAX = (1 << 23) - 1
+FURC_MAX: Final = (1 << 23) - 1
 """The ``m`` argument vllm-router passes to ``furc_hash``: 2**23 - 1 buckets."""
-_FURC_SHIFT = 23
-_MAX_TRIES = 32
+_FURC_SHIFT: Final = 23
+_MAX_TRIES: Final = 32
 
 # The 64-bit arithmetic runs on signed 64-bit values (``i64``): compiled by mypyc it is native
 # wrapping machine arithmetic, ~10x faster than Python's big ints; as plain Python, _s64 folds
 # each product back into the signed range. Unsigned right shifts are ``(x >> r) & low bits``.
 _MS: Final[i64] = _M - (1 << 64)  # _M as a signed 64-bit value
 _R_LOW: Final[i64] = (1 << (64 - _R)) - 1  # the bits an unsigned ``x >> 47`` keeps
-_H8 = (FURC_SEED ^ ((8 * _M) & _MASK)) & _MASK  # initial state of murmur64a on 8 bytes
-_H4 = (FURC_SEED ^ ((4 * _M) & _MASK)) & _MASK  # initial state of murmur64a on 4 bytes
+_H8: Final = (FURC_SEED ^ ((8 * _M) & _MASK)) & _MASK  # initial state of murmur64a on 8 bytes
+_H4: Final = (FURC_SEED ^ ((4 * _M) & _MASK)) & _MASK  # initial state of murmur64a on 4 bytes
 _H8S: Final[i64] = _H8 - (1 << 64) if _H8 >> 63 else _H8
 _H4S: Final[i64] = _H4 - (1 << 64) if _H4 >> 63 else _H4
 _I64_MIN: Final[i64] = -0x7FFFFFFFFFFFFFFF - 1

@@ -15,6 +15,14 @@ from sessionroute.types import Decision, DecisionKind, RouteRequest
 
 __all__ = ["Reservation", "RoutingCore"]
 
+_KINDS: Final = (
+    DecisionKind.STICKY,
+    DecisionKind.NEW,
+    DecisionKind.REPINNED,
+    DecisionKind.STATELESS,
+)
+"""Every decision kind, the most frequent first."""
+
 
 @dataclass(init=False, slots=True, eq=False)
 class Reservation:
@@ -66,18 +74,14 @@ class RoutingCore:
     policy: Policy
     cluster: Cluster
     log: list[tuple[str | None, str, str]] | None = None
-    _counts: dict[str, int] = field(
-        default_factory=lambda: dict.fromkeys((k.value for k in DecisionKind), 0),
-        init=False,
-        repr=False,
-    )
-    """Decisions by kind value: keyed by the string because hashing an Enum member runs
-    Python code (``Enum.__hash__``), twice per ``+= 1``."""
+    _counts: list[int] = field(default_factory=lambda: [0] * len(_KINDS), init=False, repr=False)
+    """Decisions by kind, in :data:`_KINDS` order (found by identity: hashing or reading an
+    ``Enum`` member's value runs Python code)."""
 
     @property
     def decisions(self) -> dict[DecisionKind, int]:
         """Count of decisions by kind (a fresh dict)."""
-        return {DecisionKind(v): n for v, n in self._counts.items()}
+        return {k: self._counts[_KINDS.index(k)] for k in DecisionKind}
 
     def route(self, request: RouteRequest) -> Reservation:
         """Choose a worker and reserve load on it.
@@ -87,7 +91,11 @@ class RoutingCore:
         """
         d: Decision = self.policy.select(request, self.cluster)
         generation = self.cluster.reserve(d.worker, request.prompt_tokens)
-        self._counts[d.kind._value_] += 1
+        kind = d.kind
+        i = 0
+        while _KINDS[i] is not kind:
+            i += 1
+        self._counts[i] += 1
         if self.log is not None:
             self.log.append((request.session_id, d.worker, d.kind.value))
         return Reservation(request, d.worker, d.kind, False, generation)

@@ -15,13 +15,13 @@ from __future__ import annotations
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from sessionroute.engine import EngineRequest, Replica, ReplicaConfig
 
 __all__ = ["SYSTEM_TOKENS", "randint", "run_closed_loop"]
 
-SYSTEM_TOKENS = 2048
+SYSTEM_TOKENS: Final = 2048
 """Tokens of the system prompt every session shares."""
 
 

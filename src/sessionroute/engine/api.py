@@ -25,7 +25,7 @@ __all__ = [
     "chain_block_keys",
 ]
 
-_ROOT_KEY = 0x5E55_10A0_7E00_0001
+_ROOT_KEY: Final = 0x5E55_10A0_7E00_0001
 
 
 class EngineRequestError(SessionRouteError, ValueError):

@@ -24,12 +24,12 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 from itertools import islice
-from typing import Any
+from typing import Any, Final
 
 __all__ = ["BlockPool", "Holder", "KVPool"]
 
-_ID_BITS = 32
-_ID_MASK = (1 << _ID_BITS) - 1
+_ID_BITS: Final = 32
+_ID_MASK: Final = (1 << _ID_BITS) - 1
 
 
 class Holder:

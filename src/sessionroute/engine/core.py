@@ -13,23 +13,25 @@ hit) and registers full blocks as they are scheduled.
 from __future__ import annotations
 
 import heapq
-from bisect import bisect_left
 from collections import deque
 from collections.abc import Sequence
-from operator import attrgetter
+from typing import Final
 
 from sessionroute.engine.api import ReplicaConfig, RequestResult
 from sessionroute.engine.blocks import BlockPool, Holder, KVPool
 from sessionroute.engine.steps import Step
 
+# C functions bound once (a module global is a dict lookup at every call when compiled)
+heappop: Final = heapq.heappop
+
+
 __all__ = ["ABORTED", "FINISHED", "RUNNING", "WAITING", "Core", "Req", "Step"]
 
-_admission_order = attrgetter("order")
 
-RUNNING = 0
-WAITING = 1
-FINISHED = 2
-ABORTED = 3
+RUNNING: Final = 0
+WAITING: Final = 1
+FINISHED: Final = 2
+ABORTED: Final = 3
 
 
 class Req(Holder):
@@ -213,7 +215,7 @@ class Core:
         """Move requests that arrived at or before ``s`` to the waiting queue (FCFS)."""
         pending = self.pending
         while pending and pending[0][0] <= s:
-            self.waiting.append(heapq.heappop(pending)[2])
+            self.waiting.append(heappop(pending)[2])
 
     # ----------------------------------------------------------------- mechanics
 
@@ -393,7 +395,17 @@ class Core:
             RuntimeError: if ``r`` is not in ``running`` (cannot happen).
         """
         running = self.running
-        i = bisect_left(running, r.order, key=_admission_order)
+        order = r.order
+        lo = 0
+        hi = len(running)
+        while lo < hi:  # bisect_left on .order, read natively (a key= function is a Python call)
+            mid = (lo + hi) >> 1
+            m: Req = running[mid]
+            if m.order < order:
+                lo = mid + 1
+            else:
+                hi = mid
+        i = lo
         if i == len(running) or running[i] is not r:
             raise RuntimeError(f"{r.rid} is not running")
         del running[i]

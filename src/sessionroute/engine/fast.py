@@ -27,11 +27,18 @@ Three devices, all exact:
 
 from __future__ import annotations
 
+import bisect
 import heapq
-from bisect import bisect_left, bisect_right
+from typing import Final
 
 from sessionroute.engine.core import RUNNING, Core, Req, Step
 from sessionroute.engine.prefill import PrefillRuns
+
+# C functions bound once (a module global is a dict lookup at every call when compiled)
+bisect_left: Final = bisect.bisect_left
+bisect_right: Final = bisect.bisect_right
+heappop: Final = heapq.heappop
+
 
 __all__ = ["FastCore"]
 
@@ -211,7 +218,7 @@ class FastCore(PrefillRuns):
             not heap[0][2].lazy
             or heap[0][0] != heap[0][2].sync + heap[0][2].output_len - heap[0][2].num_output - 1
         ):
-            heapq.heappop(heap)
+            heappop(heap)
         g = self.g
         rem = heap[0][0] - g + 1
         if rem < 2:

@@ -16,14 +16,21 @@ the pool is about to read its last segment (:meth:`LazyCore.touch`).
 
 from __future__ import annotations
 
+import bisect
 import heapq
-from bisect import bisect_left
 from operator import attrgetter
+from typing import Final
 
 from sessionroute.engine.api import ReplicaConfig
 from sessionroute.engine.core import RUNNING, Core, Req
 from sessionroute.engine.segments import SegmentPool
 from sessionroute.engine.segstore import _Ext, _Res
+
+# C functions bound once (a module global is a dict lookup at every call when compiled)
+bisect_left: Final = bisect.bisect_left
+heappop: Final = heapq.heappop
+heappush: Final = heapq.heappush
+
 
 __all__ = ["LazyCore"]
 
@@ -88,7 +95,7 @@ class LazyCore(Core):
         self.s0 += share
         self.seq += 1
         gf = g + r.output_len - r.num_output - 1
-        heapq.heappush(self.fheap, (gf, self.seq, r))
+        heappush(self.fheap, (gf, self.seq, r))
         f = self.fsched.get(gf)
         if f is None:
             self.fsched[gf] = [1, share]
@@ -361,7 +368,7 @@ class LazyCore(Core):
         heap = self.fheap
         finished: list[Req] = []
         while heap and heap[0][0] <= g:
-            gf, _, r = heapq.heappop(heap)
+            gf, _, r = heappop(heap)
             if not r.lazy or gf != r.sync + r.output_len - r.num_output - 1:
                 continue  # stale entry
             self.materialize(r)

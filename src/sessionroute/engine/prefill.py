@@ -18,15 +18,20 @@ flight; see :meth:`~sessionroute.engine.fast.FastCore.run_until`).
 
 from __future__ import annotations
 
-from bisect import bisect_left
+import bisect
+from typing import Final
 
 from sessionroute.engine.core import Req, Step
 from sessionroute.engine.lazy import LazyCore
 from sessionroute.engine.segstore import _Ext
 
+# C functions bound once (a module global is a dict lookup at every call when compiled)
+bisect_left: Final = bisect.bisect_left
+
+
 __all__ = ["PrefillRuns"]
 
-_MAX_STEPS = 64
+_MAX_STEPS: Final = 64
 """Most steps a prefill run plans."""
 
 

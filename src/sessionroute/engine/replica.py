@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 from collections.abc import Sequence
+from typing import Final
 
 from sessionroute.engine.api import (
     EngineRequest,
@@ -16,6 +17,11 @@ from sessionroute.engine.api import (
 from sessionroute.engine.core import ABORTED, RUNNING, WAITING, Core, Req
 from sessionroute.engine.fast import FastCore
 from sessionroute.errors import ConfigError
+
+# C functions bound once (a module global is a dict lookup at every call when compiled)
+heapify: Final = heapq.heapify
+heappush: Final = heapq.heappush
+
 
 __all__ = ["Replica"]
 
@@ -170,7 +176,7 @@ class Replica:
             self._fast_core.split(now, arrival=True)
         core.reqs[rid] = r
         core.seq += 1
-        heapq.heappush(core.pending, (now, core.seq, r))
+        heappush(core.pending, (now, core.seq, r))
 
     def advance(self, t: float) -> list[RequestResult]:
         """Run the engine to time ``t`` (seconds).
@@ -265,7 +271,7 @@ class Replica:
             core.waiting.remove(r)
         else:
             core.pending = [p for p in core.pending if p[2] is not r]
-            heapq.heapify(core.pending)
+            heapify(core.pending)
         r.status = ABORTED
         del core.reqs[request_id]
         return True

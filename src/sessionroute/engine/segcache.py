@@ -27,9 +27,14 @@ run-length hole bookkeeping.
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right
+import bisect
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
+
+# C functions bound once (a module global is a dict lookup at every call when compiled)
+bisect_left: Final = bisect.bisect_left
+bisect_right: Final = bisect.bisect_right
+
 
 if TYPE_CHECKING:
     from sessionroute.engine.segstore import _Res, _Seg
@@ -46,8 +51,8 @@ __all__ = [
     "run_end",
 ]
 
-_SHIFT = 32
-_MASK = (1 << _SHIFT) - 1
+_SHIFT: Final = 32
+_MASK: Final = (1 << _SHIFT) - 1
 
 
 class SaltCache(dict[int, int]):

@@ -34,9 +34,9 @@ property test (``tests/engine/test_engine_segments.py``) checks this pool agains
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right
+import bisect
 from collections.abc import Iterable, Sized
-from typing import TypeVar
+from typing import Final, TypeVar
 
 from sessionroute.engine.blocks import Holder
 from sessionroute.engine.segcache import (
@@ -51,11 +51,16 @@ from sessionroute.engine.segcache import (
 )
 from sessionroute.engine.segstore import SHIFT, SegmentStore, _Ext, _Res, _Seg
 
+# C functions bound once (a module global is a dict lookup at every call when compiled)
+bisect_left: Final = bisect.bisect_left
+bisect_right: Final = bisect.bisect_right
+
+
 __all__ = ["SegmentPool"]
 
 _H = TypeVar("_H", bound=Holder)
 
-_MASK = (1 << SHIFT) - 1
+_MASK: Final = (1 << SHIFT) - 1
 
 
 class SegmentPool(SegmentStore):

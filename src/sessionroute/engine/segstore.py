@@ -17,18 +17,24 @@
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right
+import bisect
 from collections.abc import Callable, Sequence
+from typing import Final
 
 from sessionroute.engine.blocks import Holder, KVPool
 from sessionroute.engine.segcache import SaltCache, common_run, drop_starts, restart
 
+# C functions bound once (a module global is a dict lookup at every call when compiled)
+bisect_left: Final = bisect.bisect_left
+bisect_right: Final = bisect.bisect_right
+
+
 __all__ = ["SHIFT", "SegmentStore", "common_run"]
 
 
-SHIFT = 32
+SHIFT: Final = 32
 """Bits of the position in a block id ``(rix << SHIFT) | position``."""
-_MASK = (1 << SHIFT) - 1
+_MASK: Final = (1 << SHIFT) - 1
 
 
 def _no_touch(res: _Res) -> None:

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Iterator
+from typing import Final
 
 from sessionroute.hashing import fbi_hash
 from sessionroute.policies._rendezvous import fbi_hash_many
 
 __all__ = ["POINTS_PER_WORKER", "HashRing", "KeyHashCache"]
 
-POINTS_PER_WORKER = 160
+POINTS_PER_WORKER: Final = 160
 """Virtual nodes per worker, as in vllm-router."""
 
 

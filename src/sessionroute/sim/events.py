@@ -27,15 +27,15 @@ __all__ = [
     "VirtualClock",
 ]
 
-PRIO_FAULT = 0
+PRIO_FAULT: Final = 0
 """Replica faults run before anything else scheduled at the same time."""
-PRIO_WAKE = 1
+PRIO_WAKE: Final = 1
 """Replica wake-ups (request completions) run before new arrivals at the same time."""
-PRIO_ARRIVAL = 2
+PRIO_ARRIVAL: Final = 2
 """A request reaching a replica."""
-PRIO_TIMER = 3
+PRIO_TIMER: Final = 3
 """Workload timers and responses delivered to the workload."""
-PRIO_SAMPLE = 4
+PRIO_SAMPLE: Final = 4
 """Metric samples see every other event of their time already applied."""
 
 
@@ -97,7 +97,17 @@ class EventQueue:
         clock: the virtual clock this queue advances as it pops events.
     """
 
-    __slots__ = ("_heap", "_lane", "_seq", "_work", "clock", "events_run", "stopped", "t_end")
+    __slots__ = (
+        "_fire_lane_cb",
+        "_heap",
+        "_lane",
+        "_seq",
+        "_work",
+        "clock",
+        "events_run",
+        "stopped",
+        "t_end",
+    )
 
     def __init__(self, clock: VirtualClock | None = None) -> None:
         self.clock = clock if clock is not None else VirtualClock()
@@ -108,6 +118,7 @@ class EventQueue:
         self.events_run = 0
         self.stopped = False
         self.t_end = float("inf")  # the limit of the run in progress (seconds)
+        self._fire_lane_cb = self._fire_lane  # one bound method for every lane event
 
     def __len__(self) -> int:
         lane = len(self._lane)
@@ -153,14 +164,14 @@ class EventQueue:
         ev = Event(t, key, fn, arg)
         lane.append(ev)
         if len(lane) == 1:
-            self._sift_in(Event(t, key, self._fire_lane, ev))
+            self._sift_in(Event(t, key, self._fire_lane_cb, ev))
 
     def _fire_lane(self, ev: Event) -> None:
         lane = self._lane
         lane.popleft()
         if lane:
             nxt = lane[0]
-            self._sift_in(Event(nxt.t, nxt.key, self._fire_lane, nxt))
+            self._sift_in(Event(nxt.t, nxt.key, self._fire_lane_cb, nxt))
         ev.fn(ev.arg)
 
     def _sift_in(self, ev: Event) -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
-from typing import Any
+from typing import Any, Final
 
 from sessionroute.engine import ReplicaConfig, RequestResult
 from sessionroute.errors import NoWorkerAvailable
@@ -31,8 +31,13 @@ from sessionroute.workloads.base import SessionEnd, Turn, TurnOutcome
 
 __all__ = ["Simulation"]
 
-_ROUTED, _ENGINE, _BACKOFF, _DELIVER, _DONE, _CANCELLED = range(6)
-_LATE_S = 300.0  # timers further ahead (rollout timeouts) go to the queue's FIFO lane
+_ROUTED: Final = 0
+_ENGINE: Final = 1
+_BACKOFF: Final = 2
+_DELIVER: Final = 3
+_DONE: Final = 4
+_CANCELLED: Final = 5
+_LATE_S: Final = 300.0  # timers further ahead (rollout timeouts) go to the queue's FIFO lane
 
 
 def _invoke(fn: Callable[[], None]) -> None:
@@ -98,9 +103,8 @@ class Simulation(ReplicaDriver):
         *,
         fast: bool = True,
     ) -> None:
-        self.queue = queue
+        super().__init__(queue, replicas)
         self.core = core
-        self.replicas = replicas
         self.router = router
         self.rec = recorder
         self._url_for = url_for
@@ -131,6 +135,10 @@ class Simulation(ReplicaDriver):
         self._itl = recorder.itl_s
         self._latency = recorder.turn_latency_s
         self._queue_s = recorder.queue_s
+        # bound methods made once (scheduling ``self._deliver`` made a new one every time)
+        self._deliver_cb = self._deliver
+        self._arrive_cb = self._arrive
+        self._retry_cb = self._retry
 
     # -- Host protocol --------------------------------------------------------------------------
     @property
@@ -156,6 +164,14 @@ class Simulation(ReplicaDriver):
         else:
             push(t, PRIO_TIMER, _invoke, fn)
 
+    def call_at_with(self, t: float, fn: Callable[[Any], None], arg: Any) -> None:
+        """Run ``fn(arg)`` at simulated time ``t``."""
+        queue = self.queue
+        if t - queue.clock._t > _LATE_S:
+            queue.push_late(t, PRIO_TIMER, fn, arg)
+        else:
+            queue.push(t, PRIO_TIMER, fn, arg)
+
     def submit(self, turn: Turn, on_done: Callable[[TurnOutcome], None]) -> int:
         """Send a turn now; see :class:`~sessionroute.workloads.base.Host`."""
         now = self.queue.clock._t
@@ -176,7 +192,7 @@ class Simulation(ReplicaDriver):
             req.state = _DELIVER
             self._reqs[handle] = req
             req.out = TurnOutcome(turn, now, now, False, 0, -1)
-            self.queue.push(now, PRIO_TIMER, self._deliver, req)
+            self.queue.push(now, PRIO_TIMER, self._deliver_cb, req)
             return handle
         req.hit = self._observe(turn.block_keys, plen, olen, turn.cache_salt)
         self._reqs[handle] = req
@@ -269,7 +285,7 @@ class Simulation(ReplicaDriver):
         req.state = _ROUTED
         if self._delay > 0:
             queue = self.queue
-            queue.push(queue.clock._t + self._delay, PRIO_ARRIVAL, self._arrive, req)
+            queue.push(queue.clock._t + self._delay, PRIO_ARRIVAL, self._arrive_cb, req)
         else:
             self._arrive(req)
 
@@ -311,7 +327,7 @@ class Simulation(ReplicaDriver):
             r.retry_backoff_s * r.retry_backoff_multiplier ** max(0, req.attempt - 1),
         )
         req.state = _BACKOFF
-        self.queue.push(self.queue.clock._t + wait, PRIO_ARRIVAL, self._retry, req)
+        self.queue.push(self.queue.clock._t + wait, PRIO_ARRIVAL, self._retry_cb, req)
 
     def _retry(self, req: _Req) -> None:
         if req.state == _BACKOFF:
@@ -358,7 +374,7 @@ class Simulation(ReplicaDriver):
         req.out = TurnOutcome(turn, sent, done, True, cached, rep.index)
         queue = self.queue
         now = queue.clock._t
-        queue.push(done if done > now else now, PRIO_TIMER, self._deliver, req)
+        queue.push(done if done > now else now, PRIO_TIMER, self._deliver_cb, req)
 
     def _deliver(self, req: _Req) -> None:
         if req.state != _DELIVER:

@@ -29,8 +29,10 @@ class ReplicaDriver(Host):
         replicas: every replica slot, up or down.
     """
 
-    queue: EventQueue
-    replicas: list[SimReplica]
+    def __init__(self, queue: EventQueue, replicas: list[SimReplica]) -> None:
+        self.queue = queue
+        self.replicas = replicas
+        self._wake_cb = self._wake  # one bound method, not a new one per scheduled wake-up
 
     def _finish(self, rep: SimReplica, r: RequestResult) -> None:
         """Handle a request ``rep`` finished (the simulation's request lifecycle)."""
@@ -66,7 +68,7 @@ class ReplicaDriver(Host):
         token = rep.wake_token + 1
         rep.wake_token = token
         rep.wake_t = t
-        queue.push(t, PRIO_WAKE, self._wake, (rep, token))
+        queue.push(t, PRIO_WAKE, self._wake_cb, (rep, token))
 
     def _wake(self, arg: tuple[SimReplica, int]) -> None:
         rep, token = arg
@@ -117,7 +119,7 @@ class ReplicaDriver(Host):
             token = rep.wake_token + 1
             rep.wake_token = token
             rep.wake_t = t
-            queue.push(t, PRIO_WAKE, self._wake, (rep, token))
+            queue.push(t, PRIO_WAKE, self._wake_cb, (rep, token))
             return
 
     def sync(self, rep: SimReplica) -> None:

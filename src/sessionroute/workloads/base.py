@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Final, Literal, Protocol
 
 from mypy_extensions import mypyc_attr
@@ -123,6 +124,11 @@ class Host:
     def call_at(self, t: float, fn: Callable[[], None]) -> None:
         """Run ``fn()`` at time ``t`` seconds (``t >= now()``)."""
         raise NotImplementedError
+
+    def call_at_with(self, t: float, fn: Callable[[Any], None], arg: Any) -> None:
+        """Run ``fn(arg)`` at time ``t`` seconds: :meth:`call_at` of ``partial(fn, arg)``, which
+        a host may do without the ``partial`` (the simulator schedules ``fn`` and ``arg``)."""
+        self.call_at(t, partial(fn, arg))
 
     def submit(self, turn: Turn, on_done: Callable[[TurnOutcome], None]) -> int:
         """Send ``turn`` now; ``on_done`` is called once when its response has arrived (not if

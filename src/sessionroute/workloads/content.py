@@ -19,10 +19,11 @@ are negligible at simulator scale.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Final
 
 __all__ = ["ROOT_KEY", "BlockChain", "expand_trace_blocks"]
 
-ROOT_KEY = 0
+ROOT_KEY: Final = 0
 """Parent key of a sequence's first block."""
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Sequence
+from typing import Final
 
 import numpy as np
 from numpy.typing import NDArray
@@ -21,7 +22,7 @@ from sessionroute.errors import ConfigError
 
 __all__ = ["Z90", "LogNormal", "QuantileTable"]
 
-Z90 = 1.2815515655446004
+Z90: Final = 1.2815515655446004
 """The standard normal's 0.9 quantile."""
 
 

@@ -14,8 +14,7 @@ version, with the configured cache behaviour.
 from __future__ import annotations
 
 from collections import deque
-from functools import partial
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 
@@ -27,7 +26,9 @@ from sessionroute.workloads.swe_rl_config import SweRlConfig
 
 __all__ = ["SweRlWorkload"]
 
-_ACTIVE, _DONE, _CANCELLED = 0, 1, 2
+_ACTIVE: Final = 0
+_DONE: Final = 1
+_CANCELLED: Final = 2
 
 
 class _Group:
@@ -118,6 +119,7 @@ class SweRlWorkload:
         self._stopped = False
         self._on_done_cb = self._on_done
         self._send_cb = self._send
+        self._timeout_cb = self._timeout
         self.stats = dict.fromkeys(
             (
                 "rollouts_started",
@@ -194,7 +196,7 @@ class SweRlWorkload:
             self._active[self._uid] = r
             self._open += 1
             self.stats["rollouts_started"] += 1
-            host.call_at(now + c.rollout_timeout_s, partial(self._timeout, self._uid))
+            host.call_at_with(now + c.rollout_timeout_s, self._timeout_cb, self._uid)
             self._send(r)
 
     def _send(self, r: _Rollout) -> None:
@@ -232,7 +234,7 @@ class SweRlWorkload:
         self._seg += 1
         r.chain.append(self._seg, obs)
         r.prompt_len = total + obs
-        host.call_at(host.now() + r.tools[k], partial(self._send_cb, r))
+        host.call_at_with(host.now() + r.tools[k], self._send_cb, r)
 
     def _end(self, uid: int, r: _Rollout, how: SessionEnd, counter: str) -> None:
         host = self._host
