@@ -51,6 +51,7 @@ __all__ = [
 
 COMPILED_MODULES: tuple[str, ...] = (
     "sessionroute.types",
+    "sessionroute.minheap",
     "sessionroute.engine.api",
     "sessionroute.engine.steps",
     "sessionroute.engine.blocks",

@@ -90,7 +90,7 @@ class Decision:
         self.kind = kind
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(init=False, slots=True, unsafe_hash=True)
 class EngineGauges:
     """Engine-side load signals scraped from a replica's ``/metrics`` (vLLM names).
 
@@ -100,6 +100,21 @@ class EngineGauges:
         kv_usage: ``vllm:kv_cache_usage_perc`` in [0, 1].
     """
 
-    running: int = 0
-    waiting: int = 0
-    kv_usage: float = 0.0
+    running: Final[int]
+    waiting: Final[int]
+    kv_usage: Final[float]
+
+    def __init__(self, running: int = 0, waiting: int = 0, kv_usage: float = 0.0) -> None:
+        self.running = running
+        self.waiting = waiting
+        self.kv_usage = kv_usage
+
+    def same(self, other: EngineGauges | None) -> bool:
+        """``self == other`` read field by field (compiled; the dataclass ``__eq__`` is
+        interpreted code)."""
+        return (
+            other is not None
+            and self.running == other.running
+            and self.waiting == other.waiting
+            and self.kv_usage == other.kv_usage
+        )

@@ -28,16 +28,15 @@ Three devices, all exact:
 from __future__ import annotations
 
 import bisect
-import heapq
-from typing import Final
+from typing import Final, cast
 
 from sessionroute.engine.core import RUNNING, Core, Req, Step
+from sessionroute.engine.lazy import Due
 from sessionroute.engine.prefill import PrefillRuns
 
 # C functions bound once (a module global is a dict lookup at every call when compiled)
 bisect_left: Final = bisect.bisect_left
 bisect_right: Final = bisect.bisect_right
-heappop: Final = heapq.heappop
 
 
 __all__ = ["FastCore"]
@@ -214,13 +213,15 @@ class FastCore(PrefillRuns):
         if self.waiting and d < self.max_seqs and self.budget > d:
             return None
         heap = self.fheap
-        while heap and (
-            not heap[0][2].lazy
-            or heap[0][0] != heap[0][2].sync + heap[0][2].output_len - heap[0][2].num_output - 1
-        ):
-            heappop(heap)
+        items = heap.items
+        while items:
+            due = cast(Due, items[0])
+            r = due.r
+            if r.lazy and due.step == r.sync + r.output_len - r.num_output - 1:
+                break
+            heap.pop()  # stale
         g = self.g
-        rem = heap[0][0] - g + 1
+        rem = cast(Due, items[0]).step - g + 1
         if rem < 2:
             return None
         bs = self.bs

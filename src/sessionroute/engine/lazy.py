@@ -17,24 +17,35 @@ the pool is about to read its last segment (:meth:`LazyCore.touch`).
 from __future__ import annotations
 
 import bisect
-import heapq
 from operator import attrgetter
-from typing import Final
+from typing import Final, cast
 
 from sessionroute.engine.api import ReplicaConfig
 from sessionroute.engine.core import RUNNING, Core, Req
 from sessionroute.engine.segments import SegmentPool
 from sessionroute.engine.segstore import _Ext, _Res
+from sessionroute.minheap import HeapEntry, MinHeap
 
 # C functions bound once (a module global is a dict lookup at every call when compiled)
 bisect_left: Final = bisect.bisect_left
-heappop: Final = heapq.heappop
-heappush: Final = heapq.heappush
 
 
 __all__ = ["LazyCore"]
 
 _ORDER = attrgetter("order")
+
+
+class Due(HeapEntry):
+    """A lazy decoder's entry in :attr:`LazyCore.fheap`: ``r`` makes its last token in step
+    ``step`` (``t``, exact as a float), entries ordered by ``(step, seq)``; stale once ``r``
+    is synced again (the step no longer matches)."""
+
+    __slots__ = ("r", "step")
+
+    def __init__(self, step: int, seq: int, r: Req) -> None:
+        super().__init__(float(step), seq)
+        self.step = step
+        self.r = r
 
 
 class LazyCore(Core):
@@ -69,7 +80,8 @@ class LazyCore(Core):
         self.n_dec = 0  # lazy decoders: running[:n_dec]
         self.n_eager = 0  # lazy decoders with per-step block work (in buckets)
         self.s0 = 0  # sum over lazy decoders of (tokens at sync - sync)
-        self.fheap: list[tuple[int, int, Req]] = []  # (step of last token, seq, request)
+        # lazy decoders by the step of their last token (t), then admission to the heap (key)
+        self.fheap = MinHeap()
         # lazy decoders by the step of their last token: [count, their share of s0]
         self.fsched: dict[int, list[int]] = {}
 
@@ -95,7 +107,7 @@ class LazyCore(Core):
         self.s0 += share
         self.seq += 1
         gf = g + r.output_len - r.num_output - 1
-        heappush(self.fheap, (gf, self.seq, r))
+        self.fheap.push(Due(gf, self.seq, r))
         f = self.fsched.get(gf)
         if f is None:
             self.fsched[gf] = [1, share]
@@ -366,10 +378,12 @@ class LazyCore(Core):
             The finished requests (still in ``running``; see :meth:`unrun`).
         """
         heap = self.fheap
+        items = heap.items
         finished: list[Req] = []
-        while heap and heap[0][0] <= g:
-            gf, _, r = heappop(heap)
-            if not r.lazy or gf != r.sync + r.output_len - r.num_output - 1:
+        while items and items[0].t <= g:
+            due = cast(Due, heap.pop())
+            r = due.r
+            if not r.lazy or due.step != r.sync + r.output_len - r.num_output - 1:
                 continue  # stale entry
             self.materialize(r)
             self.delazify(r)

@@ -4,18 +4,20 @@ Events are ordered by ``(time, priority, sequence number)``: at equal times a lo
 runs first, and events of equal time and priority run in the order they were scheduled, so the
 same inputs always give the same order (no dependence on object ids or hash order).
 
-The heap is a binary heap of :class:`Event` records written out here rather than ``heapq`` over
-tuples: compiled, comparing two events reads two unboxed fields, where ``heapq`` compared
-5-tuples element by element through Python's rich comparison (about 10 % of a simulation's
-instructions). Sequence numbers are unique, so the order of events does not depend on the
-heap's layout: it is exactly ``heapq``'s.
+The heap is a :class:`~sessionroute.minheap.MinHeap` of :class:`Event` records rather than
+``heapq`` over tuples: compiled, comparing two events reads two unboxed fields, where ``heapq``
+compared 5-tuples element by element through Python's rich comparison (about 10 % of a
+simulation's instructions). Sequence numbers are unique, so the order of events is exactly
+``heapq``'s.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Any, Final, cast
+
+from sessionroute.minheap import HeapEntry, MinHeap
 
 __all__ = [
     "PRIO_ARRIVAL",
@@ -43,7 +45,7 @@ SEQ_BITS: Final = 48
 """An event's sort key below its time is ``priority << SEQ_BITS | sequence number``."""
 
 
-class Event:
+class Event(HeapEntry):
     """One scheduled callback: ``fn(arg)`` at time ``t``; sorted by ``(t, key)``.
 
     Attributes:
@@ -53,11 +55,10 @@ class Event:
         arg: its argument.
     """
 
-    __slots__ = ("arg", "fn", "key", "t")
+    __slots__ = ("arg", "fn")
 
     def __init__(self, t: float, key: int, fn: Callable[[Any], None], arg: Any) -> None:
-        self.t = t
-        self.key = key
+        super().__init__(t, key)
         self.fn = fn
         self.arg = arg
 
@@ -111,7 +112,7 @@ class EventQueue:
 
     def __init__(self, clock: VirtualClock | None = None) -> None:
         self.clock = clock if clock is not None else VirtualClock()
-        self._heap: list[Event] = []
+        self._heap = MinHeap()
         self._lane: deque[Event] = deque()  # sorted; its first event is also in the heap
         self._seq = 0
         self._work = 0  # scheduled events with priority < PRIO_SAMPLE (not periodic samplers)
@@ -140,7 +141,7 @@ class EventQueue:
         self._seq = seq
         if prio < PRIO_SAMPLE:
             self._work += 1
-        self._sift_in(Event(t, (prio << SEQ_BITS) | seq, fn, arg))
+        self._heap.push(Event(t, (prio << SEQ_BITS) | seq, fn, arg))
 
     def push_late(self, t: float, prio: int, fn: Callable[[Any], None], arg: Any = None) -> None:
         """:meth:`push` for a timer far ahead: same order of events, a smaller heap.
@@ -164,69 +165,24 @@ class EventQueue:
         ev = Event(t, key, fn, arg)
         lane.append(ev)
         if len(lane) == 1:
-            self._sift_in(Event(t, key, self._fire_lane_cb, ev))
+            self._heap.push(Event(t, key, self._fire_lane_cb, ev))
 
     def _fire_lane(self, ev: Event) -> None:
         lane = self._lane
         lane.popleft()
         if lane:
             nxt = lane[0]
-            self._sift_in(Event(nxt.t, nxt.key, self._fire_lane_cb, nxt))
+            self._heap.push(Event(nxt.t, nxt.key, self._fire_lane_cb, nxt))
         ev.fn(ev.arg)
 
-    def _sift_in(self, ev: Event) -> None:
-        """Add ``ev`` to the heap (``heapq.heappush``'s sift towards the root)."""
-        heap = self._heap
-        heap.append(ev)
-        i = len(heap) - 1
-        t = ev.t
-        key = ev.key
-        while i > 0:
-            p = (i - 1) >> 1
-            parent = heap[p]
-            if t < parent.t or (t == parent.t and key < parent.key):
-                heap[i] = parent
-                i = p
-            else:
-                break
-        heap[i] = ev
-
-    def _pop(self) -> Event:
-        """Remove and return the heap's first event (the heap is not empty)."""
-        heap = self._heap
-        last = heap.pop()
-        if not heap:
-            return last
-        top = heap[0]
-        n = len(heap)
-        t = last.t
-        key = last.key
-        i = 0
-        c = 1
-        while c < n:
-            child = heap[c]
-            r = c + 1
-            if r < n:
-                right = heap[r]
-                if right.t < child.t or (right.t == child.t and right.key < child.key):
-                    c = r
-                    child = right
-            if child.t < t or (child.t == t and child.key < key):
-                heap[i] = child
-                i = c
-                c = 2 * c + 1
-            else:
-                break
-        heap[i] = last
-        return top
-
-    def first(self) -> Event | None:
+    def first(self) -> HeapEntry | None:
         """The next event to run (not removed), or None when the queue is empty."""
-        return self._heap[0] if self._heap else None
+        return self._heap.first()
 
     def peek_time(self) -> float | None:
         """Time of the next event, or None when the queue is empty."""
-        return self._heap[0].t if self._heap else None
+        head = self._heap.first()
+        return None if head is None else head.t
 
     def stop(self) -> None:
         """Make :meth:`run_until` return after the event now running."""
@@ -240,14 +196,15 @@ class EventQueue:
         time of the last event run (it never moves past ``t_end``).
         """
         heap = self._heap
+        items = heap.items
         clock = self.clock
         self.t_end = t_end
         sample_key = PRIO_SAMPLE << SEQ_BITS
         n = 0
-        while heap and not self.stopped and self._work:
-            if heap[0].t > t_end:
+        while items and not self.stopped and self._work:
+            if items[0].t > t_end:
                 break
-            ev = self._pop()
+            ev = cast(Event, heap.pop())
             clock._t = ev.t
             if ev.key < sample_key:
                 self._work -= 1

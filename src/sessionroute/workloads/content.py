@@ -78,14 +78,22 @@ class BlockChain:
         off = 0
         if tail_len:
             need = bs - tail_len
+            tail = self._tail
             if length < need:
-                self._tail += (segment, 0, length)
+                tail.append(segment)
+                tail.append(0)
+                tail.append(length)
                 self._tail_len = tail_len + length
                 self.tokens += length
                 return
-            tail = self._tail
-            tail += (segment, 0, need)
-            prev = hash((keys[-1] if keys else ROOT_KEY, *tail))
+            tail.append(segment)
+            tail.append(0)
+            tail.append(need)
+            parent = keys[-1] if keys else ROOT_KEY
+            if len(tail) == 6:  # the usual block across two segments: no unpacking
+                prev = hash((parent, tail[0], tail[1], tail[2], tail[3], tail[4], tail[5]))
+            else:
+                prev = hash((parent, *tail))
             keys.append(prev)
             off = need
         else:
@@ -94,10 +102,8 @@ class BlockChain:
         if off < end:
             # Full blocks inside one segment: keyed by the key before them (the anchor), the
             # segment and the offset - the same content up to the block's end, as a chain.
-            if end - off == bs:
-                keys.append(hash((prev, segment, off)))
-            else:
-                keys += [hash((prev, segment, o)) for o in range(off, end, bs)]
+            for o in range(off, end, bs):
+                keys.append(hash((prev, segment, o)))
             off = end
         if off < length:
             self._tail = [segment, off, length - off]

@@ -1,0 +1,49 @@
+"""MinHeap pops in exactly heapq's order of (t, key) tuples, under interleaved pushes and pops."""
+
+from __future__ import annotations
+
+import heapq
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sessionroute.minheap import HeapEntry, MinHeap
+
+_OPS = st.lists(
+    st.one_of(st.tuples(st.sampled_from([0.0, 0.5, 1.0, 2.0, 1e9]), st.integers(0, 4)), st.none()),
+    max_size=300,
+)
+
+
+@given(_OPS)
+def test_pops_follow_heapq_order(ops: list[tuple[float, int] | None]) -> None:
+    heap = MinHeap()
+    ref: list[tuple[float, int, int]] = []
+    seq = 0
+    for op in ops:
+        if op is None:
+            if ref:
+                t, key, _ = heapq.heappop(ref)
+                e = heap.pop()
+                assert (e.t, e.key) == (t, key)
+            else:
+                assert heap.first() is None and len(heap) == 0
+            continue
+        seq += 1
+        t, prio = op
+        key = prio << 32 | seq  # unique, like the event queue's priority and sequence number
+        heap.push(HeapEntry(t, key))
+        heapq.heappush(ref, (t, key, seq))
+        head = heap.first()
+        assert head is not None and (head.t, head.key) == ref[0][:2]
+    rest = [(e.t, e.key) for e in (heap.pop() for _ in range(len(heap)))]
+    assert rest == [(t, k) for t, k, _ in sorted(ref)]
+
+
+def test_pop_on_empty_raises() -> None:
+    heap = MinHeap()
+    heap.push(HeapEntry(1.0, 1))
+    assert heap.pop().key == 1
+    with pytest.raises(IndexError):
+        heap.pop()
