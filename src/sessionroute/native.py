@@ -53,6 +53,7 @@ COMPILED_MODULES: tuple[str, ...] = (
     "sessionroute.types",
     "sessionroute.minheap",
     "sessionroute.engine.api",
+    "sessionroute.engine.intbisect",
     "sessionroute.engine.steps",
     "sessionroute.engine.blocks",
     "sessionroute.engine.core",

@@ -16,19 +16,15 @@ the pool is about to read its last segment (:meth:`LazyCore.touch`).
 
 from __future__ import annotations
 
-import bisect
 from operator import attrgetter
-from typing import Final, cast
+from typing import cast
 
 from sessionroute.engine.api import ReplicaConfig
 from sessionroute.engine.core import RUNNING, Core, Req
+from sessionroute.engine.intbisect import bisect_left
 from sessionroute.engine.segments import SegmentPool
 from sessionroute.engine.segstore import _Ext, _Res
 from sessionroute.minheap import HeapEntry, MinHeap
-
-# C functions bound once (a module global is a dict lookup at every call when compiled)
-bisect_left: Final = bisect.bisect_left
-
 
 __all__ = ["LazyCore"]
 

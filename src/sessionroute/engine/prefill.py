@@ -18,16 +18,12 @@ flight; see :meth:`~sessionroute.engine.fast.FastCore.run_until`).
 
 from __future__ import annotations
 
-import bisect
 from typing import Final
 
 from sessionroute.engine.core import Req, Step
+from sessionroute.engine.intbisect import bisect_left
 from sessionroute.engine.lazy import LazyCore
 from sessionroute.engine.segstore import _Ext
-
-# C functions bound once (a module global is a dict lookup at every call when compiled)
-bisect_left: Final = bisect.bisect_left
-
 
 __all__ = ["PrefillRuns"]
 

@@ -27,14 +27,10 @@ run-length hole bookkeeping.
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Final
 
-# C functions bound once (a module global is a dict lookup at every call when compiled)
-bisect_left: Final = bisect.bisect_left
-bisect_right: Final = bisect.bisect_right
-
+from sessionroute.engine.intbisect import bisect_left, bisect_right
 
 if TYPE_CHECKING:
     from sessionroute.engine.segstore import _Res, _Seg

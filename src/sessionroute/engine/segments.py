@@ -34,11 +34,11 @@ property test (``tests/engine/test_engine_segments.py``) checks this pool agains
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Iterable, Sized
 from typing import Final, TypeVar
 
 from sessionroute.engine.blocks import Holder
+from sessionroute.engine.intbisect import bisect_left, bisect_right
 from sessionroute.engine.segcache import (
     SaltCache,
     add_start,
@@ -50,11 +50,6 @@ from sessionroute.engine.segcache import (
     run_end,
 )
 from sessionroute.engine.segstore import SHIFT, SegmentStore, _Ext, _Res, _Seg
-
-# C functions bound once (a module global is a dict lookup at every call when compiled)
-bisect_left: Final = bisect.bisect_left
-bisect_right: Final = bisect.bisect_right
-
 
 __all__ = ["SegmentPool"]
 

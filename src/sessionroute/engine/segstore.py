@@ -17,17 +17,12 @@
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Callable, Sequence
 from typing import Final
 
 from sessionroute.engine.blocks import Holder, KVPool
+from sessionroute.engine.intbisect import bisect_left, bisect_right
 from sessionroute.engine.segcache import SaltCache, common_run, drop_starts, restart
-
-# C functions bound once (a module global is a dict lookup at every call when compiled)
-bisect_left: Final = bisect.bisect_left
-bisect_right: Final = bisect.bisect_right
-
 
 __all__ = ["SHIFT", "SegmentStore", "common_run"]
 

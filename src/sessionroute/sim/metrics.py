@@ -51,7 +51,11 @@ class Recorder:
         session_latency_s: first turn sent to session end, per ended session.
         group_latency_s: GRPO group admission to its slowest rollout's end.
         steps: rows ``{"step", "t", "step_time_s"}``.
-        counts: named counters (requests, tokens, sessions, retries, ...).
+        requests_submitted, requests_completed, prompt_tokens, output_tokens, cached_tokens:
+            the per-request counters (plain int fields: a named entry of ``counts`` costs two
+            dict lookups per update).
+        counts: the other named counters (sessions, retries, rejections, ...);
+            :meth:`all_counts` has every counter.
     """
 
     def __init__(self) -> None:
@@ -62,17 +66,17 @@ class Recorder:
         self.session_latency_s: list[float] = []
         self.group_latency_s: list[float] = []
         self.steps: list[dict[str, Any]] = []
+        self.requests_submitted = 0
+        self.requests_completed = 0
+        self.prompt_tokens = 0
+        self.output_tokens = 0
+        self.cached_tokens = 0
         self.counts: dict[str, int] = dict.fromkeys(
             (
-                "requests_submitted",
-                "requests_completed",
                 "requests_cancelled",
                 "requests_rejected",
                 "requests_retried",
                 "requests_failed_over",
-                "prompt_tokens",
-                "output_tokens",
-                "cached_tokens",
                 "sessions_completed",
                 "sessions_cancelled",
                 "session_moves",
@@ -94,16 +98,27 @@ class Recorder:
         cached_tokens: int,
     ) -> None:
         """Record one finished request (client-side latencies in seconds)."""
-        c = self.counts
-        c["requests_completed"] += 1
-        c["prompt_tokens"] += prompt_tokens
-        c["output_tokens"] += output_tokens
-        c["cached_tokens"] += cached_tokens
+        self.requests_completed += 1
+        self.prompt_tokens += prompt_tokens
+        self.output_tokens += output_tokens
+        self.cached_tokens += cached_tokens
         self.ttft_s.append(ttft)
         if output_tokens > 1:
             self.itl_s.append(itl)
         self.turn_latency_s.append(latency)
         self.queue_s.append(queue)
+
+    def all_counts(self) -> dict[str, int]:
+        """Every counter by name: the per-request fields and :attr:`counts`."""
+        c = self.counts
+        return {
+            "requests_submitted": self.requests_submitted,
+            "requests_completed": self.requests_completed,
+            "prompt_tokens": self.prompt_tokens,
+            "output_tokens": self.output_tokens,
+            "cached_tokens": self.cached_tokens,
+            **c,
+        }
 
     def step(self, step: int, t: float, step_time_s: float) -> None:
         """Record an RL trainer step ending at ``t``."""

@@ -31,7 +31,7 @@ def build_metrics(
     """
     sim.sync_all()
     rec = sim.rec
-    c = rec.counts
+    c = rec.all_counts()
     t = sim.now()
     per: list[dict[str, Any]] = []
     busy: list[float] = []

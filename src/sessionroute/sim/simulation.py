@@ -122,7 +122,6 @@ class Simulation(ReplicaDriver):
         self._last_rep: dict[str, int] = {}
         self.ended_sessions: list[str] = []
         self.ideal = IdealCache(config.block_size)
-        self._observe = self.ideal.observe
         self.prefix_resets = 0
         # hot-path copies of fixed settings and of the recorder's lists
         self._model_len = config.model_len
@@ -178,8 +177,9 @@ class Simulation(ReplicaDriver):
         self._handle += 1
         handle = self._handle
         req = _Req(handle, turn, on_done, now)
-        counts = self.rec.counts
-        counts["requests_submitted"] += 1
+        rec = self.rec
+        rec.requests_submitted += 1
+        counts = rec.counts
         sid = turn.session_id
         if sid not in self._session_start:
             self._session_start[sid] = now
@@ -194,7 +194,7 @@ class Simulation(ReplicaDriver):
             req.out = TurnOutcome(turn, now, now, False, 0, -1)
             self.queue.push(now, PRIO_TIMER, self._deliver_cb, req)
             return handle
-        req.hit = self._observe(turn.block_keys, plen, olen, turn.cache_salt)
+        req.hit = self.ideal.observe(turn.block_keys, plen, olen, turn.cache_salt)
         self._reqs[handle] = req
         self._route(req)
         return handle
@@ -334,9 +334,11 @@ class Simulation(ReplicaDriver):
             self._route(req)
 
     def _finish(self, rep: SimReplica, r: RequestResult) -> None:
-        req: _Req | None = rep.inflight.pop(r.request_id, None)
+        inflight = rep.inflight
+        req: _Req | None = inflight.get(r.request_id)
         if req is None:
             raise RuntimeError(f"replica {rep.url} finished unknown request {r.request_id!r}")
+        del inflight[r.request_id]
         if req.res is not None:
             self.core.complete(req.res)
         d = self._delay
@@ -347,11 +349,10 @@ class Simulation(ReplicaDriver):
         output = r.output_tokens
         cached = r.cached_tokens
         rec = self.rec
-        c = rec.counts
-        c["requests_completed"] += 1
-        c["prompt_tokens"] += prompt
-        c["output_tokens"] += output
-        c["cached_tokens"] += cached
+        rec.requests_completed += 1
+        rec.prompt_tokens += prompt
+        rec.output_tokens += output
+        rec.cached_tokens += cached
         self._ttft.append(r.first_token_s + d - sent)
         if output > 1:
             self._itl.append(r.itl_mean_s)

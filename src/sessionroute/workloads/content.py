@@ -102,8 +102,10 @@ class BlockChain:
         if off < end:
             # Full blocks inside one segment: keyed by the key before them (the anchor), the
             # segment and the offset - the same content up to the block's end, as a chain.
-            for o in range(off, end, bs):
+            o = off
+            while o < end:  # (a stepped range() is a Python iterator when compiled)
                 keys.append(hash((prev, segment, o)))
+                o += bs
             off = end
         if off < length:
             self._tail = [segment, off, length - off]

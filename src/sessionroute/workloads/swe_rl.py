@@ -119,6 +119,7 @@ class SweRlWorkload:
         self._stopped = False
         self._on_done_cb = self._on_done
         self._send_cb = self._send
+        self._turns_sent = 0  # stats["turns"], kept as a field (a dict entry is two lookups)
         self._timeout_cb = self._timeout
         self.stats = dict.fromkeys(
             (
@@ -129,7 +130,6 @@ class SweRlWorkload:
                 "rollouts_off_policy",
                 "rollouts_stale_discarded",
                 "groups_admitted",
-                "turns",
             ),
             0,
         )
@@ -155,7 +155,7 @@ class SweRlWorkload:
 
     def summary(self) -> dict[str, Any]:
         """Rollout counters (started, completed, by ending) and the final policy version."""
-        return {**self.stats, "policy_version": self._version}
+        return {**self.stats, "turns": self._turns_sent, "policy_version": self._version}
 
     # -- internals ----------------------------------------------------------------------------
     def _new_segment(self) -> int:
@@ -212,7 +212,7 @@ class SweRlWorkload:
         chain.append(self._seg, out)
         r.out_len = out
         turn = Turn(r.sid, r.prompt_len, out, tuple(chain.keys), r.salt, r)
-        self.stats["turns"] += 1
+        self._turns_sent += 1
         r.handle = host.submit(turn, self._on_done_cb)
 
     def _on_done(self, outcome: TurnOutcome) -> None:

@@ -1,13 +1,16 @@
-"""MinHeap pops in exactly heapq's order of (t, key) tuples, under interleaved pushes and pops."""
+"""The compiled search structures agree with the standard library: MinHeap pops in exactly
+heapq's order of ``(t, key)`` tuples; intbisect bisects like :mod:`bisect`."""
 
 from __future__ import annotations
 
+import bisect
 import heapq
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from sessionroute.engine import intbisect
 from sessionroute.minheap import HeapEntry, MinHeap
 
 _OPS = st.lists(
@@ -47,3 +50,13 @@ def test_pop_on_empty_raises() -> None:
     assert heap.pop().key == 1
     with pytest.raises(IndexError):
         heap.pop()
+
+
+@given(st.lists(st.integers(-5, 5)), st.integers(-6, 6), st.integers(0, 12))
+def test_int_bisect_matches_the_standard_library(a: list[int], x: int, lo: int) -> None:
+    a.sort()
+    lo = min(lo, len(a))
+    assert intbisect.bisect_left(a, x) == bisect.bisect_left(a, x)
+    assert intbisect.bisect_right(a, x) == bisect.bisect_right(a, x)
+    assert intbisect.bisect_left(a, x, lo) == bisect.bisect_left(a, x, lo)
+    assert intbisect.bisect_right(a, x, lo) == bisect.bisect_right(a, x, lo)
