@@ -95,10 +95,15 @@ COMPILED_MODULES: tuple[str, ...] = (
     "sessionroute.sim.wakeups",
     "sessionroute.sim.simulation",
 )
-"""Modules compiled with mypyc, as one group (they call each other natively): the replica model,
-the ``bench engine`` load, and the simulator's event loop, request lifecycle, routing core,
-session table and ``swe-rl`` workload. Routing policies stay interpreted: users subclass them.
-Compiled classes cannot be subclassed or monkeypatched from interpreted code."""
+"""Modules compiled with mypyc, as one group (they call each other natively): the value types,
+the replica model, the ``bench engine`` load, the built-in routing policies, and the simulator's
+event loop, request lifecycle, routing core, session table and ``swe-rl`` workload.
+
+Instances of compiled classes take no undeclared attributes, and a method assigned to a compiled
+class is seen by Python callers only (compiled callers keep the original). The classes users
+extend (``Policy`` and the built-in policies, the workloads' ``Host``) are marked
+``mypyc_attr(allow_interpreted_subclasses=True)``, so Python subclasses of them work as before;
+other compiled classes cannot be subclassed from Python."""
 
 BUILD_INFO = "_compiled.json"
 """File the build writes beside the extensions (the package folder of its output):
@@ -191,7 +196,7 @@ def compiled_modules() -> list[str]:
     return out
 
 
-_SPEED = "about 1/3 of the replica model's compiled speed, 1/2 of the simulator's"
+_SPEED = "about 1/3 of the replica model's compiled speed, 1/4 of the simulator's"
 
 
 def pure_reason(package_dir: Path = _PACKAGE_DIR) -> str:
