@@ -17,6 +17,7 @@ the scalar :func:`sessionroute.hashing.fbi_hash`.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TypeAlias
 
 import numpy as np
 import numpy.typing as npt
@@ -28,7 +29,7 @@ __all__ = ["BATCH_MIN", "fbi_hash_many", "rendezvous_winner"]
 BATCH_MIN = 16
 """Below this many candidates the scalar hash is faster than the numpy batch."""
 
-_U64 = npt.NDArray[np.uint64]
+_U64: TypeAlias = npt.NDArray[np.uint64]
 _MASK = 0xFFFFFFFFFFFFFFFF
 _MI = 0xC6A4A7935BD1E995
 _M = np.uint64(_MI)
