@@ -82,8 +82,8 @@ def test_every_builtin_loads_and_routes() -> None:
     [
         ("least-loaded", "least-loaded"),
         ("no_such_module_xyz:Policy", "no_such_module_xyz"),
-        (f"{__name__}:NotAPolicy", "NotAPolicy"),
-        (f"{__name__}:Missing", "Missing"),
+        (f"{__name__}:NotAPolicy", "NotAPolicy' is not a sessionroute.policies.Policy subclass"),
+        (f"{__name__}:Missing", "has no attribute 'Missing'"),
         (":Class", ":Class"),
     ],
 )

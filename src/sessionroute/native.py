@@ -2,7 +2,7 @@
 
 The replica model and the simulator's hot modules are compiled to C extensions with mypyc
 (https://mypyc.readthedocs.io, part of mypy) when the package is installed: the same typed
-Python source, about 3x as fast for the replica model and 2x for the simulator. Results are
+Python source, about 3x as fast for the replica model and 4x for the simulator. Results are
 identical to the pure-Python modules (the ``results_digest`` benchmark and
 ``tests/test_native.py`` check it).
 
@@ -99,11 +99,11 @@ COMPILED_MODULES: tuple[str, ...] = (
 the replica model, the ``bench engine`` load, the built-in routing policies, and the simulator's
 event loop, request lifecycle, routing core, session table and ``swe-rl`` workload.
 
-Instances of compiled classes take no undeclared attributes, and a method assigned to a compiled
-class is seen by Python callers only (compiled callers keep the original). The classes users
-extend (``Policy`` and the built-in policies, the workloads' ``Host``) are marked
-``mypyc_attr(allow_interpreted_subclasses=True)``, so Python subclasses of them work as before;
-other compiled classes cannot be subclassed from Python."""
+A method assigned to a compiled class is seen by Python callers only (compiled callers keep the
+original). The classes users extend (``Policy`` and the built-in policies, the workloads'
+``Host``) are marked ``mypyc_attr(allow_interpreted_subclasses=True)``: Python subclasses of
+them work as before and their instances take extra attributes. Other compiled classes cannot
+be subclassed from Python, and their instances take no undeclared attributes."""
 
 BUILD_INFO = "_compiled.json"
 """File the build writes beside the extensions (the package folder of its output):

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from sessionroute.cli import main
+from sessionroute.native import PURE_ENV
 
 
 def test_bench_sim_json_reports_requests_per_wall_second(
@@ -20,6 +21,26 @@ def test_bench_sim_json_reports_requests_per_wall_second(
     assert doc["requests_per_wall_second"] == pytest.approx(
         doc["simulated_requests"] / doc["wall_seconds"]
     )
+
+
+@pytest.mark.parametrize("pure", [False, True])
+def test_bench_sim_json_says_on_stderr_when_pure_python_was_asked_for(
+    pure: bool, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The JSON document keeps exactly its three keys; a run under SESSIONROUTE_PURE_PYTHON
+    says so on stderr (the table's caption does it without --json)."""
+    if pure:
+        monkeypatch.setenv(PURE_ENV, "1")
+    else:
+        monkeypatch.delenv(PURE_ENV, raising=False)
+    assert main(["bench", "sim", "--json", "--workload", "toy", "--block-size", "64"]) == 0
+    out = capsys.readouterr()
+    assert set(json.loads(out.out)) == {
+        "requests_per_wall_second",
+        "simulated_requests",
+        "wall_seconds",
+    }
+    assert ("note: hot modules as pure Python (SESSIONROUTE_PURE_PYTHON is set)" in out.err) is pure
 
 
 def test_bench_sim_table(capsys: pytest.CaptureFixture[str]) -> None:

@@ -12,6 +12,15 @@ from typing import Any
 __all__ = ["register"]
 
 # target name -> (module with run(args) -> dict and add_arguments(parser), help)
+_BUILD_NOTE = (
+    "Measures the installed build: the hot modules compiled with mypyc, or pure Python when "
+    "SESSIONROUTE_PURE_PYTHON=1 (about 1/3 of the compiled replica model's speed and 1/4 of the "
+    "simulator's); the table's caption says which ran, and with --json a pure-Python run "
+    "says so on stderr."
+)
+_MEASURES_BUILD = frozenset({"engine", "sim"})
+"""Targets whose result depends on the compiled build."""
+
 _TARGETS: dict[str, tuple[str, str]] = {
     "policies": (
         "sessionroute.bench.policies",
@@ -53,7 +62,11 @@ def register(sub: Any) -> None:
         except ModuleNotFoundError:
             continue
         p = targets.add_parser(
-            name, help=help_text, description=help_text, formatter_class=_DefaultsFormatter
+            name,
+            help=help_text,
+            description=help_text,
+            epilog=_BUILD_NOTE if name in _MEASURES_BUILD else None,
+            formatter_class=_DefaultsFormatter,
         )
         p.add_argument("--json", action="store_true", help="print one JSON document")
         module.add_arguments(p)
@@ -66,6 +79,7 @@ def register(sub: Any) -> None:
 def _make_handler(module: Any) -> Any:
     def handler(args: argparse.Namespace) -> int:
         from sessionroute.errors import ConfigError
+        from sessionroute.native import build_caption, pure_requested
 
         try:
             result: dict[str, Any] = module.run(args)
@@ -74,6 +88,9 @@ def _make_handler(module: Any) -> Any:
             return 2
         if args.json:
             print(json.dumps(result))
+            if args.target in _MEASURES_BUILD and pure_requested():
+                note = build_caption(False)
+                print(f"sessionroute bench {args.target}: note: {note}", file=sys.stderr)
         else:
             module.print_table(result)
         return 0

@@ -172,13 +172,11 @@ class BlockPool(KVPool):
             The cached blocks of keys ``0..h-1`` for the largest such ``h <= limit``.
         """
         out: list[int] = []
-        get = cache.get
-        append = out.append
         for k in islice(keys, limit):
-            b = get(k)
+            b = cache.get(k)
             if b is None:
                 break
-            append(b)
+            out.append(b)
         return out
 
     def num_idle(self, blocks: Sequence[int]) -> int:
@@ -220,13 +218,12 @@ class BlockPool(KVPool):
                 return out
         else:
             out = []
-        popleft = self._queue.popleft
-        append = out.append
+        queue = self._queue
         ver = self.ver
         owner = self.owner
         key = self.key
         while n:
-            e = popleft()
+            e = queue.popleft()
             b = e & _ID_MASK
             v = e >> _ID_BITS
             if v != ver[b]:
@@ -237,13 +234,13 @@ class BlockPool(KVPool):
                 owner[b] = None
             ver[b] = v + 1
             ref[b] = 1
-            append(b)
+            out.append(b)
             n -= 1
         return out
 
     def free(self, blocks: Sequence[int]) -> None:
         """Release a request's blocks, deepest first; idle ones join the queue tail."""
-        append = self._queue.append
+        queue = self._queue
         ref = self.ref
         ver = self.ver
         freed = 0
@@ -253,7 +250,7 @@ class BlockPool(KVPool):
             if r == 0:
                 v = ver[b] + 1
                 ver[b] = v
-                append((v << _ID_BITS) | b)
+                queue.append((v << _ID_BITS) | b)
                 freed += 1
         self.num_free += freed
 

@@ -237,11 +237,10 @@ def find_run(
     """
     spos = cache.spos
     j = bisect_right(spos, p)
-    get = cache.get
     while j:
         j -= 1
         q = spos[j]
-        b = get(keys[q])
+        b = cache.get(keys[q])
         if b is None:
             continue
         if b & _MASK != q:

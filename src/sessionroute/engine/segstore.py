@@ -342,7 +342,6 @@ class SegmentStore(KVPool):
         pieces: list[tuple[_Res, int, int]] = []
         h = 0
         idle = 0
-        get = cache.get
         resmap = self._res
         cres: _Res | None = None  # the last run reached the end of cres.segs[ci - 1] at cp
         ci = cp = 0
@@ -366,7 +365,7 @@ class SegmentStore(KVPool):
                             self.touch(res)
                 cres = None
             if seg is None:
-                b = get(keys[h])
+                b = cache.get(keys[h])
                 if b is None:
                     break
                 res = resmap[b >> SHIFT]

@@ -58,6 +58,8 @@ def _import(path: str, name: str) -> type[Policy]:
     except ImportError as exc:
         raise UnknownPolicyError(f"cannot import policy module {module_name!r}: {exc}") from exc
     cls = getattr(module, attr, None)
+    if cls is None:
+        raise UnknownPolicyError(f"policy module {module_name!r} has no attribute {attr!r}")
     if not (isinstance(cls, type) and issubclass(cls, Policy)):
         raise UnknownPolicyError(f"{path!r} is not a sessionroute.policies.Policy subclass")
     return cls

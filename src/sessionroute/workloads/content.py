@@ -158,11 +158,10 @@ def expand_trace_blocks(
         c = hash((c, x))
         chained.append(c)
     out: list[int] = []
-    append = out.append
     for i in range(n):
         e = (i + 1) * block_size
         if e <= shared_prefix_tokens:
-            append(hash((-1, e)))
+            out.append(hash((-1, e)))
         else:
-            append(hash((chained[(e - 1) // src_block], e)))
+            out.append(hash((chained[(e - 1) // src_block], e)))
     return out
