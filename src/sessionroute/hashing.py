@@ -29,12 +29,17 @@ _MAX_TRIES: Final = 32
 # The 64-bit arithmetic runs on signed 64-bit values (``i64``): compiled by mypyc it is native
 # wrapping machine arithmetic, ~10x faster than Python's big ints; as plain Python, _s64 folds
 # each product back into the signed range. Unsigned right shifts are ``(x >> r) & low bits``.
-_MS: Final[i64] = _M - (1 << 64)  # _M as a signed 64-bit value
+
+
+def _signed(u: int) -> i64:
+    """An unsigned 64-bit value as the signed value with the same bits."""
+    return i64(u - (1 << 64) if u >> 63 else u)
+
+
+_MS: Final[i64] = _signed(_M)
 _R_LOW: Final[i64] = (1 << (64 - _R)) - 1  # the bits an unsigned ``x >> 47`` keeps
-_H8: Final = (FURC_SEED ^ ((8 * _M) & _MASK)) & _MASK  # initial state of murmur64a on 8 bytes
-_H4: Final = (FURC_SEED ^ ((4 * _M) & _MASK)) & _MASK  # initial state of murmur64a on 4 bytes
-_H8S: Final[i64] = _H8 - (1 << 64) if _H8 >> 63 else _H8
-_H4S: Final[i64] = _H4 - (1 << 64) if _H4 >> 63 else _H4
+_H8S: Final[i64] = _signed((FURC_SEED ^ ((8 * _M) & _MASK)) & _MASK)  # murmur64a's state, 8 B
+_H4S: Final[i64] = _signed((FURC_SEED ^ ((4 * _M) & _MASK)) & _MASK)  # murmur64a's state, 4 B
 _I64_MIN: Final[i64] = -0x7FFFFFFFFFFFFFFF - 1
 _iter_i64 = struct.Struct("<q").iter_unpack
 
@@ -45,11 +50,6 @@ def _s64(x: i64) -> i64:
     if _I64_MIN <= x <= 0x7FFFFFFFFFFFFFFF:
         return x
     return i64(((int(x) + (1 << 63)) & _MASK) - (1 << 63))
-
-
-def _signed(u: int) -> i64:
-    """An unsigned 64-bit value as the signed value with the same bits."""
-    return i64(u - (1 << 64) if u >> 63 else u)
 
 
 def _murmur_s(data: bytes, seed: int) -> i64:

@@ -11,16 +11,15 @@ from typing import Any
 
 __all__ = ["register"]
 
-# target name -> (module with run(args) -> dict and add_arguments(parser), help)
 _BUILD_NOTE = (
     "Measures the installed build: the hot modules compiled with mypyc, or pure Python when "
-    "SESSIONROUTE_PURE_PYTHON=1 (about 1/3 of the compiled replica model's speed and 1/4 of the "
-    "simulator's); the table's caption says which ran, and with --json a pure-Python run "
-    "says so on stderr."
+    "SESSIONROUTE_PURE_PYTHON=1; the table's caption says which ran and how fast pure Python "
+    "is, and with --json a pure-Python run says so on stderr."
 )
 _MEASURES_BUILD = frozenset({"engine", "sim"})
 """Targets whose result depends on the compiled build."""
 
+# target name -> (module with run(args) -> dict and add_arguments(parser), help)
 _TARGETS: dict[str, tuple[str, str]] = {
     "policies": (
         "sessionroute.bench.policies",

@@ -152,7 +152,7 @@ class EventQueue:
         lane = self._lane
         if lane:
             last = lane[-1]
-            if t < last.t or (t == last.t and prio < last.key >> SEQ_BITS):
+            if t < last.t or (t == last.t and prio < last.prio):
                 self.push(t, prio, fn, arg)
                 return
         if t < self.clock._t:

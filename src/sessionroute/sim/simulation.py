@@ -156,15 +156,14 @@ class Simulation(ReplicaDriver):
 
     def call_at(self, t: float, fn: Callable[[], None]) -> None:
         """Run ``fn()`` at simulated time ``t``."""
-        queue = self.queue
-        push = queue.push_late if t - queue.clock._t > _LATE_S else queue.push
         if type(fn) is partial and len(fn.args) == 1 and not fn.keywords:
-            push(t, PRIO_TIMER, fn.func, fn.args[0])  # fn(): fn.func(arg), one call less
+            self.call_at_with(t, fn.func, fn.args[0])  # fn(): fn.func(arg), one call less
         else:
-            push(t, PRIO_TIMER, _invoke, fn)
+            self.call_at_with(t, _invoke, fn)
 
     def call_at_with(self, t: float, fn: Callable[[Any], None], arg: Any) -> None:
-        """Run ``fn(arg)`` at simulated time ``t``."""
+        """Run ``fn(arg)`` at simulated time ``t`` (timers over ``_LATE_S`` ahead go to the
+        queue's FIFO lane)."""
         queue = self.queue
         if t - queue.clock._t > _LATE_S:
             queue.push_late(t, PRIO_TIMER, fn, arg)

@@ -104,7 +104,8 @@ class Host:
 
     A base class rather than a ``Protocol`` so that compiled workloads call a compiled host
     (the simulator) natively; interpreted hosts (the live host, test fakes) subclass it too.
-    Each method here raises ``NotImplementedError``.
+    :meth:`call_at_with` has a default in terms of :meth:`call_at`; every other method here
+    raises ``NotImplementedError``.
     """
 
     @property

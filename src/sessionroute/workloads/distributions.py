@@ -54,16 +54,13 @@ class LogNormal:
         self.floor = float(floor)
 
     def sample(self, rng: np.random.Generator, n: int) -> NDArray[np.float64]:
-        """``n`` draws as a float array."""
-        if self.sigma > 0:
-            x = rng.lognormal(self.mu, self.sigma, n)
-        else:
-            x = np.full(n, math.exp(self.mu))
-        return np.clip(x, self.floor, self.cap)
+        """``n`` draws as a float array (the values of :meth:`sample_list`)."""
+        return np.array(self.sample_list(rng, n), dtype=np.float64)
 
     def sample_list(self, rng: np.random.Generator, n: int) -> list[float]:
-        """``n`` draws as a Python list: ``sample(rng, n).tolist()`` (the same draws and values),
-        clipped element by element instead of by two more numpy calls."""
+        """``n`` draws as a Python list: ``clip(rng.lognormal(mu, sigma, n), floor, cap)`` (a
+        constant when ``sigma`` is 0), clipped element by element instead of by more numpy
+        calls on a few (often one) values."""
         floor = self.floor
         cap = self.cap
         xs: list[float] = (
