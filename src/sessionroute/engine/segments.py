@@ -95,7 +95,7 @@ class SegmentPool(SegmentStore):
             if last is not None and last.hi == h and self._adopt(last.res, r, last.lo, h):
                 res = last.res
                 res.lows.append(h)
-                res.segs.append(_Seg(res, h, h + new, 1, h, []))
+                res.segs.append(_Seg(res, h, h + new, 1, h, [], self._head))
                 last.hi = h + new
                 self._merge(res, last.lo)
             else:
