@@ -13,13 +13,16 @@ task) hits and distinct content never does.
 
 Keys are Python hashes of tuples of ints: deterministic across runs and processes (unlike
 ``hash(str)``, integer and tuple hashing is not randomized), 64-bit, so accidental collisions
-are negligible at simulator scale.
+are negligible at simulator scale. Compiled, they are computed without building the tuples
+(:func:`sessionroute.hashing.tuple_hash3`, the same values).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Final
+
+from sessionroute.hashing import tuple_hash3, tuple_hash_ints
 
 __all__ = ["ROOT_KEY", "BlockChain", "expand_trace_blocks"]
 
@@ -89,11 +92,9 @@ class BlockChain:
             tail.append(segment)
             tail.append(0)
             tail.append(need)
-            parent = keys[-1] if keys else ROOT_KEY
-            if len(tail) == 6:  # the usual block across two segments: no unpacking
-                prev = hash((parent, tail[0], tail[1], tail[2], tail[3], tail[4], tail[5]))
-            else:
-                prev = hash((parent, *tail))
+            prev: int = tuple_hash_ints(
+                keys[-1] if keys else ROOT_KEY, tail
+            )  # hash((parent, *tail))
             keys.append(prev)
             off = need
         else:
@@ -104,7 +105,7 @@ class BlockChain:
             # segment and the offset - the same content up to the block's end, as a chain.
             o = off
             while o < end:  # (a stepped range() is a Python iterator when compiled)
-                keys.append(hash((prev, segment, o)))
+                keys.append(tuple_hash3(prev, segment, o))  # hash((prev, segment, o))
                 o += bs
             off = end
         if off < length:
