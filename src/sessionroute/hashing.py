@@ -50,14 +50,13 @@ _MS: Final[i64] = _signed(_M)
 _R_LOW: Final[i64] = (1 << (64 - _R)) - 1  # the bits an unsigned ``x >> 47`` keeps
 _H8S: Final[i64] = _signed((FURC_SEED ^ ((8 * _M) & _MASK)) & _MASK)  # murmur64a's state, 8 B
 _H4S: Final[i64] = _signed((FURC_SEED ^ ((4 * _M) & _MASK)) & _MASK)  # murmur64a's state, 4 B
-_I64_MIN: Final[i64] = -0x7FFFFFFFFFFFFFFF - 1
 _iter_i64 = struct.Struct("<q").iter_unpack
 
 
 def _s64(x: i64) -> i64:
     """``x`` reduced to a signed 64-bit value (two's complement), the result of a wrapping
     product; a no-op where ``i64`` arithmetic already wraps (compiled)."""
-    if _I64_MIN <= x <= 0x7FFFFFFFFFFFFFFF:
+    if -2 <= (x >> 62) <= 1:  # in [-2**63, 2**63); no 64-bit literal (mypyc boxes those)
         return x
     return i64(((int(x) + (1 << 63)) & _MASK) - (1 << 63))
 
@@ -216,10 +215,10 @@ def int_hash(x: i64) -> i64:
     becoming ``-2`` (CPython ``long_hash``; ``sys.hash_info.modulus``)."""
     if x >= 0:
         return x % _P61
-    if x == _I64_MIN:
-        return -4  # 2**63 = 4 * (2**61 - 1) + 4
-    h = -((-x) % _P61)
-    return -2 if h == -1 else h
+    r = (-(x + 1)) % _P61 + 1  # |x| mod 2**61 - 1, with no overflow at x = -2**63
+    if r == _P61:
+        return 0
+    return -2 if r == 1 else -r
 
 
 def _lane(acc: i64, item: i64) -> i64:

@@ -141,7 +141,11 @@ class EngineRequest(NamedTuple):
             block size (key ``i`` identifies blocks ``0..i``, like Mooncake ``hash_ids``). At
             least ``prompt_len // block_size`` keys; keys for output blocks (up to
             ``(prompt_len + output_len) // block_size``) let those blocks be cached as they
-            fill; blocks without a key are not cacheable.
+            fill; blocks without a key are not cacheable. The replica keeps a list as it is
+            (other sequences are copied) while it caches the request's blocks, after the
+            request finished too: its keys must not change, and it must not grow while the
+            request is live; it may be extended at its end afterwards (a session's next turn
+            growing the same list is fine: the request only reads its own keys).
         cache_salt: cache namespace; requests with different salts never share blocks.
     """
 

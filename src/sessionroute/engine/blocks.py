@@ -52,7 +52,7 @@ class Holder:
 
     __slots__ = ("blocks", "cache", "keys", "nblocks", "nkeys", "nreg")
 
-    def __init__(self, keys: Sequence[int], nkeys: int, cache: dict[int, int]) -> None:
+    def __init__(self, keys: list[int], nkeys: int, cache: dict[int, int]) -> None:
         self.keys = keys
         self.nkeys = nkeys
         self.cache = cache
@@ -81,9 +81,7 @@ class KVPool:
         """The cache dict of a ``cache_salt``."""
         raise NotImplementedError
 
-    def lookup(
-        self, cache: dict[int, int], keys: Sequence[int], limit: int
-    ) -> tuple[int, int, Any]:
+    def lookup(self, cache: dict[int, int], keys: list[int], limit: int) -> tuple[int, int, Any]:
         """Longest cached prefix of ``keys`` (at most ``limit`` blocks), without side effects.
 
         Returns:
@@ -160,7 +158,7 @@ class BlockPool(KVPool):
         return cache
 
     @staticmethod
-    def hit_blocks(cache: dict[int, int], keys: Sequence[int], limit: int) -> list[int]:
+    def hit_blocks(cache: dict[int, int], keys: list[int], limit: int) -> list[int]:
         """Longest cached prefix of a key chain (vLLM ``find_longest_cache_hit``).
 
         Args:
@@ -257,7 +255,7 @@ class BlockPool(KVPool):
     # ------------------------------------------------------------ request level (KVPool)
 
     def lookup(
-        self, cache: dict[int, int], keys: Sequence[int], limit: int
+        self, cache: dict[int, int], keys: list[int], limit: int
     ) -> tuple[int, int, list[int]]:
         """:meth:`KVPool.lookup`: the hit blocks as the token."""
         hits = self.hit_blocks(cache, keys, limit)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Sequence
 from typing import Final
 
 from sessionroute.engine.api import ReplicaConfig, RequestResult
@@ -65,7 +64,7 @@ class Req(Holder):
         rid: str,
         prompt_len: int,
         output_len: int,
-        keys: Sequence[int],
+        keys: list[int],
         nkeys: int,
         cache: dict[int, int],
         arrival: float,

@@ -95,8 +95,9 @@ class Replica:
 
     def _check(
         self, rid: str, prompt_len: int, output_len: int, block_keys: Sequence[int]
-    ) -> Sequence[int]:
-        """Validate a request (see :meth:`add_request`); returns its keys as a list or tuple."""
+    ) -> list[int]:
+        """Validate a request (see :meth:`add_request`); returns its keys as a list (the list
+        itself when given one: the engine indexes lists natively)."""
         core = self._core
         bs = core.bs
         total = prompt_len + output_len
@@ -110,9 +111,9 @@ class Replica:
             or rid in core.reqs
         ):
             self._refuse(rid, prompt_len, output_len, nkeys)
-        if not isinstance(block_keys, (list, tuple)):
-            return list(block_keys)
-        return block_keys
+        if isinstance(block_keys, list):
+            return block_keys
+        return list(block_keys)
 
     def _refuse(self, rid: str, prompt_len: int, output_len: int, nkeys: int) -> None:
         """Raise the :class:`EngineRequestError` of a request that :meth:`_check` refused."""
@@ -155,7 +156,7 @@ class Replica:
         rid: str,
         prompt_len: int,
         output_len: int,
-        keys: Sequence[int],
+        keys: list[int],
         cache_salt: str | None,
         now: float,
     ) -> None:

@@ -27,7 +27,7 @@ run-length hole bookkeeping.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Final
 
 from sessionroute.engine.intbisect import bisect_left, bisect_right
@@ -66,7 +66,7 @@ class SaltCache(dict[int, int]):
         self.npos: dict[int, int] = {}
         self.spos: list[int] = []
 
-    def first_start_key(self, keys: Sequence[int], p: int, top: int) -> int:
+    def first_start_key(self, keys: list[int], p: int, top: int) -> int:
         """First position ``q`` in ``[p, top)`` whose ``keys[q]`` is a start key, else ``top``."""
         spos = self.spos
         j = bisect_left(spos, p)
@@ -81,7 +81,7 @@ class SaltCache(dict[int, int]):
         return top
 
 
-def common_run(a: Sequence[int], i: int, b: Sequence[int], j: int, m: int) -> int:
+def common_run(a: list[int], i: int, b: list[int], j: int, m: int) -> int:
     """Length of the common run of ``a[i:i+m]`` and ``b[j:j+m]`` (both at least ``m`` long).
 
     Keys are chained (equal keys at an offset mean equal keys at every smaller offset), so the
@@ -173,9 +173,7 @@ def restart(res: _Res, i: int) -> None:
     add_start(res, lo)
 
 
-def run_end(
-    res: _Res, p: int, keys: Sequence[int], limit: int, touch: Callable[[_Res], None]
-) -> int:
+def run_end(res: _Res, p: int, keys: list[int], limit: int, touch: Callable[[_Res], None]) -> int:
     """End ``x`` of the run ``res`` caches from position ``p`` with keys equal to ``keys``:
     ``res`` caches ``[p, x)``, ``res.keys[p:x] == keys[p:x]``, ``x <= limit`` (``p`` if none).
 
@@ -219,7 +217,7 @@ def run_end(
 def find_run(
     cache: SaltCache,
     resmap: dict[int, _Res],
-    keys: Sequence[int],
+    keys: list[int],
     p: int,
     limit: int,
     touch: Callable[[_Res], None],

@@ -17,7 +17,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Final
 
 from sessionroute.engine.blocks import Holder, KVPool
@@ -42,7 +42,7 @@ class _Res:
     __slots__ = ("base", "cache", "keys", "lazy", "lows", "owner", "rix", "segs", "starts")
 
     def __init__(
-        self, rix: int, keys: Sequence[int], cache: dict[int, int], owner: Holder | None
+        self, rix: int, keys: list[int], cache: dict[int, int], owner: Holder | None
     ) -> None:
         self.rix = rix
         self.base = rix << SHIFT
@@ -116,7 +116,7 @@ class SegmentStore(KVPool):
         self._caches: dict[str | None, SaltCache] = {}
         self._res: dict[int, _Res] = {}
         self._rix = 0
-        dummy = _Res(-1, (), SaltCache(), None)
+        dummy = _Res(-1, [], SaltCache(), None)
         self._head = _Seg(dummy, 0, 0, 0, 0, [], None)  # sentinel of the circular queue
         self.touch: Callable[[_Res], None] = _no_touch
 
@@ -338,7 +338,7 @@ class SegmentStore(KVPool):
     # ------------------------------------------------------------ lookup
 
     def lookup(
-        self, cache: dict[int, int], keys: Sequence[int], limit: int
+        self, cache: dict[int, int], keys: list[int], limit: int
     ) -> tuple[int, int, list[tuple[_Res, int, int]]]:
         """Longest cached prefix of ``keys`` up to ``limit`` blocks (vLLM
         ``find_longest_cache_hit``), without side effects.

@@ -172,7 +172,13 @@ class LiveHost(Host):
         sess = self._sessions.get(turn.session_id)
         if sess is None:
             sess = self._open(turn.session_id)
-        self.ideal.observe(turn.block_keys, turn.prompt_len, turn.output_len, turn.cache_salt)
+        keys = turn.block_keys
+        self.ideal.observe(
+            keys if isinstance(keys, list) else list(keys),
+            turn.prompt_len,
+            turn.output_len,
+            turn.cache_salt,
+        )
         task = loop.create_task(self._turn(handle, turn, on_done, sess))
         self._turns[handle] = task
         return handle

@@ -15,8 +15,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from sessionroute.engine import StepTimeProfile
 
 __all__ = ["IdealCache", "ideal_work_s"]
@@ -41,10 +39,11 @@ class IdealCache:
         self.queried_tokens = 0
         self.hit_tokens = 0
 
-    def observe(
-        self, keys: Sequence[int], prompt_len: int, output_len: int, salt: str | None
-    ) -> int:
-        """Look up a request's prompt, then remember all its blocks; returns ideal hit tokens."""
+    def observe(self, keys: list[int], prompt_len: int, output_len: int, salt: str | None) -> int:
+        """Look up a request's prompt, then remember all its blocks; returns ideal hit tokens.
+
+        ``keys``: the request's chained block keys (a list: indexed natively when compiled).
+        """
         seen = self._seen.get(salt)
         if seen is None:
             seen = self._seen[salt] = set()

@@ -51,6 +51,7 @@ class _Req:
         "attempt",
         "handle",
         "hit",
+        "keys",
         "on_done",
         "out",
         "rep",
@@ -66,6 +67,8 @@ class _Req:
     ) -> None:
         self.handle = handle
         self.turn = turn
+        keys = turn.block_keys
+        self.keys: list[int] = keys if isinstance(keys, list) else list(keys)  # one copy at most
         self.on_done = on_done
         self.sent_s = now
         self.attempt = 0
@@ -193,7 +196,7 @@ class Simulation(ReplicaDriver):
             req.out = TurnOutcome(turn, now, now, False, 0, -1)
             self.queue.push(now, PRIO_TIMER, self._deliver_cb, req)
             return handle
-        req.hit = self.ideal.observe(turn.block_keys, plen, olen, turn.cache_salt)
+        req.hit = self.ideal.observe(req.keys, plen, olen, turn.cache_salt)
         self._reqs[handle] = req
         self._route(req)
         return handle
@@ -260,7 +263,7 @@ class Simulation(ReplicaDriver):
         rr = RouteRequest(
             session_id=sid if self._send_header and sid else None,
             prompt_tokens=turn.prompt_len,
-            tokens=turn.block_keys if self._needs_content else None,
+            tokens=req.keys if self._needs_content else None,
             request_id=rid,
             session_header=self._header,
         )
@@ -301,7 +304,7 @@ class Simulation(ReplicaDriver):
         turn = req.turn
         rid = req.rid
         results, t = engine.arrive(
-            rid, turn.prompt_len, turn.output_len, turn.block_keys, turn.cache_salt, now
+            rid, turn.prompt_len, turn.output_len, req.keys, turn.cache_salt, now
         )
         for result in results:
             self._finish(rep, result)

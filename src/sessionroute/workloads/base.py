@@ -34,7 +34,11 @@ class Turn:
         output_len: tokens to generate, forced (>= 1).
         block_keys: chained keys of the full blocks of prompt + output at the host's
             ``block_size`` (see :class:`sessionroute.engine.EngineRequest`); at least
-            ``prompt_len // block_size`` of them.
+            ``prompt_len // block_size`` of them. A list is used as it is, not copied (other
+            sequences are copied once): its keys must not change, nor may it grow while the
+            turn is in flight; a session may extend the same list for its next turn after
+            this one ended (the simulated replicas keep it for cached blocks and only read
+            this turn's keys).
         cache_salt: prefix-cache namespace (e.g. the policy version of an RL rollout), or None.
         tag: opaque workload data, handed back in the :class:`TurnOutcome`.
 

@@ -211,7 +211,9 @@ class SweRlWorkload:
         chain = r.chain
         chain.append(self._seg, out)
         r.out_len = out
-        turn = Turn(r.sid, r.prompt_len, out, tuple(chain.keys), r.salt, r)
+        # the chain's own key list, not a copy: the turn is the rollout's only request in
+        # flight, and the chain only appends to it after the turn ended (Turn.block_keys)
+        turn = Turn(r.sid, r.prompt_len, out, chain.keys, r.salt, r)
         self._turns_sent += 1
         r.handle = host.submit(turn, self._on_done_cb)
 
