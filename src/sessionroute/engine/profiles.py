@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,7 +65,9 @@ class StepTimeProfile:
 
     def t_mem(self, num_tokens: int) -> float:
         """Weight-read time ``T_mem(N)`` in seconds for ``num_tokens`` tokens in the step."""
-        coverage = 1.0 - (1.0 - self.k_over_e) ** num_tokens if self.w_exp_bytes else 0.0
+        # math.pow: native when compiled (``**`` was a generic call with boxed floats); the
+        # same libm pow() that float ** int calls
+        coverage = 1.0 - math.pow(1.0 - self.k_over_e, num_tokens) if self.w_exp_bytes else 0.0
         return (self.w_dense_bytes + self.w_exp_bytes * coverage) / self.bw_eff_bytes_per_s
 
     def step_time(
