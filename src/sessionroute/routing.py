@@ -95,7 +95,8 @@ class RoutingCore:
         i = 0
         while _KINDS[i] is not kind:
             i += 1
-        self._counts[i] += 1
+        counts = self._counts
+        counts[i] = counts[i] + 1  # (``+=`` on a list item is a generic call when compiled)
         if self.log is not None:
             self.log.append((request.session_id, d.worker, d.kind.value))
         return Reservation(request, d.worker, d.kind, False, generation)

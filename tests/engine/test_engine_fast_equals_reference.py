@@ -14,6 +14,7 @@ from sessionroute.engine import (
     ReplicaConfig,
     RequestResult,
     chain_block_keys,
+    steps,
 )
 
 
@@ -124,3 +125,5 @@ def test_fast_path_equals_reference(w: Workload) -> None:
     ):
         assert getattr(fc, name) == getattr(rc, name), name
     assert fast_rep.kv_cache_usage == ref_rep.kv_cache_usage == 0.0
+    # steps other than prefill runs share empty lists: nothing may have written to them
+    assert steps._NO_INTS == [] and steps._NO_FLOATS == []

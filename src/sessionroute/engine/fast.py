@@ -225,7 +225,9 @@ class FastCore(PrefillRuns):
         if rem < 2:
             return None
         bs = self.bs
-        q, extra = divmod(self.pool.num_free, d)
+        free = self.pool.num_free
+        q = free // d  # divmod(free, d) without the generic call (a tuple of boxed ints)
+        extra = free - q * d
         k = rem
         if q * bs < rem:
             # step g + m allocates len(buckets[-(g + m) % bs]) blocks

@@ -108,8 +108,8 @@ class LazyCore(Core):
         if f is None:
             self.fsched[gf] = [1, share]
         else:
-            f[0] += 1
-            f[1] += share
+            f[0] = f[0] + 1  # (``f[0] += 1`` on a list item is a generic call when compiled)
+            f[1] = f[1] + share
 
     def materialize(self, r: Req) -> None:
         """Bring a lazy decoder's counters and times up to step ``g``."""
@@ -257,8 +257,8 @@ class LazyCore(Core):
         if f[0] == 1:
             del self.fsched[gf]
         else:
-            f[0] -= 1
-            f[1] -= share
+            f[0] = f[0] - 1
+            f[1] = f[1] - share
         r.lazy = False
 
     def delazify_all(self) -> None:

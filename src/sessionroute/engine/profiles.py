@@ -67,8 +67,8 @@ class StepTimeProfile:
         """Weight-read time ``T_mem(N)`` in seconds for ``num_tokens`` tokens in the step."""
         # math.pow: native when compiled (``**`` was a generic call with boxed floats); the
         # same libm pow() that float ** int calls
-        coverage = 1.0 - math.pow(1.0 - self.k_over_e, num_tokens) if self.w_exp_bytes else 0.0
-        return (self.w_dense_bytes + self.w_exp_bytes * coverage) / self.bw_eff_bytes_per_s
+        cover = 1.0 - math.pow(1.0 - self.k_over_e, float(num_tokens)) if self.w_exp_bytes else 0.0
+        return (self.w_dense_bytes + self.w_exp_bytes * cover) / self.bw_eff_bytes_per_s
 
     def step_time(
         self,

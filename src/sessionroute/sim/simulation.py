@@ -277,9 +277,10 @@ class Simulation(ReplicaDriver):
         index = rep.index
         last_rep = self._last_rep
         last = last_rep.get(sid)
-        if last != index:
-            if last is not None:
-                self.rec.counts["session_moves"] += 1
+        if last is None:  # (``last != index`` on an ``int | None`` is a generic comparison)
+            last_rep[sid] = index
+        elif last != index:
+            self.rec.counts["session_moves"] += 1
             last_rep[sid] = index
         req.res = res
         req.rep = rep

@@ -86,9 +86,19 @@ class LogNormal:
         low = max(1, math.ceil(self.floor))
         out: list[int] = []
         for x in self.sample_list(rng, n):
-            v = round(x)
+            v = _round_half_even(x)
             out.append(v if v > low else low)
         return out
+
+
+def _round_half_even(x: float) -> int:
+    """``round(x)`` for a finite float (half to even), native when compiled (``round`` is a
+    generic builtin call). ``x - floor(x)`` is exact for doubles, so halves are exact too."""
+    f = math.floor(x)
+    d = x - f
+    if d > 0.5 or (d == 0.5 and f & 1):
+        return f + 1
+    return f
 
 
 class QuantileTable:
