@@ -189,7 +189,9 @@ class RecordingBuildExt(build_ext):
                 json.dumps({"compiler": "pgo training", "sources": SOURCES})
             )
             env = {k: v for k, v in os.environ.items() if k != NATIVE.PURE_ENV}
-            env["PYTHONPATH"] = str(root)
+            # the package copy first, then this process's own path: pip's build environment
+            # (where numpy and pydantic are installed) is on it
+            env["PYTHONPATH"] = os.pathsep.join([str(root), *(p for p in sys.path if p)])
             proc = subprocess.run(
                 [sys.executable, "-c", TRAINING],
                 cwd=root,

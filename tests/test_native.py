@@ -19,6 +19,7 @@ from sessionroute.native import (
     build_failure,
     compiled_modules,
     install_guard,
+    pgo_status,
     pure_reason,
     source_digest,
     stale_modules,
@@ -124,3 +125,19 @@ def test_a_successful_build_record_is_no_failure(tmp_path: Path) -> None:
     (tmp_path / BUILD_INFO).write_text(json.dumps({"compiler": "mypyc", "sources": {}}))
     assert build_failure(tmp_path) is None
     assert build_failure(tmp_path / "missing") is None
+
+
+def test_the_build_record_says_how_the_library_was_built(tmp_path: Path) -> None:
+    assert pgo_status(tmp_path) == "unknown"  # no record
+    (tmp_path / BUILD_INFO).write_text(json.dumps({"sources": {}, "pgo": "on"}))
+    assert pgo_status(tmp_path) == "on"
+    (tmp_path / BUILD_INFO).write_text(json.dumps({"pgo": "training failed: exit 1: boom"}))
+    assert pgo_status(tmp_path) == "training failed: exit 1: boom"
+
+
+def test_this_install_built_profile_guided_or_was_told_not_to() -> None:
+    # setup.py's PGO training run must succeed in pip's isolated build environment (it needs
+    # numpy and pydantic there); "off" means no GCC or SESSIONROUTE_PGO=0 at install time
+    if not compiled_modules():
+        pytest.skip("no compiled build here (installed with SESSIONROUTE_PURE_PYTHON=1?)")
+    assert pgo_status() in ("on", "off")
