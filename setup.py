@@ -11,8 +11,11 @@ With GCC the shared library of the compiled modules is built profile-guided (PGO
 with ``-fprofile-generate``, run on a short simulation (:data:`TRAINING`), and built again with
 ``-fprofile-use``. GCC then lays out hot code together and moves cold code (mypyc's error
 paths) away, which cuts the instruction-cache misses that dominate the simulator's time:
-``sessionroute bench sim`` runs ~25 % faster. ``SESSIONROUTE_PGO=0`` builds without it; if the
-training run fails, the library is built plainly and the build record says why.
+``sessionroute bench sim`` runs ~25 % faster. ``SESSIONROUTE_PGO=0`` builds without it; if any
+PGO step fails, everything is built plainly and the build record says why (``"pgo"``). With
+GCC the library is also compiled with ``-fno-semantic-interposition`` (direct, inlinable calls
+between its own functions). The training run needs numpy and pydantic, so they are build
+requirements (``pyproject.toml``) even where no PGO runs.
 """
 
 from __future__ import annotations
@@ -96,14 +99,26 @@ _PGO_USE = ["-fprofile-use", "-fprofile-partial-training", "-Wno-missing-profile
 
 
 def _is_gcc(command: list[str]) -> bool:
-    """Whether a compiler command is GCC (its PGO flags are GCC's; clang's differ)."""
-    try:
-        out = subprocess.run(
-            [command[0], "--version"], capture_output=True, text=True, timeout=30, check=True
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
+    """Whether a compiler command (``compiler_so``, wrappers such as ccache included) is GCC 10
+    or newer: it predefines ``__GNUC__ >= 10`` and not ``__clang__`` (the PGO flags are GCC's;
+    ``-fprofile-partial-training`` needs GCC 10)."""
+    if not command:  # MSVC has no compiler_so
         return False
-    return "clang" not in out.lower() and ("gcc" in out.lower() or "free software" in out.lower())
+    with tempfile.TemporaryDirectory() as tmp:
+        probe = Path(tmp) / "probe.c"
+        probe.write_text("int x;\n")
+        try:
+            out = subprocess.run(
+                [*command, "-dM", "-E", str(probe)],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=True,
+            ).stdout
+        except (OSError, subprocess.SubprocessError):
+            return False
+    match = re.search(r"#define __GNUC__ (\d+)", out)
+    return match is not None and int(match.group(1)) >= 10 and "__clang__" not in out
 
 
 class RecordingBuildExt(build_ext):
@@ -138,7 +153,7 @@ class RecordingBuildExt(build_ext):
         record.write_text(json.dumps(info, indent=1) + "\n")
 
     pgo: str = "off"
-    """How the shared library was built: ``"on"``, ``"off"`` or why the training failed."""
+    """How the shared library was built: ``"on"``, ``"off"`` or ``"failed: <why>"``."""
 
     def build_extensions(self) -> None:
         """Build every extension; with GCC, build the modules' shared library profile-guided
@@ -158,26 +173,34 @@ class RecordingBuildExt(build_ext):
             super().build_extensions()
             return
         plain = {e.name: (list(e.extra_compile_args), list(e.extra_link_args)) for e in group}
-        for e in group:
-            e.extra_compile_args = plain[e.name][0] + _PGO_GENERATE
-            e.extra_link_args = plain[e.name][1] + _PGO_GENERATE
-        super().build_extensions()
+        self._force_rebuild()  # an up-to-date library from an earlier build is not instrumented
+        for gcda in Path(self.build_temp).rglob("*.gcda"):
+            gcda.unlink()  # a profile of other flags or sources would fail the build
         try:
+            for e in group:
+                e.extra_compile_args = plain[e.name][0] + _PGO_GENERATE
+                e.extra_link_args = plain[e.name][1] + _PGO_GENERATE
+            super().build_extensions()
             self._train()
-        except Exception as exc:  # a failed training run costs the speed-up, not the build
-            self.pgo = f"training failed: {_short_reason(exc)}"
-            print(f"WARNING: sessionroute: PGO {self.pgo}; building without it", flush=True)
-            use: list[str] = []
-        else:
+            if not any(Path(self.build_temp).rglob("*.gcda")):
+                raise RuntimeError("the training run wrote no profile")
+            for e in group:
+                e.extra_compile_args = plain[e.name][0] + _PGO_USE
+                e.extra_link_args = plain[e.name][1]
+                self.build_extension(e)
             self.pgo = "on"
-            use = _PGO_USE
-        self.force = True  # the library is newer than its sources now: rebuild it anyway
+        except Exception as exc:  # PGO costs the speed-up when it fails, never the build
+            self.pgo = f"failed: {_short_reason(exc)}"
+            print(f"WARNING: sessionroute: PGO {self.pgo}; building without it", flush=True)
+            for e in group:
+                e.extra_compile_args, e.extra_link_args = plain[e.name]
+            super().build_extensions()  # everything plain (the shims may be missing too)
+
+    def _force_rebuild(self) -> None:
+        """Rebuild even when outputs look newer than their sources (setuptools skips those)."""
+        self.force = True
         if self.compiler is not None:
             self.compiler.force = True
-        for e in group:
-            e.extra_compile_args = plain[e.name][0] + use
-            e.extra_link_args = plain[e.name][1]
-            self.build_extension(e)
 
     def _train(self) -> None:
         """Run :data:`TRAINING` on a copy of the package with the instrumented extensions

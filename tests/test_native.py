@@ -139,5 +139,8 @@ def test_this_install_built_profile_guided_or_was_told_not_to() -> None:
     # setup.py's PGO training run must succeed in pip's isolated build environment (it needs
     # numpy and pydantic there); "off" means no GCC or SESSIONROUTE_PGO=0 at install time
     if not compiled_modules():
+        failed = build_failure()
+        if failed:
+            pytest.fail(f"the install did not compile the hot modules: {failed}")
         pytest.skip("no compiled build here (installed with SESSIONROUTE_PURE_PYTHON=1?)")
     assert pgo_status() in ("on", "off")

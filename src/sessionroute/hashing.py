@@ -10,6 +10,7 @@ restated in ``shared/ROUTER.md``.
 from __future__ import annotations
 
 import struct
+import sys
 from typing import Final
 
 from mypy_extensions import i64
@@ -206,8 +207,9 @@ _XXP2: Final[i64] = _signed(14029467366897019727)
 _XXP5: Final[i64] = _signed(2870177450012600261)
 _XXLEN: Final[i64] = _signed(2870177450012600261 ^ 3527539)  # tuplehash mangles the length
 _ROT_LOW: Final[i64] = (1 << 31) - 1  # the bits an unsigned ``x >> 33`` keeps
-_NATIVE: Final = not __file__.endswith(".py")
-"""Whether this module runs compiled (then the arithmetic below beats building a tuple)."""
+_NATIVE: Final = not __file__.endswith(".py") and sys.hash_info.width == 64
+"""Whether this module runs compiled (then the arithmetic below beats building a tuple), on a
+64-bit hash (the arithmetic restates that one)."""
 
 
 def int_hash(x: i64) -> i64:

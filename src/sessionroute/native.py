@@ -112,8 +112,8 @@ be subclassed from Python, and their instances take no undeclared attributes."""
 BUILD_INFO = "_compiled.json"
 """File the build writes beside the extensions (the package folder of its output):
 ``{"compiler": ..., "sources": {module: sha256}, "pgo": ...}``, or ``{"failed": reason}`` when
-compiling failed. ``pgo`` is ``"on"`` for a profile-guided build (GCC, ``setup.py``), ``"off"``,
-or why its training run failed."""
+compiling failed. ``pgo`` is ``"on"`` for a profile-guided build (GCC >= 10, ``setup.py``),
+``"off"``, or ``"failed: <why>"`` (the library was then built without it)."""
 
 PURE_ENV = "SESSIONROUTE_PURE_PYTHON"
 """Environment variable: ``1`` builds nothing at install and imports sources at run time."""

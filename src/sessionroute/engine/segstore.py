@@ -74,7 +74,8 @@ class _Seg:
         # segment points at ``link`` (the queue's sentinel, or the segment it was split from),
         # not at itself: a self-reference would make each dropped segment cyclic garbage that
         # only the cyclic GC frees (~1 per request, ~10 % of a run's time in the collector).
-        # Only the sentinel (``link=None``) points at itself.
+        # Only the sentinel (``link=None``) points at itself. Only queued (idle) segments are
+        # ever unlinked, so a stale link is never followed.
         nb = self if link is None else link
         self.prev: _Seg = nb
         self.next: _Seg = nb
