@@ -2,7 +2,7 @@
 
 The replica model and the simulator's hot modules are compiled to C extensions with mypyc
 (https://mypyc.readthedocs.io, part of mypy) when the package is installed: the same typed
-Python source, about 3x as fast for the replica model and 4x for the simulator. Results are
+Python source, about 4x as fast for the replica model and 6x for the simulator. Results are
 identical to the pure-Python modules (the ``results_digest`` benchmark and
 ``tests/test_native.py`` check it).
 
@@ -201,7 +201,7 @@ def compiled_modules() -> list[str]:
     return out
 
 
-_SPEED = "about 1/3 of the replica model's compiled speed, 1/4 of the simulator's"
+_SPEED = "about 1/4 of the replica model's compiled speed, 1/6 of the simulator's"
 
 
 def pure_reason(package_dir: Path = _PACKAGE_DIR) -> str:
