@@ -11,6 +11,7 @@ from sessionroute.engine.api import (
     ReplicaCounters,
     RequestResult,
     chain_block_keys,
+    key_list,
 )
 from sessionroute.engine.profiles import PROFILES, StepTimeProfile, load_profiles
 from sessionroute.engine.replica import Replica
@@ -25,5 +26,6 @@ __all__ = [
     "RequestResult",
     "StepTimeProfile",
     "chain_block_keys",
+    "key_list",
     "load_profiles",
 ]

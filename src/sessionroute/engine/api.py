@@ -23,6 +23,7 @@ __all__ = [
     "ReplicaCounters",
     "RequestResult",
     "chain_block_keys",
+    "key_list",
 ]
 
 _ROOT_KEY: Final = 0x5E55_10A0_7E00_0001
@@ -30,6 +31,13 @@ _ROOT_KEY: Final = 0x5E55_10A0_7E00_0001
 
 class EngineRequestError(SessionRouteError, ValueError):
     """A request handed to :meth:`Replica.add_request` is invalid; the message has the value."""
+
+
+def key_list(keys: Sequence[int]) -> list[int]:
+    """``keys`` as the list the replica model keeps (see :class:`EngineRequest`'s
+    ``block_keys``): a list itself, any other sequence copied once. Compiled code indexes lists
+    natively, ``Sequence`` only by a generic call."""
+    return keys if isinstance(keys, list) else list(keys)
 
 
 def chain_block_keys(tokens: Sequence[int], block_size: int) -> list[int]:

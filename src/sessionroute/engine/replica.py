@@ -13,6 +13,7 @@ from sessionroute.engine.api import (
     ReplicaConfig,
     ReplicaCounters,
     RequestResult,
+    key_list,
 )
 from sessionroute.engine.core import ABORTED, RUNNING, WAITING, Core, Req
 from sessionroute.engine.fast import FastCore
@@ -111,9 +112,7 @@ class Replica:
             or rid in core.reqs
         ):
             self._refuse(rid, prompt_len, output_len, nkeys)
-        if isinstance(block_keys, list):
-            return block_keys
-        return list(block_keys)
+        return key_list(block_keys)
 
     def _refuse(self, rid: str, prompt_len: int, output_len: int, nkeys: int) -> None:
         """Raise the :class:`EngineRequestError` of a request that :meth:`_check` refused."""

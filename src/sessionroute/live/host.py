@@ -26,6 +26,7 @@ from typing import Any
 import httpx
 
 from sessionroute.client import Rollout, SessionReleaser
+from sessionroute.engine import key_list
 from sessionroute.live.text import SessionText, TemplateOverhead
 from sessionroute.sim.ideal import IdealCache
 from sessionroute.sim.spec import RouterSection
@@ -172,12 +173,8 @@ class LiveHost(Host):
         sess = self._sessions.get(turn.session_id)
         if sess is None:
             sess = self._open(turn.session_id)
-        keys = turn.block_keys
         self.ideal.observe(
-            keys if isinstance(keys, list) else list(keys),
-            turn.prompt_len,
-            turn.output_len,
-            turn.cache_salt,
+            key_list(turn.block_keys), turn.prompt_len, turn.output_len, turn.cache_salt
         )
         task = loop.create_task(self._turn(handle, turn, on_done, sess))
         self._turns[handle] = task

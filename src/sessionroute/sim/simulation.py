@@ -17,7 +17,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any, Final
 
-from sessionroute.engine import ReplicaConfig, RequestResult
+from sessionroute.engine import ReplicaConfig, RequestResult, key_list
 from sessionroute.errors import NoWorkerAvailable
 from sessionroute.routing import Reservation, RoutingCore
 from sessionroute.sim.events import PRIO_ARRIVAL, PRIO_TIMER, EventQueue
@@ -67,8 +67,7 @@ class _Req:
     ) -> None:
         self.handle = handle
         self.turn = turn
-        keys = turn.block_keys
-        self.keys: list[int] = keys if isinstance(keys, list) else list(keys)  # one copy at most
+        self.keys = key_list(turn.block_keys)  # for the ideal cache and the replica alike
         self.on_done = on_done
         self.sent_s = now
         self.attempt = 0

@@ -92,9 +92,8 @@ class BlockChain:
             tail.append(segment)
             tail.append(0)
             tail.append(need)
-            prev: int = tuple_hash_ints(
-                keys[-1] if keys else ROOT_KEY, tail
-            )  # hash((parent, *tail))
+            # hash((parent, *tail)): the block across segments
+            prev: int = tuple_hash_ints(keys[-1] if keys else ROOT_KEY, tail)
             keys.append(prev)
             off = need
         else:
