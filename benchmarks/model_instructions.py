@@ -27,7 +27,7 @@ import tempfile
 
 _ENGINE = """
 from sessionroute.bench.closed_loop import run_closed_loop
-from sessionroute.engine import PROFILES, ReplicaConfig
+from sessionroute.replica import PROFILES, ReplicaConfig
 cfg = ReplicaConfig(PROFILES["glm45air-h200-tp8"], block_size={block_size})
 r = run_closed_loop(cfg, fast=True, sessions=256, max_context=60000, requests={size}, seed=0)
 print(r["requests"])

@@ -25,8 +25,8 @@ from typing import Any
 
 from sessionroute.bench.closed_loop import run_closed_loop
 from sessionroute.clock import ManualClock
-from sessionroute.engine import PROFILES, ReplicaConfig
-from sessionroute.policies.registry import policy_names
+from sessionroute.replica import PROFILES, ReplicaConfig
+from sessionroute.router.policies.registry import policy_names
 from sessionroute.sim import SimSpec, run_simulation
 
 WALL = {

@@ -68,7 +68,7 @@ def _python(code: str, *, pure: bool) -> str:
 
 def test_pure_python_switch_imports_every_compiled_module_from_source() -> None:
     out = _python(
-        "import sessionroute.engine as e, sessionroute.native as n, sys\n"
+        "import sessionroute.replica as e, sessionroute.native as n, sys\n"
         "print(sorted(m for m in n.COMPILED_MODULES if m in sys.modules"
         " and not sys.modules[m].__file__.endswith('.py')))\n"
         "print(n.compiled_modules())",
@@ -81,7 +81,7 @@ _RESULTS = """
 import hashlib, json
 from sessionroute.bench.closed_loop import run_closed_loop
 from sessionroute.clock import ManualClock
-from sessionroute.engine import PROFILES, ReplicaConfig
+from sessionroute.replica import PROFILES, ReplicaConfig
 from sessionroute.native import compiled_modules
 from sessionroute.sim import SimSpec, run_simulation
 

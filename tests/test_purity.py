@@ -1,6 +1,6 @@
 """The pure packages never touch I/O, the wall clock or global randomness (DESIGN.md).
 
-Scans every module of ``sessionroute.{policies,state,engine,sim,workloads}`` with :mod:`ast`
+Scans every module of ``sessionroute.{router,replica,sim,workloads}`` with :mod:`ast`
 and fails on: importing ``asyncio``, ``aiohttp``, ``httpx``, ``time`` or ``threading``; calling
 or importing a module-level function of :mod:`random` (``random.Random`` as a type or seeded
 constructor is fine); ``datetime.now/utcnow/today``; numpy's global generator
@@ -16,7 +16,7 @@ import pytest
 
 import sessionroute
 
-PURE_PACKAGES = ("policies", "state", "engine", "sim", "workloads")
+PURE_PACKAGES = ("router", "replica", "sim", "workloads")
 BANNED_MODULES = frozenset({"asyncio", "aiohttp", "httpx", "time", "threading"})
 RANDOM_ALLOWED = frozenset({"Random"})
 NUMPY_RANDOM_ALLOWED = frozenset(
@@ -133,9 +133,9 @@ def impurities(source: str) -> list[str]:
 
 def test_the_scan_covers_the_pure_packages() -> None:
     files = pure_modules()
-    found = {p.relative_to(ROOT).parts[0] for p in files}
-    assert {"policies", "state"} <= found
-    assert ROOT / "policies" / "consistent_hash_bounded_load.py" in files
+    found = {p.relative_to(ROOT).parts[:2] for p in files}
+    assert {("router", "policies"), ("router", "state"), ("replica", "core.py")} <= found
+    assert ROOT / "router" / "policies" / "consistent_hash_bounded_load.py" in files
 
 
 @pytest.mark.parametrize("path", pure_modules(), ids=lambda p: str(p.relative_to(ROOT)))

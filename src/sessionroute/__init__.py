@@ -1,8 +1,9 @@
 """sessionroute: session-aware load balancing for multi-turn LLM inference.
 
-Layers (imports point up): ``types``/``clock``/``errors`` -> ``policies``, ``state``,
-``engine`` (pure) -> ``sim``, ``server``, ``emulator``, ``client`` -> ``workloads``,
-``experiments`` -> ``cli``. See ``shared/DESIGN.md``.
+Layers (imports point up): ``types``/``clock``/``errors`` -> ``router`` (sans-I/O: core,
+policies, state), ``replica`` (the vLLM V1 model), ``workloads`` -> ``sim`` (virtual time),
+``serve`` (HTTP), ``emulate``, ``client`` -> ``experiments`` (with ``live``) -> ``cli``.
+See ``shared/DESIGN.md``.
 """
 
 from sessionroute.native import install_guard

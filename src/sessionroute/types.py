@@ -75,7 +75,7 @@ class DecisionKind(enum.Enum):
 
 @dataclass(init=False, slots=True, unsafe_hash=True)
 class Decision:
-    """The result of :meth:`sessionroute.policies.Policy.select`.
+    """The result of :meth:`sessionroute.router.policies.Policy.select`.
 
     Attributes:
         worker: the chosen worker id (its URL).

@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import ClassVar
 
 from sessionroute.clock import ManualClock
-from sessionroute.policies.base import Policy, require_healthy
+from sessionroute.router.policies.base import Policy, require_healthy
+from sessionroute.router.state.cluster import ClusterView
 from sessionroute.sim import SimSpec, run_simulation
-from sessionroute.state.cluster import ClusterView
 from sessionroute.types import Decision, DecisionKind, EngineGauges, RouteRequest
 
 

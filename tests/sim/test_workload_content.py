@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sessionroute.engine import chain_block_keys
+from sessionroute.replica import chain_block_keys
 from sessionroute.workloads.content import BlockChain, expand_trace_blocks
 
 

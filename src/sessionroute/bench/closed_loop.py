@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from sessionroute.engine import EngineRequest, Replica, ReplicaConfig
+from sessionroute.replica import EngineRequest, Replica, ReplicaConfig
 
 __all__ = ["SYSTEM_TOKENS", "randint", "run_closed_loop"]
 
@@ -39,7 +39,7 @@ def randint(rng: random.Random, a: int, b: int) -> int:
     interpreted calls of :mod:`random` (``randint`` -> ``randrange`` -> ``_randbelow``).
 
     CPython's ``Random._randbelow_with_getrandbits``: ``getrandbits(k)`` for the bit length
-    ``k`` of the width, redrawn while out of range (``tests/engine/test_engine_bench.py``
+    ``k`` of the width, redrawn while out of range (``tests/replica/test_engine_bench.py``
     checks the equality).
 
     Raises:

@@ -18,9 +18,9 @@ import argparse
 from typing import Any
 
 from sessionroute.bench.closed_loop import SYSTEM_TOKENS, run_closed_loop
-from sessionroute.engine import PROFILES, ReplicaConfig
 from sessionroute.errors import ConfigError
 from sessionroute.native import build_caption, compiled_modules
+from sessionroute.replica import PROFILES, ReplicaConfig
 
 __all__ = ["add_arguments", "print_table", "run", "run_closed_loop"]
 

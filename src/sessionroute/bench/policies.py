@@ -1,6 +1,6 @@
 """``sessionroute bench policies``: select+complete latency of every policy at scale.
 
-For each policy a fresh :class:`~sessionroute.routing.RoutingCore` over ``--workers`` workers is
+For each policy a fresh :class:`~sessionroute.router.core.RoutingCore` over ``--workers`` workers is
 pre-populated with ``--sessions`` active sessions (one routed and completed turn each, through
 the policy itself), then timed with :func:`time.perf_counter_ns`:
 
@@ -26,9 +26,9 @@ from typing import Any
 import numpy as np
 
 from sessionroute.clock import ManualClock
-from sessionroute.policies import create_policy, policy_names
-from sessionroute.routing import RoutingCore
-from sessionroute.state import Cluster
+from sessionroute.router.core import RoutingCore
+from sessionroute.router.policies import create_policy, policy_names
+from sessionroute.router.state import Cluster
 from sessionroute.types import RouteRequest
 
 __all__ = ["add_arguments", "bench_policy", "print_table", "run"]

@@ -32,8 +32,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sessionroute.errors import ConfigError
-from sessionroute.live.spec import LiveSection, expand_experiment_env
-from sessionroute.policies.registry import make_config, policy_class
+from sessionroute.experiments.live.spec import LiveSection, expand_experiment_env
+from sessionroute.router.policies.registry import make_config, policy_class
 from sessionroute.sim.spec import (
     FaultSection,
     ReplicaSection,

@@ -2,8 +2,8 @@
 
 One entry point, :func:`run_simulation`, runs a :class:`SimSpec` (workload, replicas, router,
 faults) under one routing policy and returns a :class:`SimResult` (metrics, time series, RL
-steps). The router is :class:`sessionroute.routing.RoutingCore` with the same policy objects the
-live router drives; replicas are :class:`sessionroute.engine.Replica` models.
+steps). The router is :class:`sessionroute.router.core.RoutingCore` with the same policy objects the
+live router drives; replicas are :class:`sessionroute.replica.Replica` models.
 """
 
 from sessionroute.sim.events import EventQueue, VirtualClock

@@ -15,7 +15,7 @@
 
 from __future__ import annotations
 
-from sessionroute.engine import StepTimeProfile
+from sessionroute.replica import StepTimeProfile
 
 __all__ = ["IdealCache", "ideal_work_s"]
 

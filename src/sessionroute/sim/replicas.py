@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from sessionroute.engine import Replica, ReplicaConfig, ReplicaCounters
+from sessionroute.replica import Replica, ReplicaConfig, ReplicaCounters
 
 __all__ = ["COUNTER_FIELDS", "SimReplica"]
 

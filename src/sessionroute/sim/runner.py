@@ -17,10 +17,11 @@ from typing import Any
 import numpy as np
 
 from sessionroute.clock import Clock, MonotonicClock
-from sessionroute.engine import PROFILES, ReplicaConfig, StepTimeProfile, load_profiles
 from sessionroute.errors import ConfigError
-from sessionroute.policies.registry import create_policy, policy_class
-from sessionroute.routing import RoutingCore
+from sessionroute.replica import PROFILES, ReplicaConfig, StepTimeProfile, load_profiles
+from sessionroute.router.core import RoutingCore
+from sessionroute.router.policies.registry import create_policy, policy_class
+from sessionroute.router.state.cluster import Cluster
 from sessionroute.sim.events import PRIO_FAULT, EventQueue, VirtualClock
 from sessionroute.sim.faults import apply_fault
 from sessionroute.sim.metrics import Recorder
@@ -29,7 +30,6 @@ from sessionroute.sim.report import build_metrics
 from sessionroute.sim.sampling import Sampler, Scraper, Sweeper
 from sessionroute.sim.simulation import Simulation
 from sessionroute.sim.spec import SimSpec
-from sessionroute.state.cluster import Cluster
 from sessionroute.workloads.registry import default_replicas, workload_config
 
 __all__ = ["SimResult", "default_url", "replica_config", "run_simulation"]

@@ -1,7 +1,7 @@
 """The simulated cluster: clients, router and replicas in virtual time.
 
 :class:`Simulation` implements the workload :class:`~sessionroute.workloads.base.Host`. A turn
-is routed when it is sent (the same :class:`~sessionroute.routing.RoutingCore` and policy
+is routed when it is sent (the same :class:`~sessionroute.router.core.RoutingCore` and policy
 objects the live router drives, with the session id extracted from synthetic headers), reaches
 its replica ``network_delay_s`` later, and its response reaches the client ``network_delay_s``
 after the replica finished it. Replicas advance lazily: on an arrival at time ``t`` the replica
@@ -17,9 +17,9 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any, Final
 
-from sessionroute.engine import ReplicaConfig, RequestResult, key_list
 from sessionroute.errors import NoWorkerAvailable
-from sessionroute.routing import Reservation, RoutingCore
+from sessionroute.replica import ReplicaConfig, RequestResult, key_list
+from sessionroute.router.core import Reservation, RoutingCore
 from sessionroute.sim.events import PRIO_ARRIVAL, PRIO_TIMER, EventQueue
 from sessionroute.sim.ideal import IdealCache
 from sessionroute.sim.metrics import Recorder

@@ -44,13 +44,13 @@ class WorkloadSection(_Strict):
 
 
 class ReplicaSection(_Strict):
-    """The simulated replicas (``sessionroute.engine``). None means the workload's default.
+    """The simulated replicas (``sessionroute.replica``). None means the workload's default.
 
     Attributes:
         count: replicas at start.
-        profile: step-time profile name (``sessionroute.engine.PROFILES``) or one defined in
+        profile: step-time profile name (``sessionroute.replica.PROFILES``) or one defined in
             ``profiles_file``.
-        profiles_file: TOML/JSON with user profiles (``sessionroute.engine.load_profiles``).
+        profiles_file: TOML/JSON with user profiles (``sessionroute.replica.load_profiles``).
         block_size: KV block size in tokens (16 like vLLM; coarser is a speed knob, capacity
             stays in tokens).
         kv_capacity_tokens, max_num_batched_tokens, max_num_seqs, max_model_len: overrides of

@@ -12,7 +12,7 @@ the queue's very next event, it runs in the same callback (same order, still cou
 
 from __future__ import annotations
 
-from sessionroute.engine import RequestResult
+from sessionroute.replica import RequestResult
 from sessionroute.sim.events import PRIO_WAKE, SEQ_BITS, EventQueue
 from sessionroute.sim.replicas import SimReplica
 from sessionroute.workloads.base import Host

@@ -33,7 +33,7 @@ class Turn:
         prompt_len: prompt tokens (>= 1).
         output_len: tokens to generate, forced (>= 1).
         block_keys: chained keys of the full blocks of prompt + output at the host's
-            ``block_size`` (see :class:`sessionroute.engine.EngineRequest`); at least
+            ``block_size`` (see :class:`sessionroute.replica.EngineRequest`); at least
             ``prompt_len // block_size`` of them. A list is used as it is, not copied (other
             sequences are copied once): its keys must not change, nor may it grow while the
             turn is in flight; a session may extend the same list for its next turn after

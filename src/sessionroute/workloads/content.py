@@ -14,7 +14,7 @@ task) hits and distinct content never does.
 Keys are Python hashes of tuples of ints: deterministic across runs and processes (unlike
 ``hash(str)``, integer and tuple hashing is not randomized), 64-bit, so accidental collisions
 are negligible at simulator scale. Compiled, they are computed without building the tuples
-(:func:`sessionroute.hashing.tuple_hash3`, the same values).
+(:func:`sessionroute.router.hashing.tuple_hash3`, the same values).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final
 
-from sessionroute.hashing import tuple_hash3, tuple_hash_ints
+from sessionroute.router.hashing import tuple_hash3, tuple_hash_ints
 
 __all__ = ["ROOT_KEY", "BlockChain", "expand_trace_blocks"]
 

@@ -1,0 +1,224 @@
+"""``sessionroute compare``: matched A/B experiments of routing policies, with a report."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+__all__ = ["register"]
+
+_EPILOG = """\
+examples:
+  sessionroute compare                              # the default: simulated swe-rl, 3 arms
+  sessionroute compare --steps 5 --policies consistent_hash,sticky_least_loaded
+  sessionroute compare --workload trace:weka        # replay Claude Code sessions
+  sessionroute compare --workload toy --repeats 3   # small, with 95 % intervals
+  sessionroute compare examples/replica_failure.toml --dry-run
+  sessionroute compare --live examples/live_side_by_side.toml   # real HTTP, emulated replicas
+"""
+
+
+def register(sub: Any) -> None:
+    parser = sub.add_parser(
+        "compare",
+        help="compare routing policies on a workload (simulated or live)",
+        # RawDescriptionHelpFormatter keeps the epilog's layout, so the description is
+        # wrapped here
+        description=(
+            "Run matched arms that differ only in the routing policy on the same workload and\n"
+            "seed, then print a comparison table and write results.json, config.resolved.toml,\n"
+            "timeseries.csv, steps.csv and report.html. Without FILE, runs the built-in default\n"
+            "experiment (examples/default.toml)."
+        ),
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("file", nargs="?", metavar="FILE", help="experiment file (TOML)")
+    parser.add_argument(
+        "--workload",
+        help=(
+            "swe-rl, toy, trace:weka, trace:mooncake, or a .csv/.jsonl trace path "
+            "(replaces the kind and options of FILE's [workload])"
+        ),
+    )
+    parser.add_argument(
+        "--policies", help="comma-separated policies, one arm each (replaces FILE's arms)"
+    )
+    parser.add_argument(
+        "--steps",
+        type=int,
+        help="RL steps to run (swe-rl; default: the file's, 20 in the default experiment)",
+    )
+    parser.add_argument("--seed", type=int, help="base seed (repeat k uses seed + k)")
+    parser.add_argument("--repeats", type=int, help="runs per arm; >= 2 shows 95 %% intervals")
+    parser.add_argument(
+        "--out", metavar="DIR", help="output directory (default runs/<time>-<name>)"
+    )
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=None,
+        help=(
+            "runs in parallel processes (default: every run at once, up to twice the CPU "
+            "count: runs of unequal length then share the cores instead of queueing)"
+        ),
+    )
+    parser.add_argument(
+        "--live",
+        action="store_true",
+        help="run through real HTTP: replicas and routers of FILE's [live] section "
+        "(emulated replicas by default; docs/live.md); arms run one after another",
+    )
+    parser.add_argument("--dry-run", action="store_true", help="print each arm's plan and exit")
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print results.json on stdout (progress and tables go to stderr)",
+    )
+    parser.set_defaults(handler=_run)
+
+
+def _load(args: argparse.Namespace) -> Any:
+    import tomllib
+
+    from sessionroute.experiments.spec import load_experiment, parse_experiment
+
+    if args.file:
+        spec = load_experiment(args.file)
+    else:
+        text = resources.files("sessionroute").joinpath("data/default.toml").read_text("utf-8")
+        spec = parse_experiment(tomllib.loads(text), source="<built-in default>")
+    data = spec.model_dump()
+    changed: list[str] = []
+    if args.workload:
+        steps = data["workload"].get("steps") if args.workload == "swe-rl" else None
+        data["workload"] = {"kind": args.workload, "steps": steps, "options": {}}
+        changed.append(f"--workload {args.workload}")
+    if args.steps is not None:
+        if data["workload"]["kind"] != "swe-rl":
+            raise ValueError(
+                f"--steps applies to the swe-rl workload only; this experiment's workload is "
+                f"{data['workload']['kind']!r} (its length is set by its own options)"
+            )
+        data["workload"]["steps"] = args.steps
+        changed.append(f"--steps {args.steps}")
+    if args.seed is not None:
+        data["run"]["seed"] = args.seed
+    if args.repeats is not None:
+        data["run"]["repeats"] = args.repeats
+    if args.policies:
+        names = [p.strip() for p in args.policies.split(",") if p.strip()]
+        if not names:
+            raise ValueError("--policies needs at least one policy name")
+        data["arms"] = [{"policy": n} for n in names]
+        changed.append(f"--policies {args.policies}")
+    if changed and data.get("description"):
+        data["description"] += f" (changed on the command line: {', '.join(changed)})"
+    return parse_experiment(data, source=args.file or "<built-in default>")
+
+
+def _check_workloads(arms: list[Any]) -> None:
+    """Build each arm's workload once, so that a malformed trace fails (naming file, line and
+    field) before any arm runs, ``--dry-run`` included.
+
+    Raises:
+        SessionRouteError: what building the workload raises (``TraceFormatError``, ...).
+    """
+    import numpy as np
+
+    from sessionroute.workloads.registry import workload_config
+
+    seen: set[str] = set()
+    for arm in arms:
+        wl = arm.settings["workload"]
+        key = json.dumps(wl, sort_keys=True, default=str)
+        if key not in seen:
+            seen.add(key)
+            cfg = workload_config(wl["kind"], wl.get("steps"), wl.get("options"))
+            cfg.build(np.random.default_rng(0))
+
+
+def _jobs(args: argparse.Namespace, spec: Any) -> int:
+    runs: int = len(spec.arms) * spec.run.repeats
+    if args.jobs is not None:
+        if args.jobs < 1:
+            raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
+        return int(args.jobs)
+    # Oversubscribing up to 2x lets a short arm finish beside two long ones instead of
+    # queueing behind them: the wall time tends to total CPU / cores.
+    return max(1, min(2 * (os.cpu_count() or 1), runs))
+
+
+def _run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from sessionroute.errors import SessionRouteError
+
+    err_console = Console(stderr=True)
+    out_console = err_console if args.json else Console()
+    try:
+        spec = _load(args)
+        jobs = _jobs(args, spec)
+    except (SessionRouteError, ValueError) as exc:
+        err_console.print(f"[red]error:[/red] {exc}", markup=True, highlight=False)
+        return 2
+    from sessionroute.experiments.runner import (
+        default_out_dir,
+        resolved_experiment,
+        run_experiment,
+        write_outputs,
+    )
+    from sessionroute.experiments.spec import resolve_arms
+
+    try:
+        arms = resolve_arms(spec)
+        _check_workloads(arms)
+    except (SessionRouteError, ValueError) as exc:
+        err_console.print(f"[red]error:[/red] {exc}", highlight=False)
+        return 2
+    if args.dry_run:
+        plan = resolved_experiment(spec, arms)
+        print(json.dumps(plan, indent=2))
+        return 0
+    if args.out is not None:  # a bad --out fails now, not after the whole run
+        try:
+            Path(args.out).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            err_console.print(
+                f"[red]error:[/red] cannot create output directory {args.out!r}: {exc}",
+                highlight=False,
+            )
+            return 2
+    from sessionroute.experiments.progress import RichReporter
+    from sessionroute.experiments.sim_arm import simulate_arm
+    from sessionroute.experiments.table import print_comparison
+
+    t0 = time.monotonic()
+    try:
+        with RichReporter(err_console) as reporter:
+            if args.live:
+                from sessionroute.experiments.live.runner import run_live_experiment
+
+                output = run_live_experiment(spec, reporter)
+            else:
+                output = run_experiment(spec, simulate_arm, reporter, jobs=jobs)
+    except SessionRouteError as exc:
+        err_console.print(f"[red]error:[/red] {exc}", highlight=False)
+        return 2
+    out_dir = default_out_dir(spec.name) if args.out is None else Path(args.out)
+    paths = write_outputs(output, out_dir)
+    print_comparison(output.results, out_console)
+    out_console.print(
+        f"wall time {time.monotonic() - t0:.1f} s; report: {paths['report']}  "
+        f"results: {paths['results']}",
+        highlight=False,
+    )
+    if args.json:
+        sys.stdout.write(paths["results"].read_text("utf-8") + "\n")
+    return 0

@@ -1,1 +1,0 @@
-"""Subcommands of the ``sessionroute`` CLI, one module each (see :mod:`sessionroute.cli`)."""

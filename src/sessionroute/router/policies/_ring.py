@@ -1,0 +1,93 @@
+"""A consistent-hash ring with vllm-router's point layout (shared by two policies).
+
+Each worker contributes :data:`POINTS_PER_WORKER` points ``fbi_hash("<url>:<i>")``; a key goes
+to the first point ``>= fbi_hash(key)``, wrapping around (vllm-router ``consistent_hash``,
+``shared/ROUTER.md``).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Iterator
+from typing import Final
+
+from sessionroute.router.hashing import fbi_hash
+from sessionroute.router.policies._rendezvous import fbi_hash_many
+
+__all__ = ["POINTS_PER_WORKER", "HashRing", "KeyHashCache"]
+
+POINTS_PER_WORKER: Final = 160
+"""Virtual nodes per worker, as in vllm-router."""
+
+
+class KeyHashCache:
+    """Memoizes ``fbi_hash(key)`` (a pure-Python hash of ~25 us) for recurring session keys.
+
+    Args:
+        capacity: entries kept; the cache is cleared when it would grow past this.
+    """
+
+    __slots__ = ("_cache", "_capacity")
+
+    def __init__(self, capacity: int = 1 << 20) -> None:
+        self._cache: dict[str, int] = {}
+        self._capacity = capacity
+
+    def __call__(self, key: str) -> int:
+        h = self._cache.get(key)
+        if h is None:
+            if len(self._cache) >= self._capacity:
+                self._cache.clear()
+            h = self._cache[key] = fbi_hash(key)
+        return h
+
+
+class HashRing:
+    """The ring over a set of workers; rebuilt when the set changes."""
+
+    __slots__ = ("_owners", "_point_cache", "_points", "members")
+
+    def __init__(self) -> None:
+        self._point_cache: dict[str, list[int]] = {}
+        self._points: list[int] = []
+        self._owners: list[str] = []
+        self.members: tuple[str, ...] = ()
+
+    def _worker_points(self, url: str) -> list[int]:
+        pts = self._point_cache.get(url)
+        if pts is None:
+            pts = fbi_hash_many([f"{url}:{i}".encode() for i in range(POINTS_PER_WORKER)])
+            self._point_cache[url] = pts
+        return pts
+
+    def rebuild(self, members: tuple[str, ...]) -> None:
+        """Make the ring hold exactly ``members`` (cheap when unchanged)."""
+        if members == self.members:
+            self.members = members
+            return
+        pairs = sorted((p, url) for url in members for p in self._worker_points(url))
+        self._points = [p for p, _ in pairs]
+        self._owners = [u for _, u in pairs]
+        self.members = members
+
+    def owner(self, h: int) -> str:
+        """The worker owning hash ``h`` (first point >= h, wrapping). IndexError if empty."""
+        i = bisect_left(self._points, h)
+        if i == len(self._points):
+            i = 0
+        return self._owners[i]
+
+    def walk(self, h: int) -> Iterator[str]:
+        """Distinct workers in ring order starting at the owner of ``h``."""
+        n = len(self._points)
+        if not n:
+            return
+        start = bisect_left(self._points, h)
+        seen: set[str] = set()
+        for j in range(n):
+            url = self._owners[(start + j) % n]
+            if url not in seen:
+                seen.add(url)
+                yield url
+                if len(seen) == len(self.members):
+                    return

@@ -1,0 +1,69 @@
+"""The base of session-keeping policies: a session table, periodic sweeps, lifecycle queries.
+
+Shared by ``sticky_least_loaded`` and ``consistent_hash_bounded_load``: both pin sessions in a
+:class:`~sessionroute.router.state.sessions.SessionTable` with an idle TTL, sweep it at most every
+``sweep_interval_s`` inside routing calls (vllm-router sweeps at most every 60 s), and unpin a
+removed worker's sessions so they count as re-pinned on their next turn.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from mypy_extensions import mypyc_attr
+
+from sessionroute.clock import Clock
+from sessionroute.router.policies.base import Policy
+from sessionroute.router.state.cluster import ClusterView
+from sessionroute.router.state.sessions import SessionStats, SessionTable
+from sessionroute.types import Decision, DecisionKind
+
+__all__ = ["SessionPolicy"]
+
+
+@mypyc_attr(allow_interpreted_subclasses=True)
+class SessionPolicy(Policy):
+    """A policy that pins sessions. Its ``Config`` must have ``session_ttl_s``,
+    ``sweep_interval_s`` and ``max_sessions``."""
+
+    keeps_sessions: ClassVar[bool] = True
+
+    def __init__(self, config: Any = None, *, clock: Clock, rng: random.Random) -> None:
+        super().__init__(config, clock=clock, rng=rng)
+        self.table = SessionTable(self.config.session_ttl_s, self.config.max_sessions)
+        self._sweep_interval: float = self.config.sweep_interval_s
+        self._last_sweep = clock.now()
+        self._decisions: dict[str, Decision] = {}  # worker -> its (immutable) STICKY decision
+
+    def _maybe_sweep(self, now: float) -> None:
+        """Sweep if ``sweep_interval_s`` has passed since the last sweep."""
+        if now - self._last_sweep >= self._sweep_interval:
+            self.sweep(now)
+
+    def _sticky(self, worker: str) -> Decision:
+        """The cached STICKY decision for ``worker`` (decisions are immutable)."""
+        d = self._decisions.get(worker)
+        if d is None:
+            d = self._decisions[worker] = Decision(worker, DecisionKind.STICKY)
+        return d
+
+    def release_session(self, session_id: str) -> bool:
+        return self.table.release(session_id)
+
+    def on_worker_removed(self, worker: str, cluster: ClusterView) -> None:
+        self.table.displace(worker)
+
+    def sweep(self, now: float) -> int:
+        self._last_sweep = now
+        return self.table.sweep(now)
+
+    def session_counts(self) -> Mapping[str, int]:
+        return self.table.counts()
+
+    def session_stats(self) -> SessionStats:
+        return self.table.stats
+
+    def worker_of(self, session_id: str) -> str | None:
+        return self.table.worker_of(session_id)

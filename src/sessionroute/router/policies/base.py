@@ -1,0 +1,131 @@
+"""The policy contract: a routing policy is a pure, synchronous state machine.
+
+The simulator, the live router and the tests drive every policy through the same calls
+(``shared/DESIGN.md``, "The policy contract"):
+
+* :meth:`Policy.select` picks a worker for a request and reserves whatever the policy tracks
+  (a session pin, a count) in the same call;
+* :meth:`Policy.on_complete` undoes per-request reservations, exactly once per select;
+* :meth:`Policy.release_session` drops a session (idempotent);
+* :meth:`Policy.on_worker_added`, :meth:`Policy.on_worker_removed`,
+  :meth:`Policy.on_health_change` follow the worker set;
+* :meth:`Policy.sweep` expires idle sessions.
+
+Router-side load (in-flight requests and tokens) is kept by the caller's
+:class:`~sessionroute.router.state.Cluster`; policies read it through a
+:class:`~sessionroute.router.state.ClusterView`. Policies never read the wall clock or global
+random: time comes from the injected :class:`~sessionroute.clock.Clock`, randomness from the
+injected :class:`random.Random`.
+"""
+
+from __future__ import annotations
+
+import random
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+from mypy_extensions import mypyc_attr
+
+from sessionroute.clock import Clock
+from sessionroute.errors import NoWorkerAvailable
+from sessionroute.router.state.cluster import ClusterView
+from sessionroute.router.state.sessions import SessionStats
+from sessionroute.types import Decision, RouteRequest
+
+__all__ = ["Policy", "least_loaded_of", "require_healthy"]
+
+
+@mypyc_attr(allow_interpreted_subclasses=True)
+class Policy(ABC):
+    """Base class of routing policies.
+
+    Subclasses set ``name`` (the registry name) and may set ``Config`` (a frozen dataclass of
+    options; its instance is passed as ``config``).
+
+    Args:
+        config: the policy's options (its ``Config`` dataclass), or None for defaults.
+        clock: injected time source (seconds).
+        rng: injected random generator, seeded by the caller.
+    """
+
+    name: ClassVar[str] = "base"
+    Config: ClassVar[type[Any] | None] = None
+    keeps_sessions: ClassVar[bool] = False
+    """True when the policy pins sessions (so clients should call ``/finish_session``)."""
+    needs_content: ClassVar[bool] = False
+    """True when ``select`` reads ``request.text`` or ``request.tokens`` (body is parsed)."""
+
+    def __init__(self, config: Any = None, *, clock: Clock, rng: random.Random) -> None:
+        if config is None and self.Config is not None:
+            config = self.Config()
+        self.config = config
+        self.clock = clock
+        self.rng = rng
+
+    @abstractmethod
+    def select(self, request: RouteRequest, cluster: ClusterView) -> Decision:
+        """Choose a healthy worker for ``request`` and reserve policy state for it.
+
+        Raises:
+            NoWorkerAvailable: when ``cluster`` has no healthy worker.
+        """
+
+    def on_complete(self, request: RouteRequest, worker: str) -> None:
+        """Undo what :meth:`select` reserved for this request; called exactly once."""
+        return None
+
+    def release_session(self, session_id: str) -> bool:
+        """Forget ``session_id``; True if it was known. Idempotent; unknown ids are a no-op."""
+        return False
+
+    def on_worker_added(self, worker: str, cluster: ClusterView) -> None:
+        """``worker`` joined the cluster (it is already in ``cluster``)."""
+        return None
+
+    def on_worker_removed(self, worker: str, cluster: ClusterView) -> None:
+        """``worker`` left the cluster; its sessions are re-placed on their next turn."""
+        return None
+
+    def on_health_change(self, worker: str, healthy: bool, cluster: ClusterView) -> None:
+        """``worker`` became healthy or unhealthy."""
+        return None
+
+    def sweep(self, now: float) -> int:
+        """Expire sessions idle for at least the TTL at time ``now``; returns how many."""
+        return 0
+
+    def session_counts(self) -> Mapping[str, int]:
+        """Active sessions per worker (empty for policies without sessions)."""
+        return {}
+
+    def session_stats(self) -> SessionStats:
+        """Lifecycle counters (all zero for policies without sessions)."""
+        return SessionStats()
+
+    def worker_of(self, session_id: str) -> str | None:
+        """The worker ``session_id`` is pinned to, or None (no side effects)."""
+        return None
+
+
+def require_healthy(cluster: ClusterView) -> tuple[str, ...]:
+    """The healthy workers of ``cluster``; raises NoWorkerAvailable when there are none."""
+    healthy = cluster.healthy()
+    if not healthy:
+        raise NoWorkerAvailable("no healthy worker available")
+    return healthy
+
+
+def least_loaded_of(candidates: Sequence[str], cluster: ClusterView, tiebreak: str) -> str:
+    """The candidate with the fewest in-flight requests; ties by rendezvous on ``tiebreak``.
+
+    Rendezvous hashing (``fbi_hash("<tiebreak>:<worker>")``, highest wins) makes ties
+    deterministic without favouring the first worker in the list.
+    """
+    from sessionroute.router.hashing import rendezvous_score
+
+    best_load = min(cluster.in_flight(w) for w in candidates)
+    tied = [w for w in candidates if cluster.in_flight(w) == best_load]
+    if len(tied) == 1:
+        return tied[0]
+    return max(tied, key=lambda w: rendezvous_score(tiebreak, w))

@@ -1,0 +1,122 @@
+"""The one place where policy names meet policy classes.
+
+Built-in names map to ``module:Class`` paths imported on first use; any other name of the form
+``package.module:Class`` is imported the same way (user policies). Options are validated against
+the policy's ``Config`` dataclass: an unknown option is a :class:`ConfigError` naming it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import random
+from collections.abc import Mapping
+from typing import Any
+
+from sessionroute.clock import Clock
+from sessionroute.errors import ConfigError, UnknownPolicyError
+from sessionroute.router.policies.base import Policy
+
+__all__ = ["BUILTIN_POLICIES", "SESSION_POLICIES", "create_policy", "policy_class", "policy_names"]
+
+BUILTIN_POLICIES: dict[str, str] = {
+    "round_robin": "sessionroute.router.policies.round_robin:RoundRobinPolicy",
+    "random": "sessionroute.router.policies.random_policy:RandomPolicy",
+    "power_of_two": "sessionroute.router.policies.power_of_two:PowerOfTwoPolicy",
+    "least_loaded": "sessionroute.router.policies.least_loaded:LeastLoadedPolicy",
+    "consistent_hash": "sessionroute.router.policies.consistent_hash:ConsistentHashPolicy",
+    "sticky_least_loaded": (
+        "sessionroute.router.policies.sticky_least_loaded:StickyLeastLoadedPolicy"
+    ),
+    "consistent_hash_bounded_load": (
+        "sessionroute.router.policies.consistent_hash_bounded_load:ConsistentHashBoundedLoadPolicy"
+    ),
+    "cache_aware": "sessionroute.router.policies.cache_aware:CacheAwarePolicy",
+}
+"""Registry name -> ``module:Class``."""
+
+SESSION_POLICIES: tuple[str, ...] = (
+    "consistent_hash",
+    "sticky_least_loaded",
+    "consistent_hash_bounded_load",
+)
+"""Built-in policies that route by session id (the default experiment's arms)."""
+
+
+def policy_names() -> list[str]:
+    """Names of the built-in policies, in registry order."""
+    return list(BUILTIN_POLICIES)
+
+
+def _import(path: str, name: str) -> type[Policy]:
+    module_name, _, attr = path.partition(":")
+    if not module_name or not attr:
+        raise UnknownPolicyError(
+            f"unknown policy {name!r}: expected one of {', '.join(BUILTIN_POLICIES)} "
+            "or 'package.module:Class'"
+        )
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise UnknownPolicyError(f"cannot import policy module {module_name!r}: {exc}") from exc
+    cls = getattr(module, attr, None)
+    if cls is None:
+        raise UnknownPolicyError(f"policy module {module_name!r} has no attribute {attr!r}")
+    if not (isinstance(cls, type) and issubclass(cls, Policy)):
+        raise UnknownPolicyError(f"{path!r} is not a sessionroute.router.policies.Policy subclass")
+    return cls
+
+
+def policy_class(name: str) -> type[Policy]:
+    """The class for a built-in name or a ``module:Class`` path.
+
+    Raises:
+        UnknownPolicyError: if the name is unknown or the path does not name a Policy subclass.
+    """
+    return _import(BUILTIN_POLICIES.get(name, name), name)
+
+
+def make_config(cls: type[Policy], options: Mapping[str, Any] | None) -> Any:
+    """Build ``cls.Config`` from ``options``; ConfigError names any unknown or bad option."""
+    options = dict(options or {})
+    cfg_cls = cls.Config
+    if cfg_cls is None:
+        if options:
+            raise ConfigError(f"policy {cls.name!r} takes no options, got {sorted(options)}")
+        return None
+    if dataclasses.is_dataclass(cfg_cls):
+        known = {f.name for f in dataclasses.fields(cfg_cls)}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise ConfigError(
+                f"unknown option(s) {unknown} for policy {cls.name!r}; known: {sorted(known)}"
+            )
+    try:
+        return cfg_cls(**options)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"bad options for policy {cls.name!r}: {exc}") from exc
+
+
+def create_policy(
+    name: str,
+    options: Mapping[str, Any] | None = None,
+    *,
+    clock: Clock,
+    rng: random.Random | None = None,
+    seed: int = 0,
+) -> Policy:
+    """Instantiate a policy by registry name or ``module:Class``.
+
+    Args:
+        name: a built-in name (see :data:`BUILTIN_POLICIES`) or ``package.module:Class``.
+        options: keyword options for the policy's ``Config``.
+        clock: injected clock.
+        rng: injected random generator; a ``random.Random(seed)`` when omitted.
+        seed: seed used when ``rng`` is omitted.
+
+    Raises:
+        UnknownPolicyError: unknown name. ConfigError: unknown or invalid option.
+    """
+    cls = policy_class(name)
+    config = make_config(cls, options)
+    return cls(config, clock=clock, rng=rng if rng is not None else random.Random(seed))

@@ -1,0 +1,96 @@
+"""``sticky_least_loaded``: new sessions to the worker with the fewest active sessions, then pinned.
+
+Semantics of vllm-router's ``sticky_least_loaded`` (vllm-project/router PR #235,
+``shared/ROUTER.md``):
+
+* a known session whose worker is healthy and whose idle time is below the TTL goes there and
+  its access time is refreshed;
+* otherwise it is dropped and placed as new: among healthy workers with the fewest active
+  sessions, the highest ``fbi_hash("<session id>:<worker url>")`` wins (rendezvous hashing);
+* a request without a session id goes to the least-loaded worker (in-flight requests), ties by
+  rendezvous on its text, and records nothing;
+* idle sessions expire on revisit and in a sweep run at most every ``sweep_interval_s`` inside
+  routing calls (the router may also sweep in the background).
+
+A session moved off a failed worker stays on its new worker when the old one returns. Sessions
+of a removed worker are unpinned at once and counted as re-pinned on their next turn.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from mypy_extensions import mypyc_attr
+
+from sessionroute.errors import ConfigError
+from sessionroute.router.policies._rendezvous import rendezvous_winner
+from sessionroute.router.policies._sessions import SessionPolicy
+from sessionroute.router.policies.base import least_loaded_of, require_healthy
+from sessionroute.router.state.cluster import ClusterView
+from sessionroute.types import Decision, DecisionKind, RouteRequest
+
+__all__ = ["StickyLeastLoadedConfig", "StickyLeastLoadedPolicy"]
+
+
+@dataclass(frozen=True, slots=True)
+class StickyLeastLoadedConfig:
+    """Options of ``sticky_least_loaded``.
+
+    Attributes:
+        session_ttl_s: idle seconds before a session expires (vllm-router default 7200, env
+            ``VLLM_ROUTER_SLL_SESSION_EXPIRATION_IN_S``).
+        sweep_interval_s: minimum seconds between sweeps run inside ``select`` (vllm-router: 60).
+        max_sessions: capacity of the session table; the least recently used is evicted.
+    """
+
+    session_ttl_s: float = 7200.0
+    sweep_interval_s: float = 60.0
+    max_sessions: int = 1_000_000
+
+    def __post_init__(self) -> None:
+        if not self.sweep_interval_s >= 0:
+            raise ConfigError(f"sweep_interval_s must be >= 0, got {self.sweep_interval_s!r}")
+
+
+@mypyc_attr(allow_interpreted_subclasses=True)
+class StickyLeastLoadedPolicy(SessionPolicy):
+    """Place new sessions by fewest active sessions (rendezvous tie-break), then keep them."""
+
+    name: ClassVar[str] = "sticky_least_loaded"
+    Config: ClassVar[type[Any] | None] = StickyLeastLoadedConfig
+
+    def select(self, request: RouteRequest, cluster: ClusterView) -> Decision:
+        healthy = require_healthy(cluster)
+        sid = request.session_id
+        if sid is None:
+            tiebreak = request.text or request.request_id or ""
+            return Decision(least_loaded_of(healthy, cluster, tiebreak), DecisionKind.STATELESS)
+        now = self.clock.now()
+        self._maybe_sweep(now)
+        table = self.table
+        worker = table.lookup(sid, now)
+        if worker is not None:
+            if cluster.is_healthy(worker):
+                table.touch(sid, now)
+                table.stats.sticky += 1
+                return self._sticky(worker)
+            table.unpin(sid)
+            kind = DecisionKind.REPINNED
+        elif table.take_displaced(sid, now):
+            kind = DecisionKind.REPINNED
+        else:
+            kind = DecisionKind.NEW
+        worker = self._place(sid, healthy)
+        table.pin(sid, worker, now)
+        if kind is DecisionKind.REPINNED:
+            table.stats.repinned += 1
+        else:
+            table.stats.new += 1
+        return Decision(worker, kind)
+
+    def _place(self, sid: str, healthy: tuple[str, ...]) -> str:
+        count = self.table.count
+        fewest = min(count(w) for w in healthy)
+        tied = [w for w in healthy if count(w) == fewest]
+        return rendezvous_winner(sid, tied)

@@ -1,0 +1,169 @@
+"""The HTTP front of a router: routes, authentication and JSON errors.
+
+Routes (``shared/ROUTER.md``): ``POST /v1/chat/completions``, ``/v1/completions``,
+``/v1/responses``, ``/v1/embeddings`` (proxied); ``POST /finish_session``, ``/add_worker``,
+``/remove_worker``; ``GET /list_workers``, ``/liveness``, ``/readiness``, ``/health``,
+``/v1/models``, ``/metrics``. With ``--router-api-key`` every route but ``/liveness``,
+``/readiness`` and ``/health`` (and any unknown path) needs ``Authorization: Bearer <key>``
+(compared in constant time); any other request gets a 401 JSON error. Unknown routes and
+methods get 404/405 JSON errors; an unexpected exception is a 500 JSON error and never takes
+the router down.
+
+The listener is the router's own HTTP/1.1 protocol (:mod:`sessionroute.serve.http1`);
+:class:`RouterApp` is its handler: authentication, a dictionary of paths and methods, and
+``Expect`` handling inline, then either the proxy (which writes the upstream answer straight to
+the connection) or a generic handler returning a :class:`~sessionroute.serve.wire.Response`.
+GET routes also answer HEAD.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from typing import Any
+
+from sessionroute.serve import handlers
+from sessionroute.serve.errors import error_for_exception, error_response
+from sessionroute.serve.http1 import Connection, Request
+from sessionroute.serve.listener import Listener
+from sessionroute.serve.proxy import proxy_request
+from sessionroute.serve.router import Router
+from sessionroute.serve.wire import Response
+
+__all__ = ["GENERATION_ROUTES", "RouterApp", "build_listener", "build_metrics_listener"]
+
+log = logging.getLogger("sessionroute.serve")
+
+GENERATION_ROUTES: tuple[str, ...] = (
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/responses",
+    "/v1/embeddings",
+)
+"""Routes proxied to a worker chosen by the policy."""
+
+_OPEN_ROUTES = frozenset({"/liveness", "/readiness", "/health"})
+
+Handler = Callable[[Request, Router], Awaitable[Response]]
+"""A generic route handler: the request (body not awaited) and the router."""
+
+_PROXY = "proxy"
+
+
+class RouterApp:
+    """The request handler of a router listener (see the module docstring).
+
+    Args:
+        router: the router the handlers act on.
+        routes: path -> method -> handler (or ``"proxy"`` for a generation route); GET
+            routes also answer HEAD.
+    """
+
+    def __init__(self, router: Router, routes: Mapping[str, Mapping[str, Handler | str]]) -> None:
+        self._router = router
+        table: dict[str, dict[str, Handler | str]] = {}
+        for path, methods in routes.items():
+            table[path] = dict(methods)
+            if "GET" in methods and "HEAD" not in methods:
+                table[path]["HEAD"] = methods["GET"]
+        self._routes = table
+        key = router.settings.router_api_key
+        self._expected = f"Bearer {key}".encode() if key else None
+
+    def __call__(self, conn: Connection, req: Request) -> Coroutine[Any, Any, None] | None:
+        """Dispatch one request (headers complete); never raises for anything sent."""
+        path = req.path
+        if self._expected is not None and path not in _OPEN_ROUTES:
+            got = req.lower.get(b"authorization", b"")
+            if not hmac.compare_digest(got, self._expected):
+                conn.respond(
+                    error_response(
+                        401,
+                        "missing or invalid router API key (send 'Authorization: Bearer <key>')",
+                        "invalid_api_key",
+                        headers=(("WWW-Authenticate", "Bearer"),),
+                    )
+                )
+                return None
+        methods = self._routes.get(path)
+        if methods is None:
+            conn.respond(error_response(404, "Not Found", "not_found"))
+            return None
+        handler = methods.get(req.method)
+        if handler is None:
+            conn.respond(
+                error_response(
+                    405,
+                    "Method Not Allowed",
+                    "method_not_allowed",
+                    headers=(("Allow", ", ".join(sorted(methods))),),
+                )
+            )
+            return None
+        if b"expect" in req.lower and not _expect(conn, req):
+            return None
+        if handler == _PROXY:
+            return proxy_request(conn, req, self._router)
+        if isinstance(handler, str):
+            raise TypeError(f"unknown route kind {handler!r}")
+        return _generic(conn, req, handler, self._router)
+
+
+def _expect(conn: Connection, req: Request) -> bool:
+    """Answer ``Expect: 100-continue`` (417 for other expectations); False when answered."""
+    if req.http10:
+        return True
+    expect = req.lower[b"expect"]
+    if expect.lower() == b"100-continue":
+        if not req.complete and not req.too_large:
+            conn.send_continue()
+        return True
+    text = expect.decode("utf-8", "replace")
+    conn.respond(error_response(417, f"unknown Expect: {text}", "expectation_failed"))
+    return False
+
+
+async def _generic(conn: Connection, req: Request, handler: Handler, router: Router) -> None:
+    try:
+        resp = await handler(req, router)
+    except Exception as exc:
+        log.exception("unhandled error on %s %s", req.method, req.path)
+        resp = error_for_exception(exc)
+    conn.respond(resp)
+
+
+def _routes() -> dict[str, dict[str, Handler | str]]:
+    routes: dict[str, dict[str, Handler | str]] = {
+        path: {"POST": _PROXY} for path in GENERATION_ROUTES
+    }
+    routes.update(
+        {
+            "/finish_session": {"POST": handlers.finish_session},
+            "/add_worker": {"POST": handlers.add_worker},
+            "/remove_worker": {"POST": handlers.remove_worker},
+            "/list_workers": {"GET": handlers.list_workers},
+            "/liveness": {"GET": handlers.liveness},
+            "/readiness": {"GET": handlers.readiness},
+            "/health": {"GET": handlers.health},
+            "/v1/models": {"GET": handlers.models},
+            "/metrics": {"GET": handlers.metrics},
+        }
+    )
+    return routes
+
+
+def build_listener(router: Router) -> Listener:
+    """The router's main listener (start it with ``await listener.start(host, port)``; start
+    the router itself with ``router.start()``)."""
+    s = router.settings
+    access_log = logging.getLogger("sessionroute.access") if s.log_level == "debug" else None
+    return Listener(
+        RouterApp(router, _routes()), max_body=s.max_payload_size, access_log=access_log
+    )
+
+
+def build_metrics_listener(router: Router) -> Listener:
+    """A listener serving only ``GET /metrics`` (for ``--prometheus-port``)."""
+    app = RouterApp(router, {"/metrics": {"GET": handlers.metrics}})
+    return Listener(app, max_body=router.settings.max_payload_size)

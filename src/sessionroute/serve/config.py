@@ -1,0 +1,178 @@
+"""Validated router settings (pydantic) built from the ``sessionroute serve`` command line.
+
+The flags shared with vllm-router keep its names and defaults (vllm-router 0.1.17,
+``shared/ROUTER.md``); ours are ``--session-headers``, ``--session-ttl-secs``,
+``--session-sweep-interval-secs``, ``--router-api-key``, ``--shutdown-timeout-secs`` and
+``--policy module:Class``. vllm-router options this router does not implement (PD
+disaggregation, service discovery, rate limiting, ...) fail with a message naming them rather
+than being silently ignored.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from sessionroute.errors import ConfigError
+from sessionroute.router.state.session_id import DEFAULT_SESSION_HEADERS
+from sessionroute.serve.flags import (
+    DEFAULT_REQUEST_ID_HEADERS,
+    DEFAULTS,
+    SESSION_TTL_ENV,
+    add_arguments,
+)
+
+__all__ = [
+    "DEFAULTS",
+    "DEFAULT_REQUEST_ID_HEADERS",
+    "SESSION_TTL_ENV",
+    "RouterSettings",
+    "add_arguments",
+    "settings_from_args",
+]
+
+
+class RouterSettings(BaseModel):
+    """Everything ``sessionroute serve`` needs, validated (seconds, bytes, counts as named).
+
+    Raises:
+        pydantic.ValidationError: on construction with an invalid value (the CLI turns it into
+            :class:`~sessionroute.errors.ConfigError`).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    host: str = DEFAULTS["host"]
+    port: int = Field(DEFAULTS["port"], ge=0, le=65535)
+    worker_urls: tuple[str, ...] = ()
+    policy: str = DEFAULTS["policy"]
+    session_headers: tuple[str, ...] = DEFAULT_SESSION_HEADERS
+    request_id_headers: tuple[str, ...] = DEFAULT_REQUEST_ID_HEADERS
+    session_ttl_secs: float = Field(DEFAULTS["session_ttl_secs"], gt=0)
+    session_sweep_interval_secs: float = Field(DEFAULTS["session_sweep_interval_secs"], gt=0)
+    request_timeout_secs: float = Field(DEFAULTS["request_timeout_secs"], gt=0)
+    health_check_interval_secs: float = Field(DEFAULTS["health_check_interval_secs"], gt=0)
+    health_recheck_interval_secs: float = Field(DEFAULTS["health_recheck_interval_secs"], gt=0)
+    health_check_timeout_secs: float = Field(DEFAULTS["health_check_timeout_secs"], gt=0)
+    health_failure_threshold: int = Field(DEFAULTS["health_failure_threshold"], ge=1)
+    health_success_threshold: int = Field(DEFAULTS["health_success_threshold"], ge=1)
+    health_check_endpoint: str = DEFAULTS["health_check_endpoint"]
+    retry_max_retries: int = Field(DEFAULTS["retry_max_retries"], ge=1)
+    retry_initial_backoff_ms: float = Field(DEFAULTS["retry_initial_backoff_ms"], ge=0)
+    retry_max_backoff_ms: float = Field(DEFAULTS["retry_max_backoff_ms"], ge=0)
+    retry_backoff_multiplier: float = Field(DEFAULTS["retry_backoff_multiplier"], ge=1.0)
+    retry_jitter_factor: float = Field(DEFAULTS["retry_jitter_factor"], ge=0.0, le=1.0)
+    disable_retries: bool = False
+    cb_failure_threshold: int = Field(DEFAULTS["cb_failure_threshold"], ge=1)
+    cb_success_threshold: int = Field(DEFAULTS["cb_success_threshold"], ge=1)
+    cb_timeout_duration_secs: float = Field(DEFAULTS["cb_timeout_duration_secs"], gt=0)
+    disable_circuit_breaker: bool = False
+    max_payload_size: int = Field(DEFAULTS["max_payload_size"], ge=1)
+    prometheus_host: str = DEFAULTS["prometheus_host"]
+    prometheus_port: int | None = Field(None, ge=0, le=65535)
+    api_key: str | None = None
+    router_api_key: str | None = None
+    log_level: Literal["debug", "info", "warning", "error", "critical"] = DEFAULTS["log_level"]
+    cache_threshold: float = Field(DEFAULTS["cache_threshold"], ge=0.0, le=1.0)
+    balance_abs_threshold: int = Field(DEFAULTS["balance_abs_threshold"], ge=0)
+    balance_rel_threshold: float = Field(DEFAULTS["balance_rel_threshold"], ge=1.0)
+    shutdown_timeout_secs: float = Field(DEFAULTS["shutdown_timeout_secs"], ge=0)
+
+    @field_validator("worker_urls")
+    @classmethod
+    def _check_urls(cls, urls: tuple[str, ...]) -> tuple[str, ...]:
+        for url in urls:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"worker url must start with http:// or https://: {url!r}")
+        if len(set(urls)) != len(urls):
+            raise ValueError(f"duplicate worker url in {list(urls)}")
+        return urls
+
+    @field_validator("session_headers", "request_id_headers")
+    @classmethod
+    def _check_headers(cls, names: tuple[str, ...]) -> tuple[str, ...]:
+        out = tuple(n.strip().lower() for n in names)
+        if any(not n or any(c.isspace() or c == ":" for c in n) for n in out):
+            raise ValueError(f"invalid header name in {list(names)}")
+        return out
+
+    @field_validator("health_check_endpoint")
+    @classmethod
+    def _check_endpoint(cls, path: str) -> str:
+        if not path.startswith("/"):
+            raise ValueError(f"health check endpoint must start with '/': {path!r}")
+        return path
+
+    @property
+    def max_attempts(self) -> int:
+        """Total upstream attempts per request (1 when retries are disabled)."""
+        return 1 if self.disable_retries else self.retry_max_retries
+
+    def policy_options(self, known: set[str]) -> dict[str, Any]:
+        """Options for the policy's ``Config`` among ``known`` field names.
+
+        ``session_ttl_secs`` maps to ``session_ttl_s``; ``cache_threshold`` and the two balance
+        thresholds pass under their own names.
+        """
+        candidates: dict[str, Any] = {
+            "session_ttl_s": self.session_ttl_secs,
+            "cache_threshold": self.cache_threshold,
+            "balance_abs_threshold": self.balance_abs_threshold,
+            "balance_rel_threshold": self.balance_rel_threshold,
+        }
+        return {k: v for k, v in candidates.items() if k in known}
+
+    @classmethod
+    def build(cls, **values: Any) -> RouterSettings:
+        """Validate ``values`` into settings.
+
+        Raises:
+            ConfigError: naming every invalid field and its value.
+        """
+        try:
+            return cls(**values)
+        except ValidationError as exc:
+            parts = []
+            for err in exc.errors():
+                loc = ".".join(str(p) for p in err["loc"]) or "settings"
+                parts.append(f"--{loc.replace('_', '-')}: {err['msg']} (got {err.get('input')!r})")
+            raise ConfigError("invalid router settings: " + "; ".join(parts)) from None
+
+
+def settings_from_args(
+    args: argparse.Namespace, environ: Mapping[str, str] | None = None
+) -> RouterSettings:
+    """Validated settings from parsed ``serve`` arguments.
+
+    The session TTL is ``--session-ttl-secs`` if given, else ``$VLLM_ROUTER_SLL_SESSION_
+    EXPIRATION_IN_S``, else 7200 seconds.
+
+    Raises:
+        ConfigError: on any invalid value (named with the value), including a bad TTL variable.
+    """
+    env = os.environ if environ is None else environ
+    ttl = args.session_ttl_secs
+    if ttl is None:
+        raw = env.get(SESSION_TTL_ENV)
+        if raw:
+            try:
+                ttl = float(raw)
+            except ValueError:
+                raise ConfigError(f"{SESSION_TTL_ENV} must be a number, got {raw!r}") from None
+        else:
+            ttl = 7200.0
+    values: dict[str, Any] = {
+        name: getattr(args, name)
+        for name in RouterSettings.model_fields
+        if name not in ("session_ttl_secs", "request_id_headers", "worker_urls", "session_headers")
+    }
+    values["session_ttl_secs"] = ttl
+    values["worker_urls"] = tuple(args.worker_urls or ())
+    values["session_headers"] = tuple(args.session_headers)
+    if args.request_id_headers:
+        values["request_id_headers"] = tuple(args.request_id_headers)
+    return RouterSettings.build(**values)

@@ -1,0 +1,381 @@
+"""One exchange with a worker on a pooled connection (see :mod:`sessionroute.serve.upstream`).
+
+:class:`WorkerConnection` is the protocol of one keep-alive connection: it feeds the
+``httptools`` response parser, whose callbacks go to the :class:`Exchange` using the
+connection. An exchange sends one request, waits for the response head, then collects the
+body (:meth:`Exchange.read`) or relays it to the client as it arrives
+(:meth:`Exchange.relay`), pausing the worker connection while the client's buffer is full.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+import httptools
+
+if TYPE_CHECKING:
+    from sessionroute.serve.upstream import UpstreamPool
+    from sessionroute.serve.wire import ResponseWriter
+
+__all__ = [
+    "MAX_RESPONSE_HEAD_BYTES",
+    "Exchange",
+    "UpstreamConnectError",
+    "UpstreamError",
+    "WorkerConnection",
+]
+
+MAX_RESPONSE_HEAD_BYTES = 65536
+"""Most bytes a worker may send before its response head is complete (the listener's limit on
+request heads too): a worker streaming endless headers is cut off with a 502 instead of
+filling the router's memory."""
+
+
+class UpstreamError(Exception):
+    """The worker connection broke, or its response was malformed."""
+
+
+class UpstreamConnectError(UpstreamError):
+    """The worker refused the connection, or did not accept it within the connect timeout."""
+
+
+class WorkerConnection(asyncio.Protocol):
+    """One connection to a worker; parser callbacks go to the :class:`Exchange` using it.
+
+    Attributes:
+        transport: the transport (None before the connection is made).
+        exchange: the exchange using the connection (None while idle: a response then is
+            a protocol error and closes the connection).
+        lost: the connection is closed.
+    """
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.exchange: Exchange | None = None
+        self.lost = False
+        self._parser = httptools.HttpResponseParser(self)
+        self._head_bytes = 0  # bytes received while the current response head is incomplete
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self.lost = True
+        ex = self.exchange
+        if ex is not None:
+            ex._on_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self._parser.feed_data(data)
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
+            # (the parser callbacks raise nothing else; an upgrade is a 101, refused below)
+            ex = self.exchange
+            if ex is not None:
+                ex._fail(UpstreamError(f"malformed response: {exc.__context__ or exc}"))
+            self.close()
+            return
+        ex = self.exchange
+        if ex is not None and not ex.status:  # the head is still incomplete
+            self._head_bytes += len(data)
+            if self._head_bytes > MAX_RESPONSE_HEAD_BYTES:
+                ex._fail(
+                    UpstreamError(
+                        f"response head over {MAX_RESPONSE_HEAD_BYTES} bytes "
+                        f"({self._head_bytes} received without its end)"
+                    )
+                )
+                self.close()
+
+    def close(self) -> None:
+        """Close the connection (idempotent)."""
+        self.lost = True
+        if self.transport is not None:
+            self.transport.close()
+
+    # -- parser callbacks (an AttributeError while idle is a protocol error) ---------------
+    def on_message_begin(self) -> None:
+        ex = self.exchange
+        if ex is None or ex.complete:  # a second response to one request: desync
+            raise RuntimeError("unsolicited response")
+        self._head_bytes = 0
+        ex.headers = []
+        ex.reason = b""
+
+    def on_status(self, status: bytes) -> None:
+        self.exchange.reason += status  # type: ignore[union-attr]
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.exchange.headers.append((name, value))  # type: ignore[union-attr]
+
+    def on_headers_complete(self) -> None:
+        parser = self._parser
+        self.exchange._on_head(parser.get_status_code(), parser.should_keep_alive())  # type: ignore[union-attr]
+
+    def on_body(self, body: bytes) -> None:
+        self.exchange._on_body(body)  # type: ignore[union-attr]
+
+    def on_message_complete(self) -> None:
+        self.exchange._on_complete()  # type: ignore[union-attr]
+
+
+class Exchange:
+    """One request/response exchange with a worker.
+
+    Creating it registers its deadline (now plus the pool's ``timeout_s``) with the pool's
+    watchdog, which cancels ``task`` when it passes (see :meth:`is_timeout`). Always
+    :meth:`close` it (``try/finally``).
+
+    Args:
+        pool: the pool the connection comes from.
+        worker: the worker base URL.
+        task: the task that awaits the exchange (the request handler's).
+
+    Attributes:
+        worker: the worker base URL.
+        deadline: ``time.monotonic()`` by which the exchange must end (seconds).
+        timed_out: True once the watchdog cancelled the owning task for this exchange.
+        status: the response status (0 before :meth:`send` returned).
+        reason: the reason phrase as received.
+        headers: the response headers as received, (name, value) pairs.
+        complete: the whole response body has arrived.
+    """
+
+    __slots__ = (
+        "_cancelling",
+        "_conn",
+        "_error",
+        "_info",
+        "_parts",
+        "_pool",
+        "_sink",
+        "_task",
+        "_uncancelled",
+        "_up_paused",
+        "_waiter",
+        "complete",
+        "deadline",
+        "headers",
+        "keep_alive",
+        "reason",
+        "status",
+        "timed_out",
+        "worker",
+    )
+
+    def __init__(self, pool: UpstreamPool, worker: str, task: asyncio.Task[Any]) -> None:
+        self._pool = pool
+        self._task = task
+        self._cancelling = task.cancelling()
+        self._uncancelled = False
+        self._conn: WorkerConnection | None = None
+        self._error: UpstreamError | None = None
+        self._info = False
+        self._parts: list[bytes] = []
+        self._sink: ResponseWriter | None = None
+        self._up_paused = False
+        self._waiter: asyncio.Future[None] | None = None
+        self.worker = worker
+        self.deadline = time.monotonic() + pool.timeout_s
+        self.timed_out = False
+        self.status = 0
+        self.reason = b""
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.keep_alive = False
+        self.complete = False
+        pool._inflight[self] = None
+
+    async def send(self, parts: Iterable[bytes]) -> int:
+        """Send the request (``parts``: head and body) and wait for the response headers.
+
+        Informational (1xx) responses are skipped. Returns the status; the body is then
+        read with :meth:`read` or :meth:`relay`.
+
+        Raises:
+            UpstreamConnectError: no connection could be made (nothing was sent).
+            UpstreamError: the connection broke or the response was malformed.
+            asyncio.CancelledError: the owning task was cancelled (see :attr:`timed_out`).
+        """
+        pool = self._pool
+        target = pool._targets.get(self.worker) or pool._target(self.worker)
+        idle = target.idle
+        conn = None
+        # idle since before `stale` (the keep-alive ago): the worker may be closing it now
+        stale = self.deadline - pool.timeout_s - pool.keepalive_s
+        while idle:  # the most recently used first; closed or stale ones are dropped
+            cand, since = idle.pop()
+            if not cand.lost and since > stale:
+                conn = cand
+                break
+            cand.close()
+        if conn is None:
+            conn = await pool._connect(target)
+        self._conn = conn
+        conn.exchange = self
+        transport = conn.transport
+        if transport is None or conn.lost:
+            raise UpstreamError("the worker closed the connection")
+        transport.writelines(parts)
+        while not self.status:
+            if self._error is not None:
+                raise self._error
+            self._waiter = waiter = self._task.get_loop().create_future()
+            await waiter
+        return self.status
+
+    async def read(self) -> bytes:
+        """The whole response body.
+
+        Raises:
+            UpstreamError: the connection broke before the body ended.
+            asyncio.CancelledError: as :meth:`send`.
+        """
+        while not self.complete:
+            if self._error is not None:
+                raise self._error
+            self._waiter = waiter = self._task.get_loop().create_future()
+            await waiter
+        return self.body()
+
+    def body(self) -> bytes:
+        """The body received so far (all of it once :attr:`complete`)."""
+        parts = self._parts
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    async def relay(self, sink: ResponseWriter) -> None:
+        """Write the response body to ``sink`` as it arrives, until it ends.
+
+        Reading from the worker pauses while ``sink`` is paused (its buffer is full).
+
+        Raises:
+            UpstreamError: the connection broke before the body ended.
+            asyncio.CancelledError: as :meth:`send`.
+        """
+        for part in self._parts:
+            sink.write(part)
+        self._parts = []
+        self._sink = sink
+        if sink.paused:
+            self._pause_upstream()
+        while not self.complete:
+            if self._error is not None:
+                raise self._error
+            self._waiter = waiter = self._task.get_loop().create_future()
+            await waiter
+
+    # -- from the connection -------------------------------------------------------------
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def _on_head(self, status: int, keep_alive: bool) -> None:
+        if status == 101:  # the router asked for no upgrade: nothing valid can follow
+            self._fail(UpstreamError("unexpected 101 Switching Protocols"))
+            return
+        if 100 <= status < 200:
+            self._info = True  # an interim response: the real one follows
+            return
+        self.status = status
+        self.keep_alive = keep_alive
+        self._wake()
+
+    def _on_body(self, data: bytes) -> None:
+        sink = self._sink
+        if sink is None:
+            self._parts.append(data)
+            return
+        sink.write(data)
+        if sink.paused and not self._up_paused:
+            self._pause_upstream()
+
+    def _on_complete(self) -> None:
+        if self._info:
+            self._info = False
+            return
+        self.complete = True
+        self._wake()
+
+    def _on_lost(self, exc: BaseException | None) -> None:
+        if self.complete:
+            return
+        if self.status and not self._framed() and exc is None:
+            self.complete = True  # a body delimited by the close
+            self.keep_alive = False
+        else:
+            what = f"{type(exc).__name__}: {exc}" if exc is not None else "closed"
+            self._error = UpstreamError(f"the worker closed the connection ({what})")
+        self._wake()
+
+    def _fail(self, error: UpstreamError) -> None:
+        if self._error is None and not self.complete:
+            self._error = error
+            self._wake()
+
+    def _framed(self) -> bool:
+        return any(n.lower() in (b"content-length", b"transfer-encoding") for n, _ in self.headers)
+
+    def _pause_upstream(self) -> None:
+        conn = self._conn
+        sink = self._sink
+        if conn is None or conn.transport is None or sink is None:
+            return
+        self._up_paused = True
+        conn.transport.pause_reading()
+        sink.on_resume = self._resume_upstream
+
+    def _resume_upstream(self) -> None:
+        conn = self._conn
+        if self._up_paused and conn is not None and conn.transport is not None and not conn.lost:
+            self._up_paused = False
+            conn.transport.resume_reading()
+
+    # -- timeouts and release ------------------------------------------------------------
+    def expire(self) -> None:
+        """Called by the watchdog when the deadline passed: cancel the owning task."""
+        if not self.timed_out:
+            self.timed_out = True
+            self._task.cancel()
+
+    def is_timeout(self) -> bool:
+        """Call in ``except asyncio.CancelledError``: True when the cancellation is this
+        exchange's timeout and nothing else (the task is then un-cancelled and may go on);
+        False when it must propagate (the client went away, or the task is being stopped).
+
+        The same rule as ``asyncio.timeout``.
+        """
+        if not self.timed_out:
+            return False
+        if not self._uncancelled:
+            self._uncancelled = True
+            return self._task.uncancel() <= self._cancelling
+        return self._task.cancelling() <= self._cancelling
+
+    def close(self) -> None:
+        """End the exchange: keep the connection if the response was read to the end.
+
+        Anything else (an error, a timeout, a body not read to the end) closes it.
+        Idempotent.
+        """
+        self._pool._inflight.pop(self, None)
+        self._sink = None
+        conn = self._conn
+        if conn is None:
+            return
+        self._conn = None
+        conn.exchange = None
+        if self.timed_out or not self.complete or not self.keep_alive or conn.lost:
+            conn.close()
+            return
+        if self._up_paused and conn.transport is not None:
+            conn.transport.resume_reading()
+        target = self._pool._targets.get(self.worker)
+        if target is None or len(target.idle) >= self._pool._max_idle:
+            conn.close()  # a removed worker, or more idle connections than kept
+        else:
+            target.idle.append((conn, time.monotonic()))

@@ -1,0 +1,228 @@
+"""The ``sessionroute serve`` command line (argparse only; cheap to import).
+
+The flags shared with vllm-router keep its names and defaults (vllm-router 0.1.17,
+``shared/ROUTER.md``); ours are ``--session-headers``, ``--session-ttl-secs``,
+``--session-sweep-interval-secs``, ``--router-api-key``, ``--shutdown-timeout-secs`` and
+``--policy module:Class``. vllm-router options this router does not implement (PD
+disaggregation, service discovery, rate limiting, ...) fail with a message naming them rather
+than being silently ignored. Validation lives in :mod:`sessionroute.serve.config`.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from sessionroute.router.state.session_id import DEFAULT_SESSION_HEADERS
+
+__all__ = [
+    "DEFAULTS",
+    "DEFAULT_REQUEST_ID_HEADERS",
+    "SESSION_TTL_ENV",
+    "add_arguments",
+]
+
+SESSION_TTL_ENV = "VLLM_ROUTER_SLL_SESSION_EXPIRATION_IN_S"
+"""vllm-router's environment variable for the ``sticky_least_loaded`` session TTL (seconds)."""
+
+DEFAULT_REQUEST_ID_HEADERS: tuple[str, ...] = (
+    "x-request-id",
+    "x-correlation-id",
+    "x-trace-id",
+    "request-id",
+)
+"""Headers whose value is echoed as the response's ``x-request-id`` (vllm-router's defaults)."""
+
+DEFAULTS: dict[str, Any] = {
+    "host": "127.0.0.1",
+    "port": 30000,
+    "policy": "sticky_least_loaded",
+    "session_ttl_secs": 7200.0,
+    "session_sweep_interval_secs": 60.0,
+    "request_timeout_secs": 1800.0,
+    "health_check_interval_secs": 60.0,
+    "health_recheck_interval_secs": 5.0,
+    "health_check_timeout_secs": 5.0,
+    "health_failure_threshold": 3,
+    "health_success_threshold": 2,
+    "health_check_endpoint": "/health",
+    "retry_max_retries": 5,
+    "retry_initial_backoff_ms": 50.0,
+    "retry_max_backoff_ms": 30000.0,
+    "retry_backoff_multiplier": 1.5,
+    "retry_jitter_factor": 0.2,
+    "cb_failure_threshold": 10,
+    "cb_success_threshold": 3,
+    "cb_timeout_duration_secs": 60.0,
+    "max_payload_size": 512 * 1024 * 1024,
+    "prometheus_host": "127.0.0.1",
+    "log_level": "info",
+    "cache_threshold": 0.3,
+    "balance_abs_threshold": 64,
+    "balance_rel_threshold": 1.5,
+    "shutdown_timeout_secs": 30.0,
+}
+"""Defaults of the ``serve`` flags (vllm-router 0.1.17's where the flag is shared)."""
+
+
+_UNSUPPORTED_VLLM_ROUTER_FLAGS: dict[str, str] = {
+    "--vllm-pd-disaggregation": "prefill/decode disaggregation",
+    "--prefill": "prefill/decode disaggregation",
+    "--decode": "prefill/decode disaggregation",
+    "--prefill-policy": "prefill/decode disaggregation",
+    "--decode-policy": "prefill/decode disaggregation",
+    "--pd-kv-events": "prefill/decode disaggregation",
+    "--kv-connector": "prefill/decode disaggregation",
+    "--vllm-discovery-address": "prefill/decode disaggregation",
+    "--mini-lb": "MiniLB",
+    "--enable-program-scheduling": "program scheduling",
+    "--program-scheduling-config-json": "program scheduling",
+    "--service-discovery": "Kubernetes service discovery",
+    "--selector": "Kubernetes service discovery",
+    "--prefill-selector": "Kubernetes service discovery",
+    "--decode-selector": "Kubernetes service discovery",
+    "--service-discovery-port": "Kubernetes service discovery",
+    "--service-discovery-namespace": "Kubernetes service discovery",
+    "--enable-igw": "multi-model gateway mode",
+    "--intra-node-data-parallel-size": "data-parallel-aware routing",
+    "--wasm-middleware": "WASM middleware",
+    "--wasm-middleware-sha256": "WASM middleware",
+    "--wasm-middleware-route": "WASM middleware",
+    "--max-concurrent-requests": "admission control / rate limiting",
+    "--queue-size": "admission control / rate limiting",
+    "--queue-timeout-secs": "admission control / rate limiting",
+    "--rate-limit-tokens-per-second": "admission control / rate limiting",
+    "--cors-allowed-origins": "CORS",
+    "--kv-event-source": "kv_aware routing",
+    "--kv-event-replay-source": "kv_aware routing",
+    "--kv-event-block-size": "kv_aware routing",
+    "--kv-event-model": "kv_aware routing",
+    "--kv-aware-session-affinity-ttl-secs": "kv_aware routing",
+    "--router-temperature": "kv_aware routing",
+    "--kv-penalty-host": "kv_aware routing",
+    "--kv-penalty-external": "kv_aware routing",
+    "--kv-penalty-disk": "kv_aware routing",
+    "--log-dir": "log files (logs go to stderr)",
+}
+
+
+class _Unsupported(argparse.Action):
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+        kwargs["nargs"] = "*"
+        kwargs["help"] = argparse.SUPPRESS
+        super().__init__(option_strings, dest, **kwargs)
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        feature = _UNSUPPORTED_VLLM_ROUTER_FLAGS.get(option_string or "", "this feature")
+        parser.error(
+            f"{option_string} is a vllm-router option that sessionroute serve does not "
+            f"support ({feature})"
+        )
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add every ``serve`` flag to ``parser`` (defaults shown by ``--help``).
+
+    The usage line is short: argparse's generated one lists all ~35 flags, and printed it
+    above every error (a mistyped flag scrolled its one-line message off a 30-line block).
+    """
+    parser.usage = "%(prog)s [--worker-urls URL ...] [--policy POLICY] [options] (see --help)"
+    d = DEFAULTS
+    a = parser.add_argument
+    a("--host", default=d["host"], help="address to bind (default: %(default)s)")
+    a("--port", type=int, default=d["port"], help="port to bind (default: %(default)s)")
+    a("--worker-urls", nargs="*", default=[], metavar="URL", help="worker base URLs")
+    a(
+        "--policy",
+        default=d["policy"],
+        help="routing policy: round_robin, random, power_of_two, cache_aware, consistent_hash, "
+        "sticky_least_loaded, least_loaded, consistent_hash_bounded_load, or "
+        "package.module:Class (default: %(default)s)",
+    )
+    a(
+        "--session-headers",
+        nargs="+",
+        default=list(DEFAULT_SESSION_HEADERS),
+        metavar="H",
+        help="headers carrying the session id, checked in order (default: x-session-id)",
+    )
+    a(
+        "--request-id-headers",
+        nargs="*",
+        default=None,
+        metavar="H",
+        help="headers echoed back as x-request-id (default: "
+        + " ".join(DEFAULT_REQUEST_ID_HEADERS)
+        + ")",
+    )
+    a(
+        "--session-ttl-secs",
+        type=float,
+        default=None,
+        help=f"idle seconds before a session expires (default: ${SESSION_TTL_ENV} or 7200)",
+    )
+    a(
+        "--session-sweep-interval-secs",
+        type=float,
+        default=d["session_sweep_interval_secs"],
+        help="seconds between background sweeps of idle sessions (default: %(default)s)",
+    )
+    for name, typ, help_text in (
+        ("request_timeout_secs", float, "upstream request timeout, seconds"),
+        ("health_check_interval_secs", float, "seconds between health checks"),
+        (
+            "health_recheck_interval_secs",
+            float,
+            "seconds between extra checks of unhealthy workers only, so a worker that comes "
+            "up is back within about threshold x this (sessionroute only)",
+        ),
+        ("health_check_timeout_secs", float, "health check timeout, seconds"),
+        ("health_failure_threshold", int, "consecutive failed checks before unhealthy"),
+        ("health_success_threshold", int, "consecutive passed checks before healthy"),
+        ("health_check_endpoint", str, "health check path"),
+        ("retry_max_retries", int, "total upstream attempts per request"),
+        ("retry_initial_backoff_ms", float, "first retry backoff, milliseconds"),
+        ("retry_max_backoff_ms", float, "largest retry backoff, milliseconds"),
+        ("retry_backoff_multiplier", float, "backoff growth per retry"),
+        ("retry_jitter_factor", float, "relative jitter of each backoff, 0..1"),
+        ("cb_failure_threshold", int, "consecutive failures that open a worker's circuit"),
+        ("cb_success_threshold", int, "successes in half-open state that close it"),
+        ("cb_timeout_duration_secs", float, "seconds a circuit stays open"),
+        ("max_payload_size", int, "largest request body, bytes"),
+        ("prometheus_host", str, "address of the separate metrics listener"),
+        ("cache_threshold", float, "cache_aware: prefix-match threshold 0..1"),
+        ("balance_abs_threshold", int, "cache_aware: absolute load imbalance trigger"),
+        ("balance_rel_threshold", float, "cache_aware: relative load imbalance trigger"),
+        ("shutdown_timeout_secs", float, "seconds in-flight requests get on shutdown"),
+    ):
+        a(
+            "--" + name.replace("_", "-"),
+            type=typ,
+            default=d[name],
+            help=f"{help_text} (default: %(default)s)",
+        )
+    a("--disable-retries", action="store_true", help="one attempt per request")
+    a("--disable-circuit-breaker", action="store_true", help="never open a worker's circuit")
+    a(
+        "--cb-window-duration-secs",
+        type=float,
+        default=None,
+        help="accepted for vllm-router compatibility; the breaker counts consecutive failures",
+    )
+    a("--prometheus-port", type=int, default=None, help="also serve /metrics on this port")
+    a("--api-key", default=None, help="bearer token sent to workers")
+    a("--router-api-key", default=None, help="bearer token clients must send to the router")
+    a(
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error", "critical"],
+        help="log level (default: %(default)s)",
+    )
+    for flag in _UNSUPPORTED_VLLM_ROUTER_FLAGS:
+        a(flag, action=_Unsupported, dest="unsupported_" + flag.strip("-").replace("-", "_"))

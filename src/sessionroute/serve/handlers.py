@@ -1,0 +1,138 @@
+"""Admin and probe endpoints: sessions, workers, liveness, readiness, health, models, metrics.
+
+Shapes and statuses follow ``shared/ROUTER.md`` ("Endpoints").
+"""
+
+from __future__ import annotations
+
+from urllib.parse import parse_qsl
+
+import aiohttp
+
+from sessionroute.errors import WorkerError
+from sessionroute.serve.errors import error_for_exception, error_response
+from sessionroute.serve.http1 import Request
+from sessionroute.serve.metrics import CONTENT_TYPE
+from sessionroute.serve.router import Router
+from sessionroute.serve.wire import Response, json_response
+
+__all__ = [
+    "add_worker",
+    "finish_session",
+    "health",
+    "list_workers",
+    "liveness",
+    "metrics",
+    "models",
+    "readiness",
+    "remove_worker",
+]
+
+
+async def finish_session(request: Request, router: Router) -> Response:
+    """``POST /finish_session?session_id=ID``: release a session (idempotent, 200).
+
+    The id is URL-decoded and matched exactly; an empty id is accepted as a no-op. A missing
+    ``session_id`` parameter is a 400 naming it.
+    """
+    sid = _query_param(request, "session_id")
+    if sid is None:
+        return error_response(400, "missing query parameter 'session_id'", "missing_session_id")
+    if sid:
+        router.core.finish_session(sid)
+    return json_response({"status": "ok", "session_id": sid})
+
+
+async def list_workers(request: Request, router: Router) -> Response:
+    """``GET /list_workers``: ``{"urls": [...]}`` in the order they were added."""
+    return json_response({"urls": list(router.core.cluster.workers())})
+
+
+def _query_param(request: Request, name: str) -> str | None:
+    """The first value of query parameter ``name``, URL-decoded ("+" is a space), or None."""
+    for key, value in parse_qsl(request.query, keep_blank_values=True):
+        if key == name:
+            return value
+    return None
+
+
+def _url_param(request: Request) -> str | None:
+    url = _query_param(request, "url")
+    return url.rstrip("/") if url else None
+
+
+async def add_worker(request: Request, router: Router) -> Response:
+    """``POST /add_worker?url=U``: add U once it passes its health check (400 otherwise)."""
+    url = _url_param(request)
+    if url is None:
+        return error_response(400, "missing query parameter 'url'", "missing_url")
+    try:
+        await router.add_worker(url)
+    except WorkerError as exc:
+        return error_for_exception(exc)
+    return json_response({"status": "ok", "url": url})
+
+
+async def remove_worker(request: Request, router: Router) -> Response:
+    """``POST /remove_worker?url=U``: remove U (400 when unknown); other sessions stay."""
+    url = _url_param(request)
+    if url is None:
+        return error_response(400, "missing query parameter 'url'", "missing_url")
+    try:
+        router.remove_worker(url)
+    except WorkerError as exc:
+        return error_for_exception(exc)
+    return json_response({"status": "ok", "url": url})
+
+
+async def liveness(request: Request, router: Router) -> Response:
+    """``GET /liveness``: 200 while the process serves."""
+    return json_response({"status": "alive"})
+
+
+async def readiness(request: Request, router: Router) -> Response:
+    """``GET /readiness``: 200 with counts when a worker is available, else 503."""
+    cluster = router.core.cluster
+    healthy, total = len(cluster.healthy()), len(cluster.workers())
+    body = {"healthy_workers": healthy, "total_workers": total}
+    if healthy:
+        return json_response({"status": "ready", **body})
+    return json_response({"status": "not_ready", **body}, 503)
+
+
+async def health(request: Request, router: Router) -> Response:
+    """``GET /health``: 200 when every worker is available, else 503 naming the others."""
+    cluster = router.core.cluster
+    unhealthy = [u for u in cluster.workers() if not cluster.is_healthy(u)]
+    if unhealthy:
+        return json_response({"status": "unhealthy", "unhealthy_workers": unhealthy}, 503)
+    return json_response({"status": "healthy", "workers": len(cluster.workers())})
+
+
+async def models(request: Request, router: Router) -> Response:
+    """``GET /v1/models``: the first available worker's answer; 503 when none, 502 if all fail."""
+    healthy = router.core.cluster.healthy()
+    if not healthy:
+        return error_response(503, "no healthy worker available", "no_worker_available")
+    errors: list[str] = []
+    for url in healthy:
+        try:
+            async with router.session.get(
+                url.rstrip("/") + "/v1/models",
+                headers=router.worker_headers,
+                timeout=aiohttp.ClientTimeout(total=router.settings.health_check_timeout_secs),
+            ) as resp:
+                body = await resp.read()
+                ctype = resp.headers.get("Content-Type", "application/json")
+                return Response(resp.status, body, ctype)
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            errors.append(f"{url}: {type(exc).__name__}")
+    return error_response(
+        502, "no worker answered /v1/models: " + "; ".join(errors), "upstream_unreachable"
+    )
+
+
+async def metrics(request: Request, router: Router) -> Response:
+    """``GET /metrics``: Prometheus text format."""
+    body = router.metrics.render()
+    return Response(200, body, CONTENT_TYPE)

@@ -1,0 +1,438 @@
+"""The router's HTTP/1.1 listener: an :class:`asyncio.Protocol` on the ``httptools`` parser.
+
+Why not aiohttp's server: issue 6 requires the router to spend no more CPU per proxied request
+than vllm-router (Rust). Measured with callgrind, aiohttp's server layer (``web.Server`` and
+``RequestHandler``: request objects, a task and a ``StreamReader`` per request, response
+serialization) was about half of the router's instructions, as much as a whole request of
+vllm-router. That target wins over ``DESIGN.md``'s "aiohttp for HTTP" on the proxied path
+(the worker side, :mod:`sessionroute.serve.exchange`, is a protocol of ours too; aiohttp stays
+the client of health checks and admin calls). The parser is ``httptools`` (the ``llhttp`` C
+parser with callbacks; uvicorn's), not aiohttp's C ``HttpRequestParser`` as first planned: the
+latter builds a ``CIMultiDict``, a URL and a ``StreamReader`` per request and parsed a small
+chat request in about 4x the time of ``httptools`` with our callbacks (7.5 against 31
+microseconds in a loop on the project's VM). Callbacks are kept minimal: ``on_header`` runs
+once per header and only appends; the case-folded lookup dict is built once per request.
+
+Per connection, one :class:`Connection` parses requests and hands each to the listener's
+handler when its headers are complete (the body keeps arriving into :class:`Request`). The
+handler either answers at once (:meth:`Connection.respond`) and returns None, or returns a
+coroutine that writes the response itself (:meth:`Connection.respond`, or
+:meth:`Connection.start_response`, :meth:`Connection.write` and
+:meth:`Connection.end_response`). The connection runs those coroutines one after the other on
+one task of its own, so requests are handled in arrival order (pipelined ones wait).
+Keep-alive follows HTTP/1.1 and HTTP/1.0 rules (``httptools.should_keep_alive``). A malformed
+request gets a 400 JSON error and the connection is closed; a body over the limit is reported
+on the :class:`Request` and discarded. When the client goes away, the connection's task is
+cancelled. Writes respect the transport's flow control (a relay pauses its source while the
+client's buffer is full). The listener (:mod:`sessionroute.serve.listener`) closes idle
+keep-alive connections and shuts down gracefully.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any
+
+import httptools
+
+from sessionroute.serve.errors import error_response
+from sessionroute.serve.wire import ResponseWriter
+
+if TYPE_CHECKING:
+    from sessionroute.serve.listener import Listener
+
+__all__ = ["LINGER_S", "MAX_HEAD_BYTES", "Connection", "Handler", "Request"]
+
+log = logging.getLogger("sessionroute.serve")
+
+MAX_HEAD_BYTES = 65536
+"""Largest request line plus headers, bytes (a larger head is a 400)."""
+
+Handler = Callable[["Connection", "Request"], Coroutine[Any, Any, None] | None]
+"""Called once a request's headers are complete: answers it (returns None) or returns the
+coroutine that will (run as a task)."""
+
+LINGER_S = 10.0
+"""After an early answer that closes the connection (a 413, say), seconds the rest of the
+request body is still read and dropped before the connection is closed."""
+
+
+class Request:
+    """One parsed request; the body arrives into :attr:`parts` while the handler runs.
+
+    Attributes:
+        method: ``"GET"``, ``"POST"``, ...
+        target: the request target as sent (``b"/path?query"``).
+        path: its path, decoded as UTF-8 (surrogate escapes).
+        query: its query string, not decoded ("" when none).
+        headers: the header (name, value) pairs as received.
+        lower: lower-case header name -> the first value with that name.
+        content_length: the Content-Length (None when absent: chunked or no body).
+        keep_alive: whether the client lets the connection be reused.
+        http10: HTTP/1.0 request.
+        parts: the body pieces received so far (no copies).
+        size: their total length, bytes.
+        complete: the whole body has arrived.
+        too_large: the body is over the listener's limit (its pieces are dropped).
+    """
+
+    __slots__ = (
+        "_waiter",
+        "complete",
+        "content_length",
+        "discard",
+        "headers",
+        "http10",
+        "keep_alive",
+        "lower",
+        "method",
+        "parts",
+        "path",
+        "query",
+        "size",
+        "target",
+        "too_large",
+    )
+
+    def __init__(self) -> None:
+        self.method = ""
+        self.target = b""
+        self.path = ""
+        self.query = ""
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.lower: dict[bytes, bytes] = {}
+        self.content_length: int | None = None
+        self.keep_alive = True
+        self.http10 = False
+        self.parts: list[bytes] = []
+        self.size = 0
+        self.complete = False
+        self.too_large = False
+        self.discard = False
+        self._waiter: asyncio.Future[None] | None = None
+
+    async def body(self) -> list[bytes] | None:
+        """Wait for the whole body: its pieces, or None when it is over the size limit."""
+        if not self.complete and not self.too_large:
+            self._waiter = waiter = asyncio.get_running_loop().create_future()
+            await waiter
+        return None if self.too_large else self.parts
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+
+class Connection(ResponseWriter, asyncio.Protocol):
+    """One client connection (see the module docstring).
+
+    Args:
+        listener: the listener that accepted it.
+    """
+
+    def __init__(self, listener: Listener) -> None:
+        super().__init__(listener.heads)
+        self._listener = listener
+        self._max_body = listener.max_body
+        self._parser = httptools.HttpRequestParser(self)
+        self._parsing: Request | None = None
+        self._current: Request | None = None
+        self._queue: deque[Request] = deque()
+        self._task: asyncio.Task[None] | None = None
+        self._pending: Coroutine[Any, Any, None] | None = None
+        self._wakeup: asyncio.Future[None] | None = None
+        loop = listener.loop  # not get_running_loop() per request: it costs a getpid() call
+        if loop is None:
+            raise RuntimeError("the listener is not started")
+        self._loop = loop
+        self._head_bytes = 0
+        self._in_head = False
+        self._last_read = 0
+        self._headers: list[tuple[bytes, bytes]] = []
+        self._read_paused = False
+        self._bad = False
+        self._lingering: Request | None = None
+        self._linger_timer: asyncio.TimerHandle | None = None
+        self.count = 0
+        """Requests started on this connection (the idle sweep compares it)."""
+        self.seen_count = -1
+        self.received = 0
+        """Bytes received on this connection (the sweep finds stalled bodies with it)."""
+        self.seen_received = -1
+
+    # -- asyncio.Protocol ---------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self._listener.connections.add(self)
+        if self._listener.closing:
+            self._closing = True
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._lost = True
+        self._listener._forget(self)
+        if self._linger_timer is not None:
+            self._linger_timer.cancel()
+        task = self._task
+        if task is not None and not task.done():
+            task.cancel()
+        if self._pending is not None:  # never started: close it (no "never awaited" warning)
+            self._pending.close()
+            self._pending = None
+
+    def data_received(self, data: bytes) -> None:
+        if self._bad:
+            return
+        self._last_read = n = len(data)
+        self.received += n
+        if self._in_head:  # a head spanning reads: bound what the parser accumulates
+            self._head_bytes += n
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            # An Upgrade request (h2c, websocket) is served as plain HTTP/1.1; the bytes after
+            # it belong to another protocol, so the connection ends after the response.
+            req = self._parsing
+            if req is not None and not req.complete:
+                self.on_message_complete()
+            self._pause_reading()
+            self.close_when_idle()
+        except httptools.HttpParserError as exc:
+            cause = exc.__context__ if isinstance(exc, httptools.HttpParserCallbackError) else None
+            self._bad_request(str(cause or exc) or type(exc).__name__)
+        else:
+            if self._in_head and self._head_bytes > MAX_HEAD_BYTES:
+                self._bad_request("request line and headers over 64 KiB")
+
+    # -- parser callbacks (kept minimal: they run once per header) -------------------------
+    def on_message_begin(self) -> None:
+        self._parsing = req = Request()
+        self._headers = req.headers
+        self._in_head = True
+        self._head_bytes = 0
+
+    def on_url(self, url: bytes) -> None:
+        req = self._parsing
+        if req is not None:
+            req.target += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        req = self._parsing
+        if req is None:
+            return
+        self._in_head = False
+        headers = req.headers
+        if len(headers) > 256:
+            raise ValueError("more than 256 headers")
+        if self._head_bytes or self._last_read > MAX_HEAD_BYTES:  # else it is smaller
+            size = len(req.target) + sum(len(n) + len(v) + 4 for n, v in headers)
+            if size > MAX_HEAD_BYTES:
+                raise ValueError("request line and headers over 64 KiB")
+        req.lower = {name.lower(): value for name, value in reversed(headers)}  # first wins
+        parser = self._parser
+        req.method = parser.get_method().decode("ascii", "replace")
+        req.keep_alive = parser.should_keep_alive()
+        req.http10 = parser.get_http_version() == "1.0"
+        target = req.target
+        if target[:1] != b"/":  # absolute-form (or "*"): keep the path and query
+            try:
+                url = httptools.parse_url(target)
+            except httptools.HttpParserInvalidURLError as exc:
+                raise ValueError(f"invalid request target {target!r}") from exc
+            target = req.target = (url.path or b"/") + (b"?" + url.query if url.query else b"")
+        path, _, query = target.partition(b"?")
+        req.path = path.partition(b"#")[0].decode("utf-8", "surrogateescape")
+        req.query = query.partition(b"#")[0].decode("utf-8", "surrogateescape")
+        length = req.lower.get(b"content-length")
+        if length is not None:
+            req.content_length = int(length)  # llhttp checked it is a number
+            if req.content_length > self._max_body:
+                req.too_large = req.discard = True
+        if self._current is None and not self._queue:
+            self._start(req)
+        else:
+            self._queue.append(req)
+            if len(self._queue) >= 8:
+                self._pause_reading()
+
+    def on_body(self, body: bytes) -> None:
+        req = self._parsing
+        if req is None or req.discard:
+            return
+        req.size += len(body)
+        if req.size > self._max_body:
+            req.too_large = req.discard = True
+            req.parts = []
+            req._wake()
+            return
+        req.parts.append(body)
+
+    def on_message_complete(self) -> None:
+        req = self._parsing
+        if req is None:
+            return
+        self._parsing = None
+        req.complete = True
+        req._wake()
+        if req is self._lingering:
+            self._lingering = None
+            if self._linger_timer is not None:
+                self._linger_timer.cancel()
+            if self.transport is not None:
+                self.transport.close()
+
+    # -- handling ---------------------------------------------------------------------------
+    def _start(self, req: Request) -> None:
+        if not self._begin(req):
+            self._finish()
+
+    def _begin(self, req: Request) -> bool:
+        """Hand ``req`` to the handler; False when it was answered at once (then call
+        :meth:`_finish`), True when its coroutine is scheduled on the connection's task."""
+        self._current = req
+        self.count += 1
+        self._started = False
+        self._keep = req.keep_alive and not self._closing
+        self._head_only = req.method == "HEAD"
+        self._http10 = req.http10
+        try:
+            coro = self._listener.handler(self, req)
+        except Exception:
+            log.exception("unhandled error on %s %s", req.method, req.path)
+            coro = None
+            self._internal_error()
+        if coro is None:
+            return False
+        self._pending = coro
+        if self._task is None:
+            self._task = self._loop.create_task(self._serve())
+        else:
+            waiter = self._wakeup
+            if waiter is not None:
+                self._wakeup = None
+                waiter.set_result(None)
+        return True
+
+    @property
+    def task(self) -> asyncio.Task[None] | None:
+        """The task running this connection's handler coroutines (None before the first)."""
+        return self._task
+
+    async def _serve(self) -> None:
+        """Run the handler coroutines of this connection's requests, one after the other.
+
+        One task per connection, woken by a future for each request, rather than a task per
+        request: creating a task (context copy, registration in a ``WeakSet``, first step)
+        cost more than the rest of the listener's work on a request.
+        """
+        loop = self._loop
+        while True:
+            coro = self._pending
+            if coro is None:
+                self._wakeup = waiter = loop.create_future()
+                await waiter
+                continue
+            self._pending = None
+            try:
+                await coro
+            except asyncio.CancelledError:  # the client went away, or shutdown
+                self.abort()
+                raise
+            except Exception as exc:
+                if not isinstance(exc, ConnectionError):
+                    log.error("unhandled error in a request handler", exc_info=exc)
+                self._internal_error()
+            self._finish()  # may start the next (pipelined) request: _pending is then set
+
+    def _internal_error(self) -> None:
+        if self._started:
+            self.abort()
+        else:
+            self.respond(
+                error_response(500, "internal router error", "internal_error"), keep_alive=False
+            )
+
+    def _finish(self) -> None:
+        """End the current request; start the queued (pipelined) ones, looping over those
+        answered at once (no recursion: a client may pipeline thousands of them)."""
+        while self._finish_one():
+            nxt = self._queue.popleft()
+            if self._read_paused and len(self._queue) < 4 and not self._bad:
+                self._read_paused = False
+                if self.transport is not None:
+                    self.transport.resume_reading()
+            if self._begin(nxt):
+                return
+
+    def _finish_one(self) -> bool:
+        """End the current request; True when the connection goes on to a queued one."""
+        req = self._current
+        self._current = None
+        access = self._listener.access_log
+        if access is not None and req is not None:
+            access.info('"%s %s" %d', req.method, req.target.decode("latin-1"), self._status)
+        if self._lost:
+            return False
+        transport = self.transport
+        if transport is None:
+            return False
+        if req is not None and not req.complete:
+            req.discard = True  # answered early (401, 413, ...): the rest is read and dropped
+            req.parts = []
+            if not self._keep or self._closing:
+                # Closing with unread data would reset the connection before the client
+                # reads the answer: linger until the body ends, for LINGER_S at most.
+                self._lingering = req
+                self._linger_timer = self._loop.call_later(LINGER_S, self.abort)
+                return False
+        if not self._keep or self._closing:
+            transport.close()
+            return False
+        return bool(self._queue)
+
+    def _pause_reading(self) -> None:
+        if not self._read_paused and self.transport is not None:
+            self._read_paused = True
+            self.transport.pause_reading()
+
+    def _bad_request(self, reason: str) -> None:
+        self._bad = True
+        self._pause_reading()
+        self._queue.clear()
+        current = self._current
+        if self._lingering is not None:  # already answered; dropping the rest of the body
+            if self.transport is not None:
+                self.transport.close()
+        elif current is not None and not current.complete and self._started:
+            self.abort()  # the body in progress is broken, and so is the answer under way
+        elif current is None or not current.complete:
+            # No answer under way (a handler waiting for a broken body is cancelled when
+            # the close completes, after the 400 is flushed).
+            self._started = False
+            self._keep = False
+            self._head_only = False
+            self.respond(error_response(400, f"malformed HTTP request: {reason}", "bad_request"))
+            if self.transport is not None:
+                self.transport.close()
+        else:
+            self._closing = True  # the response in progress is the last one
+
+    def awaiting_body(self) -> bool:
+        """Whether the request being handled is still receiving its body from the client."""
+        req = self._current
+        return req is not None and req is self._parsing and not self._read_paused
+
+    def close_when_idle(self) -> None:
+        """No more requests on this connection: close it now if idle, else after the
+        response in progress."""
+        self._closing = True
+        if self._current is None and self.transport is not None:
+            self.transport.close()

@@ -1,0 +1,319 @@
+"""The state of one live router: routing core, worker health, upstream connections, metrics.
+
+A :class:`Router` owns everything one ``sessionroute serve`` process shares across requests.
+All routing state is mutated on the event loop thread only, in synchronous calls, so
+select-and-reserve is atomic without locks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import random
+import string
+
+import aiohttp
+
+from sessionroute.clock import Clock, MonotonicClock
+from sessionroute.router.core import RoutingCore
+from sessionroute.router.policies.registry import create_policy, policy_class
+from sessionroute.router.state import Cluster
+from sessionroute.serve.config import RouterSettings
+from sessionroute.serve.health import CircuitBreaker, HealthChecker, WorkerHealth, probe
+from sessionroute.serve.metrics import RouterMetrics
+from sessionroute.serve.upstream import REQUEST_DROP, UpstreamPool
+
+__all__ = ["WORKER_KEEPALIVE_S", "Router"]
+
+log = logging.getLogger("sessionroute.serve")
+
+WORKER_KEEPALIVE_S = 4.0
+"""Seconds an idle connection to a worker is reused: below vLLM's API server keep-alive
+(``VLLM_HTTP_TIMEOUT_KEEP_ALIVE``, 5 s by default; uvicorn's default is 5 s too), so the router
+does not send a request on a connection the worker is closing at that moment."""
+
+_ALNUM = string.ascii_letters + string.digits
+_ID_TABLE = bytes(ord(_ALNUM[i % len(_ALNUM)]) for i in range(256))
+"""Maps a random byte to an alphanumeric (the slight bias toward 8 letters is harmless)."""
+_ID_PREFIX = {"/v1/chat/completions": "chatcmpl-", "/v1/completions": "cmpl-"}
+
+
+class Router:
+    """One router instance.
+
+    Args:
+        settings: validated settings.
+        clock: time source for policies, TTLs and breakers (:class:`MonotonicClock` when
+            omitted; tests inject a :class:`~sessionroute.clock.ManualClock`).
+        rng: random generator for jitter, generated ids and policies (seeded from the OS when
+            omitted).
+
+    Raises:
+        UnknownPolicyError: unknown ``settings.policy``. ConfigError: invalid policy options.
+    """
+
+    def __init__(
+        self,
+        settings: RouterSettings,
+        *,
+        clock: Clock | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.settings = settings
+        self.clock: Clock = clock if clock is not None else MonotonicClock()
+        self.rng = rng if rng is not None else random.Random()
+        cls = policy_class(settings.policy)
+        known = (
+            {f.name for f in dataclasses.fields(cls.Config)}
+            if cls.Config is not None and dataclasses.is_dataclass(cls.Config)
+            else set()
+        )
+        policy = create_policy(
+            settings.policy,
+            settings.policy_options(known),
+            clock=self.clock,
+            rng=random.Random(self.rng.getrandbits(64)),
+        )
+        self.core = RoutingCore(policy, Cluster(settings.worker_urls))
+        self.needs_content = bool(policy.needs_content)
+        self.workers: dict[str, WorkerHealth] = {
+            url: self._new_health(url) for url in settings.worker_urls
+        }
+        self.metrics = RouterMetrics(self.core, lambda: self.workers)
+        self.worker_headers: dict[str, str] = (
+            {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
+        )
+        self.worker_auth = (
+            f"Authorization: Bearer {settings.api_key}\r\n".encode() if settings.api_key else b""
+        )
+        """The worker credential as a request header line (b"" without ``--api-key``)."""
+        self.request_drop: frozenset[bytes] = (
+            REQUEST_DROP | {b"authorization"}
+            if settings.api_key or settings.router_api_key
+            else REQUEST_DROP
+        )
+        """Lower-case request header names never forwarded (hop-by-hop, Host,
+        Content-Length, Expect; Authorization when it is the router's or is replaced)."""
+        self.header_fates: dict[bytes, int] = {}
+        """Memo of :meth:`header_fate` by header name as received."""
+        self.request_id_names: tuple[bytes, ...] = tuple(
+            n.lower().encode("latin-1") for n in settings.request_id_headers
+        )
+        """Lower-case names of the headers echoed as ``x-request-id``, in order."""
+        self.session_names: tuple[tuple[bytes, str], ...] = tuple(
+            (n.lower().encode("latin-1"), n.lower()) for n in settings.session_headers
+        )
+        """(lower-case name as bytes, as text) of the session headers, in order."""
+        self.max_attempts = settings.max_attempts
+        """Upstream attempts per request (1 with ``--disable-retries``)."""
+        self._id_base = self.rng.randbytes(12).translate(_ID_TABLE).decode()
+        self._id_seq = 0
+        self.upstream = UpstreamPool(
+            timeout_s=settings.request_timeout_secs,
+            connect_timeout_s=min(settings.request_timeout_secs, 10.0),
+            keepalive_s=WORKER_KEEPALIVE_S,
+        )
+        self._session: aiohttp.ClientSession | None = None
+        self.health: HealthChecker | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._timers: dict[str, asyncio.TimerHandle] = {}
+
+    # -- lifecycle ------------------------------------------------------------------------
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        """The client session for health checks and admin calls (RuntimeError before start)."""
+        if self._session is None:
+            raise RuntimeError("router not started")
+        return self._session
+
+    async def start(self) -> None:
+        """Open the upstream pools and start the health checker and the TTL sweeper."""
+        s = self.settings
+        self.upstream.start()
+        connector = aiohttp.TCPConnector(
+            limit=0, keepalive_timeout=60.0, enable_cleanup_closed=True
+        )
+        self._session = aiohttp.ClientSession(
+            connector=connector,
+            auto_decompress=False,
+            skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
+            timeout=aiohttp.ClientTimeout(
+                total=s.request_timeout_secs, sock_connect=min(s.request_timeout_secs, 10.0)
+            ),
+            cookie_jar=aiohttp.DummyCookieJar(),
+            read_bufsize=2**18,
+        )
+        self.health = HealthChecker(
+            self._session,
+            self.workers,
+            endpoint=s.health_check_endpoint,
+            interval_s=s.health_check_interval_secs,
+            recheck_s=s.health_recheck_interval_secs,
+            timeout_s=s.health_check_timeout_secs,
+            failure_threshold=s.health_failure_threshold,
+            success_threshold=s.health_success_threshold,
+            on_change=self.refresh,
+            headers=self.worker_headers,
+        )
+        self._tasks = [
+            asyncio.create_task(self.health.run(), name="sessionroute-health"),
+            asyncio.create_task(self._sweep_loop(), name="sessionroute-sweep"),
+        ]
+
+    async def close(self) -> None:
+        """Stop background tasks and close the upstream pools."""
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+        for timer in self._timers.values():
+            timer.cancel()
+        self._timers.clear()
+        await self.upstream.close()
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def _sweep_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.session_sweep_interval_secs)
+            n = self.core.sweep(self.clock.now())
+            if n:
+                log.info("expired %d idle session(s)", n)
+
+    # -- worker availability --------------------------------------------------------------
+    def _new_health(self, url: str) -> WorkerHealth:
+        s = self.settings
+        return WorkerHealth(
+            url,
+            CircuitBreaker(
+                s.cb_failure_threshold,
+                s.cb_success_threshold,
+                s.cb_timeout_duration_secs,
+                self.clock,
+                enabled=not s.disable_circuit_breaker,
+            ),
+        )
+
+    def refresh(self, url: str) -> None:
+        """Push a worker's availability (checks pass and circuit not open) to the cluster."""
+        wh = self.workers.get(url)
+        if wh is None or url not in self.core.cluster:
+            return
+        if self.core.set_health(url, wh.available):
+            log.warning("worker %s %s", url, "available" if wh.available else "unavailable")
+
+    def record_success(self, url: str) -> None:
+        """An upstream answer below 500 from ``url``."""
+        wh = self.workers.get(url)
+        if wh is not None and wh.breaker.record_success():
+            self.refresh(url)
+
+    def record_failure(self, url: str) -> None:
+        """An upstream failure (5xx, reset, timeout) from ``url``; may open its circuit."""
+        wh = self.workers.get(url)
+        if wh is not None and wh.breaker.record_failure():
+            log.warning("circuit of %s opened", url)
+            self.refresh(url)
+            self._schedule_refresh(url, wh.breaker.timeout_s)
+
+    def record_unreachable(self, url: str, reason: str) -> None:
+        """``url`` refused the connection: unavailable at once, so the retry re-places."""
+        wh = self.workers.get(url)
+        if wh is None:
+            return
+        wh.breaker.record_failure()
+        if wh.mark_unreachable(reason):
+            log.warning("worker %s unreachable (%s); marked unhealthy", url, reason)
+        self.refresh(url)
+
+    def _schedule_refresh(self, url: str, delay_s: float) -> None:
+        old = self._timers.pop(url, None)
+        if old is not None:
+            old.cancel()
+        loop = asyncio.get_running_loop()
+        self._timers[url] = loop.call_later(delay_s, self.refresh, url)
+
+    # -- admin ----------------------------------------------------------------------------
+    async def add_worker(self, url: str) -> None:
+        """Add ``url`` after it answers its health check.
+
+        Raises:
+            WorkerError: duplicate url, bad url or failed health check.
+        """
+        from sessionroute.errors import WorkerError
+
+        if not url.startswith(("http://", "https://")):
+            raise WorkerError(f"worker url must start with http:// or https://: {url!r}")
+        if url in self.core.cluster:
+            raise WorkerError(f"worker already present: {url!r}")
+        s = self.settings
+        ok, reason = await probe(
+            self.session,
+            url.rstrip("/") + s.health_check_endpoint,
+            s.health_check_timeout_secs,
+            self.worker_headers,
+        )
+        if not ok:
+            raise WorkerError(f"worker {url!r} failed its health check: {reason}")
+        if url in self.core.cluster:  # added concurrently while probing
+            raise WorkerError(f"worker already present: {url!r}")
+        self.workers[url] = self._new_health(url)
+        self.core.add_worker(url)
+
+    def remove_worker(self, url: str) -> None:
+        """Remove ``url``; its sessions re-place on their next turn.
+
+        Raises:
+            WorkerError: unknown url.
+        """
+        self.core.remove_worker(url)
+        self.workers.pop(url, None)
+        self.upstream.forget(url)
+        timer = self._timers.pop(url, None)
+        if timer is not None:
+            timer.cancel()
+
+    # -- helpers --------------------------------------------------------------------------
+    def header_fate(self, name: bytes) -> int:
+        """What to do with a request header, by its name as received (memoized per name).
+
+        Returns:
+            0: forward it; 1: drop it (:attr:`request_drop`); 2: it is ``Connection``
+            (dropped, and so are the headers it names).
+        """
+        fate = self.header_fates.get(name)
+        if fate is None:
+            low = name.lower()
+            fate = 2 if low == b"connection" else 1 if low in self.request_drop else 0
+            if len(self.header_fates) >= 1024:  # bounded: names come from clients
+                self.header_fates.clear()
+            self.header_fates[name] = fate
+        return fate
+
+    def new_request_id(self, path: str) -> str:
+        """``chatcmpl-``/``cmpl-``/``req-`` + 24 alphanumerics (vllm-router's format).
+
+        The 24 characters are 12 random ones drawn once per router and a 12-digit sequence
+        number: unique within the router without a random draw per request.
+        """
+        self._id_seq = seq = (self._id_seq + 1) % 10**12
+        return f"{_ID_PREFIX.get(path, 'req-')}{self._id_base}{seq:012d}"
+
+    def backoff_s(self, retry: int) -> float:
+        """Seconds to wait before retry number ``retry`` (1-based).
+
+        ``min(initial * multiplier**(retry-1), max)`` milliseconds, times
+        ``1 + jitter * U(-1, 1)`` (exponential backoff with jitter, as vllm-router).
+        """
+        s = self.settings
+        base = min(
+            s.retry_initial_backoff_ms * s.retry_backoff_multiplier ** (retry - 1),
+            s.retry_max_backoff_ms,
+        )
+        jitter = 1.0 + s.retry_jitter_factor * self.rng.uniform(-1.0, 1.0)
+        return max(0.0, base * jitter) / 1000.0

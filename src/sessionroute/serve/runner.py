@@ -1,0 +1,133 @@
+"""Starting and stopping a router: listeners, signals, graceful shutdown, uvloop.
+
+Shutdown (SIGTERM, SIGINT or :meth:`RunningRouter.stop`) first closes the listening sockets,
+closes idle keep-alive connections, then lets in-flight requests finish for up to
+``--shutdown-timeout-secs`` seconds (streams still open then are cancelled, which releases
+their reservations), then stops the health checker and closes the upstream session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import signal
+from dataclasses import dataclass
+
+from sessionroute.clock import Clock
+from sessionroute.serve.app import build_listener, build_metrics_listener
+from sessionroute.serve.config import RouterSettings
+from sessionroute.serve.listener import Listener
+from sessionroute.serve.router import Router
+
+__all__ = ["RunningRouter", "run", "serve", "start_router"]
+
+log = logging.getLogger("sessionroute.serve")
+
+
+@dataclass(slots=True)
+class RunningRouter:
+    """A started router.
+
+    Attributes:
+        router: its state (routing core, health, metrics).
+        listener: the main listener.
+        port: the bound port (useful with ``--port 0``).
+        metrics_listener: the ``--prometheus-port`` listener, if any.
+        metrics_port: its bound port, if any.
+    """
+
+    router: Router
+    listener: Listener
+    port: int
+    metrics_listener: Listener | None = None
+    metrics_port: int | None = None
+
+    @property
+    def url(self) -> str:
+        """``http://host:port`` of the main listener."""
+        return f"http://{self.router.settings.host}:{self.port}"
+
+    async def stop(self) -> None:
+        """Graceful shutdown (see the module docstring)."""
+        try:
+            if self.metrics_listener is not None:
+                await self.metrics_listener.shutdown(0.0)
+            await self.listener.shutdown(self.router.settings.shutdown_timeout_secs)
+        finally:
+            await self.router.close()
+
+
+async def start_router(
+    settings: RouterSettings,
+    *,
+    clock: Clock | None = None,
+    rng: random.Random | None = None,
+) -> RunningRouter:
+    """Build a :class:`Router`, start its listeners and background tasks, and return it.
+
+    Raises:
+        UnknownPolicyError, ConfigError: bad policy or options. OSError: port unavailable.
+    """
+    router = Router(settings, clock=clock, rng=rng)
+    listener = build_listener(router)
+    running: RunningRouter | None = None
+    try:
+        await router.start()
+        port = await listener.start(settings.host, settings.port, backlog=1024)
+        running = RunningRouter(router, listener, port)
+        if settings.prometheus_port is not None:
+            mlistener = build_metrics_listener(router)
+            running.metrics_listener = mlistener
+            running.metrics_port = await mlistener.start(
+                settings.prometheus_host, settings.prometheus_port
+            )
+    except BaseException:
+        if running is not None:
+            await running.stop()
+        else:
+            await listener.shutdown(0.0)
+            await router.close()
+        raise
+    return running
+
+
+async def serve(settings: RouterSettings, stop: asyncio.Event | None = None) -> None:
+    """Run a router until SIGTERM/SIGINT (or ``stop`` is set), then shut down gracefully."""
+    stop = stop if stop is not None else asyncio.Event()
+    loop = asyncio.get_running_loop()
+    installed: list[signal.Signals] = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+            installed.append(sig)
+    running = await start_router(settings)
+    log.info(
+        "sessionroute router on %s | policy %s | workers %s",
+        running.url,
+        settings.policy,
+        list(settings.worker_urls),
+    )
+    if not settings.worker_urls:
+        log.warning(
+            "no workers: generation requests get 503 until one is added "
+            "(POST /add_worker?url=http://HOST:PORT, or --worker-urls at start)"
+        )
+    try:
+        await stop.wait()
+        log.info("shutting down (in-flight requests get %.0f s)", settings.shutdown_timeout_secs)
+    finally:
+        await running.stop()
+        for sig in installed:
+            loop.remove_signal_handler(sig)
+
+
+def run(settings: RouterSettings) -> None:
+    """Run :func:`serve` on uvloop when it is installed, else on asyncio's default loop."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency off Windows
+        asyncio.run(serve(settings))
+    else:
+        uvloop.run(serve(settings))

@@ -1,0 +1,235 @@
+"""Keep-alive HTTP/1.1 connections to the workers: a small protocol on ``httptools``.
+
+The proxied routes go through neither :class:`aiohttp.ClientSession` (its per-request
+orchestration cost about 250 microseconds of CPU per request, as much as vllm-router's whole
+request) nor aiohttp's client protocol (a ``StreamReader``, a header ``CIMultiDict`` and a
+message object per response). A :class:`WorkerConnection` feeds the ``httptools`` (``llhttp``)
+response parser, which frames responses (``Content-Length``, chunked, read-until-close) and
+validates them; its callbacks go straight to the :class:`Exchange` using the connection. A
+response body is either collected (:meth:`Exchange.read`) or relayed piece by piece to the
+client connection as it arrives (:meth:`Exchange.relay`): each piece is written from the
+parser callback, with no task switch, and reading from the worker pauses while the client's
+socket buffer is full. Broken connections and malformed responses raise
+:class:`UpstreamError`. Ours is also the request head (request line, the client's headers as
+received, ``Host``, ``Content-Length``), a LIFO pool of idle connections per worker and a
+deadline watchdog.
+
+A connection goes back to the pool only when its response was read to the end and neither
+side asked to close it; a connection that broke, timed out or was abandoned (the client went
+away) is closed, so the worker sees the close and can stop generating.
+
+Timeouts: every :class:`Exchange` has a deadline. One watchdog task per pool checks the oldest
+exchanges every ``tick`` seconds (a tenth of the timeout, at most 1 s) and cancels the task of
+each expired one, like ``asyncio.timeout`` but without a timer per request (a uvloop timer
+costs about 5 microseconds to arm and cancel). Because every exchange has the same timeout,
+registration order is deadline order and the check stops at the first live exchange.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ssl
+import time
+from dataclasses import dataclass, field
+
+from yarl import URL
+
+from sessionroute.serve.exchange import (
+    Exchange,
+    UpstreamConnectError,
+    UpstreamError,
+    WorkerConnection,
+)
+
+__all__ = [
+    "HOP_BY_HOP",
+    "REQUEST_DROP",
+    "Exchange",
+    "UpstreamConnectError",
+    "UpstreamError",
+    "UpstreamPool",
+    "WorkerConnection",
+]
+
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+"""Headers never forwarded in either direction (RFC 9110 section 7.6.1)."""
+
+REQUEST_DROP = frozenset(n.encode() for n in (*HOP_BY_HOP, "host", "content-length", "expect"))
+"""Lower-case request header names never forwarded upstream (the router sets Host and
+Content-Length itself, and it has already answered any ``Expect: 100-continue``)."""
+
+
+@dataclass(slots=True)
+class _Target:
+    host: str
+    port: int
+    ssl: ssl.SSLContext | None
+    host_header: bytes
+    base_path: str
+    idle: list[tuple[WorkerConnection, float]] = field(default_factory=list)
+
+
+class UpstreamPool:
+    """Pooled keep-alive connections to the workers, with a deadline watchdog.
+
+    Args:
+        timeout_s: seconds an exchange may take, response body included.
+        connect_timeout_s: seconds to wait for a TCP (and TLS) connection.
+        keepalive_s: an idle connection is not reused after this many seconds (and is closed
+            within 10 s more); a connection the worker closed is never reused. Keep it below
+            the workers' own keep-alive, or a request may go out on a connection the worker is
+            closing at that moment.
+        max_idle: idle connections kept per worker (more are closed on release).
+    """
+
+    def __init__(
+        self,
+        *,
+        timeout_s: float,
+        connect_timeout_s: float,
+        keepalive_s: float = 60.0,
+        max_idle: int = 1024,
+    ) -> None:
+        self.timeout_s = timeout_s
+        self._connect_timeout = connect_timeout_s
+        self.keepalive_s = keepalive_s
+        self._max_idle = max_idle
+        self._tick = max(0.005, min(1.0, timeout_s / 10))
+        self._targets: dict[str, _Target] = {}
+        self.heads: dict[tuple[str, str, str], bytes] = {}
+        """Memo of :meth:`request_head` by (worker, method, path and query)."""
+        self._inflight: dict[Exchange, None] = {}
+        """Exchanges in deadline order (the watchdog stops at the first live one)."""
+        self._watchdog: asyncio.Task[None] | None = None
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the watchdog (call on the event loop)."""
+        if self._watchdog is None:
+            self._watchdog = asyncio.get_running_loop().create_task(
+                self._watch(), name="sessionroute-upstream-watchdog"
+            )
+
+    async def close(self) -> None:
+        """Stop the watchdog and close every idle connection."""
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watchdog
+            self._watchdog = None
+        for target in self._targets.values():
+            for proto, _ in target.idle:
+                proto.close()
+            target.idle.clear()
+
+    async def _watch(self) -> None:
+        inflight = self._inflight
+        last_prune = time.monotonic()
+        while True:
+            await asyncio.sleep(self._tick)
+            now = time.monotonic()
+            expired = []
+            for ex in inflight:
+                if ex.deadline > now:
+                    break
+                expired.append(ex)
+            for ex in expired:
+                inflight.pop(ex, None)
+                ex.expire()
+            if now - last_prune >= 10.0:
+                last_prune = now
+                self.prune()
+
+    # -- exchanges ------------------------------------------------------------------------
+    def request_head(self, worker: str, method: str, path_qs: str) -> bytes:
+        """``METHOD /base/path?q HTTP/1.1\\r\\nHost: h:p\\r\\n`` for ``worker`` (memoized).
+
+        Raises:
+            UpstreamConnectError: ``worker`` is not an http(s) URL with a host.
+        """
+        key = (worker, method, path_qs)
+        head = self.heads.get(key)
+        if head is None:
+            if len(self.heads) >= 4096:
+                self.heads.clear()
+            target = self._target(worker)
+            head = self.heads[key] = (
+                f"{method} {target.base_path}{path_qs} HTTP/1.1\r\n".encode(
+                    "utf-8", "surrogateescape"
+                )
+                + b"Host: "
+                + target.host_header
+                + b"\r\n"
+            )
+        return head
+
+    def _target(self, worker: str) -> _Target:
+        target = self._targets.get(worker)
+        if target is None:
+            url = URL(worker)
+            host = url.raw_host
+            if url.scheme not in ("http", "https") or not host:
+                raise UpstreamConnectError(f"unsupported worker url: {worker!r}")
+            tls = ssl.create_default_context() if url.scheme == "https" else None
+            port = url.port if url.port is not None else (443 if tls else 80)
+            name = f"[{host}]" if ":" in host else host
+            host_header = name if url.is_default_port() else f"{name}:{port}"
+            target = self._targets[worker] = _Target(
+                host, port, tls, host_header.encode("ascii"), url.raw_path.rstrip("/")
+            )
+        return target
+
+    async def _connect(self, target: _Target) -> WorkerConnection:
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(self._connect_timeout):
+                _, proto = await loop.create_connection(
+                    WorkerConnection, target.host, target.port, ssl=target.ssl
+                )
+        except TimeoutError as exc:
+            raise UpstreamConnectError(f"no connection within {self._connect_timeout:g} s") from exc
+        except OSError as exc:
+            raise UpstreamConnectError(f"{type(exc).__name__}: {exc}") from exc
+        return proto
+
+    def forget(self, worker: str) -> None:
+        """Close ``worker``'s idle connections and forget it (a removed worker)."""
+        target = self._targets.pop(worker, None)
+        if target is not None:
+            for proto, _ in target.idle:
+                proto.close()
+        self.heads = {k: v for k, v in self.heads.items() if k[0] != worker}
+
+    def prune(self) -> int:
+        """Close idle connections that are closed or past the keep-alive; returns how many."""
+        now = time.monotonic()
+        n = 0
+        for target in self._targets.values():
+            keep = []
+            for proto, since in target.idle:
+                if not proto.lost and now - since < self.keepalive_s:
+                    keep.append((proto, since))
+                else:
+                    proto.close()
+                    n += 1
+            target.idle[:] = keep
+        return n
+
+    def idle_count(self, worker: str) -> int:
+        """Idle connections pooled for ``worker``."""
+        target = self._targets.get(worker)
+        return len(target.idle) if target is not None else 0

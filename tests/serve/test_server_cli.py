@@ -1,0 +1,158 @@
+"""``sessionroute serve`` command line: flags, validation, env TTL, a real subprocess."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import sys
+
+import aiohttp
+import pytest
+
+from sessionroute.cli import build_parser, main
+from sessionroute.errors import ConfigError
+from sessionroute.serve.config import SESSION_TTL_ENV, settings_from_args
+
+from .backend import FakeBackend
+
+
+def _parse(*argv: str) -> object:
+    return build_parser().parse_args(["serve", *argv])
+
+
+def test_vllm_router_flags_map_to_settings() -> None:
+    args = _parse(
+        "--host", "0.0.0.0", "--port", "8080",
+        "--worker-urls", "http://a:1", "http://b:2",
+        "--policy", "consistent_hash",
+        "--request-id-headers", "x-trace-id",
+        "--request-timeout-secs", "30",
+        "--health-check-interval-secs", "5",
+        "--health-check-timeout-secs", "2",
+        "--health-failure-threshold", "4",
+        "--health-success-threshold", "1",
+        "--health-check-endpoint", "/ping",
+        "--retry-max-retries", "2",
+        "--retry-initial-backoff-ms", "10",
+        "--retry-max-backoff-ms", "100",
+        "--retry-backoff-multiplier", "2",
+        "--retry-jitter-factor", "0.1",
+        "--cb-failure-threshold", "7",
+        "--cb-success-threshold", "2",
+        "--cb-timeout-duration-secs", "9",
+        "--cb-window-duration-secs", "120",
+        "--max-payload-size", "1024",
+        "--prometheus-host", "127.0.0.2",
+        "--prometheus-port", "29001",
+        "--api-key", "wk",
+        "--log-level", "warning",
+        "--cache-threshold", "0.5",
+        "--balance-abs-threshold", "32",
+        "--balance-rel-threshold", "1.2",
+        "--session-headers", "X-Session-Id", "x-user-id",
+        "--session-ttl-secs", "60",
+        "--router-api-key", "rk",
+    )  # fmt: skip
+    s = settings_from_args(args, environ={})  # type: ignore[arg-type]
+    assert s.worker_urls == ("http://a:1", "http://b:2")
+    assert (s.host, s.port, s.policy) == ("0.0.0.0", 8080, "consistent_hash")
+    assert s.request_id_headers == ("x-trace-id",)
+    assert s.session_headers == ("x-session-id", "x-user-id")
+    assert (s.health_failure_threshold, s.health_check_endpoint) == (4, "/ping")
+    assert (s.retry_max_retries, s.retry_backoff_multiplier, s.max_attempts) == (2, 2.0, 2)
+    assert (s.cb_failure_threshold, s.cb_timeout_duration_secs) == (7, 9.0)
+    assert (s.prometheus_port, s.api_key, s.router_api_key) == (29001, "wk", "rk")
+    assert (s.session_ttl_secs, s.log_level, s.max_payload_size) == (60.0, "warning", 1024)
+    assert s.policy_options({"session_ttl_s", "cache_threshold"}) == {
+        "session_ttl_s": 60.0,
+        "cache_threshold": 0.5,
+    }
+
+
+def test_defaults_and_env_ttl() -> None:
+    s = settings_from_args(_parse(), environ={})  # type: ignore[arg-type]
+    assert (s.port, s.retry_max_retries, s.cb_failure_threshold, s.session_ttl_secs) == (
+        30000, 5, 10, 7200.0,
+    )  # fmt: skip
+    assert s.max_attempts == 5
+    assert settings_from_args(_parse("--disable-retries"), environ={}).max_attempts == 1  # type: ignore[arg-type]
+    env = {SESSION_TTL_ENV: "120"}
+    assert settings_from_args(_parse(), environ=env).session_ttl_secs == 120.0  # type: ignore[arg-type]
+    flag = _parse("--session-ttl-secs", "5")
+    assert settings_from_args(flag, environ=env).session_ttl_secs == 5.0  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=SESSION_TTL_ENV):
+        settings_from_args(_parse(), environ={SESSION_TTL_ENV: "soon"})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+        (["--vllm-pd-disaggregation"], "does not support (prefill/decode disaggregation)"),
+        (["--max-concurrent-requests", "5"], "does not support (admission control"),
+        (["--sess", "x"], "unrecognized arguments"),  # no silent prefix matching
+    ],
+)
+def test_unknown_and_unsupported_flags_fail_clearly(
+    argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["serve", *argv])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert needle in err
+    assert len(err.splitlines()) == 2 and "see --help" in err  # short usage, then the error
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--retry-jitter-factor", "2"], "--retry-jitter-factor"),
+        (["--worker-urls", "ftp://x"], "http://"),
+        (["--policy", "nope"], "unknown policy 'nope'"),
+        (["--health-check-endpoint", "health"], "must start with '/'"),
+    ],
+)
+def test_invalid_values_exit_2_naming_them(
+    argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["serve", *argv]) == 2
+    assert needle in capsys.readouterr().err
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def test_serve_subprocess_and_sigterm(
+    backends: list[FakeBackend], client: aiohttp.ClientSession
+) -> None:
+    port = _free_port()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "sessionroute.cli", "serve",
+        "--port", str(port), "--worker-urls", backends[0].url, "--log-level", "warning",
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(400):  # wait for the listener (bounded)
+            try:
+                async with client.get(url + "/liveness") as r:
+                    if r.status == 200:
+                        break
+            except aiohttp.ClientConnectionError:
+                await asyncio.sleep(0.025)
+        async with client.post(
+            url + "/v1/chat/completions", json={"model": "m"}, headers={"x-session-id": "p"}
+        ) as r:
+            assert r.status == 200
+        assert backends[0].sessions() == ["p"]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        rc = await asyncio.wait_for(proc.wait(), 20)
+    assert rc == 0
