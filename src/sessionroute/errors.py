@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 __all__ = [
+    "AdmissionRefused",
     "ConfigError",
+    "MalformedRequest",
     "NoWorkerAvailable",
     "SessionRouteError",
     "TraceFormatError",
@@ -26,6 +28,22 @@ class UnknownPolicyError(ConfigError):
 
 class NoWorkerAvailable(SessionRouteError):
     """No healthy worker can take the request (HTTP 503 at the boundary)."""
+
+
+class MalformedRequest(SessionRouteError, ValueError):
+    """A request the router cannot place as sent (e.g. a body that is not JSON): HTTP 400."""
+
+
+class AdmissionRefused(SessionRouteError):
+    """The router's admission queue is full, or the request waited there too long: HTTP 503.
+
+    Attributes:
+        reason: ``"queue_full"`` or ``"timeout"``.
+    """
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class WorkerError(SessionRouteError, ValueError):

@@ -32,8 +32,15 @@ def _policy(core: RoutingCore) -> CacheAwarePolicy:
     return p
 
 
+def _keys(text: str) -> tuple[int, ...]:
+    """Content-block keys standing for ``text``, one per character (so matches and tree sizes
+    count characters, as in sglang's character-level tree)."""
+    return tuple(ord(c) for c in text)
+
+
 def _go(core: RoutingCore, text: str | None = None, tokens: list[int] | None = None) -> str:
-    res = core.route(RouteRequest(text=text, tokens=tokens))
+    blocks = _keys(text) if text is not None else tokens
+    res = core.route(RouteRequest(blocks=blocks))
     core.complete(res)
     return res.worker[-2:]
 
@@ -140,18 +147,18 @@ def test_cache_aware_low_match_goes_to_smallest_tree() -> None:
 def test_cache_aware_switches_to_least_loaded_when_imbalanced() -> None:
     core = _core()
     policy = _policy(core)
-    held = [core.route(RouteRequest(text="same prompt")) for _ in range(65)]
+    held = [core.route(RouteRequest(blocks=_keys("same prompt"))) for _ in range(65)]
     assert {r.worker for r in held} == {"http://w1"}  # 65 in flight on w1, 0 elsewhere
-    res = core.route(RouteRequest(text="same prompt"))  # 65 - 0 > 64 and 65 > 0 * 1.5
+    res = core.route(RouteRequest(blocks=_keys("same prompt")))  # 65 - 0 > 64 and 65 > 0 * 1.5
     assert res.worker == "http://w2"
     assert policy.decisions["load_balance"] == 1
     # The content was inserted into w2's tree even on the load-balance path.
-    assert policy.tree("http://w2").match("same prompt") == len("same prompt")
+    assert policy.tree("http://w2").match(_keys("same prompt")) == len("same prompt")
     for r in held[:10]:
         core.complete(r)
     # Loads 55, 1, 0 are balanced again; w1 and w2 both match fully, w2 has fewer in flight.
-    assert core.route(RouteRequest(text="same prompt")).worker == "http://w2"
-    assert core.route(RouteRequest(text="new prompt")).worker == "http://w3"
+    assert core.route(RouteRequest(blocks=_keys("same prompt"))).worker == "http://w2"
+    assert core.route(RouteRequest(blocks=_keys("new prompt"))).worker == "http://w3"
 
 
 def test_cache_aware_relative_threshold_blocks_rebalancing() -> None:
@@ -162,15 +169,15 @@ def test_cache_aware_relative_threshold_blocks_rebalancing() -> None:
     for _ in range(2):
         core.cluster.reserve("http://w2", 0)
     # loads 5 and 2: 5 - 2 > 2 but not 5 > 2 * 3.0, so balanced: cache hit on w1.
-    assert core.route(RouteRequest(text="p")).worker == "http://w1"
+    assert core.route(RouteRequest(blocks=_keys("p"))).worker == "http://w1"
     # loads 6 and 2: 6 > 6 is false, still balanced.
-    assert core.route(RouteRequest(text="p")).worker == "http://w1"
+    assert core.route(RouteRequest(blocks=_keys("p"))).worker == "http://w1"
     # loads 7 and 2: 7 - 2 > 2 and 7 > 6: imbalanced, least loaded.
-    assert core.route(RouteRequest(text="p")).worker == "http://w2"
+    assert core.route(RouteRequest(blocks=_keys("p"))).worker == "http://w2"
     assert _policy(core).decisions == {"cache_hit": 2, "smallest_tree": 1, "load_balance": 1}
 
 
-def test_cache_aware_token_content_from_the_simulator() -> None:
+def test_cache_aware_matches_block_keys() -> None:
     core = _core()
     blocks = list(range(100, 140))
     assert _go(core, tokens=blocks) == "w1"
@@ -187,7 +194,7 @@ def test_cache_aware_tree_size_is_bounded() -> None:
         _go(core, p)
         assert policy.tree_sizes()["http://w1"] <= 50
     tree = policy.tree("http://w1")
-    assert [tree.match(p) for p in prompts] == [0] * 18 + [17, 17]  # the two newest fit
+    assert [tree.match(_keys(p)) for p in prompts] == [0] * 18 + [17, 17]  # the two newest fit
     assert tree.size == 34
 
 

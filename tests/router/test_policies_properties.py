@@ -52,7 +52,9 @@ def _replay(name: str, ops: list[tuple[Any, ...]], seed: int) -> list[tuple[str 
         kind = op[0]
         if kind == "route":
             try:
-                held.append(core.route(RouteRequest(session_id=op[1], text=op[2])))
+                held.append(
+                    core.route(RouteRequest(session_id=op[1], blocks=[ord(c) for c in op[2]]))
+                )
             except NoWorkerAvailable:
                 core.log.append((op[1], "-", "none"))
         elif kind == "complete" and held:

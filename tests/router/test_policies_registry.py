@@ -72,7 +72,7 @@ def test_every_builtin_loads_and_routes() -> None:
         policy = create_policy(name, clock=ManualClock(), seed=1)
         assert policy.name == name
         core = RoutingCore(policy, Cluster(W))
-        res = core.route(RouteRequest(session_id="s", text="hello", tokens=[1, 2]))
+        res = core.route(RouteRequest(session_id="s", blocks=[1, 2]))
         assert res.worker in W
         assert core.complete(res) is True
 

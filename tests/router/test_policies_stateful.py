@@ -76,9 +76,8 @@ class PolicyMachine(RuleBasedStateMachine):
     def route(self, sid: str | None, content: str | list[int] | None, tokens: int) -> None:
         cluster = self.core.cluster
         healthy = cluster.healthy()
-        text = content if isinstance(content, str) else None
-        ids = content if isinstance(content, list) else None
-        request = RouteRequest(session_id=sid, prompt_tokens=tokens, text=text, tokens=ids)
+        blocks = [ord(c) for c in content] if isinstance(content, str) else content
+        request = RouteRequest(session_id=sid, prompt_tokens=tokens, blocks=blocks)
         if not healthy:
             try:
                 self.core.route(request)

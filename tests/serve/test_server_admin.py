@@ -12,6 +12,7 @@ import pytest
 
 from sessionroute.clock import Clock
 from sessionroute.router.policies import Policy, require_healthy
+from sessionroute.router.requests import BYTES_PER_TOKEN, text_block_keys
 from sessionroute.router.state import ClusterView
 from sessionroute.types import Decision, DecisionKind, RouteRequest
 
@@ -24,13 +25,14 @@ class RecordingContentPolicy(Policy):
 
     name: ClassVar[str] = "recording"
     needs_content: ClassVar[bool] = True
-    texts: ClassVar[list[str | None]] = []
+    seen: ClassVar[list[tuple[list[int] | None, str | None]]] = []
 
     def __init__(self, config: Any = None, *, clock: Clock, rng: random.Random) -> None:
         super().__init__(config, clock=clock, rng=rng)
 
     def select(self, request: RouteRequest, cluster: ClusterView) -> Decision:
-        RecordingContentPolicy.texts.append(request.text)
+        blocks = None if request.blocks is None else list(request.blocks)
+        RecordingContentPolicy.seen.append((blocks, request.model))
         return Decision(require_healthy(cluster)[0], DecisionKind.STATELESS)
 
 
@@ -191,20 +193,25 @@ async def test_malformed_json_with_header_policy_is_forwarded(
 async def test_content_policy_parses_body_and_rejects_malformed_json(
     backends: list[FakeBackend], make_router: MakeRouter, client: aiohttp.ClientSession
 ) -> None:
-    RecordingContentPolicy.texts.clear()
+    RecordingContentPolicy.seen.clear()
     router = await make_router([backends[0].url], policy=f"{__name__}:RecordingContentPolicy")
     body = {
         "model": "m",
         "messages": [
-            {"role": "system", "content": "sys. "},
-            {"role": "user", "content": [{"type": "text", "text": "part"}, {"type": "image"}]},
+            {"role": "system", "content": "sys. " * 20},
+            {"role": "user", "content": [{"type": "text", "text": "part" * 9}, {"type": "image"}]},
         ],
     }
     async with client.post(router.url + "/v1/chat/completions", json=body) as r:
         assert r.status == 200
-    async with client.post(router.url + "/v1/completions", json={"prompt": "abc"}) as r:
+    async with client.post(router.url + "/v1/completions", json={"prompt": "abc" * 50}) as r:
         assert r.status == 200
-    assert RecordingContentPolicy.texts == ["sys. part", "abc"]
+    block = 16 * BYTES_PER_TOKEN  # the default content block, in bytes of text
+    assert RecordingContentPolicy.seen == [
+        (text_block_keys("sys. " * 20 + "part" * 9, block), "m"),
+        (text_block_keys("abc" * 50, block), None),
+    ]
+    assert [len(b or []) for b, _ in RecordingContentPolicy.seen] == [2, 2]
     for raw in (b"{not json", b"\xff\xfe", b"", b"[" * 100_000):
         async with client.post(router.url + "/v1/chat/completions", data=raw) as r:
             assert r.status == 400

@@ -61,13 +61,20 @@ def test_vllm_router_flags_map_to_settings() -> None:
     assert s.request_id_headers == ("x-trace-id",)
     assert s.session_headers == ("x-session-id", "x-user-id")
     assert (s.health_failure_threshold, s.health_check_endpoint) == (4, "/ping")
-    assert (s.retry_max_retries, s.retry_backoff_multiplier, s.max_attempts) == (2, 2.0, 2)
+    rc = s.router_config()
+    assert (s.retry_max_retries, s.retry_backoff_multiplier, rc.retry_max_attempts) == (2, 2.0, 2)
     assert (s.cb_failure_threshold, s.cb_timeout_duration_secs) == (7, 9.0)
     assert (s.prometheus_port, s.api_key, s.router_api_key) == (29001, "wk", "rk")
     assert (s.session_ttl_secs, s.log_level, s.max_payload_size) == (60.0, "warning", 1024)
-    assert s.policy_options({"session_ttl_s", "cache_threshold"}) == {
-        "session_ttl_s": 60.0,
+    assert (rc.session_ttl_s, rc.session_headers, rc.cb_failure_threshold) == (
+        60.0, ("x-session-id", "x-user-id"), 7,
+    )  # fmt: skip
+    assert s.policy_options() == {}  # sticky_least_loaded takes none of the flag options
+    cache = settings_from_args(_parse("--policy", "cache_aware", "--cache-threshold", "0.5"))  # type: ignore[arg-type]
+    assert cache.policy_options() == {
         "cache_threshold": 0.5,
+        "balance_abs_threshold": 64,
+        "balance_rel_threshold": 1.5,
     }
 
 
@@ -76,8 +83,9 @@ def test_defaults_and_env_ttl() -> None:
     assert (s.port, s.retry_max_retries, s.cb_failure_threshold, s.session_ttl_secs) == (
         30000, 5, 10, 7200.0,
     )  # fmt: skip
-    assert s.max_attempts == 5
-    assert settings_from_args(_parse("--disable-retries"), environ={}).max_attempts == 1  # type: ignore[arg-type]
+    assert s.router_config().retry_max_attempts == 5
+    no_retries = settings_from_args(_parse("--disable-retries"), environ={})  # type: ignore[arg-type]
+    assert no_retries.router_config().retry_max_attempts == 1
     env = {SESSION_TTL_ENV: "120"}
     assert settings_from_args(_parse(), environ=env).session_ttl_secs == 120.0  # type: ignore[arg-type]
     flag = _parse("--session-ttl-secs", "5")

@@ -30,7 +30,7 @@ async def test_cache_aware_routes_by_prompt_and_rejects_bad_json(
     backends: list[FakeBackend], make_router: MakeRouter, client: aiohttp.ClientSession
 ) -> None:
     router = await make_router([b.url for b in backends], policy="cache_aware", cache_threshold=0.5)
-    assert router.router.needs_content
+    assert router.router.core.requests.needs_content
     prefix = "You are a careful coding agent. " * 20
     for turn in range(5):
         status, _ = await post_chat(client, router, None, content=prefix + f"turn {turn}")

@@ -197,7 +197,7 @@ async def test_vllm_router_session_header_list(
     backends: list[FakeBackend], make_router: MakeRouter, client: aiohttp.ClientSession
 ) -> None:
     """With vllm-router's header list, x-user-id: Z and x-session-id: Z are one session."""
-    from sessionroute.router.state import VLLM_ROUTER_SESSION_HEADERS
+    from sessionroute.router.config import VLLM_ROUTER_SESSION_HEADERS
 
     router = await make_router(
         [b.url for b in backends],

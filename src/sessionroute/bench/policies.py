@@ -28,6 +28,7 @@ import numpy as np
 from sessionroute.clock import ManualClock
 from sessionroute.router.core import RoutingCore
 from sessionroute.router.policies import create_policy, policy_names
+from sessionroute.router.requests import BYTES_PER_TOKEN, text_block_keys
 from sessionroute.router.state import Cluster
 from sessionroute.types import RouteRequest
 
@@ -61,7 +62,10 @@ def _request(i: int, prefix: str = "sess") -> RouteRequest:
     return RouteRequest(
         session_id=sid,
         prompt_tokens=1000 + i % 7000,
-        text=f"{_SYSTEM}\nTask {sid}: fix the failing test in module_{i % 997}.py\n",
+        blocks=text_block_keys(
+            f"{_SYSTEM}\nTask {sid}: fix the failing test in module_{i % 997}.py\n",
+            16 * BYTES_PER_TOKEN,
+        ),
     )
 
 

@@ -1,30 +1,44 @@
-"""The routing core: a policy plus a cluster, with select-and-reserve and exactly-once release.
+"""The routing core: the one implementation of every router decision, for both drivers.
 
-Both the live router and the simulated router drive policies through this class, so the two
-make the same decisions for the same event sequence.
+:class:`RoutingCore` holds a policy, the cluster (workers, their availability and router-side
+load), and the router's decision helpers. ``serve`` drives it over HTTP in real time, the
+simulator drives it in virtual time; neither makes a routing decision of its own:
+
+* :attr:`RoutingCore.requests` builds the policy's request (session id, size estimate,
+  content keys; :mod:`sessionroute.router.requests`);
+* :meth:`RoutingCore.place` admits (:mod:`sessionroute.router.admission`), selects and
+  reserves in one synchronous step; :meth:`RoutingCore.complete` releases exactly once;
+* :attr:`RoutingCore.retry` and :meth:`RoutingCore.retarget` decide retries and re-placement
+  (:mod:`sessionroute.router.retry`);
+* :meth:`RoutingCore.record_success`, :meth:`~RoutingCore.record_failure`,
+  :meth:`~RoutingCore.record_unreachable` and :meth:`~RoutingCore.observe_check` keep each
+  worker's availability (:mod:`sessionroute.router.health`);
+* :meth:`RoutingCore.finish_session` and :meth:`RoutingCore.sweep` end sessions.
+
+Every decision is counted by kind and, when :attr:`RoutingCore.log` is a list, appended to it
+as ``(session_id, worker, kind)``: the parity test compares the logs of both drivers.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Final
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
 
+from sessionroute.errors import AdmissionRefused, NoWorkerAvailable
+from sessionroute.router.admission import AdmissionQueue, Ticket
+from sessionroute.router.config import RouterConfig
+from sessionroute.router.health import CircuitBreaker, WorkerHealth
 from sessionroute.router.policies.base import Policy
+from sessionroute.router.requests import RequestBuilder
+from sessionroute.router.retry import RetryPolicy
 from sessionroute.router.state.cluster import Cluster
-from sessionroute.types import Decision, DecisionKind, RouteRequest
+from sessionroute.types import DecisionKind, RouteRequest
 
 __all__ = ["Reservation", "RoutingCore"]
 
-_KINDS: Final = (
-    DecisionKind.STICKY,
-    DecisionKind.NEW,
-    DecisionKind.REPINNED,
-    DecisionKind.STATELESS,
-)
-"""Every decision kind, the most frequent first."""
 
-
-@dataclass(init=False, slots=True, eq=False)
+@dataclass(eq=False, slots=True)
 class Reservation:
     """One routed request; pass it back to :meth:`RoutingCore.complete` exactly once.
 
@@ -32,74 +46,124 @@ class Reservation:
         request: what was routed.
         worker: the chosen worker.
         kind: how it was chosen.
+        generation: the worker's add-order index when reserved (-1 if it was unknown); a
+            worker removed and added again is a new generation, so completing an old
+            reservation never takes load off the new one.
         done: True once completed (a second complete is ignored).
-        generation: the worker's add-order index when reserved (-1 if it was unknown, None to
-            release by URL alone); a worker removed and added again is a new generation, so
-            completing an old reservation never takes load off the new one.
     """
 
-    request: Final[RouteRequest]
-    worker: Final[str]
-    kind: Final[DecisionKind]
-    done: bool
-    generation: Final[int | None]
+    request: RouteRequest
+    worker: str
+    kind: DecisionKind
+    generation: int
+    done: bool = False
+
+
+class RoutingCore:
+    """Select + reserve in one synchronous step, release exactly once, and the router's other
+    decisions (module docstring).
+
+    Args:
+        policy: the routing policy.
+        cluster: workers, availability and in-flight load (its workers get a health record).
+        config: router settings (defaults: :class:`RouterConfig`'s).
+        rng: random generator for retry jitter (``random.Random(0)`` when omitted).
+        log: when a list, every decision is appended as ``(session_id, worker, kind)``.
+    """
 
     def __init__(
         self,
-        request: RouteRequest,
-        worker: str,
-        kind: DecisionKind,
-        done: bool = False,
-        generation: int | None = None,
+        policy: Policy,
+        cluster: Cluster,
+        config: RouterConfig | None = None,
+        *,
+        rng: random.Random | None = None,
+        log: list[tuple[str | None, str, str]] | None = None,
     ) -> None:
-        # its own __init__: a compiled class builds in ~1/6 of a dataclass __init__'s time
-        self.request = request
-        self.worker = worker
-        self.kind = kind
-        self.done = done
-        self.generation = generation
+        self.policy = policy
+        self.cluster = cluster
+        self.config = config if config is not None else RouterConfig()
+        self.clock = policy.clock
+        self.log = log
+        self.requests = RequestBuilder(self.config, needs_content=policy.needs_content)
+        self.retry = RetryPolicy(self.config, rng if rng is not None else random.Random(0))
+        self.admission = AdmissionQueue(self.config.admission_max_waiting)
+        self.health: dict[str, WorkerHealth] = {w: self._new_health(w) for w in cluster.workers()}
+        self.decisions: dict[DecisionKind, int] = dict.fromkeys(DecisionKind, 0)
+        """Count of decisions by kind."""
 
-
-@dataclass(slots=True)
-class RoutingCore:
-    """Select + reserve in one synchronous step; release exactly once.
-
-    Attributes:
-        policy: the routing policy.
-        cluster: workers, health and in-flight load.
-        log: when not None, every decision is appended as ``(session_id, worker, kind)``
-            (used by parity tests).
-    """
-
-    policy: Policy
-    cluster: Cluster
-    log: list[tuple[str | None, str, str]] | None = None
-    _counts: list[int] = field(default_factory=lambda: [0] * len(_KINDS), init=False, repr=False)
-    """Decisions by kind, in :data:`_KINDS` order (found by identity: hashing or reading an
-    ``Enum`` member's value runs Python code)."""
-
-    @property
-    def decisions(self) -> dict[DecisionKind, int]:
-        """Count of decisions by kind (a fresh dict)."""
-        return {k: self._counts[_KINDS.index(k)] for k in DecisionKind}
-
+    # -- placement ------------------------------------------------------------------------
     def route(self, request: RouteRequest) -> Reservation:
-        """Choose a worker and reserve load on it.
+        """Choose a worker and reserve load on it (no admission check).
 
         Raises:
-            NoWorkerAvailable: when no worker is healthy.
+            NoWorkerAvailable: when no worker is available.
         """
-        d: Decision = self.policy.select(request, self.cluster)
+        d = self.policy.select(request, self.cluster)
         generation = self.cluster.reserve(d.worker, request.prompt_tokens)
-        kind = d.kind
-        i = 0
-        while _KINDS[i] is not kind:
-            i += 1
-        counts = self._counts
-        counts[i] = counts[i] + 1  # (``+=`` on a list item is a generic call when compiled)
+        self.decisions[d.kind] += 1
         if self.log is not None:
             self.log.append((request.session_id, d.worker, d.kind.value))
-        return Reservation(request, d.worker, d.kind, False, generation)
+        return Reservation(request, d.worker, d.kind, generation)
+
+    def place(
+        self, request: RouteRequest, on_ready: Callable[[Ticket], None]
+    ) -> Reservation | Ticket:
+        """Admit and route ``request``, or queue it for admission.
+
+        Returns:
+            The reservation when the policy admits the request now (and nobody waits ahead
+            of it); otherwise a waiting :class:`Ticket` whose ``on_ready`` is called once it
+            was placed or failed. Withdraw it with :meth:`withdraw` when its deadline
+            (``admission_max_wait_s``) passes.
+
+        Raises:
+            NoWorkerAvailable: when no worker is available.
+            AdmissionRefused: held back with the admission queue full.
+        """
+        if not len(self.admission) and self.policy.admit(request, self.cluster):
+            return self.route(request)
+        if not self.admission.has_room():
+            self.admission.refused_full += 1
+            raise AdmissionRefused(
+                f"every worker is saturated and {self.admission.max_waiting} request(s) "
+                "already wait for admission",
+                "queue_full",
+            )
+        ticket = Ticket(request, on_ready)
+        self.admission.push(ticket)
+        self.pump()
+        return ticket
+
+    def withdraw(self, ticket: Ticket) -> AdmissionRefused | None:
+        """Take a ticket out of the queue at its deadline; returns the error to answer with,
+        or None if it already left the queue (placed or failed)."""
+        if not self.admission.withdraw(ticket):
+            return None
+        self.admission.refused_timeout += 1
+        return AdmissionRefused(
+            f"no worker could take the request within {self.config.admission_max_wait_s} s",
+            "timeout",
+        )
+
+    def cancel_ticket(self, ticket: Ticket) -> None:
+        """The client of a queued request went away: drop its ticket, or release what it was
+        given if it had just been placed."""
+        if not self.admission.withdraw(ticket) and ticket.reservation is not None:
+            self.complete(ticket.reservation)
+
+    def pump(self) -> None:
+        """Place waiting tickets, oldest first, while the policy admits the head."""
+        queue = self.admission
+        while (head := queue.head()) is not None:
+            if self.cluster.healthy() and not self.policy.admit(head.request, self.cluster):
+                return
+            ticket = queue.pop()
+            try:
+                ticket.reservation = self.route(ticket.request)
+            except NoWorkerAvailable as exc:
+                ticket.error = exc
+            ticket.on_ready(ticket)
 
     def complete(self, reservation: Reservation) -> bool:
         """Release what :meth:`route` reserved; returns False if already completed."""
@@ -110,29 +174,112 @@ class RoutingCore:
             reservation.worker, reservation.request.prompt_tokens, reservation.generation
         )
         self.policy.on_complete(reservation.request, reservation.worker)
+        if len(self.admission):
+            self.pump()
         return True
 
+    def retarget(self, reservation: Reservation) -> Reservation:
+        """The reservation for the next attempt: the same one while its worker is available,
+        otherwise it is completed and the request placed again (a session moves).
+
+        Raises:
+            NoWorkerAvailable: when it must move and no worker is available.
+        """
+        if self.cluster.is_healthy(reservation.worker):
+            return reservation
+        self.complete(reservation)
+        return self.route(reservation.request)
+
+    # -- sessions -------------------------------------------------------------------------
     def finish_session(self, session_id: str) -> bool:
         """Release a session (idempotent); True if the policy knew it."""
-        return self.policy.release_session(session_id)
-
-    def add_worker(self, url: str) -> None:
-        """Add a healthy worker (WorkerError if present)."""
-        self.cluster.add(url)
-        self.policy.on_worker_added(url, self.cluster)
-
-    def remove_worker(self, url: str) -> None:
-        """Remove a worker (WorkerError if unknown); its sessions re-place on their next turn."""
-        self.cluster.remove(url)
-        self.policy.on_worker_removed(url, self.cluster)
-
-    def set_health(self, url: str, healthy: bool) -> bool:
-        """Mark a worker healthy/unhealthy; True if it changed (WorkerError if unknown)."""
-        changed = self.cluster.set_healthy(url, healthy)
-        if changed:
-            self.policy.on_health_change(url, healthy, self.cluster)
-        return changed
+        known = self.policy.release_session(session_id)
+        if known and len(self.admission):
+            self.pump()
+        return known
 
     def sweep(self, now: float) -> int:
         """Expire idle sessions; returns how many."""
         return self.policy.sweep(now)
+
+    # -- workers --------------------------------------------------------------------------
+    def add_worker(self, url: str) -> None:
+        """Add an available worker (WorkerError if present)."""
+        self.cluster.add(url)
+        self.health[url] = self._new_health(url)
+        self.policy.on_worker_added(url, self.cluster)
+        self.pump()
+
+    def remove_worker(self, url: str) -> None:
+        """Remove a worker (WorkerError if unknown); its sessions re-place on their next turn."""
+        self.cluster.remove(url)
+        self.health.pop(url, None)
+        self.policy.on_worker_removed(url, self.cluster)
+
+    def set_health(self, url: str, healthy: bool) -> bool:
+        """Mark a worker available or not; True if it changed (WorkerError if unknown)."""
+        changed = self.cluster.set_healthy(url, healthy)
+        if changed:
+            self.policy.on_health_change(url, healthy, self.cluster)
+            if healthy:
+                self.pump()
+        return changed
+
+    def refresh(self, url: str) -> bool:
+        """Push ``url``'s availability (checks pass, circuit not open) to the cluster and the
+        policy; True if it changed."""
+        wh = self.health.get(url)
+        if wh is None or url not in self.cluster:
+            return False
+        return self.set_health(url, wh.available)
+
+    def record_success(self, url: str) -> bool:
+        """An upstream answer below 500 from ``url``; True if its availability changed."""
+        wh = self.health.get(url)
+        return wh is not None and wh.breaker.record_success() and self.refresh(url)
+
+    def record_failure(self, url: str) -> float | None:
+        """An upstream failure (5xx, reset, timeout) from ``url``.
+
+        Returns:
+            When this opened its circuit, the seconds after which the driver should call
+            :meth:`refresh` (the circuit turns half-open); None otherwise.
+        """
+        wh = self.health.get(url)
+        if wh is None or not wh.breaker.record_failure():
+            return None
+        self.refresh(url)
+        return wh.breaker.timeout_s
+
+    def record_unreachable(self, url: str, reason: str) -> bool:
+        """``url`` refused a connection: unavailable at once, until its checks pass again.
+
+        Returns:
+            True if it was available before.
+        """
+        wh = self.health.get(url)
+        if wh is None:
+            return False
+        wh.breaker.record_failure()
+        changed = wh.mark_unreachable(reason)
+        self.refresh(url)
+        return changed
+
+    def observe_check(self, url: str, ok: bool, fail_n: int, pass_n: int) -> bool:
+        """Fold one health-check result of ``url`` in (``fail_n`` failures make it unhealthy,
+        ``pass_n`` passes healthy again); True if its availability changed."""
+        wh = self.health.get(url)
+        if wh is None or not wh.observe_check(ok, fail_n, pass_n):
+            return False
+        return self.refresh(url)
+
+    def _new_health(self, url: str) -> WorkerHealth:
+        c = self.config
+        breaker = CircuitBreaker(
+            c.cb_failure_threshold,
+            c.cb_success_threshold,
+            c.cb_timeout_s,
+            self.clock,
+            enabled=c.circuit_breaker,
+        )
+        return WorkerHealth(url, breaker)

@@ -18,7 +18,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from sessionroute.errors import ConfigError
-from sessionroute.router.state.session_id import DEFAULT_SESSION_HEADERS
+from sessionroute.router.config import DEFAULT_SESSION_HEADERS, RouterConfig
+from sessionroute.router.policies.registry import policy_class, takes_option
 from sessionroute.serve.flags import (
     DEFAULT_REQUEST_ID_HEADERS,
     DEFAULTS,
@@ -107,24 +108,34 @@ class RouterSettings(BaseModel):
             raise ValueError(f"health check endpoint must start with '/': {path!r}")
         return path
 
-    @property
-    def max_attempts(self) -> int:
-        """Total upstream attempts per request (1 when retries are disabled)."""
-        return 1 if self.disable_retries else self.retry_max_retries
+    def router_config(self) -> RouterConfig:
+        """The router core's settings (seconds where the flags say milliseconds)."""
+        return RouterConfig(
+            session_headers=self.session_headers,
+            session_ttl_s=self.session_ttl_secs,
+            sweep_interval_s=self.session_sweep_interval_secs,
+            retry_max_attempts=1 if self.disable_retries else self.retry_max_retries,
+            retry_backoff_s=self.retry_initial_backoff_ms / 1000.0,
+            retry_backoff_multiplier=self.retry_backoff_multiplier,
+            retry_max_backoff_s=self.retry_max_backoff_ms / 1000.0,
+            retry_jitter_factor=self.retry_jitter_factor,
+            circuit_breaker=not self.disable_circuit_breaker,
+            cb_failure_threshold=self.cb_failure_threshold,
+            cb_success_threshold=self.cb_success_threshold,
+            cb_timeout_s=self.cb_timeout_duration_secs,
+        )
 
-    def policy_options(self, known: set[str]) -> dict[str, Any]:
-        """Options for the policy's ``Config`` among ``known`` field names.
-
-        ``session_ttl_secs`` maps to ``session_ttl_s``; ``cache_threshold`` and the two balance
-        thresholds pass under their own names.
-        """
+    def policy_options(self) -> dict[str, Any]:
+        """The policy options given as flags: ``--cache-threshold`` and the two balance
+        thresholds, passed under their own names to a policy whose ``Config`` has them (the
+        session TTL is given by :func:`~sessionroute.router.choose_policy`)."""
+        cls = policy_class(self.policy)
         candidates: dict[str, Any] = {
-            "session_ttl_s": self.session_ttl_secs,
             "cache_threshold": self.cache_threshold,
             "balance_abs_threshold": self.balance_abs_threshold,
             "balance_rel_threshold": self.balance_rel_threshold,
         }
-        return {k: v for k, v in candidates.items() if k in known}
+        return {k: v for k, v in candidates.items() if takes_option(cls, k)}
 
     @classmethod
     def build(cls, **values: Any) -> RouterSettings:

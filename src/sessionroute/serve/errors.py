@@ -9,7 +9,13 @@ from __future__ import annotations
 
 import json
 
-from sessionroute.errors import ConfigError, NoWorkerAvailable, WorkerError
+from sessionroute.errors import (
+    AdmissionRefused,
+    ConfigError,
+    MalformedRequest,
+    NoWorkerAvailable,
+    WorkerError,
+)
 from sessionroute.serve.wire import Response
 
 __all__ = ["error_for_exception", "error_response"]
@@ -51,6 +57,10 @@ def error_for_exception(exc: BaseException) -> Response:
     """Map a sessionroute error to a JSON error response (500 for anything else)."""
     if isinstance(exc, NoWorkerAvailable):
         return error_response(503, str(exc) or "no worker available", "no_worker_available")
+    if isinstance(exc, AdmissionRefused):
+        return error_response(503, str(exc), f"admission_{exc.reason}")
+    if isinstance(exc, MalformedRequest):
+        return error_response(400, str(exc), "malformed_json")
     if isinstance(exc, WorkerError | ConfigError):
         return error_response(400, str(exc), "invalid_request")
     return error_response(500, "internal router error", "internal_error")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from sessionroute.router.state.session_id import DEFAULT_SESSION_HEADERS
+from sessionroute.router.config import DEFAULT_SESSION_HEADERS
 
 __all__ = [
     "DEFAULTS",

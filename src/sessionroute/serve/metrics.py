@@ -32,7 +32,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString as _go_float
 
 from sessionroute.router.core import RoutingCore
-from sessionroute.serve.health import WorkerHealth
+from sessionroute.router.health import WorkerHealth
 
 __all__ = ["CONTENT_TYPE", "RouterMetrics"]
 

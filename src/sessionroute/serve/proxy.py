@@ -1,42 +1,41 @@
 """Proxying one generation request: route, forward, retry, relay, release.
 
-The body is read once (as the pieces it arrived in) and forwarded as received; it is parsed
-only when the policy reads the prompt (``Policy.needs_content``). Requests go upstream through
+Every routing decision is the router core's (:class:`~sessionroute.router.RoutingCore`): the
+policy's request is built by ``core.requests`` (session id, size estimate, content keys),
+placed by ``core.place`` (admission, select + reserve), and retried by ``core.retry`` and
+``core.retarget``; this module does the I/O around them. The body is read once (as the pieces
+it arrived in) and forwarded as received; it is parsed only when the policy reads the prompt
+(``Policy.needs_content``). Requests go upstream through
 :class:`~sessionroute.serve.upstream.UpstreamPool` (a protocol of ours on the ``httptools``
 response parser), with the client's headers forwarded as the raw bytes it sent. Responses
 with a known length up to :data:`BUFFER_LIMIT` bytes are relayed in one write; everything
 else (server-sent event streams in particular) is relayed chunk by chunk as it arrives, written
 straight to the client connection (:class:`~sessionroute.serve.http1.Connection`) with
 pre-serialized header bytes and its flow control.
-Retries (on :data:`RETRY_STATUSES` and connection errors, with exponential backoff and
-jitter) happen only before the first byte of a response is sent to the client. A worker that
-refuses connections is marked unavailable at once, so the next attempt re-places the session.
+Retries (on :data:`~sessionroute.router.retry.RETRY_STATUSES` and connection errors, with
+exponential backoff and jitter) happen only before the first byte of a response is sent to
+the client. A worker that refuses connections is marked unavailable at once, so the next
+attempt re-places the session.
 The policy's reservation is released exactly once on every path (``try/finally``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
-from typing import Any
 
-from sessionroute.errors import NoWorkerAvailable
-from sessionroute.router.core import Reservation
-from sessionroute.serve.errors import error_response
+from sessionroute.errors import AdmissionRefused, MalformedRequest, NoWorkerAvailable
+from sessionroute.router.admission import Ticket
+from sessionroute.router.core import Reservation, RoutingCore
+from sessionroute.serve.errors import error_for_exception, error_response
 from sessionroute.serve.http1 import Connection, Request
 from sessionroute.serve.router import Router
 from sessionroute.serve.upstream import HOP_BY_HOP, Exchange, UpstreamConnectError, UpstreamError
-from sessionroute.types import RouteRequest
 
-__all__ = ["BUFFER_LIMIT", "HOP_BY_HOP", "RETRY_STATUSES", "prompt_text", "proxy_request"]
+__all__ = ["BUFFER_LIMIT", "HOP_BY_HOP", "proxy_request"]
 
 log = logging.getLogger("sessionroute.serve")
-
-RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
-"""Upstream statuses that are retried (vllm-router's list)."""
-
 
 _RESPONSE_DROP = frozenset(
     n.encode() for n in (*HOP_BY_HOP, "content-length", "x-request-id", "date", "server")
@@ -44,38 +43,6 @@ _RESPONSE_DROP = frozenset(
 
 BUFFER_LIMIT = 256 * 1024
 """Responses with a Content-Length up to this many bytes are relayed in one write."""
-
-
-def prompt_text(payload: Any) -> str:
-    """The prompt text of an OpenAI request body: message contents joined, or the prompt.
-
-    Chat ``messages[*].content`` strings (or the ``text`` of content parts) are concatenated in
-    order; otherwise ``prompt`` (a string or list of strings) or ``input`` is used. Returns ""
-    when none is present.
-    """
-    if not isinstance(payload, dict):
-        return ""
-    messages = payload.get("messages")
-    if isinstance(messages, list):
-        parts: list[str] = []
-        for m in messages:
-            content = m.get("content") if isinstance(m, dict) else None
-            if isinstance(content, str):
-                parts.append(content)
-            elif isinstance(content, list):
-                parts.extend(
-                    p["text"]
-                    for p in content
-                    if isinstance(p, dict) and isinstance(p.get("text"), str)
-                )
-        return "".join(parts)
-    for key in ("prompt", "input"):
-        value = payload.get(key)
-        if isinstance(value, str):
-            return value
-        if isinstance(value, list) and all(isinstance(v, str) for v in value):
-            return "".join(value)
-    return ""
 
 
 def _header_block(router: Router, req: Request) -> bytes:
@@ -132,44 +99,66 @@ async def proxy_request(conn: Connection, req: Request, router: Router) -> None:
         _too_large(conn, req, s.max_payload_size, raw_rid)
         return
     size = req.size
-    session_id: str | None = None
-    session_header = "x-session-id"
-    for name, label in router.session_names:
-        value = lower.get(name)
-        if value:
-            value = value.rstrip(b" \t")
-            if value:
-                # "replace", as /finish_session decodes its query: the id must hash (UTF-8)
-                session_id = value.decode("utf-8", "replace")
-                session_header = label
-                break
-    text: str | None = None
-    model: str | None = None
-    if router.needs_content:
-        try:
-            payload = json.loads(b"".join(parts))
-        except (ValueError, RecursionError) as exc:  # RecursionError: absurd nesting
-            _error(conn, 400, f"request body is not valid JSON: {exc}", "malformed_json", raw_rid)
-            return
-        text = prompt_text(payload)
-        m = payload.get("model") if isinstance(payload, dict) else None
-        model = m if isinstance(m, str) else None
-    # Positional: a frozen dataclass's keyword __init__ costs twice as much. Field order:
-    # session_id, prompt_tokens, text, tokens, model, request_id, session_header.
-    route_req = RouteRequest(session_id, size // 4, text, None, model, rid, session_header)
     core = router.core
+    try:
+        route_req = core.requests.from_http(lower, parts, size, rid)
+    except MalformedRequest as exc:
+        _error(conn, 400, str(exc), "malformed_json", raw_rid)
+        return
     t0 = time.perf_counter()
     try:
-        reservation = core.route(route_req)
-    except NoWorkerAvailable as exc:
-        _error(conn, 503, str(exc), "no_worker_available", raw_rid)
+        placed = core.place(route_req, _wake)
+        if isinstance(placed, Ticket):
+            placed = await _admitted(core, placed)
+    except (NoWorkerAvailable, AdmissionRefused) as exc:
+        resp = error_for_exception(exc)
+        conn.respond_raw(
+            resp.status,
+            None,
+            resp.header_bytes() + b"x-request-id: " + raw_rid + b"\r\n",
+            resp.body,
+        )
         return
+    reservation = placed
     router.metrics.observe_routing(t0, time.perf_counter())
     holder = [reservation]
     try:
         await _forward(conn, req, router, holder, parts, size, raw_rid)
     finally:
         core.complete(holder[0])
+
+
+def _wake(ticket: Ticket) -> None:
+    """A ticket left the admission queue: wake the request waiting on it."""
+    fut: asyncio.Future[None] = ticket.context
+    if not fut.done():
+        fut.set_result(None)
+
+
+async def _admitted(core: RoutingCore, ticket: Ticket) -> Reservation:
+    """Wait for a queued request to be placed (``admission_max_wait_s`` at most).
+
+    Raises:
+        AdmissionRefused: it waited too long. NoWorkerAvailable: admitted with no worker.
+    """
+    fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    ticket.context = fut
+    if not ticket.waiting:  # placed while the future was being made
+        fut.set_result(None)
+    try:
+        await asyncio.wait_for(fut, core.config.admission_max_wait_s)
+    except TimeoutError:
+        refused = core.withdraw(ticket)
+        if refused is not None:
+            raise refused from None
+    except asyncio.CancelledError:
+        core.cancel_ticket(ticket)
+        raise
+    if ticket.error is not None:
+        raise ticket.error
+    if ticket.reservation is None:  # pragma: no cover - a ticket leaves placed or failed
+        raise RuntimeError("admission ticket left the queue without a result")
+    return ticket.reservation
 
 
 def _too_large(conn: Connection, req: Request, limit: int, rid: bytes) -> None:
@@ -205,7 +194,8 @@ async def _forward(
     tail = _header_block(router, req) + b"Content-Length: %d\r\n\r\n" % size
     method = req.method
     path_qs = req.target.decode("utf-8", "surrogateescape")
-    attempts = router.max_attempts
+    retry = core.retry
+    attempts = retry.max_attempts
     last_error = ""
     task = conn.task  # not asyncio.current_task(): it costs a getpid() syscall
     if task is None:
@@ -214,21 +204,22 @@ async def _forward(
         res = holder[0]
         if attempt:
             metrics.count_retry(res.worker)
-            if core.cluster.is_healthy(res.worker):
-                await asyncio.sleep(router.backoff_s(attempt))
-            if not core.cluster.is_healthy(res.worker):
-                core.complete(res)
-                try:
-                    res = holder[0] = core.route(res.request)
-                except NoWorkerAvailable:
-                    _error(
-                        conn,
-                        503,
-                        f"no worker available (last error: {last_error})",
-                        "no_worker_available",
-                        rid,
-                    )
-                    return
+            step = retry.after_failure(attempt, core.cluster.is_healthy(res.worker))
+            if step is None:  # pragma: no cover - the loop stops at max_attempts first
+                break
+            if step.wait_s:
+                await asyncio.sleep(step.wait_s)
+            try:
+                res = holder[0] = core.retarget(res)
+            except NoWorkerAvailable:
+                _error(
+                    conn,
+                    503,
+                    f"no worker available (last error: {last_error})",
+                    "no_worker_available",
+                    rid,
+                )
+                return
         worker = res.worker
         ex = Exchange(pool, worker, task)
         try:
@@ -265,7 +256,7 @@ async def _forward(
                 router.record_failure(worker)
             else:
                 router.record_success(worker)
-            if status in RETRY_STATUSES and attempt + 1 < attempts:
+            if retry.retryable(status) and attempt + 1 < attempts:
                 if not await _drain(ex):
                     _timeout_reading(conn, router, worker, rid)
                     return

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import random
 import string
@@ -17,11 +16,10 @@ import string
 import aiohttp
 
 from sessionroute.clock import Clock, MonotonicClock
-from sessionroute.router.core import RoutingCore
-from sessionroute.router.policies.registry import create_policy, policy_class
+from sessionroute.router import RoutingCore, choose_policy
 from sessionroute.router.state import Cluster
 from sessionroute.serve.config import RouterSettings
-from sessionroute.serve.health import CircuitBreaker, HealthChecker, WorkerHealth, probe
+from sessionroute.serve.health import HealthChecker, probe
 from sessionroute.serve.metrics import RouterMetrics
 from sessionroute.serve.upstream import REQUEST_DROP, UpstreamPool
 
@@ -64,23 +62,21 @@ class Router:
         self.settings = settings
         self.clock: Clock = clock if clock is not None else MonotonicClock()
         self.rng = rng if rng is not None else random.Random()
-        cls = policy_class(settings.policy)
-        known = (
-            {f.name for f in dataclasses.fields(cls.Config)}
-            if cls.Config is not None and dataclasses.is_dataclass(cls.Config)
-            else set()
-        )
-        policy = create_policy(
+        config = settings.router_config()
+        choice = choose_policy(
             settings.policy,
-            settings.policy_options(known),
-            clock=self.clock,
+            settings.policy_options(),
+            session_ttl_s=config.session_ttl_s,
+        )
+        policy = choice.build(clock=self.clock, rng=random.Random(self.rng.getrandbits(64)))
+        self.core = RoutingCore(
+            policy,
+            Cluster(settings.worker_urls),
+            config,
             rng=random.Random(self.rng.getrandbits(64)),
         )
-        self.core = RoutingCore(policy, Cluster(settings.worker_urls))
-        self.needs_content = bool(policy.needs_content)
-        self.workers: dict[str, WorkerHealth] = {
-            url: self._new_health(url) for url in settings.worker_urls
-        }
+        self.workers = self.core.health
+        """url -> health record of every worker (the core's)."""
         self.metrics = RouterMetrics(self.core, lambda: self.workers)
         self.worker_headers: dict[str, str] = (
             {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
@@ -102,12 +98,6 @@ class Router:
             n.lower().encode("latin-1") for n in settings.request_id_headers
         )
         """Lower-case names of the headers echoed as ``x-request-id``, in order."""
-        self.session_names: tuple[tuple[bytes, str], ...] = tuple(
-            (n.lower().encode("latin-1"), n.lower()) for n in settings.session_headers
-        )
-        """(lower-case name as bytes, as text) of the session headers, in order."""
-        self.max_attempts = settings.max_attempts
-        """Upstream attempts per request (1 with ``--disable-retries``)."""
         self._id_base = self.rng.randbytes(12).translate(_ID_TABLE).decode()
         self._id_seq = 0
         self.upstream = UpstreamPool(
@@ -186,50 +176,28 @@ class Router:
                 log.info("expired %d idle session(s)", n)
 
     # -- worker availability --------------------------------------------------------------
-    def _new_health(self, url: str) -> WorkerHealth:
-        s = self.settings
-        return WorkerHealth(
-            url,
-            CircuitBreaker(
-                s.cb_failure_threshold,
-                s.cb_success_threshold,
-                s.cb_timeout_duration_secs,
-                self.clock,
-                enabled=not s.disable_circuit_breaker,
-            ),
-        )
-
     def refresh(self, url: str) -> None:
         """Push a worker's availability (checks pass and circuit not open) to the cluster."""
-        wh = self.workers.get(url)
-        if wh is None or url not in self.core.cluster:
-            return
-        if self.core.set_health(url, wh.available):
-            log.warning("worker %s %s", url, "available" if wh.available else "unavailable")
+        if self.core.refresh(url):
+            available = self.core.cluster.is_healthy(url)
+            log.warning("worker %s %s", url, "available" if available else "unavailable")
 
     def record_success(self, url: str) -> None:
         """An upstream answer below 500 from ``url``."""
-        wh = self.workers.get(url)
-        if wh is not None and wh.breaker.record_success():
-            self.refresh(url)
+        if self.core.record_success(url):
+            log.warning("worker %s available", url)
 
     def record_failure(self, url: str) -> None:
         """An upstream failure (5xx, reset, timeout) from ``url``; may open its circuit."""
-        wh = self.workers.get(url)
-        if wh is not None and wh.breaker.record_failure():
+        reopen_s = self.core.record_failure(url)
+        if reopen_s is not None:
             log.warning("circuit of %s opened", url)
-            self.refresh(url)
-            self._schedule_refresh(url, wh.breaker.timeout_s)
+            self._schedule_refresh(url, reopen_s)
 
     def record_unreachable(self, url: str, reason: str) -> None:
         """``url`` refused the connection: unavailable at once, so the retry re-places."""
-        wh = self.workers.get(url)
-        if wh is None:
-            return
-        wh.breaker.record_failure()
-        if wh.mark_unreachable(reason):
+        if self.core.record_unreachable(url, reason):
             log.warning("worker %s unreachable (%s); marked unhealthy", url, reason)
-        self.refresh(url)
 
     def _schedule_refresh(self, url: str, delay_s: float) -> None:
         old = self._timers.pop(url, None)
@@ -262,7 +230,6 @@ class Router:
             raise WorkerError(f"worker {url!r} failed its health check: {reason}")
         if url in self.core.cluster:  # added concurrently while probing
             raise WorkerError(f"worker already present: {url!r}")
-        self.workers[url] = self._new_health(url)
         self.core.add_worker(url)
 
     def remove_worker(self, url: str) -> None:
@@ -272,7 +239,6 @@ class Router:
             WorkerError: unknown url.
         """
         self.core.remove_worker(url)
-        self.workers.pop(url, None)
         self.upstream.forget(url)
         timer = self._timers.pop(url, None)
         if timer is not None:
@@ -303,17 +269,3 @@ class Router:
         """
         self._id_seq = seq = (self._id_seq + 1) % 10**12
         return f"{_ID_PREFIX.get(path, 'req-')}{self._id_base}{seq:012d}"
-
-    def backoff_s(self, retry: int) -> float:
-        """Seconds to wait before retry number ``retry`` (1-based).
-
-        ``min(initial * multiplier**(retry-1), max)`` milliseconds, times
-        ``1 + jitter * U(-1, 1)`` (exponential backoff with jitter, as vllm-router).
-        """
-        s = self.settings
-        base = min(
-            s.retry_initial_backoff_ms * s.retry_backoff_multiplier ** (retry - 1),
-            s.retry_max_backoff_ms,
-        )
-        jitter = 1.0 + s.retry_jitter_factor * self.rng.uniform(-1.0, 1.0)
-        return max(0.0, base * jitter) / 1000.0

@@ -14,8 +14,8 @@ def apply_fault(sim: Simulation, kind: str, index: int, factor: float = 1.0) -> 
 
     * ``down``: the replica fails (:meth:`Simulation.fail_replica`); its sessions are re-placed
       by the policy on their next attempt.
-    * ``up``: a fresh engine (empty cache) if it was down; healthy again at the router, or
-      re-added if it was drained.
+    * ``up``: a fresh engine (empty cache) if it was down; its health checks pass again at the
+      router, or it is re-added if it was drained.
     * ``slow``: every step starting from now takes ``factor`` times as long (1.0 restores).
     * ``drain``: removed from the router; its in-flight requests finish.
     * ``add``: a new replica with the next index joins (``index`` is ignored).
@@ -40,7 +40,7 @@ def apply_fault(sim: Simulation, kind: str, index: int, factor: float = 1.0) -> 
             rep.drained = False
             core.add_worker(rep.url)
         elif rep.url in core.cluster:
-            core.set_health(rep.url, True)
+            core.observe_check(rep.url, True, fail_n=1, pass_n=1)  # its health checks pass
     elif kind == "slow":
         sim.sync(rep)
         rep.set_slowdown(factor, sim.now())

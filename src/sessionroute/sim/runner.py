@@ -6,7 +6,6 @@ steps (the wall-clock measurements excepted; inject ``wall_clock`` to pin them t
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import random
 from collections.abc import Callable, Iterator, Mapping
@@ -19,8 +18,7 @@ import numpy as np
 from sessionroute.clock import Clock, MonotonicClock
 from sessionroute.errors import ConfigError
 from sessionroute.replica import PROFILES, ReplicaConfig, StepTimeProfile, load_profiles
-from sessionroute.router.core import RoutingCore
-from sessionroute.router.policies.registry import create_policy, policy_class
+from sessionroute.router import RoutingCore, choose_policy
 from sessionroute.router.state.cluster import Cluster
 from sessionroute.sim.events import PRIO_FAULT, EventQueue, VirtualClock
 from sessionroute.sim.faults import apply_fault
@@ -36,6 +34,10 @@ __all__ = ["SimResult", "default_url", "replica_config", "run_simulation"]
 
 DEFAULT_BLOCK_SIZE = 16
 """vLLM's default KV block size (tokens), used when neither the spec nor the workload sets one."""
+
+ROUTER_SEED_SALT = 0x5E55_1011
+"""Mixed into the seed of the router core's own generator (retry jitter), so that it draws
+independently of the policy's ``random.Random(seed)``."""
 
 GC_THRESHOLDS = (100_000, 20, 100)
 """Python's cyclic-GC thresholds while a simulation runs (the default is ``(700, 10, 10)``)."""
@@ -125,18 +127,6 @@ def replica_config(spec: SimSpec) -> tuple[int, ReplicaConfig]:
     return int(pick("count") or 1), cfg
 
 
-def _policy_options(name: str, options: Mapping[str, Any] | None, ttl: float) -> dict[str, Any]:
-    out = dict(options or {})
-    cfg = policy_class(name).Config
-    if (
-        cfg is not None
-        and dataclasses.is_dataclass(cfg)
-        and "session_ttl_s" in {f.name for f in dataclasses.fields(cfg)}
-    ):
-        out.setdefault("session_ttl_s", ttl)
-    return out
-
-
 def run_simulation(
     spec: SimSpec,
     policy: str,
@@ -177,10 +167,16 @@ def run_simulation(
 
     clock = VirtualClock()
     queue = EventQueue(clock)
-    options = _policy_options(policy, policy_options, spec.router.session_ttl_s)
-    pol = create_policy(policy, options, clock=clock, rng=random.Random(seed))
+    choice = choose_policy(policy, policy_options, session_ttl_s=spec.router.session_ttl_s)
+    options = choice.options()
+    pol = choice.build(clock=clock, rng=random.Random(seed))
     replicas = [SimReplica(i, url_for(i), rcfg, fast=spec.sim.fast_engine) for i in range(count)]
-    core = RoutingCore(pol, Cluster([r.url for r in replicas]))
+    core = RoutingCore(
+        pol,
+        Cluster([r.url for r in replicas]),
+        spec.router,
+        rng=random.Random(seed ^ ROUTER_SEED_SALT),
+    )
     rec = Recorder()
     sim = Simulation(
         queue, core, replicas, spec.router, rec, url_for, rcfg, fast=spec.sim.fast_engine

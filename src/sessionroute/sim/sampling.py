@@ -121,7 +121,7 @@ class Scraper:
                 g = EngineGauges(running, waiting, kv)
             else:
                 g = self._IDLE
-            if not g.same(last.get(rep.url)) or cluster.gauges(rep.url) is None:
+            if g != last.get(rep.url) or cluster.gauges(rep.url) is None:
                 last[rep.url] = g
                 cluster.set_gauges(rep.url, g)
         sim.queue.push(sim.now() + self.interval_s, PRIO_SAMPLE, self._tick)

@@ -1,14 +1,22 @@
 """The simulated cluster: clients, router and replicas in virtual time.
 
-:class:`Simulation` implements the workload :class:`~sessionroute.workloads.base.Host`. A turn
-is routed when it is sent (the same :class:`~sessionroute.router.core.RoutingCore` and policy
-objects the live router drives, with the session id extracted from synthetic headers), reaches
-its replica ``network_delay_s`` later, and its response reaches the client ``network_delay_s``
-after the replica finished it. Replicas advance lazily: on an arrival at time ``t`` the replica
-runs to ``t`` and takes the request; a wake-up event at its ``next_event_time()`` collects
-completions. Every routed attempt is completed at the router exactly once (finished, failed,
-or cancelled). Requests on a replica that goes down are retried with backoff and re-placed by
-the policy: never lost.
+:class:`Simulation` implements the workload :class:`~sessionroute.workloads.base.Host`. It
+drives the same :class:`~sessionroute.router.RoutingCore` that ``sessionroute serve`` drives
+and makes no routing decision of its own: a turn's request is built by ``core.requests``
+(as the live router builds it from headers and body), placed by ``core.place`` (admission,
+select + reserve), and retried by ``core.retry`` / ``core.retarget`` exactly as the live
+proxy retries. A turn reaches its replica ``network_delay_s`` after it was placed, and its
+response reaches the client ``network_delay_s`` after the replica finished it. Replicas
+advance lazily: on an arrival at time ``t`` the replica runs to ``t`` and takes the request; a
+wake-up event at its ``next_event_time()`` collects completions.
+
+A replica that goes down behaves as a crashed server does behind the live router: its
+in-flight requests break (an upstream failure, counted by its circuit breaker) and are retried
+after a backoff; a request sent to it is refused, which marks it unavailable at once, and the
+retry places the session elsewhere. When the router gives up (``retry_max_attempts``, or no
+worker available) the simulated client retries the turn itself with the OpenAI SDK's backoff
+(``RouterSection.client_retry_*``): turns are never lost. Every routed attempt is completed at
+the router exactly once (finished, failed, or cancelled).
 """
 
 from __future__ import annotations
@@ -17,8 +25,9 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any, Final
 
-from sessionroute.errors import NoWorkerAvailable
+from sessionroute.errors import AdmissionRefused, NoWorkerAvailable
 from sessionroute.replica import ReplicaConfig, RequestResult, key_list
+from sessionroute.router.admission import Ticket
 from sessionroute.router.core import Reservation, RoutingCore
 from sessionroute.sim.events import PRIO_ARRIVAL, PRIO_TIMER, EventQueue
 from sessionroute.sim.ideal import IdealCache
@@ -26,7 +35,6 @@ from sessionroute.sim.metrics import Recorder
 from sessionroute.sim.replicas import SimReplica
 from sessionroute.sim.spec import RouterSection
 from sessionroute.sim.wakeups import ReplicaDriver
-from sessionroute.types import RouteRequest
 from sessionroute.workloads.base import SessionEnd, Turn, TurnOutcome
 
 __all__ = ["Simulation"]
@@ -37,6 +45,7 @@ _BACKOFF: Final = 2
 _DELIVER: Final = 3
 _DONE: Final = 4
 _CANCELLED: Final = 5
+_ADMISSION: Final = 6
 _LATE_S: Final = 300.0  # timers further ahead (rollout timeouts) go to the queue's FIFO lane
 
 
@@ -49,6 +58,7 @@ class _Req:
 
     __slots__ = (
         "attempt",
+        "client_tries",
         "handle",
         "hit",
         "keys",
@@ -59,6 +69,8 @@ class _Req:
         "rid",
         "sent_s",
         "state",
+        "ticket",
+        "tries",
         "turn",
     )
 
@@ -70,7 +82,10 @@ class _Req:
         self.keys = key_list(turn.block_keys)  # for the ideal cache and the replica alike
         self.on_done = on_done
         self.sent_s = now
-        self.attempt = 0
+        self.attempt = 0  # attempts of the current router request
+        self.tries = 0  # attempts in all (request ids)
+        self.client_tries = 0  # times the client sent the turn again
+        self.ticket: Ticket | None = None  # while it waits for admission
         self.state = _ROUTED
         self.hit = 0
         self.rid = ""
@@ -117,9 +132,7 @@ class Simulation(ReplicaDriver):
         self._reqs: dict[int, _Req] = {}
         self._handle = 0
         self._delay = router.network_delay_s
-        self._header = router.session_headers[0].lower()
         self._send_header = router.send_session_header
-        self._needs_content = bool(getattr(core.policy, "needs_content", False))
         self._session_start: dict[str, float] = {}
         self._last_rep: dict[str, int] = {}
         self.ended_sessions: list[str] = []
@@ -140,6 +153,10 @@ class Simulation(ReplicaDriver):
         self._deliver_cb = self._deliver
         self._arrive_cb = self._arrive
         self._retry_cb = self._retry
+        self._resend_cb = self._resend
+        self._admitted_cb = self._admitted
+        self._admission_deadline_cb = self._admission_deadline
+        self._refresh_cb = self._refresh
 
     # -- Host protocol --------------------------------------------------------------------------
     @property
@@ -213,8 +230,10 @@ class Simulation(ReplicaDriver):
                 rep.inflight.pop(req.rid, None)
                 self._complete(req)
                 self._reschedule(rep)
-        elif req.state == _ROUTED:
+        elif req.state in (_ROUTED, _BACKOFF):
             self._complete(req)
+        elif req.state == _ADMISSION and req.ticket is not None:
+            self.core.cancel_ticket(req.ticket)
         req.state = _CANCELLED
         self.rec.counts["requests_cancelled"] += 1
 
@@ -253,37 +272,72 @@ class Simulation(ReplicaDriver):
 
     # -- request lifecycle ----------------------------------------------------------------------
     def _route(self, req: _Req) -> None:
+        """The client sends the turn: the router builds its request and places it."""
         turn = req.turn
-        req.attempt += 1
-        rid = f"{req.handle}.{req.attempt}"
-        sid = turn.session_id
-        # extract_session_id({header: sid}, header_names) with only the first name set: the
-        # session id when the client sends it and it is not empty.
-        rr = RouteRequest(
-            session_id=sid if self._send_header and sid else None,
-            prompt_tokens=turn.prompt_len,
-            tokens=req.keys if self._needs_content else None,
-            request_id=rid,
-            session_header=self._header,
+        req.attempt = 1
+        req.tries += 1
+        rid = f"{req.handle}.{req.tries}"
+        core = self.core
+        rr = core.requests.from_turn(
+            turn.session_id if self._send_header else None,
+            turn.prompt_len,
+            req.keys,
+            self._bs,
+            rid,
         )
+        req.rid = rid
         try:
-            res = self.core.route(rr)
-        except NoWorkerAvailable:
-            self.rec.counts["no_worker_available"] += 1
-            self._backoff(req)
+            placed = core.place(rr, self._ticket_ready)
+        except (NoWorkerAvailable, AdmissionRefused):
+            self._refused(req)
             return
+        if isinstance(placed, Ticket):
+            placed.context = req
+            req.ticket = placed
+            req.state = _ADMISSION
+            queue = self.queue
+            deadline = queue.clock._t + core.config.admission_max_wait_s
+            queue.push(deadline, PRIO_TIMER, self._admission_deadline_cb, placed)
+            return
+        self._send(req, placed)
+
+    def _ticket_ready(self, ticket: Ticket) -> None:
+        queue = self.queue
+        queue.push(queue.clock._t, PRIO_ARRIVAL, self._admitted_cb, ticket)
+
+    def _admitted(self, ticket: Ticket) -> None:
+        req: _Req = ticket.context
+        req.ticket = None
+        res = ticket.reservation
+        if req.state != _ADMISSION:  # cancelled while it waited
+            if res is not None:
+                self.core.complete(res)
+            return
+        if res is None:
+            self._refused(req)
+        else:
+            self._send(req, res)
+
+    def _admission_deadline(self, ticket: Ticket) -> None:
+        if self.core.withdraw(ticket) is not None:
+            req: _Req = ticket.context
+            if req.state == _ADMISSION:
+                self._refused(req)
+
+    def _send(self, req: _Req, res: Reservation) -> None:
+        """Send the attempt to ``res.worker``'s replica (it arrives ``network_delay_s`` later)."""
         rep = self._by_url[res.worker]
+        sid = req.turn.session_id
         index = rep.index
         last_rep = self._last_rep
         last = last_rep.get(sid)
-        if last is None:  # (``last != index`` on an ``int | None`` is a generic comparison)
+        if last is None:
             last_rep[sid] = index
         elif last != index:
             self.rec.counts["session_moves"] += 1
             last_rep[sid] = index
         req.res = res
         req.rep = rep
-        req.rid = rid
         req.state = _ROUTED
         if self._delay > 0:
             queue = self.queue
@@ -297,7 +351,7 @@ class Simulation(ReplicaDriver):
         rep = req.rep
         engine = None if rep is None else rep.engine
         if rep is None or engine is None:
-            self._fail(req)
+            self._attempt_failed(req, refused=True)
             return
         queue = self.queue
         now = queue.clock._t
@@ -316,23 +370,72 @@ class Simulation(ReplicaDriver):
         if req.res is not None:
             self.core.complete(req.res)
 
-    def _fail(self, req: _Req) -> None:
-        """The attempt's replica failed: complete it at the router and retry."""
-        self._complete(req)
+    def _attempt_failed(self, req: _Req, *, refused: bool) -> None:
+        """The attempt's replica refused the connection (``refused``) or broke mid-request:
+        the router's retry decision, as the live proxy takes it."""
+        core = self.core
+        res = req.res
+        if res is None:  # pragma: no cover - an attempt always has a reservation
+            raise RuntimeError(f"attempt {req.rid} failed without a reservation")
+        url = res.worker
+        if refused:
+            core.record_unreachable(url, "connection refused (replica down)")
+        else:
+            reopen_s = core.record_failure(url)
+            if reopen_s is not None:
+                queue = self.queue
+                queue.push(queue.clock._t + reopen_s, PRIO_TIMER, self._refresh_cb, url)
+        step = core.retry.after_failure(req.attempt, core.cluster.is_healthy(url))
+        if step is None:  # the router gives up (502): the client sends the turn again
+            core.complete(res)
+            self._client_retry(req)
+            return
         self.rec.counts["requests_retried"] += 1
-        self._backoff(req)
-
-    def _backoff(self, req: _Req) -> None:
-        r = self.router
-        wait = min(
-            r.retry_max_backoff_s,
-            r.retry_backoff_s * r.retry_backoff_multiplier ** max(0, req.attempt - 1),
-        )
         req.state = _BACKOFF
-        self.queue.push(self.queue.clock._t + wait, PRIO_ARRIVAL, self._retry_cb, req)
+        if step.wait_s > 0:
+            queue = self.queue
+            queue.push(queue.clock._t + step.wait_s, PRIO_ARRIVAL, self._retry_cb, req)
+        else:
+            self._retry(req)
+
+    def _refresh(self, url: str) -> None:
+        """A worker's open circuit turned half-open: push its availability to the router."""
+        self.core.refresh(url)
 
     def _retry(self, req: _Req) -> None:
-        if req.state == _BACKOFF:
+        """The router's next attempt: the same worker while available, else placed again."""
+        if req.state != _BACKOFF or req.res is None:
+            return
+        try:
+            res = self.core.retarget(req.res)
+        except NoWorkerAvailable:
+            self._refused(req)
+            return
+        req.attempt += 1
+        req.tries += 1
+        req.rid = f"{req.handle}.{req.tries}"
+        self._send(req, res)
+
+    def _refused(self, req: _Req) -> None:
+        """The router answered 503 (no worker available, or admission refused)."""
+        self.rec.counts["no_worker_available"] += 1
+        self._client_retry(req)
+
+    def _client_retry(self, req: _Req) -> None:
+        """The client sends the turn again after the OpenAI SDK's backoff."""
+        r = self.router
+        req.client_tries += 1
+        wait = min(
+            r.client_retry_max_backoff_s,
+            r.client_retry_backoff_s * 2.0 ** (req.client_tries - 1),
+        )
+        req.res = None
+        req.state = _BACKOFF
+        self.queue.push(self.queue.clock._t + wait, PRIO_ARRIVAL, self._resend_cb, req)
+
+    def _resend(self, req: _Req) -> None:
+        if req.state == _BACKOFF and req.res is None:
+            self.rec.counts["requests_retried"] += 1
             self._route(req)
 
     def _finish(self, rep: SimReplica, r: RequestResult) -> None:
@@ -341,8 +444,10 @@ class Simulation(ReplicaDriver):
         if req is None:
             raise RuntimeError(f"replica {rep.url} finished unknown request {r.request_id!r}")
         del inflight[r.request_id]
+        core = self.core
+        core.record_success(rep.url)
         if req.res is not None:
-            self.core.complete(req.res)
+            core.complete(req.res)
         d = self._delay
         sent = req.sent_s
         done = r.finish_s + d
@@ -399,18 +504,17 @@ class Simulation(ReplicaDriver):
         return rep
 
     def fail_replica(self, rep: SimReplica) -> None:
-        """``rep`` fails now: unhealthy at the router, its engine and cache lost, each of its
-        requests completed at the router and retried with backoff."""
+        """``rep`` crashes now: its engine and cache are lost and each of its in-flight
+        requests breaks (an upstream failure at the router, then retried); the router learns
+        that it is down when it next tries to connect (the connection is refused)."""
         if rep.engine is None:
             return
-        if rep.url in self.core.cluster:
-            self.core.set_health(rep.url, False)
         self._sync(rep)
         stranded = list(rep.inflight.values())
         rep.fail()
         for req in stranded:
             self.rec.counts["requests_failed_over"] += 1
-            self._fail(req)
+            self._attempt_failed(req, refused=False)
 
     # -- observation ----------------------------------------------------------------------------
     def in_flight(self) -> int:

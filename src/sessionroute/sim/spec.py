@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sessionroute.errors import ConfigError
+from sessionroute.router.config import RouterConfig
 
 __all__ = [
     "FaultSection",
@@ -70,36 +71,28 @@ class ReplicaSection(_Strict):
     urls: list[str] | None = None
 
 
-class RouterSection(_Strict):
-    """The simulated router and clients.
+class RouterSection(RouterConfig):
+    """The ``[router]`` table: the router's settings (:class:`RouterConfig`, the same that
+    ``sessionroute serve`` takes from its flags) plus what the simulated clients do.
 
     Attributes:
         network_delay_s: one-way client -> router -> replica delay; a response reaches the
             client this long after the replica finished it (seconds).
-        session_headers: headers checked for the session id, in order; clients send the id in
-            the first one.
         send_session_header: False simulates clients that send no session header (every turn
             placed independently).
-        session_ttl_s: idle TTL of sticky sessions (seconds); passed to the policy as
-            ``session_ttl_s`` when its config has that option and the arm does not set it.
         finish_sessions: clients release a session (``/finish_session``) when it ends;
             otherwise sessions stay until the TTL.
-        sweep_interval_s: background sweep of expired sessions (seconds; None: only the
-            policy's own sweeps).
-        retry_backoff_s, retry_backoff_multiplier, retry_max_backoff_s: retry schedule of a
-            request whose replica failed or when no replica is available (vllm-router: 50 ms,
-            x1.5, 30 s).
+        client_retry_backoff_s, client_retry_max_backoff_s: when the router answers 502 or 503
+            (it gave up, or no worker is available) the client sends the turn again after
+            ``min(max, backoff * 2**(n-1))`` seconds, without limit (the OpenAI Python SDK's
+            schedule: 0.5 s doubling to 8 s; a rollout's own timeout still applies).
     """
 
     network_delay_s: float = Field(default=0.0, ge=0)
-    session_headers: list[str] = Field(default_factory=lambda: ["x-session-id"], min_length=1)
     send_session_header: bool = True
-    session_ttl_s: float = Field(default=7200.0, gt=0)
     finish_sessions: bool = True
-    sweep_interval_s: float | None = Field(default=60.0, gt=0)
-    retry_backoff_s: float = Field(default=0.05, ge=0)
-    retry_backoff_multiplier: float = Field(default=1.5, ge=1)
-    retry_max_backoff_s: float = Field(default=30.0, ge=0)
+    client_retry_backoff_s: float = Field(default=0.5, ge=0)
+    client_retry_max_backoff_s: float = Field(default=8.0, ge=0)
 
 
 class FaultSection(_Strict):

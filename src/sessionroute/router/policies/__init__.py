@@ -5,6 +5,8 @@ from sessionroute.router.policies.base import Policy, least_loaded_of, require_h
 from sessionroute.router.policies.registry import (
     BUILTIN_POLICIES,
     SESSION_POLICIES,
+    PolicyChoice,
+    choose_policy,
     create_policy,
     policy_class,
     policy_names,
@@ -14,6 +16,8 @@ __all__ = [
     "BUILTIN_POLICIES",
     "SESSION_POLICIES",
     "Policy",
+    "PolicyChoice",
+    "choose_policy",
     "create_policy",
     "least_loaded_of",
     "policy_class",

@@ -3,8 +3,9 @@
 The router cannot see a replica's prefix cache, so, like sglang's router (``sgl-router``
 ``src/tree.rs``) and vllm-router (``src/tree.rs``), it remembers the prompts it sent to each
 worker in a radix tree and assumes the longest stored prefix is still cached there. Keys are
-``str`` (characters, the live router) or ``tuple[int, ...]`` (token or KV-block ids, the
-simulator); a tree's :attr:`ApproxRadixTree.size` counts stored characters or ids.
+``tuple[int, ...]`` of content-block keys (:attr:`sessionroute.types.RouteRequest.blocks`) or
+``str`` (characters, as sglang's tree); a tree's :attr:`ApproxRadixTree.size` counts stored
+ids or characters.
 
 Size is bounded like sglang's ``evict_tenant_by_size``: least recently used *leaves* are
 removed until the size is at most the limit. Here eviction runs synchronously after each insert

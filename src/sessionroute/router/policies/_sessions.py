@@ -12,8 +12,6 @@ import random
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from mypy_extensions import mypyc_attr
-
 from sessionroute.clock import Clock
 from sessionroute.router.policies.base import Policy
 from sessionroute.router.state.cluster import ClusterView
@@ -23,7 +21,6 @@ from sessionroute.types import Decision, DecisionKind
 __all__ = ["SessionPolicy"]
 
 
-@mypyc_attr(allow_interpreted_subclasses=True)
 class SessionPolicy(Policy):
     """A policy that pins sessions. Its ``Config`` must have ``session_ttl_s``,
     ``sweep_interval_s`` and ``max_sessions``."""

@@ -3,6 +3,7 @@
 The simulator, the live router and the tests drive every policy through the same calls
 (``shared/DESIGN.md``, "The policy contract"):
 
+* :meth:`Policy.admit` may hold a request back in the router's admission queue;
 * :meth:`Policy.select` picks a worker for a request and reserves whatever the policy tracks
   (a session pin, a count) in the same call;
 * :meth:`Policy.on_complete` undoes per-request reservations, exactly once per select;
@@ -25,8 +26,6 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from mypy_extensions import mypyc_attr
-
 from sessionroute.clock import Clock
 from sessionroute.errors import NoWorkerAvailable
 from sessionroute.router.state.cluster import ClusterView
@@ -36,7 +35,6 @@ from sessionroute.types import Decision, RouteRequest
 __all__ = ["Policy", "least_loaded_of", "require_healthy"]
 
 
-@mypyc_attr(allow_interpreted_subclasses=True)
 class Policy(ABC):
     """Base class of routing policies.
 
@@ -54,7 +52,7 @@ class Policy(ABC):
     keeps_sessions: ClassVar[bool] = False
     """True when the policy pins sessions (so clients should call ``/finish_session``)."""
     needs_content: ClassVar[bool] = False
-    """True when ``select`` reads ``request.text`` or ``request.tokens`` (body is parsed)."""
+    """True when ``select`` reads ``request.blocks`` (the live router then parses the body)."""
 
     def __init__(self, config: Any = None, *, clock: Clock, rng: random.Random) -> None:
         if config is None and self.Config is not None:
@@ -70,6 +68,12 @@ class Policy(ABC):
         Raises:
             NoWorkerAvailable: when ``cluster`` has no healthy worker.
         """
+
+    def admit(self, request: RouteRequest, cluster: ClusterView) -> bool:
+        """Whether ``request`` may be placed now; False holds it in the router's admission
+        queue (:mod:`sessionroute.router.admission`) until the policy admits it. Must not
+        change policy state. The default admits everything."""
+        return True
 
     def on_complete(self, request: RouteRequest, worker: str) -> None:
         """Undo what :meth:`select` reserved for this request; called exactly once."""

@@ -1,9 +1,11 @@
 """``cache_aware``: route to the worker most likely to hold the prompt's prefix in its cache.
 
 The sglang router / vllm-router ``cache_aware`` policy (``src/policies/cache_aware.rs``): one
-approximate radix tree per worker (:class:`~sessionroute.router.policies._radix.ApproxRadixTree`) of
-the content routed there; ``request.text`` (characters) in the live router, ``request.tokens``
-(token or KV-block ids) in the simulator.
+approximate radix tree per worker (:class:`~sessionroute.router.policies._radix.ApproxRadixTree`)
+of the content routed there. The content is the request's chained content-block keys
+(:attr:`~sessionroute.types.RouteRequest.blocks`, one per ``content_block_tokens`` tokens), the
+same form in the live router and in the simulator; vllm-router matches characters instead, so
+ours matches in whole blocks (a deviation, like the ones below).
 
 For each request, over the healthy workers:
 
@@ -26,8 +28,6 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
-
-from mypy_extensions import mypyc_attr
 
 from sessionroute.clock import Clock
 from sessionroute.errors import ConfigError
@@ -77,15 +77,11 @@ class CacheAwareConfig:
 
 
 def request_content(request: RouteRequest) -> Content:
-    """The content a prefix-aware policy matches: ``text``, else ``tuple(tokens)``, else ``""``."""
-    if request.text is not None:
-        return request.text
-    if request.tokens is not None:
-        return tuple(request.tokens)
-    return ""
+    """The content a prefix-aware policy matches: the request's content-block keys as a tuple
+    (empty when it has none)."""
+    return () if request.blocks is None else tuple(request.blocks)
 
 
-@mypyc_attr(allow_interpreted_subclasses=True)
 class CacheAwarePolicy(Policy):
     """Prefix-affinity routing over per-worker approximate radix trees, with load balancing.
 

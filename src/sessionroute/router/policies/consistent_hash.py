@@ -14,8 +14,6 @@ import random
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from mypy_extensions import mypyc_attr
-
 from sessionroute.clock import Clock
 from sessionroute.router.policies._ring import HashRing, KeyHashCache
 from sessionroute.router.policies.base import Policy, require_healthy
@@ -31,7 +29,6 @@ class ConsistentHashConfig:
     """``consistent_hash`` has no options."""
 
 
-@mypyc_attr(allow_interpreted_subclasses=True)
 class ConsistentHashPolicy(Policy):
     """Hash ring keyed by session id (Karger et al. 1997; vllm-router's layout)."""
 

@@ -31,8 +31,6 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, ClassVar
 
-from mypy_extensions import mypyc_attr
-
 from sessionroute.clock import Clock
 from sessionroute.errors import ConfigError
 from sessionroute.router.policies._ring import HashRing, KeyHashCache
@@ -77,7 +75,6 @@ class ConsistentHashBoundedLoadConfig:
             raise ConfigError(f"sweep_interval_s must be >= 0, got {self.sweep_interval_s!r}")
 
 
-@mypyc_attr(allow_interpreted_subclasses=True)
 class ConsistentHashBoundedLoadPolicy(SessionPolicy):
     """Consistent hashing whose workers hold at most ``ceil(c * average)`` sessions."""
 

@@ -7,8 +7,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from mypy_extensions import mypyc_attr
-
 from sessionroute.clock import Clock
 from sessionroute.router.policies.base import Policy, require_healthy
 from sessionroute.router.state.cluster import ClusterView
@@ -52,7 +50,6 @@ class LeastLoadedConfig:
     """``least_loaded`` has no options."""
 
 
-@mypyc_attr(allow_interpreted_subclasses=True)
 class LeastLoadedPolicy(Policy):
     """Route every request to the healthy worker with the fewest in-flight requests."""
 

@@ -11,8 +11,6 @@ import random
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from mypy_extensions import mypyc_attr
-
 from sessionroute.clock import Clock
 from sessionroute.router.policies.base import Policy, require_healthy
 from sessionroute.router.state.cluster import ClusterView
@@ -26,7 +24,6 @@ class PowerOfTwoConfig:
     """``power_of_two`` has no options."""
 
 
-@mypyc_attr(allow_interpreted_subclasses=True)
 class PowerOfTwoPolicy(Policy):
     """Sample two distinct healthy workers; the one with fewer in-flight requests wins.
 

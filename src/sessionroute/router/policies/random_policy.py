@@ -5,8 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from mypy_extensions import mypyc_attr
-
 from sessionroute.router.policies.base import Policy, require_healthy
 from sessionroute.router.state.cluster import ClusterView
 from sessionroute.types import Decision, DecisionKind, RouteRequest
@@ -19,7 +17,6 @@ class RandomConfig:
     """``random`` has no options."""
 
 
-@mypyc_attr(allow_interpreted_subclasses=True)
 class RandomPolicy(Policy):
     """Pick ``healthy[rng.randrange(len(healthy))]`` (vllm-router ``random``).
 

@@ -11,13 +11,22 @@ import dataclasses
 import importlib
 import random
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from sessionroute.clock import Clock
 from sessionroute.errors import ConfigError, UnknownPolicyError
 from sessionroute.router.policies.base import Policy
 
-__all__ = ["BUILTIN_POLICIES", "SESSION_POLICIES", "create_policy", "policy_class", "policy_names"]
+__all__ = [
+    "BUILTIN_POLICIES",
+    "SESSION_POLICIES",
+    "PolicyChoice",
+    "choose_policy",
+    "create_policy",
+    "policy_class",
+    "policy_names",
+]
 
 BUILTIN_POLICIES: dict[str, str] = {
     "round_robin": "sessionroute.router.policies.round_robin:RoundRobinPolicy",
@@ -120,3 +129,67 @@ def create_policy(
     cls = policy_class(name)
     config = make_config(cls, options)
     return cls(config, clock=clock, rng=rng if rng is not None else random.Random(seed))
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyChoice:
+    """A policy chosen and configured: its class and its validated ``Config`` instance.
+
+    The typed form of "which policy, with which options" that the router core, the simulator
+    and ``serve`` take; names exist only where users type them (CLI flags, experiment files)
+    and are turned into a choice by :func:`choose_policy`.
+
+    Attributes:
+        cls: the policy class.
+        config: an instance of ``cls.Config`` (None for a policy without options).
+    """
+
+    cls: type[Policy]
+    config: Any = None
+
+    @property
+    def name(self) -> str:
+        """The policy's registry name (``cls.name``)."""
+        return self.cls.name
+
+    def options(self) -> dict[str, Any]:
+        """The options as a dict (for reports and ``config.resolved.toml``)."""
+        config = self.config
+        if config is None or not dataclasses.is_dataclass(config):
+            return {}
+        return {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+
+    def build(self, *, clock: Clock, rng: random.Random) -> Policy:
+        """A new policy instance with the injected clock and random generator."""
+        return self.cls(self.config, clock=clock, rng=rng)
+
+
+def takes_option(cls: type[Policy], option: str) -> bool:
+    """Whether ``cls.Config`` is a dataclass with a field named ``option``."""
+    cfg = cls.Config
+    return (
+        cfg is not None
+        and dataclasses.is_dataclass(cfg)
+        and option in {f.name for f in dataclasses.fields(cfg)}
+    )
+
+
+def choose_policy(
+    name: str, options: Mapping[str, Any] | None = None, *, session_ttl_s: float | None = None
+) -> PolicyChoice:
+    """Resolve a policy name and its options (the CLI and TOML edge).
+
+    Args:
+        name: a built-in name (see :data:`BUILTIN_POLICIES`) or ``package.module:Class``.
+        options: keyword options for the policy's ``Config``.
+        session_ttl_s: the router's session TTL (``RouterConfig.session_ttl_s``), given to a
+            policy whose ``Config`` has ``session_ttl_s`` unless ``options`` sets it.
+
+    Raises:
+        UnknownPolicyError: unknown name. ConfigError: unknown or invalid option.
+    """
+    cls = policy_class(name)
+    opts = dict(options or {})
+    if session_ttl_s is not None and takes_option(cls, "session_ttl_s"):
+        opts.setdefault("session_ttl_s", session_ttl_s)
+    return PolicyChoice(cls, make_config(cls, opts))

@@ -6,8 +6,6 @@ import random
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from mypy_extensions import mypyc_attr
-
 from sessionroute.clock import Clock
 from sessionroute.router.policies.base import Policy, require_healthy
 from sessionroute.router.state.cluster import ClusterView
@@ -21,7 +19,6 @@ class RoundRobinConfig:
     """``round_robin`` has no options."""
 
 
-@mypyc_attr(allow_interpreted_subclasses=True)
 class RoundRobinPolicy(Policy):
     """The ``k``-th request goes to ``healthy[k mod len(healthy)]``.
 

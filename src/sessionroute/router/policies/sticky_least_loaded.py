@@ -8,7 +8,7 @@ Semantics of vllm-router's ``sticky_least_loaded`` (vllm-project/router PR #235,
 * otherwise it is dropped and placed as new: among healthy workers with the fewest active
   sessions, the highest ``fbi_hash("<session id>:<worker url>")`` wins (rendezvous hashing);
 * a request without a session id goes to the least-loaded worker (in-flight requests), ties by
-  rendezvous on its text, and records nothing;
+  rendezvous on its request id, and records nothing;
 * idle sessions expire on revisit and in a sweep run at most every ``sweep_interval_s`` inside
   routing calls (the router may also sweep in the background).
 
@@ -20,8 +20,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, ClassVar
-
-from mypy_extensions import mypyc_attr
 
 from sessionroute.errors import ConfigError
 from sessionroute.router.policies._rendezvous import rendezvous_winner
@@ -53,7 +51,6 @@ class StickyLeastLoadedConfig:
             raise ConfigError(f"sweep_interval_s must be >= 0, got {self.sweep_interval_s!r}")
 
 
-@mypyc_attr(allow_interpreted_subclasses=True)
 class StickyLeastLoadedPolicy(SessionPolicy):
     """Place new sessions by fewest active sessions (rendezvous tie-break), then keep them."""
 
@@ -64,7 +61,7 @@ class StickyLeastLoadedPolicy(SessionPolicy):
         healthy = require_healthy(cluster)
         sid = request.session_id
         if sid is None:
-            tiebreak = request.text or request.request_id or ""
+            tiebreak = request.request_id or ""
             return Decision(least_loaded_of(healthy, cluster, tiebreak), DecisionKind.STATELESS)
         now = self.clock.now()
         self._maybe_sweep(now)

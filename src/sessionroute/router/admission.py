@@ -1,0 +1,99 @@
+"""Router-side admission: a bounded FIFO wait queue in front of placement.
+
+A policy may hold a request back (:meth:`sessionroute.router.policies.Policy.admit` returns
+False, e.g. every replica is past its KV-cache knee). The request then waits here, in arrival
+order, instead of being sent to a replica that would preempt; it is placed as soon as the
+policy admits the head of the queue, which the router core checks whenever capacity may have
+been freed (a request completed, a session was released, a worker came back). A request that
+finds ``admission_max_waiting`` requests already waiting, or waits longer than
+``admission_max_wait_s``, is refused (HTTP 503 live).
+
+Pure and clock-free: the drivers own time. ``serve`` waits on a future that the ticket's
+``on_ready`` callback completes and withdraws the ticket when its deadline passes
+(``asyncio.wait_for``); the simulator schedules the same two events in virtual time.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from sessionroute.types import RouteRequest
+
+if TYPE_CHECKING:
+    from sessionroute.router.core import Reservation
+
+__all__ = ["AdmissionQueue", "Ticket"]
+
+
+@dataclass(eq=False, slots=True)
+class Ticket:
+    """A request waiting for admission.
+
+    Attributes:
+        request: the request.
+        on_ready: called once, synchronously, when the ticket leaves the queue (placed or
+            failed); never called for a withdrawn ticket.
+        reservation: set when the request was admitted and placed.
+        error: set when it was admitted but could not be placed (no worker available).
+        waiting: True while it is in the queue.
+        context: the driver's own data.
+    """
+
+    request: RouteRequest
+    on_ready: Callable[[Ticket], None]
+    reservation: Reservation | None = None
+    error: Exception | None = None
+    waiting: bool = True
+    context: Any = field(default=None)
+
+
+class AdmissionQueue:
+    """The FIFO of waiting tickets.
+
+    Args:
+        max_waiting: most tickets that may wait at once (0: none).
+    """
+
+    def __init__(self, max_waiting: int) -> None:
+        self.max_waiting = max_waiting
+        self._queue: deque[Ticket] = deque()
+        self.admitted_after_wait = 0
+        """Tickets that waited and were then admitted."""
+        self.refused_full = 0
+        """Requests refused because the queue was full."""
+        self.refused_timeout = 0
+        """Tickets withdrawn after their deadline."""
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def has_room(self) -> bool:
+        """Whether one more ticket may wait."""
+        return len(self._queue) < self.max_waiting
+
+    def push(self, ticket: Ticket) -> None:
+        """Append ``ticket`` (the caller checked :meth:`has_room`)."""
+        self._queue.append(ticket)
+
+    def head(self) -> Ticket | None:
+        """The longest-waiting ticket, or None."""
+        return self._queue[0] if self._queue else None
+
+    def pop(self) -> Ticket:
+        """Remove and return the head (IndexError when empty)."""
+        ticket = self._queue.popleft()
+        ticket.waiting = False
+        self.admitted_after_wait += 1
+        return ticket
+
+    def withdraw(self, ticket: Ticket) -> bool:
+        """Remove a waiting ticket (deadline passed, or its client went away); False if it
+        had already left the queue."""
+        if not ticket.waiting:
+            return False
+        self._queue.remove(ticket)
+        ticket.waiting = False
+        return True

@@ -1,0 +1,86 @@
+"""One router configuration, read by ``sessionroute serve`` and by experiment files.
+
+:class:`RouterConfig` holds every setting of the sans-I/O router (session identity, session
+TTL and sweeps, the retry schedule, the content form policies see, admission). ``serve``
+builds it from its command line (:meth:`sessionroute.serve.config.RouterSettings.router_config`,
+milliseconds converted to seconds there); an experiment file's ``[router]`` table is
+validated into :class:`sessionroute.sim.spec.RouterSection`, a subclass that adds what the
+simulated *clients* do. The policy is chosen separately, by a typed
+:class:`~sessionroute.router.policies.registry.PolicyChoice` (the policy name string exists
+only at the CLI and TOML edges).
+
+Defaults are vllm-router 0.1.17's where it has the setting (``shared/ROUTER.md``).
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+__all__ = ["DEFAULT_SESSION_HEADERS", "VLLM_ROUTER_SESSION_HEADERS", "RouterConfig"]
+
+DEFAULT_SESSION_HEADERS: tuple[str, ...] = ("x-session-id",)
+"""Ours: only an explicit session header identifies a session."""
+
+VLLM_ROUTER_SESSION_HEADERS: tuple[str, ...] = (
+    "x-session-id",
+    "x-user-id",
+    "x-tenant-id",
+    "x-correlation-id",
+    "x-request-id",
+    "x-trace-id",
+)
+"""vllm-router 0.1.17's list, checked in order (``shared/ROUTER.md``)."""
+
+
+class RouterConfig(BaseModel):
+    """Settings of the router core (seconds, tokens and counts as named).
+
+    Attributes:
+        session_headers: headers checked for the session id, in order (lower-cased).
+        session_ttl_s: idle seconds before a pinned session expires; given to every policy
+            whose ``Config`` has ``session_ttl_s`` unless the policy's options set it.
+        sweep_interval_s: seconds between the router's sweeps of expired sessions (None: only
+            the policies' own sweeps inside routing calls).
+        retry_max_attempts: upstream attempts per request, the first included (vllm-router's
+            ``--retry-max-retries``, which counts attempts); 1 disables retries.
+        retry_backoff_s: wait before the first retry.
+        retry_backoff_multiplier: growth of the wait per retry.
+        retry_max_backoff_s: cap of the wait.
+        retry_jitter_factor: the wait is multiplied by ``1 + jitter * U(-1, 1)``.
+        circuit_breaker: whether failing workers' circuits open (``--disable-circuit-breaker``).
+        cb_failure_threshold: consecutive request failures that open a worker's circuit.
+        cb_success_threshold: successes in the half-open state that close it again.
+        cb_timeout_s: seconds an open circuit stays open before it turns half-open.
+        content_block_tokens: tokens per content block of :attr:`RouteRequest.blocks`
+            (prefix keys that content-aware policies read; vLLM's default KV block is 16).
+        admission_max_waiting: requests that may wait in the router's admission queue when
+            the policy holds them back (0: none wait, a held-back request is refused).
+        admission_max_wait_s: longest wait in the admission queue before the request is
+            refused.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    session_headers: tuple[str, ...] = Field(default=DEFAULT_SESSION_HEADERS, min_length=1)
+    session_ttl_s: float = Field(default=7200.0, gt=0)
+    sweep_interval_s: float | None = Field(default=60.0, gt=0)
+    retry_max_attempts: int = Field(default=5, ge=1)
+    retry_backoff_s: float = Field(default=0.05, ge=0)
+    retry_backoff_multiplier: float = Field(default=1.5, ge=1)
+    retry_max_backoff_s: float = Field(default=30.0, ge=0)
+    retry_jitter_factor: float = Field(default=0.2, ge=0, le=1)
+    circuit_breaker: bool = True
+    cb_failure_threshold: int = Field(default=10, ge=1)
+    cb_success_threshold: int = Field(default=3, ge=1)
+    cb_timeout_s: float = Field(default=60.0, gt=0)
+    content_block_tokens: int = Field(default=16, ge=1)
+    admission_max_waiting: int = Field(default=1024, ge=0)
+    admission_max_wait_s: float = Field(default=60.0, ge=0)
+
+    @field_validator("session_headers")
+    @classmethod
+    def _check_headers(cls, names: tuple[str, ...]) -> tuple[str, ...]:
+        out = tuple(n.strip().lower() for n in names)
+        if any(not n or any(c.isspace() or c == ":" for c in n) for n in out):
+            raise ValueError(f"invalid header name in {list(names)}")
+        return out

@@ -1,0 +1,170 @@
+"""Worker availability: per-worker health-check verdicts and circuit breakers (pure).
+
+A worker is *available* to the policy when its health checks pass (``health_ok``) and its
+circuit is not open. Health follows vllm-router: ``--health-failure-threshold`` consecutive
+failed checks mark a worker unhealthy and ``--health-success-threshold`` consecutive passes
+bring it back; a request whose connection the worker refused marks it unhealthy at once. The
+breaker is the classic closed/open/half-open machine (Nygard, *Release It!*, 2007):
+``cb_failure_threshold`` consecutive request failures open it for ``cb_timeout_s``, after which
+it is half-open and ``cb_success_threshold`` successes close it (a failure re-opens it).
+
+The checks themselves are I/O: ``serve`` probes workers over HTTP
+(:class:`sessionroute.serve.health.HealthChecker`) and the simulator models replicas that are
+down; both feed the results to :class:`~sessionroute.router.core.RoutingCore`, which keeps one
+:class:`WorkerHealth` per worker.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from sessionroute.clock import Clock
+
+__all__ = ["BreakerState", "CircuitBreaker", "WorkerHealth"]
+
+
+class BreakerState(enum.IntEnum):
+    """Circuit states (exported as the gauge value of ``circuit_state``)."""
+
+    CLOSED = 0
+    OPEN = 1
+    HALF_OPEN = 2
+
+
+class CircuitBreaker:
+    """One worker's circuit breaker.
+
+    Args:
+        failure_threshold: consecutive failures that open the circuit (>= 1).
+        success_threshold: half-open successes that close it (>= 1).
+        timeout_s: seconds the circuit stays open before turning half-open.
+        clock: time source (seconds).
+        enabled: when False the circuit never opens.
+    """
+
+    __slots__ = (
+        "_clock",
+        "_failures",
+        "_opened_at",
+        "_state",
+        "_successes",
+        "enabled",
+        "failure_threshold",
+        "success_threshold",
+        "timeout_s",
+    )
+
+    def __init__(
+        self,
+        failure_threshold: int,
+        success_threshold: int,
+        timeout_s: float,
+        clock: Clock,
+        *,
+        enabled: bool = True,
+    ) -> None:
+        self.failure_threshold = failure_threshold
+        self.success_threshold = success_threshold
+        self.timeout_s = timeout_s
+        self.enabled = enabled
+        self._clock = clock
+        self._state = BreakerState.CLOSED
+        self._failures = 0
+        self._successes = 0
+        self._opened_at = 0.0
+
+    @property
+    def state(self) -> BreakerState:
+        """The current state (an open circuit turns half-open once its timeout has passed)."""
+        if (
+            self._state is BreakerState.OPEN
+            and self._clock.now() - self._opened_at >= self.timeout_s
+        ):
+            self._state = BreakerState.HALF_OPEN
+            self._successes = 0
+        return self._state
+
+    def allows(self) -> bool:
+        """True unless the circuit is open."""
+        return self.state is not BreakerState.OPEN
+
+    def record_success(self) -> bool:
+        """Count a successful request; returns True if the state changed."""
+        self._failures = 0
+        if self._state is BreakerState.CLOSED:  # the common case, without the clock
+            return False
+        if self.state is BreakerState.HALF_OPEN:
+            self._successes += 1
+            if self._successes >= self.success_threshold:
+                self._state = BreakerState.CLOSED
+                return True
+        return False
+
+    def record_failure(self) -> bool:
+        """Count a failed request; returns True if the circuit opened."""
+        if not self.enabled:
+            return False
+        state = self.state
+        self._failures += 1
+        if state is BreakerState.HALF_OPEN or (
+            state is BreakerState.CLOSED and self._failures >= self.failure_threshold
+        ):
+            self._state = BreakerState.OPEN
+            self._opened_at = self._clock.now()
+            self._failures = 0
+            return True
+        return False
+
+
+@dataclass(slots=True)
+class WorkerHealth:
+    """Health-check and breaker state of one worker.
+
+    Attributes:
+        url: the worker's base URL.
+        breaker: its circuit breaker.
+        health_ok: the health-check verdict (starts True).
+        fails: consecutive failed checks.
+        passes: consecutive passed checks.
+        last_error: why the last check or request failed ("" if none did).
+    """
+
+    url: str
+    breaker: CircuitBreaker
+    health_ok: bool = True
+    fails: int = 0
+    passes: int = 0
+    last_error: str = field(default="")
+
+    @property
+    def available(self) -> bool:
+        """True when checks pass and the circuit is not open."""
+        return self.health_ok and self.breaker.allows()
+
+    def observe_check(self, ok: bool, failure_threshold: int, success_threshold: int) -> bool:
+        """Fold one check result into ``health_ok``; returns True if it changed."""
+        if ok:
+            self.fails = 0
+            self.passes += 1
+            if not self.health_ok and self.passes >= success_threshold:
+                self.health_ok = True
+                return True
+        else:
+            self.passes = 0
+            self.fails += 1
+            if self.health_ok and self.fails >= failure_threshold:
+                self.health_ok = False
+                return True
+        return False
+
+    def mark_unreachable(self, reason: str) -> bool:
+        """A request found the worker refusing connections: unhealthy until checks pass again.
+
+        Returns True if it was healthy before.
+        """
+        self.last_error = reason
+        self.passes = 0
+        changed = self.health_ok
+        self.health_ok = False
+        return changed

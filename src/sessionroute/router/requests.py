@@ -1,0 +1,233 @@
+"""One builder of the policy's request, from an HTTP request or from a simulated turn.
+
+Everything a policy learns about a request comes from :class:`RequestBuilder`, in the live
+router and in the simulator alike:
+
+* **session id**: the first configured session header whose value is non-empty after trailing
+  blanks are stripped, decoded as UTF-8 (invalid bytes replaced, so the id always hashes);
+  the simulated client sends its rollout id in the first configured header, as
+  :class:`sessionroute.client.Rollout` does;
+* **size estimate**: :func:`estimate_prompt_tokens` of the request body's size in bytes; a
+  simulated request's body is modelled as :data:`BYTES_PER_TOKEN` bytes per prompt token;
+* **content** (only for policies with ``needs_content``): chained prefix keys, one per full
+  block of ``RouterConfig.content_block_tokens`` tokens. Live, the prompt text's UTF-8 bytes
+  are cut into blocks of ``content_block_tokens * BYTES_PER_TOKEN`` bytes and key ``i`` is the
+  64-bit BLAKE2b digest of blocks ``0..i`` (:func:`text_block_keys`); simulated, key ``i`` is
+  the workload's key of the last KV block inside content block ``i``
+  (:func:`coarsen_block_keys`). Either way two requests share key ``i`` exactly when they
+  share their first ``i + 1`` content blocks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from sessionroute.errors import MalformedRequest
+from sessionroute.router.config import RouterConfig
+from sessionroute.types import RouteRequest
+
+__all__ = [
+    "BYTES_PER_TOKEN",
+    "RequestBuilder",
+    "coarsen_block_keys",
+    "estimate_prompt_tokens",
+    "prompt_text",
+    "text_block_keys",
+]
+
+BYTES_PER_TOKEN = 4
+"""Bytes of request body per prompt token assumed by the size estimate (BPE tokenizers
+average about 4 characters of English text per token; JSON overhead is counted too)."""
+
+
+def estimate_prompt_tokens(body_bytes: int) -> int:
+    """Prompt size estimate in tokens from a request body of ``body_bytes`` bytes."""
+    return body_bytes // BYTES_PER_TOKEN
+
+
+def prompt_text(payload: Any) -> str:
+    """The prompt text of an OpenAI request body: message contents joined, or the prompt.
+
+    Chat ``messages[*].content`` strings (or the ``text`` of content parts) are concatenated in
+    order; otherwise ``prompt`` (a string or list of strings) or ``input`` is used. Returns ""
+    when none is present.
+    """
+    if not isinstance(payload, dict):
+        return ""
+    messages = payload.get("messages")
+    if isinstance(messages, list):
+        parts: list[str] = []
+        for m in messages:
+            content = m.get("content") if isinstance(m, dict) else None
+            if isinstance(content, str):
+                parts.append(content)
+            elif isinstance(content, list):
+                parts.extend(
+                    p["text"]
+                    for p in content
+                    if isinstance(p, dict) and isinstance(p.get("text"), str)
+                )
+        return "".join(parts)
+    for key in ("prompt", "input"):
+        value = payload.get(key)
+        if isinstance(value, str):
+            return value
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            return "".join(value)
+    return ""
+
+
+def text_block_keys(text: str, block_bytes: int) -> list[int]:
+    """Chained prefix keys of ``text``: key ``i`` is the 8-byte BLAKE2b digest (little-endian
+    int) of the first ``(i + 1) * block_bytes`` bytes of its UTF-8 encoding; full blocks only.
+
+    Raises:
+        ValueError: if ``block_bytes < 1``.
+    """
+    if block_bytes < 1:
+        raise ValueError(f"block_bytes must be >= 1, got {block_bytes}")
+    data = text.encode("utf-8", "surrogatepass")
+    h = hashlib.blake2b(digest_size=8)
+    keys: list[int] = []
+    for start in range(0, len(data) - block_bytes + 1, block_bytes):
+        h.update(data[start : start + block_bytes])
+        keys.append(int.from_bytes(h.copy().digest(), "little"))
+    return keys
+
+
+def coarsen_block_keys(
+    keys: Sequence[int], prompt_tokens: int, kv_block_tokens: int, content_block_tokens: int
+) -> Sequence[int]:
+    """Content-block keys from chained KV-block keys (``keys[i]`` identifies KV blocks ``0..i``).
+
+    Content block ``j`` covers tokens ``[0, (j + 1) * content_block_tokens)``; its key is the
+    key of the last KV block that ends inside it. Blocks with no such KV block are skipped, and
+    only full content blocks of the prompt count. With equal block sizes the keys of the
+    prompt's full blocks are returned as they are (no copy when there is nothing to cut).
+    """
+    full = prompt_tokens // content_block_tokens
+    if content_block_tokens == kv_block_tokens:
+        return keys if len(keys) == full else keys[:full]
+    out: list[int] = []
+    last = -1
+    for j in range(1, full + 1):
+        i = j * content_block_tokens // kv_block_tokens - 1
+        if i > last and i < len(keys):
+            out.append(keys[i])
+            last = i
+    return out
+
+
+class RequestBuilder:
+    """Builds the :class:`~sessionroute.types.RouteRequest` a policy sees (module docstring).
+
+    Args:
+        config: the router configuration (session headers, content block size).
+        needs_content: whether the policy reads :attr:`RouteRequest.blocks`; without it the
+            body is never parsed and ``blocks`` is None.
+    """
+
+    def __init__(self, config: RouterConfig, *, needs_content: bool) -> None:
+        self.config = config
+        self.needs_content = needs_content
+        self.session_names: tuple[tuple[bytes, str], ...] = tuple(
+            (n.encode("latin-1"), n) for n in config.session_headers
+        )
+        """(lower-case name as bytes, as text) of the session headers, in order."""
+        self._block_bytes = config.content_block_tokens * BYTES_PER_TOKEN
+
+    def session(self, headers: Mapping[bytes, bytes]) -> tuple[str, str] | None:
+        """The session id and the (lower-case) header it came from, or None.
+
+        Args:
+            headers: request headers by lower-case name.
+        """
+        for name, label in self.session_names:
+            value = headers.get(name)
+            if value:
+                value = value.rstrip(b" \t")
+                if value:
+                    return value.decode("utf-8", "replace"), label
+        return None
+
+    def from_http(
+        self,
+        headers: Mapping[bytes, bytes],
+        body: Sequence[bytes],
+        body_bytes: int,
+        request_id: str,
+    ) -> RouteRequest:
+        """The policy's view of an HTTP request.
+
+        Args:
+            headers: request headers by lower-case name.
+            body: the body as the pieces it arrived in (joined only when the policy reads
+                content).
+            body_bytes: the body's size in bytes.
+            request_id: the request's id.
+
+        Raises:
+            MalformedRequest: the policy reads content and the body is not valid JSON.
+        """
+        found = self.session(headers)
+        sid, header = found if found is not None else (None, self.session_names[0][1])
+        blocks: list[int] | None = None
+        model: str | None = None
+        if self.needs_content:
+            try:
+                payload = json.loads(b"".join(body))
+            except (ValueError, RecursionError) as exc:  # RecursionError: absurd nesting
+                raise MalformedRequest(f"request body is not valid JSON: {exc}") from None
+            blocks = text_block_keys(prompt_text(payload), self._block_bytes)
+            m = payload.get("model") if isinstance(payload, dict) else None
+            model = m if isinstance(m, str) else None
+        return RouteRequest(
+            session_id=sid,
+            prompt_tokens=estimate_prompt_tokens(body_bytes),
+            blocks=blocks,
+            model=model,
+            request_id=request_id,
+            session_header=header,
+        )
+
+    def from_turn(
+        self,
+        session_id: str | None,
+        prompt_tokens: int,
+        block_keys: Sequence[int],
+        kv_block_tokens: int,
+        request_id: str,
+    ) -> RouteRequest:
+        """The policy's view of a simulated turn, as the live router would build it.
+
+        Args:
+            session_id: the id the simulated client sends in the first session header, or
+                None when it sends none.
+            prompt_tokens: the prompt's length in tokens (its body is modelled as
+                :data:`BYTES_PER_TOKEN` bytes per token).
+            block_keys: the prompt's chained KV-block keys (one per block of
+                ``kv_block_tokens``).
+            kv_block_tokens: tokens per KV block of ``block_keys``.
+            request_id: the attempt's id.
+        """
+        name, label = self.session_names[0]
+        headers = {name: session_id.encode("utf-8", "surrogatepass")} if session_id else {}
+        found = self.session(headers)
+        sid, header = found if found is not None else (None, label)
+        blocks = (
+            coarsen_block_keys(
+                block_keys, prompt_tokens, kv_block_tokens, self.config.content_block_tokens
+            )
+            if self.needs_content
+            else None
+        )
+        return RouteRequest(
+            session_id=sid,
+            prompt_tokens=estimate_prompt_tokens(prompt_tokens * BYTES_PER_TOKEN),
+            blocks=blocks,
+            request_id=request_id,
+            session_header=header,
+        )
