@@ -84,7 +84,6 @@ COMPILED_MODULES: tuple[str, ...] = (
     "sessionroute.router.policies.round_robin",
     "sessionroute.router.policies.random_policy",
     "sessionroute.router.policies.cache_aware",
-    "sessionroute.router.state.session_id",
     "sessionroute.router.state.sessions",
     "sessionroute.router.state.cluster",
     "sessionroute.workloads.base",
