@@ -13,7 +13,8 @@ import pytest
 
 from sessionroute.cli import build_parser, main
 from sessionroute.errors import ConfigError
-from sessionroute.serve.config import SESSION_TTL_ENV, settings_from_args
+from sessionroute.router.config import RouterConfig
+from sessionroute.serve.config import SESSION_TTL_ENV, router_flags, settings_from_args
 
 from .backend import FakeBackend
 
@@ -164,3 +165,33 @@ async def test_serve_subprocess_and_sigterm(
         proc.send_signal(signal.SIGTERM)
         rc = await asyncio.wait_for(proc.wait(), 20)
     assert rc == 0
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        RouterConfig(),
+        RouterConfig(
+            session_headers=("x-rollout", "x-user-id"),
+            session_ttl_s=30.5,
+            sweep_interval_s=7.0,
+            retry_max_attempts=2,
+            retry_backoff_s=0.25,
+            retry_backoff_multiplier=3.0,
+            retry_max_backoff_s=4.0,
+            retry_jitter_factor=0.0,
+            circuit_breaker=False,
+            cb_failure_threshold=4,
+            cb_success_threshold=1,
+            cb_timeout_s=12.0,
+            content_block_tokens=64,
+            admission_max_waiting=5,
+            admission_max_wait_s=2.5,
+        ),
+    ],
+)
+def test_router_flags_give_back_the_same_router_config(config: RouterConfig) -> None:
+    """``compare --live`` starts its routers with ``router_flags(config)``: one config, both
+    worlds."""
+    args = _parse("--worker-urls", "http://a:1", *router_flags(config))
+    assert settings_from_args(args, environ={}).router_config() == config  # type: ignore[arg-type]

@@ -33,6 +33,7 @@ __all__ = [
     "SESSION_TTL_ENV",
     "RouterSettings",
     "add_arguments",
+    "router_flags",
     "settings_from_args",
 ]
 
@@ -82,6 +83,9 @@ class RouterSettings(BaseModel):
     balance_abs_threshold: int = Field(DEFAULTS["balance_abs_threshold"], ge=0)
     balance_rel_threshold: float = Field(DEFAULTS["balance_rel_threshold"], ge=1.0)
     shutdown_timeout_secs: float = Field(DEFAULTS["shutdown_timeout_secs"], ge=0)
+    content_block_tokens: int = Field(DEFAULTS["content_block_tokens"], ge=1)
+    admission_max_waiting: int = Field(DEFAULTS["admission_max_waiting"], ge=0)
+    admission_max_wait_secs: float = Field(DEFAULTS["admission_max_wait_secs"], ge=0)
 
     @field_validator("worker_urls")
     @classmethod
@@ -123,6 +127,9 @@ class RouterSettings(BaseModel):
             cb_failure_threshold=self.cb_failure_threshold,
             cb_success_threshold=self.cb_success_threshold,
             cb_timeout_s=self.cb_timeout_duration_secs,
+            content_block_tokens=self.content_block_tokens,
+            admission_max_waiting=self.admission_max_waiting,
+            admission_max_wait_s=self.admission_max_wait_secs,
         )
 
     def policy_options(self) -> dict[str, Any]:
@@ -187,3 +194,32 @@ def settings_from_args(
     if args.request_id_headers:
         values["request_id_headers"] = tuple(args.request_id_headers)
     return RouterSettings.build(**values)
+
+
+def router_flags(config: RouterConfig) -> list[str]:
+    """``sessionroute serve`` flags that give a router exactly ``config`` (the inverse of
+    :meth:`RouterSettings.router_config`; used by ``compare --live`` to start its routers).
+
+    ``sweep_interval_s = None`` (no background sweep) has no flag: the router then sweeps
+    every 60 s, which only changes when idle sessions are counted as expired.
+    """
+    flags = [
+        "--session-headers", *config.session_headers,
+        "--session-ttl-secs", repr(config.session_ttl_s),
+        "--retry-max-retries", str(config.retry_max_attempts),
+        "--retry-initial-backoff-ms", repr(config.retry_backoff_s * 1000.0),
+        "--retry-backoff-multiplier", repr(config.retry_backoff_multiplier),
+        "--retry-max-backoff-ms", repr(config.retry_max_backoff_s * 1000.0),
+        "--retry-jitter-factor", repr(config.retry_jitter_factor),
+        "--cb-failure-threshold", str(config.cb_failure_threshold),
+        "--cb-success-threshold", str(config.cb_success_threshold),
+        "--cb-timeout-duration-secs", repr(config.cb_timeout_s),
+        "--content-block-tokens", str(config.content_block_tokens),
+        "--admission-max-waiting", str(config.admission_max_waiting),
+        "--admission-max-wait-secs", repr(config.admission_max_wait_s),
+    ]  # fmt: skip
+    if config.sweep_interval_s is not None:
+        flags += ["--session-sweep-interval-secs", repr(config.sweep_interval_s)]
+    if not config.circuit_breaker:
+        flags.append("--disable-circuit-breaker")
+    return flags

@@ -61,6 +61,9 @@ DEFAULTS: dict[str, Any] = {
     "balance_abs_threshold": 64,
     "balance_rel_threshold": 1.5,
     "shutdown_timeout_secs": 30.0,
+    "content_block_tokens": 16,
+    "admission_max_waiting": 1024,
+    "admission_max_wait_secs": 60.0,
 }
 """Defaults of the ``serve`` flags (vllm-router 0.1.17's where the flag is shared)."""
 
@@ -200,6 +203,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         ("balance_abs_threshold", int, "cache_aware: absolute load imbalance trigger"),
         ("balance_rel_threshold", float, "cache_aware: relative load imbalance trigger"),
         ("shutdown_timeout_secs", float, "seconds in-flight requests get on shutdown"),
+        (
+            "content_block_tokens",
+            int,
+            "tokens per content block of the prefix keys content-aware policies read "
+            "(sessionroute only)",
+        ),
+        (
+            "admission_max_waiting",
+            int,
+            "requests that may wait for admission when the policy holds them back "
+            "(sessionroute only)",
+        ),
+        (
+            "admission_max_wait_secs",
+            float,
+            "longest wait for admission before a 503 (sessionroute only)",
+        ),
     ):
         a(
             "--" + name.replace("_", "-"),

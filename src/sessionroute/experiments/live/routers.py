@@ -25,6 +25,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from sessionroute.errors import ConfigError
 from sessionroute.experiments.live.procs import ProcessSet, expand_command, free_port, wait_healthy
 from sessionroute.experiments.live.spec import LiveSection
+from sessionroute.router.config import RouterConfig
+from sessionroute.serve.config import router_flags as serve_router_flags
 from sessionroute.sim.spec import RouterSection
 
 __all__ = ["RouterInfo", "router_flags", "router_session_metrics", "start_arm_router"]
@@ -73,15 +75,8 @@ def router_flags(
         if key != "session_ttl_s":
             flags += [flag, str(value)]
     if ours:
-        flags += ["--session-ttl-secs", repr(float(ttl))]
-        flags += ["--session-headers", *router.session_headers]
-        if router.sweep_interval_s is not None:
-            flags += ["--session-sweep-interval-secs", repr(router.sweep_interval_s)]
-        flags += [
-            "--retry-initial-backoff-ms", repr(router.retry_backoff_s * 1000.0),
-            "--retry-backoff-multiplier", repr(router.retry_backoff_multiplier),
-            "--retry-max-backoff-ms", repr(router.retry_max_backoff_s * 1000.0),
-        ]  # fmt: skip
+        core = {name: getattr(router, name) for name in RouterConfig.model_fields}
+        flags += serve_router_flags(RouterConfig(**{**core, "session_ttl_s": float(ttl)}))
     return flags
 
 
