@@ -16,7 +16,12 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-__all__ = ["DEFAULT_SESSION_HEADERS", "VLLM_ROUTER_SESSION_HEADERS", "RouterConfig"]
+__all__ = [
+    "DEFAULT_SESSION_HEADERS",
+    "VLLM_ROUTER_SESSION_HEADERS",
+    "RouterConfig",
+    "header_names",
+]
 
 DEFAULT_SESSION_HEADERS: tuple[str, ...] = ("x-session-id",)
 """Ours: only an explicit session header identifies a session."""
@@ -80,7 +85,16 @@ class RouterConfig(BaseModel):
     @field_validator("session_headers")
     @classmethod
     def _check_headers(cls, names: tuple[str, ...]) -> tuple[str, ...]:
-        out = tuple(n.strip().lower() for n in names)
-        if any(not n or any(c.isspace() or c == ":" for c in n) for n in out):
-            raise ValueError(f"invalid header name in {list(names)}")
-        return out
+        return header_names(names)
+
+
+def header_names(names: tuple[str, ...]) -> tuple[str, ...]:
+    """HTTP header names stripped and lower-cased.
+
+    Raises:
+        ValueError: naming the list when a name is empty or has white space or a colon.
+    """
+    out = tuple(n.strip().lower() for n in names)
+    if any(not n or any(c.isspace() or c == ":" for c in n) for n in out):
+        raise ValueError(f"invalid header name in {list(names)}")
+    return out

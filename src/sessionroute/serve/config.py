@@ -18,7 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from sessionroute.errors import ConfigError
-from sessionroute.router.config import DEFAULT_SESSION_HEADERS, RouterConfig
+from sessionroute.router.config import DEFAULT_SESSION_HEADERS, RouterConfig, header_names
 from sessionroute.router.policies.registry import policy_class, takes_option
 from sessionroute.serve.flags import (
     DEFAULT_REQUEST_ID_HEADERS,
@@ -100,10 +100,7 @@ class RouterSettings(BaseModel):
     @field_validator("session_headers", "request_id_headers")
     @classmethod
     def _check_headers(cls, names: tuple[str, ...]) -> tuple[str, ...]:
-        out = tuple(n.strip().lower() for n in names)
-        if any(not n or any(c.isspace() or c == ":" for c in n) for n in out):
-            raise ValueError(f"invalid header name in {list(names)}")
-        return out
+        return header_names(names)
 
     @field_validator("health_check_endpoint")
     @classmethod

@@ -339,11 +339,7 @@ class Simulation(ReplicaDriver):
         req.res = res
         req.rep = rep
         req.state = _ROUTED
-        if self._delay > 0:
-            queue = self.queue
-            queue.push(queue.clock._t + self._delay, PRIO_ARRIVAL, self._arrive_cb, req)
-        else:
-            self._arrive(req)
+        self._after(self._delay, self._arrive_cb, req)
 
     def _arrive(self, req: _Req) -> None:
         if req.state != _ROUTED:
@@ -392,11 +388,15 @@ class Simulation(ReplicaDriver):
             return
         self.rec.counts["requests_retried"] += 1
         req.state = _BACKOFF
-        if step.wait_s > 0:
+        self._after(step.wait_s, self._retry_cb, req)
+
+    def _after(self, delay_s: float, fn: Callable[[_Req], None], req: _Req) -> None:
+        """``fn(req)`` now when ``delay_s`` is 0, else as an arrival-priority event then."""
+        if delay_s > 0:
             queue = self.queue
-            queue.push(queue.clock._t + step.wait_s, PRIO_ARRIVAL, self._retry_cb, req)
+            queue.push(queue.clock._t + delay_s, PRIO_ARRIVAL, fn, req)
         else:
-            self._retry(req)
+            fn(req)
 
     def _refresh(self, url: str) -> None:
         """A worker's open circuit turned half-open: push its availability to the router."""
