@@ -10,13 +10,14 @@ response reaches the client ``network_delay_s`` after the replica finished it. R
 advance lazily: on an arrival at time ``t`` the replica runs to ``t`` and takes the request; a
 wake-up event at its ``next_event_time()`` collects completions.
 
-A replica that goes down behaves as a crashed server does behind the live router: its
-in-flight requests break (an upstream failure, counted by its circuit breaker) and are retried
-after a backoff; a request sent to it is refused, which marks it unavailable at once, and the
-retry places the session elsewhere. When the router gives up (``retry_max_attempts``, or no
-worker available) the simulated client retries the turn itself with the OpenAI SDK's backoff
-(``RouterSection.client_retry_*``): turns are never lost. Every routed attempt is completed at
-the router exactly once (finished, failed, or cancelled).
+The router side of a turn (placement, admission waits, retries, the client's re-sends) is
+:class:`~sessionroute.sim.dispatch.Dispatcher`'s; this module owns the turn's life around it:
+the replicas, delivery to the workload, cancellation and faults. A replica that goes down
+behaves as a crashed server does behind the live router: its in-flight requests break (an
+upstream failure) and are retried; a request sent to it is refused, which marks it
+unavailable at once, and the retry places the session elsewhere. Turns are never lost, and
+every routed attempt is completed at the router exactly once (finished, failed, or
+cancelled).
 """
 
 from __future__ import annotations
@@ -25,12 +26,19 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any, Final
 
-from sessionroute.errors import AdmissionRefused, NoWorkerAvailable
-from sessionroute.replica import ReplicaConfig, RequestResult, key_list
-from sessionroute.router.admission import Ticket
+from sessionroute.replica import ReplicaConfig, RequestResult
 from sessionroute.router.core import Reservation, RoutingCore
+from sessionroute.sim.dispatch import Dispatcher
 from sessionroute.sim.events import PRIO_ARRIVAL, PRIO_TIMER, EventQueue
 from sessionroute.sim.ideal import IdealCache
+from sessionroute.sim.inflight import (
+    CANCELLED,
+    DELIVER,
+    DONE,
+    ENGINE,
+    ROUTED,
+    InFlight,
+)
 from sessionroute.sim.metrics import Recorder
 from sessionroute.sim.replicas import SimReplica
 from sessionroute.sim.spec import RouterSection
@@ -39,13 +47,6 @@ from sessionroute.workloads.base import SessionEnd, Turn, TurnOutcome
 
 __all__ = ["Simulation"]
 
-_ROUTED: Final = 0
-_ENGINE: Final = 1
-_BACKOFF: Final = 2
-_DELIVER: Final = 3
-_DONE: Final = 4
-_CANCELLED: Final = 5
-_ADMISSION: Final = 6
 _LATE_S: Final = 300.0  # timers further ahead (rollout timeouts) go to the queue's FIFO lane
 
 
@@ -53,49 +54,9 @@ def _invoke(fn: Callable[[], None]) -> None:
     fn()
 
 
-class _Req:
-    """One turn in flight (across retries)."""
-
-    __slots__ = (
-        "attempt",
-        "client_tries",
-        "handle",
-        "hit",
-        "keys",
-        "on_done",
-        "out",
-        "rep",
-        "res",
-        "rid",
-        "sent_s",
-        "state",
-        "ticket",
-        "tries",
-        "turn",
-    )
-
-    def __init__(
-        self, handle: int, turn: Turn, on_done: Callable[[TurnOutcome], None], now: float
-    ) -> None:
-        self.handle = handle
-        self.turn = turn
-        self.keys = key_list(turn.block_keys)  # for the ideal cache and the replica alike
-        self.on_done = on_done
-        self.sent_s = now
-        self.attempt = 0  # attempts of the current router request
-        self.tries = 0  # attempts in all (request ids)
-        self.client_tries = 0  # times the client sent the turn again
-        self.ticket: Ticket | None = None  # while it waits for admission
-        self.state = _ROUTED
-        self.hit = 0
-        self.rid = ""
-        self.res: Reservation | None = None
-        self.rep: SimReplica | None = None
-        self.out: TurnOutcome | None = None  # the response, between finish and delivery
-
-
 class Simulation(ReplicaDriver):
-    """Replicas + router + request lifecycle; the workloads' host.
+    """The workloads' host: turns' lifecycle over the replicas, with the router side in
+    :attr:`dispatch`.
 
     Args:
         queue: the event queue (owns the virtual clock the policy was given).
@@ -129,10 +90,9 @@ class Simulation(ReplicaDriver):
         self._fast = fast
         self._profile = config.profile
         self._by_url = {r.url: r for r in replicas}
-        self._reqs: dict[int, _Req] = {}
+        self._reqs: dict[int, InFlight] = {}
         self._handle = 0
         self._delay = router.network_delay_s
-        self._send_header = router.send_session_header
         self._session_start: dict[str, float] = {}
         self._last_rep: dict[str, int] = {}
         self.ended_sessions: list[str] = []
@@ -152,11 +112,7 @@ class Simulation(ReplicaDriver):
         # bound methods made once (scheduling ``self._deliver`` made a new one every time)
         self._deliver_cb = self._deliver
         self._arrive_cb = self._arrive
-        self._retry_cb = self._retry
-        self._resend_cb = self._resend
-        self._admitted_cb = self._admitted
-        self._admission_deadline_cb = self._admission_deadline
-        self._refresh_cb = self._refresh
+        self.dispatch = Dispatcher(queue, core, router, recorder.counts, self._send, self._bs)
 
     # -- Host protocol --------------------------------------------------------------------------
     @property
@@ -194,7 +150,7 @@ class Simulation(ReplicaDriver):
         now = self.queue.clock._t
         self._handle += 1
         handle = self._handle
-        req = _Req(handle, turn, on_done, now)
+        req = InFlight(handle, turn, on_done, now)
         rec = self.rec
         rec.requests_submitted += 1
         counts = rec.counts
@@ -207,14 +163,14 @@ class Simulation(ReplicaDriver):
         total = plen + olen
         if plen < 1 or olen < 1 or total > self._model_len or -(-total // self._bs) > self._nblocks:
             counts["requests_rejected"] += 1
-            req.state = _DELIVER
+            req.state = DELIVER
             self._reqs[handle] = req
             req.out = TurnOutcome(turn, now, now, False, 0, -1)
             self.queue.push(now, PRIO_TIMER, self._deliver_cb, req)
             return handle
         req.hit = self.ideal.observe(req.keys, plen, olen, turn.cache_salt)
         self._reqs[handle] = req
-        self._route(req)
+        self.dispatch.route(req)
         return handle
 
     def cancel(self, handle: int) -> None:
@@ -222,19 +178,17 @@ class Simulation(ReplicaDriver):
         req = self._reqs.pop(handle, None)
         if req is None:
             return
-        if req.state == _ENGINE and req.rep is not None:
+        if req.state == ENGINE and req.rep is not None:
             rep = req.rep
             self._sync(rep)
-            if req.state == _ENGINE and rep.engine is not None:
+            if req.state == ENGINE and rep.engine is not None:
                 rep.engine.abort(req.rid, self.queue.clock._t)
                 rep.inflight.pop(req.rid, None)
                 self._complete(req)
                 self._reschedule(rep)
-        elif req.state in (_ROUTED, _BACKOFF):
-            self._complete(req)
-        elif req.state == _ADMISSION and req.ticket is not None:
-            self.core.cancel_ticket(req.ticket)
-        req.state = _CANCELLED
+        else:
+            self.dispatch.cancel(req)
+        req.state = CANCELLED
         self.rec.counts["requests_cancelled"] += 1
 
     def end_session(self, session_id: str, how: SessionEnd) -> None:
@@ -271,60 +225,7 @@ class Simulation(ReplicaDriver):
         self.queue.stop()
 
     # -- request lifecycle ----------------------------------------------------------------------
-    def _route(self, req: _Req) -> None:
-        """The client sends the turn: the router builds its request and places it."""
-        turn = req.turn
-        req.attempt = 1
-        req.tries += 1
-        rid = f"{req.handle}.{req.tries}"
-        core = self.core
-        rr = core.requests.from_turn(
-            turn.session_id if self._send_header else None,
-            turn.prompt_len,
-            req.keys,
-            self._bs,
-            rid,
-        )
-        req.rid = rid
-        try:
-            placed = core.place(rr, self._ticket_ready)
-        except (NoWorkerAvailable, AdmissionRefused):
-            self._refused(req)
-            return
-        if isinstance(placed, Ticket):
-            placed.context = req
-            req.ticket = placed
-            req.state = _ADMISSION
-            queue = self.queue
-            deadline = queue.clock._t + core.config.admission_max_wait_s
-            queue.push(deadline, PRIO_TIMER, self._admission_deadline_cb, placed)
-            return
-        self._send(req, placed)
-
-    def _ticket_ready(self, ticket: Ticket) -> None:
-        queue = self.queue
-        queue.push(queue.clock._t, PRIO_ARRIVAL, self._admitted_cb, ticket)
-
-    def _admitted(self, ticket: Ticket) -> None:
-        req: _Req = ticket.context
-        req.ticket = None
-        res = ticket.reservation
-        if req.state != _ADMISSION:  # cancelled while it waited
-            if res is not None:
-                self.core.complete(res)
-            return
-        if res is None:
-            self._refused(req)
-        else:
-            self._send(req, res)
-
-    def _admission_deadline(self, ticket: Ticket) -> None:
-        if self.core.withdraw(ticket) is not None:
-            req: _Req = ticket.context
-            if req.state == _ADMISSION:
-                self._refused(req)
-
-    def _send(self, req: _Req, res: Reservation) -> None:
+    def _send(self, req: InFlight, res: Reservation) -> None:
         """Send the attempt to ``res.worker``'s replica (it arrives ``network_delay_s`` later)."""
         rep = self._by_url[res.worker]
         sid = req.turn.session_id
@@ -338,16 +239,20 @@ class Simulation(ReplicaDriver):
             last_rep[sid] = index
         req.res = res
         req.rep = rep
-        req.state = _ROUTED
-        self._after(self._delay, self._arrive_cb, req)
+        req.state = ROUTED
+        if self._delay > 0:
+            queue = self.queue
+            queue.push(queue.clock._t + self._delay, PRIO_ARRIVAL, self._arrive_cb, req)
+        else:
+            self._arrive(req)
 
-    def _arrive(self, req: _Req) -> None:
-        if req.state != _ROUTED:
+    def _arrive(self, req: InFlight) -> None:
+        if req.state != ROUTED:
             return
         rep = req.rep
         engine = None if rep is None else rep.engine
         if rep is None or engine is None:
-            self._attempt_failed(req, refused=True)
+            self.dispatch.attempt_failed(req, refused=True)
             return
         queue = self.queue
         now = queue.clock._t
@@ -358,89 +263,17 @@ class Simulation(ReplicaDriver):
         )
         for result in results:
             self._finish(rep, result)
-        req.state = _ENGINE
+        req.state = ENGINE
         rep.inflight[rid] = req
         self._schedule_wake(rep, t)  # _reschedule with the engine's next event time known
 
-    def _complete(self, req: _Req) -> None:
+    def _complete(self, req: InFlight) -> None:
         if req.res is not None:
             self.core.complete(req.res)
 
-    def _attempt_failed(self, req: _Req, *, refused: bool) -> None:
-        """The attempt's replica refused the connection (``refused``) or broke mid-request:
-        the router's retry decision, as the live proxy takes it."""
-        core = self.core
-        res = req.res
-        if res is None:  # pragma: no cover - an attempt always has a reservation
-            raise RuntimeError(f"attempt {req.rid} failed without a reservation")
-        url = res.worker
-        if refused:
-            core.record_unreachable(url, "connection refused (replica down)")
-        else:
-            reopen_s = core.record_failure(url)
-            if reopen_s is not None:
-                queue = self.queue
-                queue.push(queue.clock._t + reopen_s, PRIO_TIMER, self._refresh_cb, url)
-        step = core.retry.after_failure(req.attempt, core.cluster.is_healthy(url))
-        if step is None:  # the router gives up (502): the client sends the turn again
-            core.complete(res)
-            self._client_retry(req)
-            return
-        self.rec.counts["requests_retried"] += 1
-        req.state = _BACKOFF
-        self._after(step.wait_s, self._retry_cb, req)
-
-    def _after(self, delay_s: float, fn: Callable[[_Req], None], req: _Req) -> None:
-        """``fn(req)`` now when ``delay_s`` is 0, else as an arrival-priority event then."""
-        if delay_s > 0:
-            queue = self.queue
-            queue.push(queue.clock._t + delay_s, PRIO_ARRIVAL, fn, req)
-        else:
-            fn(req)
-
-    def _refresh(self, url: str) -> None:
-        """A worker's open circuit turned half-open: push its availability to the router."""
-        self.core.refresh(url)
-
-    def _retry(self, req: _Req) -> None:
-        """The router's next attempt: the same worker while available, else placed again."""
-        if req.state != _BACKOFF or req.res is None:
-            return
-        try:
-            res = self.core.retarget(req.res)
-        except NoWorkerAvailable:
-            self._refused(req)
-            return
-        req.attempt += 1
-        req.tries += 1
-        req.rid = f"{req.handle}.{req.tries}"
-        self._send(req, res)
-
-    def _refused(self, req: _Req) -> None:
-        """The router answered 503 (no worker available, or admission refused)."""
-        self.rec.counts["no_worker_available"] += 1
-        self._client_retry(req)
-
-    def _client_retry(self, req: _Req) -> None:
-        """The client sends the turn again after the OpenAI SDK's backoff."""
-        r = self.router
-        req.client_tries += 1
-        wait = min(
-            r.client_retry_max_backoff_s,
-            r.client_retry_backoff_s * 2.0 ** (req.client_tries - 1),
-        )
-        req.res = None
-        req.state = _BACKOFF
-        self.queue.push(self.queue.clock._t + wait, PRIO_ARRIVAL, self._resend_cb, req)
-
-    def _resend(self, req: _Req) -> None:
-        if req.state == _BACKOFF and req.res is None:
-            self.rec.counts["requests_retried"] += 1
-            self._route(req)
-
     def _finish(self, rep: SimReplica, r: RequestResult) -> None:
         inflight = rep.inflight
-        req: _Req | None = inflight.get(r.request_id)
+        req: InFlight | None = inflight.get(r.request_id)
         if req is None:
             raise RuntimeError(f"replica {rep.url} finished unknown request {r.request_id!r}")
         del inflight[r.request_id]
@@ -478,16 +311,16 @@ class Simulation(ReplicaDriver):
         rep.requests += 1
         rep.prompt_tokens += prompt
         rep.output_tokens += output
-        req.state = _DELIVER
+        req.state = DELIVER
         req.out = TurnOutcome(turn, sent, done, True, cached, rep.index)
         queue = self.queue
         now = queue.clock._t
         queue.push(done if done > now else now, PRIO_TIMER, self._deliver_cb, req)
 
-    def _deliver(self, req: _Req) -> None:
-        if req.state != _DELIVER:
+    def _deliver(self, req: InFlight) -> None:
+        if req.state != DELIVER:
             return
-        req.state = _DONE
+        req.state = DONE
         del self._reqs[req.handle]
         out = req.out
         if out is not None:
@@ -514,7 +347,7 @@ class Simulation(ReplicaDriver):
         rep.fail()
         for req in stranded:
             self.rec.counts["requests_failed_over"] += 1
-            self._attempt_failed(req, refused=False)
+            self.dispatch.attempt_failed(req, refused=False)
 
     # -- observation ----------------------------------------------------------------------------
     def in_flight(self) -> int:
