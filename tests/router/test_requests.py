@@ -1,0 +1,92 @@
+"""The one builder of the policy's request: the same view from HTTP and from a simulated turn."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sessionroute.errors import MalformedRequest
+from sessionroute.router import RouterConfig
+from sessionroute.router.requests import (
+    BYTES_PER_TOKEN,
+    RequestBuilder,
+    coarsen_block_keys,
+    estimate_prompt_tokens,
+    text_block_keys,
+)
+
+
+def _builder(**config: object) -> RequestBuilder:
+    return RequestBuilder(RouterConfig.model_validate(config), needs_content=False)
+
+
+def test_the_first_non_empty_session_header_wins_in_configured_order() -> None:
+    b = _builder(session_headers=["X-Rollout", "x-user-id"])
+    assert b.session({b"x-user-id": b"u", b"x-rollout": b"r"}) == ("r", "x-rollout")
+    assert b.session({b"x-user-id": b"u", b"x-rollout": b" \t"}) == ("u", "x-user-id")
+    assert b.session({b"x-user-id": b"u  "}) == ("u", "x-user-id")  # trailing blanks go
+    assert b.session({b"x-session-id": b"s"}) is None  # not a configured header
+    assert b.session({b"x-rollout": b"\xff\xfeid"}) == ("\ufffd\ufffdid", "x-rollout")
+
+
+def test_a_simulated_turn_and_its_http_request_look_the_same_to_a_policy() -> None:
+    b = _builder(session_headers=["x-session-id", "x-user-id"])
+    for sid in ("rollout-7", "", "ünïcode"):
+        prompt_tokens = 1234
+        body = b"x" * (prompt_tokens * BYTES_PER_TOKEN)
+        headers = {b"x-session-id": sid.encode()} if sid else {}
+        live = b.from_http(headers, [body], len(body), "r1")
+        sim = b.from_turn(sid or None, prompt_tokens, [], 16, "r1")
+        assert live == sim
+        assert live.prompt_tokens == prompt_tokens
+        assert live.blocks is None  # the policy does not read content: nothing parsed
+
+
+def test_the_size_estimate_is_body_bytes_over_four() -> None:
+    assert [estimate_prompt_tokens(n) for n in (0, 3, 4, 4001)] == [0, 0, 1, 1000]
+
+
+def test_content_keys_from_text_share_exactly_the_shared_prefix_blocks() -> None:
+    a = text_block_keys("a" * 64 + "b" * 64 + "c" * 70, 64)
+    b = text_block_keys("a" * 64 + "b" * 64 + "d" * 64, 64)
+    assert len(a) == 3 and len(b) == 3  # full blocks only
+    assert a[:2] == b[:2] and a[2] != b[2]
+    assert text_block_keys("a" * 63, 64) == []
+    with pytest.raises(ValueError, match="block_bytes"):
+        text_block_keys("abc", 0)
+
+
+@given(
+    keys=st.lists(st.integers(0, 2**64 - 1), max_size=40),
+    kv=st.sampled_from([1, 16, 64, 256]),
+    content=st.sampled_from([1, 16, 64, 256, 512]),
+)
+def test_coarsened_keys_are_the_last_kv_block_of_each_content_block(
+    keys: list[int], kv: int, content: int
+) -> None:
+    prompt = len(keys) * kv
+    out = list(coarsen_block_keys(keys, prompt, kv, content))
+    expected: list[int] = []
+    last = -1
+    for j in range(1, prompt // content + 1):
+        i = j * content // kv - 1  # the KV block that ends last inside content block j
+        if i > last:
+            expected.append(keys[i])
+            last = i
+    assert out == expected
+
+
+def test_content_policies_get_block_keys_and_bad_json_is_refused() -> None:
+    b = RequestBuilder(RouterConfig(content_block_tokens=4), needs_content=True)
+    text = "You are an agent. " * 10
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": text}]}).encode()
+    req = b.from_http({}, [body[:10], body[10:]], len(body), "r")
+    assert req.blocks == text_block_keys(text, 4 * BYTES_PER_TOKEN) and req.model == "m"
+    assert req.session_id is None and req.session_header == "x-session-id"
+    with pytest.raises(MalformedRequest, match="not valid JSON"):
+        b.from_http({}, [b"{"], 1, "r")
+    turn = b.from_turn("s", 20, list(range(5)), 4, "r")  # 5 KV blocks of 4 = 5 content blocks
+    assert turn.blocks == [0, 1, 2, 3, 4]
