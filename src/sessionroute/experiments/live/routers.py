@@ -24,8 +24,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sessionroute.errors import ConfigError
 from sessionroute.experiments.live.procs import ProcessSet, expand_command, free_port, wait_healthy
-from sessionroute.experiments.live.spec import LiveSection
-from sessionroute.sim.spec import RouterSection
+from sessionroute.experiments.live_section import LiveSection
+from sessionroute.sim import RouterSection
 
 __all__ = ["RouterInfo", "router_flags", "router_session_metrics", "start_arm_router"]
 
