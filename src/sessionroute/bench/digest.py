@@ -190,7 +190,7 @@ def print_table(result: dict[str, Any]) -> None:
     """One line per case, then the verdict."""
     for name, value in result["cases"].items():
         mark = "DIFFERENT" if name in result["different"] else ""
-        print(f"{name:32} {value[0]:>16} {value[1]!s:>8} {mark}".rstrip())
+        print(f"{name:38} {value[0]:>16} {value[1]!s:>8} {mark}".rstrip())
     if result["missing"]:
         print("not in the file (not compared):", " ".join(result["missing"]))
     if result["mode"] == "save":
