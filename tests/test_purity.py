@@ -1,6 +1,6 @@
 """The pure packages never touch I/O, the wall clock or global randomness (DESIGN.md).
 
-Scans every module of ``sessionroute.{router,replica,sim,workloads}`` with :mod:`ast`
+Scans every module of ``sessionroute.{router,replica,record,sim,workloads}`` with :mod:`ast`
 and fails on: importing ``asyncio``, ``aiohttp``, ``httpx``, ``time`` or ``threading``; calling
 or importing a module-level function of :mod:`random` (``random.Random`` as a type or seeded
 constructor is fine); ``datetime.now/utcnow/today``; numpy's global generator
@@ -16,7 +16,7 @@ import pytest
 
 import sessionroute
 
-PURE_PACKAGES = ("router", "replica", "sim", "workloads")
+PURE_PACKAGES = ("router", "replica", "record", "sim", "workloads")
 BANNED_MODULES = frozenset({"asyncio", "aiohttp", "httpx", "time", "threading"})
 RANDOM_ALLOWED = frozenset({"Random"})
 NUMPY_RANDOM_ALLOWED = frozenset(

@@ -92,7 +92,6 @@ COMPILED_MODULES: tuple[str, ...] = (
     "sessionroute.workloads.swe_rl",
     "sessionroute.sim.events",
     "sessionroute.sim.ideal",
-    "sessionroute.sim.metrics",
     "sessionroute.sim.replicas",
     "sessionroute.sim.sampling",
     "sessionroute.sim.wakeups",

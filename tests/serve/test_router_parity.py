@@ -18,11 +18,11 @@ import aiohttp
 import pytest
 
 from sessionroute.clock import ManualClock
+from sessionroute.record import Recorder
 from sessionroute.router import RoutingCore, choose_policy
 from sessionroute.router.state import Cluster
 from sessionroute.serve import RouterSettings, RunningRouter, start_router
 from sessionroute.sim.events import EventQueue, VirtualClock
-from sessionroute.sim.metrics import Recorder
 from sessionroute.sim.replicas import SimReplica
 from sessionroute.sim.runner import replica_config
 from sessionroute.sim.simulation import Simulation

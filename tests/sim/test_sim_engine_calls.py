@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sessionroute.record import IdealCache
 from sessionroute.replica import PROFILES, EngineRequest, Replica, ReplicaConfig, RequestResult
 from sessionroute.replica.api import EngineRequestError
-from sessionroute.sim.ideal import IdealCache
 
 CONFIG = ReplicaConfig(PROFILES["toy-8b-h100-tp1"], block_size=16, kv_capacity_tokens=4096)
 

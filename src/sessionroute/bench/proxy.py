@@ -18,10 +18,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -32,49 +30,9 @@ from typing import Any
 import aiohttp
 import numpy as np
 
-__all__ = ["add_arguments", "backend_main", "print_table", "run", "to_markdown"]
+from sessionroute.bench.backend import chat_body, free_port
 
-_RESPONSE = json.dumps(
-    {
-        "id": "chatcmpl-bench",
-        "object": "chat.completion",
-        "created": 0,
-        "model": "bench",
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": "ok"},
-                "finish_reason": "stop",
-            }
-        ],
-        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
-    }
-).encode()
-
-
-def backend_main(port: int) -> None:
-    """Run the zero-delay backend on 127.0.0.1:``port`` (reads the body, answers at once)."""
-    from aiohttp import web
-
-    async def handle(request: web.BaseRequest) -> web.Response:
-        await request.read()
-        if request.method == "GET":
-            return web.Response(text="")
-        return web.Response(body=_RESPONSE, content_type="application/json")
-
-    async def main() -> None:
-        server = web.Server(handle, access_log=None)
-        runner = web.ServerRunner(server)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", port, backlog=1024).start()
-        await asyncio.Event().wait()
-
-    try:
-        import uvloop
-
-        uvloop.run(main())
-    except ImportError:  # pragma: no cover
-        asyncio.run(main())
+__all__ = ["add_arguments", "print_table", "run", "to_markdown"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -101,12 +59,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--repeat", type=int, default=1, help="cycles over all rows; medians are reported (1)"
     )
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -159,13 +111,6 @@ async def _wait_listening(url: str, proc: subprocess.Popen[bytes], timeout_s: fl
                         return
             await asyncio.sleep(0.05)
     raise RuntimeError(f"{url} did not come up within {timeout_s} s")
-
-
-def _body(prompt_bytes: int) -> bytes:
-    content = "hello" if prompt_bytes <= 0 else "x" * prompt_bytes
-    return json.dumps(
-        {"model": "bench", "messages": [{"role": "user", "content": content}], "max_tokens": 1}
-    ).encode()
 
 
 async def _load(
@@ -279,9 +224,9 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
     versions: dict[str, str | None] = {"vllm-router": None}
     raw: list[dict[str, Any]] = []
     try:
-        bport = _free_port()
+        bport = free_port()
         backend_url = f"http://127.0.0.1:{bport}"
-        code = f"from sessionroute.bench.proxy import backend_main; backend_main({bport})"
+        code = f"from sessionroute.bench.backend import backend_main; backend_main({bport})"
         backend_pid = await _start([sys.executable, "-c", code], backend_url, bport, procs)
         # Every target runs at once (idle ones cost nothing) and rows are interleaved, so
         # the targets see the same machine load; --repeat gives medians over several cycles.
@@ -290,7 +235,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
             if target == "direct":
                 targets[target] = (backend_url, None)
                 continue
-            port = _free_port()
+            port = free_port()
             common = ["--host", "127.0.0.1", "--port", str(port), "--policy", args.policy]
             common += ["--worker-urls", backend_url, "--log-level", "warning"]
             if target == "sessionroute":
@@ -300,7 +245,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
                 if binary is None:
                     continue
                 # its Prometheus listener defaults to port 29000, which may be taken
-                cmd = [binary, *common, "--prometheus-port", str(_free_port())]
+                cmd = [binary, *common, "--prometheus-port", str(free_port())]
                 with contextlib.suppress(Exception):
                     from importlib.metadata import version
 
@@ -309,7 +254,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
             targets[target] = (url, await _start(cmd, url, port, procs))
         for _ in range(args.repeat):
             for size in args.body_bytes:
-                body = _body(size)
+                body = chat_body(size)
                 for c in args.concurrency:
                     for target, (url, pid) in targets.items():
                         stats = await _load(

@@ -1,4 +1,9 @@
-"""``sessionroute bench``: benchmarks that print machine-readable results."""
+"""``sessionroute bench``: benchmarks that print machine-readable results.
+
+The argument layer only: each target is a module of :mod:`sessionroute.bench` with
+``add_arguments(parser)``, ``run(args) -> dict`` and ``print_table(result)``, and optionally
+``exit_status(result) -> int`` (0 when absent).
+"""
 
 from __future__ import annotations
 
@@ -16,7 +21,7 @@ _BUILD_NOTE = (
     "SESSIONROUTE_PURE_PYTHON=1; the table's caption says which ran and how fast pure Python "
     "is, and with --json a pure-Python run says so on stderr."
 )
-_MEASURES_BUILD = frozenset({"engine", "sim"})
+_MEASURES_BUILD = frozenset({"engine", "sim", "instructions"})
 """Targets whose result depends on the compiled build."""
 
 # target name -> (module with run(args) -> dict and add_arguments(parser), help)
@@ -28,6 +33,14 @@ _TARGETS: dict[str, tuple[str, str]] = {
     "engine": ("sessionroute.bench.engine", "simulated requests per wall second, one replica"),
     "sim": ("sessionroute.bench.sim", "simulated requests per wall second, default swe-rl"),
     "proxy": ("sessionroute.bench.proxy", "router overhead against a zero-delay backend"),
+    "instructions": (
+        "sessionroute.bench.instructions",
+        "instructions per request of engine, sim or proxy (valgrind)",
+    ),
+    "digest": (
+        "sessionroute.bench.digest",
+        "hash the results of 16 simulations and 4 engine runs; save or check",
+    ),
 }
 
 
@@ -51,7 +64,7 @@ class _DefaultsFormatter(argparse.HelpFormatter):
 def register(sub: Any) -> None:
     parser = sub.add_parser(
         "bench",
-        help="run a benchmark (policies, engine, sim, proxy)",
+        help="run a benchmark (policies, engine, sim, proxy, instructions, digest)",
         description="Benchmarks. Each prints a table, or one JSON document with --json.",
     )
     targets = parser.add_subparsers(dest="target", metavar="TARGET", required=True)
@@ -92,6 +105,7 @@ def _make_handler(module: Any) -> Any:
                 print(f"sessionroute bench {args.target}: note: {note}", file=sys.stderr)
         else:
             module.print_table(result)
-        return 0
+        status = getattr(module, "exit_status", None)
+        return int(status(result)) if status is not None else 0
 
     return handler

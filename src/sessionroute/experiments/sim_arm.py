@@ -6,8 +6,7 @@ from collections.abc import Callable
 
 from sessionroute.experiments.results import RunOutput
 from sessionroute.experiments.spec import ResolvedArm
-from sessionroute.sim.runner import run_simulation
-from sessionroute.sim.spec import SimSpec
+from sessionroute.sim import SimSpec, run_simulation
 
 __all__ = ["simulate_arm"]
 

@@ -32,9 +32,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sessionroute.errors import ConfigError
-from sessionroute.experiments.live.spec import LiveSection, expand_experiment_env
+from sessionroute.experiments.live_section import LiveSection, expand_experiment_env
 from sessionroute.router.policies.registry import make_config, policy_class
-from sessionroute.sim.spec import (
+from sessionroute.sim import (
     FaultSection,
     ReplicaSection,
     RouterSection,

@@ -17,12 +17,12 @@ import numpy as np
 
 from sessionroute.clock import Clock, MonotonicClock
 from sessionroute.errors import ConfigError
+from sessionroute.record import Recorder
 from sessionroute.replica import PROFILES, ReplicaConfig, StepTimeProfile, load_profiles
 from sessionroute.router import RoutingCore, choose_policy
 from sessionroute.router.state.cluster import Cluster
 from sessionroute.sim.events import PRIO_FAULT, EventQueue, VirtualClock
 from sessionroute.sim.faults import apply_fault
-from sessionroute.sim.metrics import Recorder
 from sessionroute.sim.replicas import SimReplica
 from sessionroute.sim.report import build_metrics
 from sessionroute.sim.sampling import Sampler, Scraper, Sweeper

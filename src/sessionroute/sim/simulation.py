@@ -26,11 +26,12 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any, Final
 
+from sessionroute.record import IdealCache, Recorder
 from sessionroute.replica import ReplicaConfig, RequestResult
 from sessionroute.router.core import Reservation, RoutingCore
 from sessionroute.sim.dispatch import Dispatcher
 from sessionroute.sim.events import PRIO_ARRIVAL, PRIO_TIMER, EventQueue
-from sessionroute.sim.ideal import IdealCache
+from sessionroute.sim.ideal import ideal_work_s
 from sessionroute.sim.inflight import (
     CANCELLED,
     DELIVER,
@@ -39,7 +40,6 @@ from sessionroute.sim.inflight import (
     ROUTED,
     InFlight,
 )
-from sessionroute.sim.metrics import Recorder
 from sessionroute.sim.replicas import SimReplica
 from sessionroute.sim.spec import RouterSection
 from sessionroute.sim.wakeups import ReplicaDriver
@@ -102,9 +102,6 @@ class Simulation(ReplicaDriver):
         self._model_len = config.model_len
         self._bs = config.block_size
         self._nblocks = config.num_blocks
-        self._b_tok = self._profile.b_tok_s
-        self._b_pa = self._profile.b_pa_s
-        self._b_kv = self._profile.b_kv_s
         self._ttft = recorder.ttft_s
         self._itl = recorder.itl_s
         self._latency = recorder.turn_latency_s
@@ -298,16 +295,7 @@ class Simulation(ReplicaDriver):
             self._itl.append(r.itl_mean_s)
         self._latency.append(done - sent)
         self._queue_s.append(r.queue_time_s)
-        # ideal_work_s(profile, prompt_len, hit, output_len), inlined (same arithmetic)
-        plen = turn.prompt_len
-        hit = req.hit
-        p = plen - hit
-        o = turn.output_len
-        rec.ideal_work_s += (
-            self._b_tok * (p + o)
-            + self._b_pa * p * (hit + p / 2.0)
-            + self._b_kv * o * (plen + (o - 1) / 2.0)
-        )
+        rec.ideal_work_s += ideal_work_s(self._profile, turn.prompt_len, req.hit, turn.output_len)
         rep.requests += 1
         rep.prompt_tokens += prompt
         rep.output_tokens += output

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from sessionroute.errors import ConfigError
-from sessionroute.experiments.live.spec import LiveSection, expand_experiment_env
+from sessionroute.experiments.live_section import LiveSection, expand_experiment_env
 from sessionroute.experiments.spec import parse_experiment, resolve_arms
 from sessionroute.sim.spec import SimSpec
 

@@ -20,53 +20,20 @@ import json
 import logging
 import ssl
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
 from sessionroute.client import Rollout, SessionReleaser
 from sessionroute.experiments.live.text import SessionText, TemplateOverhead
+from sessionroute.record import IdealCache, Recorder
 from sessionroute.replica import key_list
-from sessionroute.sim.ideal import IdealCache
-from sessionroute.sim.spec import RouterSection
+from sessionroute.sim import RouterSection
 from sessionroute.workloads.base import Host, SessionEnd, Turn, TurnOutcome, Workload
 
-__all__ = ["LiveHost", "LiveRecord"]
+__all__ = ["LiveHost"]
 
 log = logging.getLogger("sessionroute.experiments.live")
-
-
-@dataclass(slots=True)
-class LiveRecord:
-    """What the clients saw (seconds of the host's clock, tokens from ``usage``)."""
-
-    ttft_s: list[float] = field(default_factory=list)
-    itl_s: list[float] = field(default_factory=list)
-    turn_latency_s: list[float] = field(default_factory=list)
-    session_latency_s: list[float] = field(default_factory=list)
-    group_latency_s: list[float] = field(default_factory=list)
-    steps: list[dict[str, Any]] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
-    counts: dict[str, int] = field(
-        default_factory=lambda: dict.fromkeys(
-            (
-                "requests_submitted",
-                "requests_completed",
-                "requests_failed",
-                "requests_cancelled",
-                "prompt_tokens",
-                "output_tokens",
-                "cached_tokens",
-                "sessions_completed",
-                "sessions_cancelled",
-                "sessions_seen",
-                "session_moves",
-                "prefix_cache_resets",
-            ),
-            0,
-        )
-    )
 
 
 class _Session:
@@ -95,6 +62,13 @@ class LiveHost(Host):
         request_timeout_s: wall seconds per turn.
         last_replica: session id -> replica index of its latest request (from the taps), or
             None when placements are not recorded.
+
+    Attributes:
+        rec: what the clients saw (:class:`~sessionroute.record.Recorder`, the simulator's
+            shape; ``queue_s`` and ``ideal_work_s`` stay empty: a client cannot see them).
+        ideal: the ideal prefix cache every submitted turn goes through.
+        errors: the first 20 failed turns, as ``"<session>: <error>"``.
+        prefix_resets: prefix-cache resets the workload asked for.
     """
 
     def __init__(
@@ -124,8 +98,10 @@ class LiveHost(Host):
         self.timeout_s = request_timeout_s
         self.last_replica = last_replica
         self.header = router.session_headers[0]
-        self.rec = LiveRecord()
+        self.rec = Recorder()
         self.ideal = IdealCache(block_size)
+        self.errors: list[str] = []
+        self.prefix_resets = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._t0 = 0.0
         self._sessions: dict[str, _Session] = {}
@@ -168,8 +144,7 @@ class LiveHost(Host):
         loop = self._require_loop()
         self._handle += 1
         handle = self._handle
-        rec = self.rec.counts
-        rec["requests_submitted"] += 1
+        self.rec.requests_submitted += 1
         sess = self._sessions.get(turn.session_id)
         if sess is None:
             sess = self._open(turn.session_id)
@@ -202,12 +177,12 @@ class LiveHost(Host):
         """``POST /reset_prefix_cache`` on every replica (in the background)."""
         from sessionroute.experiments.live.scrape import reset_prefix_caches
 
-        self.rec.counts["prefix_cache_resets"] += 1
+        self.prefix_resets += 1
         self._spawn(reset_prefix_caches(self._client(), self.replica_urls))
 
     def record_step(self, step: int, step_time_s: float) -> None:
         """Record an RL trainer step that ended now."""
-        self.rec.steps.append({"step": step, "t": self.now(), "step_time_s": step_time_s})
+        self.rec.step(step, self.now(), step_time_s)
 
     def record_group(self, latency_s: float) -> None:
         """Record a GRPO group's latency (host seconds)."""
@@ -349,8 +324,8 @@ class LiveHost(Host):
                     ok = True
         except (httpx.HTTPError, TimeoutError, _TurnError, KeyError, ValueError) as exc:
             self.rec.counts["requests_failed"] += 1
-            if len(self.rec.errors) < 20:
-                self.rec.errors.append(f"{turn.session_id}: {type(exc).__name__}: {exc}")
+            if len(self.errors) < 20:
+                self.errors.append(f"{turn.session_id}: {type(exc).__name__}: {exc}")
         done = self.now()
         self._turns.pop(handle, None)
         sess.text.add_reply(text, turn.output_len)
@@ -374,19 +349,19 @@ class LiveHost(Host):
         first: float | None,
         last: float | None,
     ) -> int:
-        c = self.rec.counts
+        rec = self.rec
         out = int(usage.get("completion_tokens") or 0)
         details = usage.get("prompt_tokens_details") or {}
         cached = int(details.get("cached_tokens") or 0)
-        c["requests_completed"] += 1
-        c["prompt_tokens"] += int(usage.get("prompt_tokens") or 0)
-        c["output_tokens"] += out
-        c["cached_tokens"] += cached
-        self.rec.turn_latency_s.append(latency)
+        rec.requests_completed += 1
+        rec.prompt_tokens += int(usage.get("prompt_tokens") or 0)
+        rec.output_tokens += out
+        rec.cached_tokens += cached
+        rec.turn_latency_s.append(latency)
         if first is not None:
-            self.rec.ttft_s.append((first - w0) * self.scale)
+            rec.ttft_s.append((first - w0) * self.scale)
             if last is not None and out > 1:
-                self.rec.itl_s.append((last - first) * self.scale / (out - 1))
+                rec.itl_s.append((last - first) * self.scale / (out - 1))
         return cached
 
     async def _stream(

@@ -1,13 +1,17 @@
-"""Metrics of a live run, with the simulator's keys (``shared/WORKLOADS.md``).
+"""Metrics of a live run: the live side of the one results builder (``shared/WORKLOADS.md``).
 
-Engine-side numbers come from the replicas' own ``/metrics`` (deltas over the arm:
-``prefix_cache_hit_rate`` = hits / queries summed over replicas, preemptions, per-replica
-tokens and requests), client-side numbers from the driver (latencies in the host's seconds:
-emulated seconds when emulating, wall seconds otherwise), session lifecycle from our router's
-``/metrics`` and placements from the taps. What a live run cannot measure is ``None``
-(``ideal_busy_seconds``, ``queue_time_s``; session lifecycle behind another router;
-TTFT/ITL without streaming). ``busy_fraction`` is *sampled*: the fraction of ``/metrics``
-scrapes that saw a running request.
+:func:`build_live_metrics` fills an :class:`~sessionroute.record.ArmRecord` and hands it to
+:func:`~sessionroute.record.arm_metrics`, the builder the simulator uses, so both kinds of arm
+have the same keys computed the same way. Engine-side numbers come from the replicas' own
+``/metrics`` (deltas over the arm: ``prefix_cache_hit_rate`` = hits / queries summed over
+replicas, preemptions, per-replica tokens and requests), client-side numbers from the driver's
+:class:`~sessionroute.record.Recorder` (latencies in the host's seconds: emulated seconds when
+emulating, wall seconds otherwise), session lifecycle from our router's ``/metrics`` and
+placements from the taps. What a live run cannot measure is ``None`` (``ideal_busy_seconds``,
+``queue_time_s``, per-replica ``busy_seconds``; session lifecycle behind another router;
+TTFT/ITL without streaming; ``session_moves`` without the taps). ``busy_fraction`` is
+*sampled*: the fraction of ``/metrics`` scrapes that saw a running request. A live arm adds
+``sessions_per_replica``, ``requests_failed``, ``run_seconds``, ``errors`` and ``live``.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import httpx
 from sessionroute.experiments.live.host import LiveHost
 from sessionroute.experiments.live.scrape import MetricsSnapshot, scrape_all
 from sessionroute.experiments.live.tap import Tap
-from sessionroute.sim.metrics import cov, summary
+from sessionroute.record import ArmRecord, ReplicaRecord, SessionLifecycle, arm_metrics
 
 __all__ = ["Sampler", "build_live_metrics"]
 
@@ -78,8 +82,59 @@ class Sampler:
                 self.report(min(1.0, self.progress()))
 
 
-def _ratio(a: float, b: float) -> float:
-    return a / b if b > 0 else 0.0
+def _int(d: dict[str, float], key: str) -> int | None:
+    return int(d[key]) if key in d else None
+
+
+def _mean(values: list[Any]) -> float | None:
+    nums = [float(v) for v in values if isinstance(v, int | float)]
+    return sum(nums) / len(nums) if nums else None
+
+
+def _replica(
+    i: int,
+    url: str,
+    before: MetricsSnapshot,
+    after: MetricsSnapshot,
+    sampler: Sampler | None,
+    tap: Tap | None,
+) -> ReplicaRecord:
+    ok = after.ok and before.ok
+    d = after.delta(before) if ok else {}
+    samples = sampler.busy[i] if sampler is not None and i < len(sampler.busy) else []
+    rows = [r for r in (sampler.rows if sampler else []) if r["replica"] == i]
+    return ReplicaRecord(
+        index=i,
+        url=url,
+        prefix_cache_hits=d.get("prefix_cache_hits", 0.0),
+        prefix_cache_queries=d.get("prefix_cache_queries", 0.0),
+        preemptions=int(d.get("preemptions", 0.0)),
+        busy_fraction=sum(samples) / len(samples) if samples else None,
+        requests=_int(d, "requests"),
+        prompt_tokens=_int(d, "prompt_tokens"),
+        output_tokens=_int(d, "generation_tokens"),
+        mean_running=_mean([r["running"] for r in rows]),
+        mean_waiting=_mean([r["waiting"] for r in rows]),
+        kv_usage=_mean([r["kv_usage"] for r in rows]),
+        extra={"sessions": len(tap.record.sessions) if tap is not None else None, "scrape_ok": ok},
+    )
+
+
+def _sessions(router: dict[str, Any]) -> SessionLifecycle | None:
+    """The lifecycle from our router's counters (None for another router): every session it
+    still holds at the end counts as leaked, since the workload has ended every session."""
+    if not router:
+        return None
+    decisions: dict[str, int] = router.get("decisions", {})
+    held = sum(router.get("active_sessions", {}).values())
+    return SessionLifecycle(
+        new=decisions.get("new", 0),
+        repinned=decisions.get("repinned", 0),
+        expired=router.get("expired", 0),
+        released=router.get("released", 0),
+        leaked=held,
+        held_at_end=held,
+    )
 
 
 def build_live_metrics(
@@ -95,98 +150,49 @@ def build_live_metrics(
     wall_s: float,
     live: dict[str, Any],
 ) -> dict[str, Any]:
-    """The metrics dict of one live arm (keys of the simulator's, see the module docstring)."""
+    """The metrics dict of one live arm (see the module docstring).
+
+    Args:
+        host: the host that drove the workload (its recorder, ideal cache and errors).
+        before: each replica's ``/metrics`` before the workload.
+        after: each replica's ``/metrics`` after it.
+        urls: the replicas' URLs, in index order.
+        sampler: the time-series sampler (busy fractions, gauges), if one ran.
+        taps: the recording pass-throughs (placements), if any.
+        router: :func:`~sessionroute.experiments.live.routers.router_session_metrics`.
+        workload: the workload's own counters.
+        wall_s: wall seconds the workload ran.
+        live: the ``live`` description reported under ``"live"``.
+    """
     rec = host.rec
-    c = rec.counts
     t = host.duration_s
-    per: list[dict[str, Any]] = []
-    hits = queries = preempt = 0.0
-    busy: list[float] = []
-    for i, url in enumerate(urls):
-        d = after[i].delta(before[i]) if after[i].ok and before[i].ok else {}
-        hits += d.get("prefix_cache_hits", 0.0)
-        queries += d.get("prefix_cache_queries", 0.0)
-        preempt += d.get("preemptions", 0.0)
-        samples = sampler.busy[i] if sampler is not None and i < len(sampler.busy) else []
-        b = sum(samples) / len(samples) if samples else None
-        if b is not None:
-            busy.append(b)
-        rows = [r for r in (sampler.rows if sampler else []) if r["replica"] == i]
-        tap = taps[i].record if taps else None
-        per.append(
-            {
-                "replica": i,
-                "url": url,
-                "busy_fraction": b,
-                "requests": int(d["requests"]) if "requests" in d else None,
-                "prompt_tokens": int(d["prompt_tokens"]) if "prompt_tokens" in d else None,
-                "output_tokens": (
-                    int(d["generation_tokens"]) if "generation_tokens" in d else None
-                ),
-                "mean_running": _mean([r["running"] for r in rows]),
-                "mean_waiting": _mean([r["waiting"] for r in rows]),
-                "kv_usage": _mean([r["kv_usage"] for r in rows]),
-                "hit_rate": _ratio(
-                    d.get("prefix_cache_hits", 0.0), d.get("prefix_cache_queries", 0.0)
-                ),
-                "preemptions": int(d.get("preemptions", 0.0)),
-                "sessions": len(tap.sessions) if tap is not None else None,
-                "scrape_ok": after[i].ok and before[i].ok,
-            }
-        )
-    mean_busy = sum(busy) / len(busy) if busy else 0.0
-    decisions: dict[str, int] = router.get("decisions", {})
-    active: dict[str, int] = router.get("active_sessions", {})
-    has_router = bool(router)
-    return {
-        "sessions_completed": c["sessions_completed"],
-        "sessions_cancelled": c["sessions_cancelled"],
-        "sessions_per_s": _ratio(c["sessions_completed"], t),
-        "output_tokens_per_s": _ratio(c["output_tokens"], t),
-        "prompt_tokens_per_s": _ratio(c["prompt_tokens"], t),
-        "prefix_cache_hit_rate": _ratio(hits, queries),
-        "preemptions": int(preempt),
-        "ttft_s": summary(rec.ttft_s) if rec.ttft_s else None,
-        "itl_s": summary(rec.itl_s) if rec.itl_s else None,
-        "turn_latency_s": summary(rec.turn_latency_s),
-        "queue_time_s": None,
-        "session_latency_s": summary(rec.session_latency_s),
-        "steps": len(rec.steps),
-        "step_time_s": summary([float(s["step_time_s"]) for s in rec.steps]),
-        "group_latency_s": summary(rec.group_latency_s),
-        "per_replica": per,
-        "sessions_per_replica": [p["sessions"] for p in per] if taps else None,
-        "load_imbalance_cov": cov(busy) if busy else None,
-        "max_over_mean_busy": _ratio(max(busy, default=0.0), mean_busy) if busy else None,
-        "sessions_new": decisions.get("new") if has_router else None,
-        "sessions_repinned": decisions.get("repinned") if has_router else None,
-        "sessions_expired": router.get("expired") if has_router else None,
-        "sessions_released": router.get("released") if has_router else None,
-        "sessions_leaked": sum(active.values()) if has_router else None,
-        "sessions_held_at_end": sum(active.values()) if has_router else None,
-        "session_moves": c["session_moves"] if taps else None,
-        "requests_submitted": c["requests_submitted"],
-        "requests_completed": c["requests_completed"],
-        "requests_cancelled": c["requests_cancelled"],
-        "requests_failed": c["requests_failed"],
-        "prompt_tokens": c["prompt_tokens"],
-        "output_tokens": c["output_tokens"],
-        "cached_tokens": c["cached_tokens"],
-        "wall_seconds": wall_s,
-        "simulated_seconds": t if host.scale != 1.0 or live.get("replicas") == "emulate" else None,
-        "run_seconds": t,
-        "requests_per_wall_second": _ratio(c["requests_completed"], wall_s),
-        "ideal_hit_rate": host.ideal.hit_rate,
-        "ideal_busy_seconds": None,
-        "block_size": host.block_size,
-        "replicas": len(urls),
-        "prefix_cache_resets": c["prefix_cache_resets"],
-        "errors": list(rec.errors),
-        "live": live,
-        "workload": workload,
-    }
-
-
-def _mean(values: list[Any]) -> float | None:
-    nums = [float(v) for v in values if isinstance(v, int | float)]
-    return sum(nums) / len(nums) if nums else None
+    replicas = [
+        _replica(i, url, before[i], after[i], sampler, taps[i] if taps else None)
+        for i, url in enumerate(urls)
+    ]
+    unmeasured = {"queue_time_s", "ideal_busy_seconds"}
+    if not host.stream:  # TTFT and ITL need the tokens as they arrive
+        unmeasured |= {"ttft_s", "itl_s"}
+    if not taps:
+        unmeasured.add("session_moves")
+    record = ArmRecord(
+        recorder=rec,
+        replicas=replicas,
+        duration_s=t,
+        simulated=host.scale != 1.0 or live.get("replicas") == "emulate",
+        wall_s=wall_s,
+        ideal_hit_rate=host.ideal.hit_rate,
+        block_size=host.block_size,
+        prefix_cache_resets=host.prefix_resets,
+        sessions=_sessions(router),
+        workload=workload,
+        unmeasured=frozenset(unmeasured),
+        extra={
+            "sessions_per_replica": [r.extra["sessions"] for r in replicas] if taps else None,
+            "requests_failed": rec.counts["requests_failed"],
+            "run_seconds": t,
+            "errors": list(host.errors),
+            "live": live,
+        },
+    )
+    return arm_metrics(record)

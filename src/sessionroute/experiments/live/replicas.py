@@ -30,16 +30,20 @@ from sessionroute.experiments.live.procs import (
     free_port,
     wait_healthy,
 )
-from sessionroute.experiments.live.spec import LiveSection
 from sessionroute.experiments.live.vllm_cpu import (
     VLLM_CPU_BLOCK_SIZE,
     VLLM_CPU_COMMAND,
     vllm_cpu_env,
 )
-from sessionroute.sim.runner import DEFAULT_BLOCK_SIZE, replica_config
-from sessionroute.sim.spec import SimSpec
+from sessionroute.experiments.live_section import LiveSection
+from sessionroute.sim import SimSpec, replica_config
 
-__all__ = ["ReplicaFleet"]
+__all__ = ["VLLM_DEFAULT_BLOCK_SIZE", "ReplicaFleet"]
+
+VLLM_DEFAULT_BLOCK_SIZE = 16
+"""The KV block size (tokens) a vLLM server uses when not told, assumed for replicas started
+from a command or given by URL when ``[replicas]`` sets none (the vllm-cpu preset sets
+:data:`~sessionroute.experiments.live.vllm_cpu.VLLM_CPU_BLOCK_SIZE`)."""
 
 
 class ReplicaFleet:
@@ -79,7 +83,7 @@ class ReplicaFleet:
         else:
             self.time_scale = 1.0
             explicit = spec.replicas.block_size
-            default = VLLM_CPU_BLOCK_SIZE if live.preset == "vllm-cpu" else DEFAULT_BLOCK_SIZE
+            default = VLLM_CPU_BLOCK_SIZE if live.preset == "vllm-cpu" else VLLM_DEFAULT_BLOCK_SIZE
             self.block_size = explicit or default
         if live.replicas == "urls" and not live.urls:
             raise ConfigError('live.replicas = "urls" needs live.urls = ["http://...", ...]')

@@ -24,10 +24,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sessionroute.errors import ConfigError
 from sessionroute.experiments.live.procs import ProcessSet, expand_command, free_port, wait_healthy
-from sessionroute.experiments.live.spec import LiveSection
+from sessionroute.experiments.live_section import LiveSection
 from sessionroute.router.config import RouterConfig
 from sessionroute.serve.config import router_flags as serve_router_flags
-from sessionroute.sim.spec import RouterSection
+from sessionroute.sim import RouterSection
 
 __all__ = ["RouterInfo", "router_flags", "router_session_metrics", "start_arm_router"]
 

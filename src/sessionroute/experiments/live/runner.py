@@ -39,11 +39,11 @@ from sessionroute.experiments.live.scrape import (
     scrape_all,
     served_model_info,
 )
-from sessionroute.experiments.live.spec import LiveSection
 from sessionroute.experiments.live.tap import Tap, start_taps
+from sessionroute.experiments.live_section import LiveSection
 from sessionroute.experiments.results import RunOutput
 from sessionroute.experiments.spec import ExperimentSpec, ResolvedArm, resolve_arms
-from sessionroute.sim.spec import RouterSection, SimSpec
+from sessionroute.sim import RouterSection, SimSpec
 from sessionroute.workloads.registry import workload_config
 
 __all__ = ["LiveArmRunner", "run_live_experiment"]
@@ -185,7 +185,7 @@ class LiveArmRunner:
                         sampling.cancel()
                         await asyncio.gather(sampling, return_exceptions=True)
                     wall = time.monotonic() - t0
-                    after = await _settled(client, urls, before, host.rec.counts)
+                    after = await _settled(client, urls, before, host.rec.requests_completed)
                     router_stats = await router_session_metrics(client, info)
             finally:
                 for tap in taps or ():
@@ -205,22 +205,14 @@ class LiveArmRunner:
             workload=workload.summary(), wall_s=wall, live=described,
         )  # fmt: skip
         rec = host.rec
-        samples = {
-            "ttft_s": list(rec.ttft_s),
-            "itl_s": list(rec.itl_s),
-            "turn_latency_s": list(rec.turn_latency_s),
-            "session_latency_s": list(rec.session_latency_s),
-            "group_latency_s": list(rec.group_latency_s),
-            "step_time_s": [float(s["step_time_s"]) for s in rec.steps],
-        }
-        return RunOutput(seed, metrics, sampler.rows, list(rec.steps), samples)
+        return RunOutput(seed, metrics, sampler.rows, list(rec.steps), rec.samples())
 
 
 async def _settled(
     client: httpx.AsyncClient,
     urls: list[str],
     before: list[MetricsSnapshot],
-    counts: dict[str, int],
+    completed: int,
     timeout_s: float = 5.0,
 ) -> list[MetricsSnapshot]:
     """``/metrics`` after the run, once the replicas count every request the clients saw
@@ -230,7 +222,7 @@ async def _settled(
         after = await scrape_all(client, urls)
         seen = sum(a.delta(b).get("requests", 0.0) for a, b in zip(after, before, strict=True))
         has = all(a.ok and "requests" in a.counters for a in after)
-        if not has or seen >= counts["requests_completed"] or time.monotonic() > deadline:
+        if not has or seen >= completed or time.monotonic() > deadline:
             return after
         await asyncio.sleep(0.05)
 

@@ -23,7 +23,7 @@ VLLM_CPU_COMMAND = (
     " --enable-prompt-tokens-details --enforce-eager --disable-uvicorn-access-log"
 )
 """Command template of one server (variables:
-:data:`sessionroute.experiments.live.spec.REPLICA_VARS`)."""
+:data:`sessionroute.experiments.live_section.REPLICA_VARS`)."""
 
 
 def vllm_cpu_env(cache_dir: str, host: str = "127.0.0.1") -> dict[str, str]:

@@ -1,6 +1,9 @@
 """The ``[live]`` section of an experiment file: how ``sessionroute compare --live`` gets its
 replicas and routers.
 
+Part of the experiment file's schema (:mod:`sessionroute.experiments.spec` validates it with the
+rest), so it lives beside it; :mod:`sessionroute.experiments.live` reads it.
+
 Example (three emulated replicas, the default)::
 
     [live]

@@ -1,8 +1,9 @@
-"""Metrics of one simulation (``shared/WORKLOADS.md``, "What an experiment reports").
+"""What the clients of one arm saw (``shared/WORKLOADS.md``, "What an experiment reports").
 
 :class:`Recorder` collects per-request, per-session, per-group and per-step values as the run
-goes; :func:`summary` reduces a list of seconds to ``{p50, p90, p99, max}`` (numpy's linear
-interpolation; zeros for an empty list).
+goes; the simulator and the live host fill the same class. :func:`summary` reduces a list of
+seconds to ``{p50, p90, p99, max, mean, count}`` (numpy's linear interpolation; zeros for an
+empty list) and :func:`cov` gives a coefficient of variation.
 """
 
 from __future__ import annotations
@@ -43,19 +44,31 @@ def cov(values: Sequence[float]) -> float:
 class Recorder:
     """Per-request, per-session and per-step records of one run (seconds, tokens).
 
+    Seconds are those of the run's clock: simulated, emulated (a live run against emulated
+    replicas) or wall seconds (real servers). A driver that cannot measure a distribution leaves
+    its list empty and says so to the results builder
+    (:attr:`sessionroute.record.build.ArmRecord.unmeasured`).
+
     Attributes:
         ttft_s: client-side time to first token per finished request.
         itl_s: mean inter-token gap per finished request with more than one output token.
         turn_latency_s: request sent to last token received, per finished request.
-        queue_s: engine queue time per finished request.
+        queue_s: engine queue time per finished request (simulator only).
         session_latency_s: first turn sent to session end, per ended session.
         group_latency_s: GRPO group admission to its slowest rollout's end.
         steps: rows ``{"step", "t", "step_time_s"}``.
         requests_submitted, requests_completed, prompt_tokens, output_tokens, cached_tokens:
             the per-request counters (plain int fields: a named entry of ``counts`` costs two
             dict lookups per update).
-        counts: the other named counters (sessions, retries, rejections, ...);
-            :meth:`all_counts` has every counter.
+        counts: the other named counters; :meth:`all_counts` has every counter. Both drivers:
+            ``requests_cancelled``, ``sessions_completed``, ``sessions_cancelled``,
+            ``sessions_seen``, ``session_moves`` (a session's turn served by another replica
+            than its previous turn; live only when placements are recorded). The simulator's
+            router: ``requests_rejected`` (larger than the replicas' context or cache),
+            ``requests_retried``, ``requests_failed_over``, ``no_worker_available``. The live
+            host: ``requests_failed`` (the turn's HTTP exchange failed or timed out).
+        ideal_work_s: compute seconds at ideal reuse, summed (simulator only; see
+            :mod:`sessionroute.sim.ideal`).
     """
 
     def __init__(self) -> None:
@@ -82,6 +95,7 @@ class Recorder:
                 "session_moves",
                 "sessions_seen",
                 "no_worker_available",
+                "requests_failed",
             ),
             0,
         )
