@@ -25,7 +25,7 @@ from sessionroute.sim.ideal import IdealCache
 from sessionroute.sim.metrics import Recorder
 from sessionroute.sim.replicas import SimReplica
 from sessionroute.sim.spec import RouterSection
-from sessionroute.sim.wakeups import ReplicaDriver
+from sessionroute.sim.wakeups import ReplicaWakeups
 from sessionroute.types import RouteRequest
 from sessionroute.workloads.base import SessionEnd, Turn, TurnOutcome
 
@@ -79,7 +79,7 @@ class _Req:
         self.out: TurnOutcome | None = None  # the response, between finish and delivery
 
 
-class Simulation(ReplicaDriver):
+class Simulation(ReplicaWakeups):
     """Replicas + router + request lifecycle; the workloads' host.
 
     Args:
