@@ -146,10 +146,6 @@ class Core:
 
     # ----------------------------------------------------------------- mechanics
 
-    def register(self, r: Req, upto_tokens: int) -> None:
-        """Offer ``r``'s full blocks up to ``upto_tokens`` tokens to the prefix cache."""
-        register_blocks(self.pool, self.bs, r, upto_tokens)
-
     def preempt(self, r: Req) -> None:
         """Preempt ``r`` by recompute: free its blocks, reset progress, front of the queue."""
         self.pool.release(r)
@@ -191,7 +187,7 @@ class Core:
             if need > 0:
                 pool.grow(r, need)
             if (nc + n) // bs > r.nreg and r.nreg < r.nkeys:
-                self.register(r, nc + n)
+                register_blocks(pool, bs, r, nc + n)
             sched.append((r, n))
             budget -= n
             i += 1
@@ -251,7 +247,7 @@ class Core:
             self.seq += 1
             w.order = self.seq
             running.append(w)
-            self.register(w, nc + n)
+            register_blocks(pool, bs, w, nc + n)
             if w.cached_tokens < 0:
                 w.cached_tokens = nc
                 w.first_sched = s

@@ -28,7 +28,7 @@ from __future__ import annotations
 from typing import Final
 
 from sessionroute.replica.api import ReplicaConfig
-from sessionroute.replica.core import Core
+from sessionroute.replica.core import Core, register_blocks
 from sessionroute.replica.decodeblocks import DecoderBlocks
 from sessionroute.replica.decoderuns import DecodeRuns
 from sessionroute.replica.lazy import LazyDecoders
@@ -210,7 +210,7 @@ class FastCore(Core):
             elif need > 0:
                 pool.grow(r, need)
             if (nc + n) // bs > r.nreg and r.nreg < r.nkeys:
-                self.register(r, nc + n)
+                register_blocks(pool, bs, r, nc + n)
             if n == 1 and nc == ntok - 1:
                 d_seq += 1
                 ctx += ntok
@@ -245,13 +245,9 @@ class FastCore(Core):
         Returns:
             The finished requests (still in ``running``; see :meth:`unrun`).
         """
-        finished: list[Req] = []
-        dec = self.decoders
-        r = dec.pop_due(g)
-        while r is not None:
+        finished = self.decoders.pop_due(g)
+        for r in finished:
             self.finish(r, e)
-            finished.append(r)
-            r = dec.pop_due(g)
         return finished
 
     def unrun(self, finished: list[Req]) -> None:

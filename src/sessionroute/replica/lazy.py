@@ -148,19 +148,20 @@ class LazyDecoders:
         self.fheap.clear()
         self.fsched.clear()
 
-    def pop_due(self, g: int) -> Req | None:
-        """Take out (materialized, not lazy) the next lazy decoder that made its last token in
-        step ``g`` or before, or return None."""
+    def pop_due(self, g: int) -> list[Req]:
+        """Take out the lazy decoders that made their last token in step ``g`` (or before),
+        materialized and no longer lazy, in the order of the heap."""
         heap = self.fheap
         items = heap.items
+        out: list[Req] = []
         while items and items[0].t <= g:
             due = cast(Due, heap.pop())
             if due.live():
                 r = due.r
                 self.materialize(r)
                 self.delazify(r)
-                return r
-        return None
+                out.append(r)
+        return out
 
     def next_due_step(self) -> int:
         """The step in which the next lazy decoder makes its last token (``n_dec > 0``); drops

@@ -21,6 +21,7 @@ from __future__ import annotations
 import bisect
 from typing import TYPE_CHECKING, Final
 
+from sessionroute.replica.core import register_blocks
 from sessionroute.replica.intbisect import bisect_left
 from sessionroute.replica.request import Req
 from sessionroute.replica.segstore import _Ext
@@ -191,7 +192,7 @@ class PrefillRuns:
             elif need > 0:
                 spool.grow(r, need)
             if top // bs > r.nreg and r.nreg < r.nkeys:
-                core.register(r, top)
+                register_blocks(spool, bs, r, top)
             core.n_steps += 1
             core.n_iteration += chunk + n_dec
             core.busy += dts[j]
@@ -299,7 +300,7 @@ class PrefillRuns:
         if need:
             spool.extend(r, need)
         if top // bs > r.nreg and r.nreg < r.nkeys:
-            core.register(r, top)
+            register_blocks(spool, bs, r, top)
         r.nc = top
         if top >= r.prompt_len + r.num_output:
             raise RuntimeError(f"{r.rid} finished inside a prefill run")
