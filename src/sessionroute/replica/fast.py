@@ -141,8 +141,7 @@ class FastCore(Core):
             Core.apply(self, st)
             if self.lazy_ok:
                 log.step_ended(st.start, st.end)
-                self.blocks.gb = log.g
-                self.decoders.lazify_front(self.running)
+                self.decoders.step_applied(self.running)
             return
         e = st.end
         g = log.step_ended(st.start, e)
@@ -153,8 +152,7 @@ class FastCore(Core):
                 finished.append(r)
         if finished:
             self.unrun(finished)
-        self.blocks.gb = log.g
-        self.decoders.lazify_front(self.running)
+        self.decoders.step_applied(self.running)
         self.trim()
 
     def drop(self, r: Req) -> None:

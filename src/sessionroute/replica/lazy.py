@@ -87,6 +87,12 @@ class LazyDecoders:
             f[0] = f[0] + 1
             f[1] = f[1] + share
 
+    def step_applied(self, running: list[Req]) -> None:
+        """After an ordinary step was applied (and logged): its block work is done, and the
+        decoders that now directly follow the lazy prefix of ``running`` become lazy."""
+        self.blocks.gb = self.log.g
+        self.lazify_front(running)
+
     def lazify_front(self, running: list[Req]) -> None:
         """Lazify the decoders that directly follow the lazy prefix of ``running``."""
         i = self.n_dec
