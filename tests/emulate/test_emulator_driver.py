@@ -9,7 +9,7 @@ import httpx
 import pytest
 from test_emulator_support import metrics, running, until, user
 
-from sessionroute.emulate import EmulatorRequestError, ReplicaDriver, tokens_generated
+from sessionroute.emulate import EmulatorRequestError, RealTimeEngine, tokens_generated
 from sessionroute.replica import (
     PROFILES,
     EngineRequest,
@@ -50,7 +50,7 @@ def _reference(req: EngineRequest, arrival: float) -> RequestResult:
 
 async def test_simulated_time_is_scaled_wall_time() -> None:
     clock = FakeClock(100.0)
-    driver = ReplicaDriver(Replica(CFG), 10.0, clock=clock)
+    driver = RealTimeEngine(Replica(CFG), 10.0, clock=clock)
     driver.start()
     try:
         clock.t = 101.0  # one wall second later: simulated t = 10 s
@@ -76,7 +76,7 @@ async def test_streaming_progress_matches_the_reference_engine(others: int) -> N
     # The driver's engine runs the fast path (lazy decoders, closed-form decode runs); the
     # token count it streams mid-decode must equal the one-step reference engine's.
     clock = FakeClock(0.0)
-    driver = ReplicaDriver(Replica(CFG), 1.0, clock=clock, stream_interval_s=0.001)
+    driver = RealTimeEngine(Replica(CFG), 1.0, clock=clock, stream_interval_s=0.001)
     ref = Replica(CFG, fast=False)
     driver.start()
     try:
@@ -104,7 +104,7 @@ async def test_streaming_progress_matches_the_reference_engine(others: int) -> N
 
 async def test_stop_fails_live_requests_with_503() -> None:
     clock = FakeClock(0.0)
-    driver = ReplicaDriver(Replica(CFG), 1.0, clock=clock)
+    driver = RealTimeEngine(Replica(CFG), 1.0, clock=clock)
     driver.start()
     ticket = driver.submit(_request("x", 50, 10), stream=False)
     await driver.stop()
@@ -162,7 +162,7 @@ async def test_concurrent_requests_share_engine_steps() -> None:
 def test_driver_rejects_bad_time_scale() -> None:
     for bad in (0.0, -1.0, float("inf"), float("nan")):
         with pytest.raises(ValueError, match="time_scale"):
-            ReplicaDriver(Replica(CFG), bad)
+            RealTimeEngine(Replica(CFG), bad)
 
 
 def test_settings_reject_bad_values() -> None:

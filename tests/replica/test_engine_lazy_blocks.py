@@ -1,7 +1,7 @@
 """Block-lazy decoders of the fast path: the KV pool's state equals the reference's at every
 event, not only the request results.
 
-Decoders whose block work is kept lazily (``LazyCore.blocks_lazy_ok``) must show exactly the
+Decoders whose block work is kept lazily (``DecoderBlocks.blocks_lazy_ok``) must show exactly the
 reference's blocks once brought up to date: after every arrival and abort, and at the end, both
 replicas must agree on free blocks, the cached keys of every salt, the LRU free queue in
 eviction order and each running request's blocks. (Arrival and abort times are drawn floats,
@@ -86,8 +86,7 @@ def _state(rep: Replica) -> tuple[object, ...]:
     core: Core = rep._core
     pool = core.pool
     if isinstance(core, FastCore):
-        if hasattr(core, "sync_all_blocks"):
-            core.sync_all_blocks()
+        core.sync_all_blocks()
         if not isinstance(pool, SegmentPool):
             raise AssertionError("fast path without a SegmentPool")
         queue = segment_queue(pool)

@@ -116,11 +116,11 @@ def test_prefill_run_step_times_are_step_time_bit_for_bit(slowdown: float, conte
             break
         rep.advance(t)
     assert st is not None and st.pre and st.req is not None and st.j == 0 and st.k >= 2
-    d = core.n_dec
+    d = core.decoders.n_dec
     nc = st.req.nc
     for j, chunk in enumerate(st.chunks):
         assert chunk == core.budget - d
-        c = core.s0 + d * (core.g + j)
+        c = core.decoders.s0 + d * (core.g + j)
         want = profile.step_time(chunk, d, c, chunk * (nc + chunk / 2)) * slowdown
         assert st.dts[j] == want
         nc += chunk

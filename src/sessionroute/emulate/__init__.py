@@ -7,7 +7,7 @@
 """
 
 from sessionroute.emulate.app import EMULATOR_KEY, build_app
-from sessionroute.emulate.driver import ReplicaDriver, Ticket, tokens_generated
+from sessionroute.emulate.driver import RealTimeEngine, Ticket, tokens_generated
 from sessionroute.emulate.metrics import EmulatorMetrics
 from sessionroute.emulate.protocol import EmulatorRequestError
 from sessionroute.emulate.server import (
@@ -41,7 +41,7 @@ __all__ = [
     "EmulatorSettings",
     "Generation",
     "HashTokenizer",
-    "ReplicaDriver",
+    "RealTimeEngine",
     "Ticket",
     "build_app",
     "emulators",

@@ -324,7 +324,7 @@ async def tokenize(request: web.Request) -> web.Response:
 def build_app(emu: EmulatedReplica) -> web.Application:
     """The aiohttp application serving ``emu``.
 
-    The driver must be started separately (:meth:`ReplicaDriver.start`) in the serving loop.
+    The driver must be started separately (:meth:`RealTimeEngine.start`) in the serving loop.
     """
     app = web.Application(middlewares=[_errors], client_max_size=_MAX_BODY)
     app[EMULATOR_KEY] = emu

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from sessionroute.emulate.protocol import EmulatorRequestError
 from sessionroute.replica import EngineRequest, Replica, RequestResult
 
-__all__ = ["ReplicaDriver", "Ticket", "tokens_generated"]
+__all__ = ["RealTimeEngine", "Ticket", "tokens_generated"]
 
 log = logging.getLogger("sessionroute.emulate")
 
@@ -65,7 +65,7 @@ def tokens_generated(replica: Replica, request_id: str) -> int | None:
 
 
 class Ticket:
-    """A request submitted to a :class:`ReplicaDriver`: its progress and, at the end, its result.
+    """A request submitted to a :class:`RealTimeEngine`: its progress and, at the end, its result.
 
     Attributes:
         request_id: the engine request id.
@@ -117,7 +117,7 @@ class Ticket:
         return self.result
 
 
-class ReplicaDriver:
+class RealTimeEngine:
     """Runs one :class:`Replica` in real time (see the module docstring).
 
     Args:

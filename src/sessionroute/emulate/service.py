@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sessionroute.emulate.driver import ReplicaDriver
+from sessionroute.emulate.driver import RealTimeEngine
 from sessionroute.emulate.metrics import EmulatorMetrics
 from sessionroute.emulate.protocol import EmulatorRequestError
 from sessionroute.emulate.settings import EmulatorSettings
@@ -77,7 +77,7 @@ class EmulatedReplica:
         cfg = self.replica.config
         self.block_size = cfg.block_size
         self.max_model_len = min(cfg.model_len, self.replica.num_gpu_blocks * cfg.block_size)
-        self.driver = ReplicaDriver(
+        self.driver = RealTimeEngine(
             self.replica,
             settings.time_scale,
             stream_interval_s=settings.stream_interval_s,

@@ -1,10 +1,10 @@
 """Value types of the replica model: configuration, requests, results, counters.
 
-:class:`RequestResult` exists once per request, so it is a compiled class with ``Final`` fields
-and its own ``__init__`` (``dataclass(init=False)`` adds comparison, hashing and ``repr``):
-immutable once compiled, and about 1/25 of a frozen dataclass's creation cost (a frozen
-dataclass sets each field through ``object.__setattr__``). :class:`EngineRequest` is a
-``NamedTuple`` (the simulator passes its fields to ``Replica.arrive`` instead).
+:class:`RequestResult` (one per finished request) has ``Final`` fields and a plain
+``__init__``; ``dataclass(init=False)`` adds comparison, hashing and ``repr``. (A frozen
+dataclass would set each field through ``object.__setattr__`` on the hot path.)
+:class:`EngineRequest` is a ``NamedTuple`` (the simulator passes its fields to
+``Replica.arrive`` instead).
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ class EngineRequestError(SessionRouteError, ValueError):
 
 def key_list(keys: Sequence[int]) -> list[int]:
     """``keys`` as the list the replica model keeps (see :class:`EngineRequest`'s
-    ``block_keys``): a list itself, any other sequence copied once. Compiled code indexes lists
-    natively, ``Sequence`` only by a generic call."""
+    ``block_keys``): a list itself, any other sequence copied once (the model indexes the keys
+    as a ``list[int]``)."""
     return keys if isinstance(keys, list) else list(keys)
 
 
@@ -168,8 +168,8 @@ class EngineRequest(NamedTuple):
 class RequestResult:
     """What happened to one finished request; times in seconds on the engine clock.
 
-    Immutable (``Final`` fields: compiled, assignment raises ``AttributeError``); compared and
-    hashed by value.
+    Immutable (``Final`` fields, checked by mypy; in the compiled build assignment raises
+    ``AttributeError``); compared and hashed by value.
 
     Attributes:
         request_id: the request.

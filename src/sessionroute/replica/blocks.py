@@ -1,7 +1,7 @@
 """KV block pool with prefix caching, after vLLM V1 ``v1/core/block_pool.py``.
 
 Blocks hold ``block_size`` tokens and are integer ids ``0..num_blocks-1`` with per-block state
-in parallel lists (no per-block objects, which keeps the garbage collector out of the hot loop).
+in parallel lists (no per-block objects).
 A full block whose content has a key is *cached*: its key maps to it in the cache of the
 request's ``cache_salt`` (one dict per salt, so different salts never share). A block nobody
 uses (``ref == 0``) sits in the LRU free queue, cached or not; allocation pops the queue head and
@@ -35,8 +35,8 @@ _ID_MASK: Final = (1 << _ID_BITS) - 1
 class Holder:
     """What a pool needs of a request: the base of the scheduler's ``Req``.
 
-    A class rather than a ``Protocol`` so that the compiled pools (:mod:`sessionroute.native`)
-    read these attributes directly instead of looking them up by name.
+    A base class rather than a ``Protocol``: the pools read these attributes as declared
+    fields.
 
     Args:
         keys: chained block keys of prompt + output.
@@ -64,8 +64,8 @@ class Holder:
 class KVPool:
     """Request-level interface of a KV block pool (what :class:`~sessionroute.replica.core.Core`
     uses): the base class of :class:`BlockPool` and
-    :class:`~sessionroute.replica.segments.SegmentPool` (a class rather than a ``Protocol`` so
-    that compiled callers bind its methods natively). Every method keeps vLLM V1
+    :class:`~sessionroute.replica.segments.SegmentPool` (a base class rather than a
+    ``Protocol``, so calls through it are calls of declared methods). Every method keeps vLLM V1
     ``block_pool.py`` semantics as described in the module docstring; implementations give
     identical results.
 

@@ -12,106 +12,34 @@ hit) and registers full blocks as they are scheduled.
 
 from __future__ import annotations
 
-import heapq
 from collections import deque
-from typing import Final
+from heapq import heappop
 
 from sessionroute.replica.api import ReplicaConfig, RequestResult
-from sessionroute.replica.blocks import BlockPool, Holder, KVPool
+from sessionroute.replica.blocks import BlockPool, KVPool
+from sessionroute.replica.request import FINISHED, RUNNING, WAITING, Req
 from sessionroute.replica.steps import Step
 
-# C functions bound once (a module global is a dict lookup at every call when compiled)
-heappop: Final = heapq.heappop
+__all__ = ["Core", "register_blocks"]
 
 
-__all__ = ["ABORTED", "FINISHED", "RUNNING", "WAITING", "Core", "Req", "Step"]
-
-
-RUNNING: Final = 0
-WAITING: Final = 1
-FINISHED: Final = 2
-ABORTED: Final = 3
-
-
-class Req(Holder):
-    """Mutable state of one request inside the engine (token counts in tokens, times in s);
-    the pool's part (keys, cache, blocks) is :class:`~sessionroute.replica.blocks.Holder`'s."""
-
-    __slots__ = (
-        "arrival",
-        "blazy",
-        "cached_tokens",
-        "first_sched",
-        "first_token",
-        "itl_max",
-        "itl_sum",
-        "last_token",
-        "lazy",
-        "nc",
-        "num_output",
-        "order",
-        "output_len",
-        "phase",
-        "preemptions",
-        "prompt_len",
-        "rid",
-        "status",
-        "sync",
-    )
-
-    def __init__(
-        self,
-        rid: str,
-        prompt_len: int,
-        output_len: int,
-        keys: list[int],
-        nkeys: int,
-        cache: dict[int, int],
-        arrival: float,
-    ) -> None:
-        # nkeys: usable keys, min(len(keys), (prompt + output) // block_size)
-        Holder.__init__(self, keys, nkeys, cache)
-        self.rid = rid
-        self.prompt_len = prompt_len
-        self.output_len = output_len
-        self.arrival = arrival
-        self.num_output = 0
-        self.nc = 0  # tokens computed (or scheduled in the step in flight), vLLM num_computed
-        self.status = WAITING
-        self.first_sched = -1.0
-        self.first_token = -1.0
-        self.last_token = -1.0
-        self.itl_sum = 0.0
-        self.itl_max = 0.0
-        self.cached_tokens = -1
-        self.preemptions = 0
-        self.lazy = False  # fast path: a decoder whose counters are kept lazily
-        self.blazy = False  # fast path: a lazy decoder whose blocks are kept lazily too
-        self.sync = 0  # fast path: step index its lazy counters refer to
-        self.phase = 0  # fast path: (nc - sync) % block_size
-        self.order = 0  # admission order
-
-    def result(self, finish: float) -> RequestResult:
-        """The finished request's :class:`RequestResult`."""
-        gaps = self.output_len - 1
-        return RequestResult(
-            request_id=self.rid,
-            arrival_s=self.arrival,
-            first_scheduled_s=self.first_sched,
-            first_token_s=self.first_token,
-            finish_s=finish,
-            prompt_tokens=self.prompt_len,
-            output_tokens=self.output_len,
-            cached_tokens=self.cached_tokens,
-            preemptions=self.preemptions,
-            queue_time_s=self.first_sched - self.arrival,
-            itl_mean_s=self.itl_sum / gaps if gaps else 0.0,
-            itl_max_s=self.itl_max,
-        )
+def register_blocks(pool: KVPool, bs: int, r: Req, upto_tokens: int) -> None:
+    """Offer ``r``'s full blocks up to ``upto_tokens`` tokens (blocks of ``bs`` tokens, those
+    with a key) to ``pool``'s prefix cache; ``r.nreg`` advances."""
+    full = upto_tokens // bs
+    if full > r.nkeys:
+        full = r.nkeys
+    if full > r.nreg:
+        pool.register(r, full)
+        r.nreg = full
 
 
 class Core:
     """Scheduler state and the one-step-per-iteration reference mechanics.
+
+    The fast path (:class:`~sessionroute.replica.fast.FastCore`) shares this state and these
+    mechanics and replaces the step hooks: :meth:`start_step`, :meth:`apply`,
+    :meth:`event_time`, :meth:`advance_within`, :meth:`next_event` and :meth:`drop`.
 
     Args:
         config: the replica configuration.
@@ -218,15 +146,6 @@ class Core:
 
     # ----------------------------------------------------------------- mechanics
 
-    def register(self, r: Req, upto_tokens: int) -> None:
-        """Offer ``r``'s full blocks up to ``upto_tokens`` tokens to the prefix cache."""
-        full = upto_tokens // self.bs
-        if full > r.nkeys:
-            full = r.nkeys
-        if full > r.nreg:
-            self.pool.register(r, full)
-            r.nreg = full
-
     def preempt(self, r: Req) -> None:
         """Preempt ``r`` by recompute: free its blocks, reset progress, front of the queue."""
         self.pool.release(r)
@@ -268,7 +187,7 @@ class Core:
             if need > 0:
                 pool.grow(r, need)
             if (nc + n) // bs > r.nreg and r.nreg < r.nkeys:
-                self.register(r, nc + n)
+                register_blocks(pool, bs, r, nc + n)
             sched.append((r, n))
             budget -= n
             i += 1
@@ -328,7 +247,7 @@ class Core:
             self.seq += 1
             w.order = self.seq
             running.append(w)
-            self.register(w, nc + n)
+            register_blocks(pool, bs, w, nc + n)
             if w.cached_tokens < 0:
                 w.cached_tokens = nc
                 w.first_sched = s
@@ -397,7 +316,7 @@ class Core:
         order = r.order
         lo = 0
         hi = len(running)
-        while lo < hi:  # bisect_left on .order, read natively (a key= function is a Python call)
+        while lo < hi:  # bisect_left on .order
             mid = (lo + hi) >> 1
             m: Req = running[mid]
             if m.order < order:

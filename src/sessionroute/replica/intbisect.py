@@ -1,9 +1,8 @@
-"""``bisect_left`` / ``bisect_right`` on sorted lists of ints, compiled.
+"""``bisect_left`` / ``bisect_right`` on sorted ``list[int]`` (segment starts, holes, cached
+starts of the run-length pool).
 
-The replica model bisects small sorted ``list[int]`` (segment starts, holes, cached starts)
-about 27 times per simulated request. Compiled by mypyc these loops read unboxed ints; the
-standard library's ``bisect`` is a Python call whose every probe is a rich comparison of two
-``int`` objects. Same results as :mod:`bisect` (CPython ``Modules/_bisectmodule.c``).
+Same results as :mod:`bisect` (CPython ``Modules/_bisectmodule.c``); written out, typed, so the
+compiled build runs the searches on ints.
 """
 
 from __future__ import annotations

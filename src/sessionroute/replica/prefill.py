@@ -13,17 +13,22 @@ preemption). Step times are computed step by step with the same arithmetic as an
 step, so results are bit-identical. The block work of each step (decoders' block boundaries,
 the chunk's blocks and their registration) and its end (tokens, finishes) are done when the
 run is applied, in step order, up to each time the replica is advanced to (the run stays in
-flight; see :meth:`~sessionroute.replica.fast.FastCore.run_until`).
+flight; see :meth:`PrefillRuns.advance_within`).
 """
 
 from __future__ import annotations
 
-from typing import Final
+import bisect
+from typing import TYPE_CHECKING, Final
 
-from sessionroute.replica.core import Req, Step
+from sessionroute.replica.core import register_blocks
 from sessionroute.replica.intbisect import bisect_left
-from sessionroute.replica.lazy import LazyCore
+from sessionroute.replica.request import Req
 from sessionroute.replica.segstore import _Ext
+from sessionroute.replica.steps import Step
+
+if TYPE_CHECKING:
+    from sessionroute.replica.fast import FastCore
 
 __all__ = ["PrefillRuns"]
 
@@ -31,37 +36,45 @@ _MAX_STEPS: Final = 64
 """Most steps a prefill run plans."""
 
 
-class PrefillRuns(LazyCore):
-    """:class:`~sessionroute.replica.lazy.LazyCore` plus planning and applying prefill runs."""
+class PrefillRuns:
+    """Plans and applies the prefill runs of ``core``.
 
-    def plan_prefill(self, s: float) -> Step | None:
+    Args:
+        core: the fast scheduler whose state the runs read and advance.
+    """
+
+    def __init__(self, core: FastCore) -> None:
+        self.core = core
+
+    def plan(self, s: float) -> Step | None:
         """A prefill run of at least two steps starting at ``s``, or None."""
-        running = self.running
-        d = self.n_dec
+        core = self.core
+        dec = core.decoders
+        running = core.running
+        d = dec.n_dec
         if len(running) != d + 1:
             return None
         r = running[d]
-        budget = self.budget
+        budget = core.budget
         nc = r.nc
         rem = r.prompt_len + r.num_output - nc
         if rem <= 2 * (budget - d) or d >= budget:
             return None
-        g = self.g
+        g = core.log.g
         horizon = g + min(_MAX_STEPS, rem // (budget - d) + 1)
-        fin = self.fsched  # lazy decoders finishing at a step: [count, their share of s0]
-        bs = self.bs
-        buckets = self.buckets
-        lbuckets = self.lbuckets
-        free = self.pool.num_free
+        fin = dec.fsched  # lazy decoders finishing at a step: [count, their share of s0]
+        bs = core.bs
+        blocks = core.blocks
+        free = core.pool.num_free
         nb = r.nblocks
-        profile = self.profile
+        profile = core.profile
         b_kv = profile.b_kv_s
         b_pa = profile.b_pa_s
         # every step has N = chunk + D = budget tokens: b0 + max(T_mem(N), b_tok * N) is the
         # same in all (step_time with C = A = 0 is exactly that sum)
         base = profile.step_time(budget - d, d, 0, 0.0)
-        slow = self.slowdown
-        s0 = self.s0
+        slow = core.slowdown
+        s0 = dec.s0
         ts: list[float] = []
         dts: list[float] = []
         chunks: list[int] = []
@@ -79,7 +92,7 @@ class PrefillRuns(LazyCore):
                 need = -(-top // bs) - nb
                 if need < 0:
                     need = 0
-                free -= need + (len(buckets[-gj % bs]) + len(lbuckets[-gj % bs]) if d else 0)
+                free -= need + (blocks.starting(gj) if d else 0)
                 if free < 0:
                     break
                 nb += need
@@ -108,20 +121,38 @@ class PrefillRuns(LazyCore):
         run.ev = ev
         return run
 
-    def event_time(self) -> float | None:
-        """End of the step in flight, or of a prefill run's next step with a finish (else of
-        the run); None when no step is in flight."""
-        st = self.inflight
-        if st is None:
-            return None
-        if st.pre:
-            ev = st.ev
-            i = bisect_left(ev, st.j)
-            if i < len(ev):
-                return st.ts[ev[i]]
+    @staticmethod
+    def event_time(st: Step) -> float:
+        """End of run ``st``'s next step with a finish, else of the run, seconds."""
+        ev = st.ev
+        i = bisect_left(ev, st.j)
+        if i < len(ev):
+            return st.ts[ev[i]]
         return st.end
 
-    def apply_pre(self, st: Step, m: int) -> None:
+    def advance_within(self, st: Step, t: float, inclusive: bool) -> None:
+        """Apply run ``st``'s steps that end by ``t`` (it ends after ``t`` and stays in flight;
+        its next step has begun if it starts before ``t``, or at ``t`` with ``inclusive``)."""
+        ts = st.ts
+        if ts[st.j] <= t:
+            m = bisect.bisect_right(ts, t, st.j)
+            self.apply(st, m)
+            self.core.now = ts[m - 1]
+            st.begun = ts[m - 1] < t or inclusive
+        elif not st.begun and (ts[st.j - 1] < t or inclusive):
+            st.begun = True
+
+    def apply_before(self, st: Step, x: float) -> float:
+        """Apply run ``st``'s steps that start before ``x`` except the last (``x`` is inside
+        step ``st.j`` or later); returns the start of that last step, seconds."""
+        ts = st.ts
+        m = bisect.bisect_left(ts, x, st.j)  # steps before m end before x; step m starts before x
+        if m >= st.k:
+            m = st.k - 1
+        self.apply(st, m)
+        return ts[m - 1] if m else st.start
+
+    def apply(self, st: Step, m: int) -> None:
         """Apply steps ``st.j .. m - 1`` of prefill run ``st`` (schedule and end of each).
 
         Raises:
@@ -130,21 +161,24 @@ class PrefillRuns(LazyCore):
         r = st.req
         if r is None:
             raise RuntimeError("prefill run without its request")
-        if m - st.j > 1 and not self.n_eager and self.batchable(st, r, m):
-            self.apply_pre_batch(st, r, m)
+        core = self.core
+        if m - st.j > 1 and not core.blocks.n_eager and self.batchable(st, r, m):
+            self.apply_batch(st, r, m)
             return
-        bs = self.bs
-        spool = self.spool
+        bs = core.bs
+        spool = core.spool
+        dec = core.decoders
+        log = core.log
         ts = st.ts
         dts = st.dts
         chunks = st.chunks
         for j in range(st.j, m):
-            g = self.g
+            g = log.g
             start = ts[j - 1] if j else st.start
             e = ts[j]
             chunk = chunks[j]
-            n_dec = self.n_dec
-            if n_dec + chunk != self.budget:
+            n_dec = dec.n_dec
+            if n_dec + chunk != core.budget:
                 raise RuntimeError(f"prefill run step {j}: {n_dec} decoders, chunk {chunk}")
             # schedule (at the step's start): decoders first, in admission order, then r
             nc = r.nc
@@ -152,37 +186,34 @@ class PrefillRuns(LazyCore):
             need = -(-top // bs) - r.nblocks
             if n_dec:
                 # the decoders' block work, and the free blocks r needs after them
-                self.decode_blocks(g, need if need > 0 else 0)
+                core.blocks.step(g, need if need > 0 else 0)
                 if need > 0:
                     spool.extend(r, need)
             elif need > 0:
                 spool.grow(r, need)
             if top // bs > r.nreg and r.nreg < r.nkeys:
-                self.register(r, top)
-            self.n_steps += 1
-            self.n_iteration += chunk + n_dec
-            self.busy += dts[j]
+                register_blocks(spool, bs, r, top)
+            core.n_steps += 1
+            core.n_iteration += chunk + n_dec
+            core.busy += dts[j]
             # end of the step
-            self.ends.append(e)
-            self.push_dur(g, e - start)
-            self.g = g + 1
-            self.n_generation += n_dec
-            finished = self.finish_lazy(g, e)
-            if self.credit(r, chunk, e):
+            log.step_ended(start, e)
+            core.n_generation += n_dec
+            finished = core.finish_due(g, e)
+            if core.credit(r, chunk, e):
                 raise RuntimeError(f"{r.rid} finished inside a prefill run")
             if finished:
-                self.unrun(finished)
-            if len(self.ends) > 8192:
-                self.trim()
+                core.unrun(finished)
+            core.trim()
         st.j = m
 
     def batchable(self, st: Step, r: Req, m: int) -> bool:
         """Whether steps ``st.j .. m - 1`` of prefill run ``st`` can be applied in one batch
-        (:meth:`apply_pre_batch`): every lazy decoder is block-lazy (the caller checks) and
+        (:meth:`apply_batch`): every lazy decoder is block-lazy (the caller checks) and
         ``r``'s registration over the steps extends its own cached run with keys nobody caches
         as a start (so evictions inside the span cannot change it; see
         :meth:`~sessionroute.replica.segments.SegmentPool.register`)."""
-        full = (r.nc + sum(st.chunks[st.j : m])) // self.bs
+        full = (r.nc + sum(st.chunks[st.j : m])) // self.core.bs
         if full > r.nkeys:
             full = r.nkeys
         p = r.nreg
@@ -195,10 +226,10 @@ class PrefillRuns(LazyCore):
         seg = res.segs[-1]
         if res.owner is not r or seg.ref != 1 or not seg.lo < p == seg.creg:
             return False
-        return self.spool.extends_own_run(r, seg, p, full)
+        return self.core.spool.extends_own_run(r, seg, p, full)
 
-    def apply_pre_batch(self, st: Step, r: Req, m: int) -> None:
-        """:meth:`apply_pre` of steps ``st.j .. m - 1`` in one batch; same state as step by step.
+    def apply_batch(self, st: Step, r: Req, m: int) -> None:
+        """:meth:`apply` of steps ``st.j .. m - 1`` in one batch; same state as step by step.
 
         Per step only the step end and duration are recorded; between finishes the decoders'
         block allocations are a count (all are block-lazy). The run was planned so that all
@@ -211,20 +242,22 @@ class PrefillRuns(LazyCore):
         Raises:
             RuntimeError: if the state does not match the plan (cannot happen).
         """
-        bs = self.bs
-        spool = self.spool
-        lbuckets = self.lbuckets
+        core = self.core
+        bs = core.bs
+        spool = core.spool
+        dec = core.decoders
+        blocks = core.blocks
+        lbuckets = blocks.lbuckets
+        log = core.log
         ts = st.ts
         dts = st.dts
         chunks = st.chunks
         ev = st.ev
         nev = len(ev)
-        ends = self.ends
-        mx_step = self.mx_step
-        mx_dur = self.mx_dur
+        ends = log.ends
         j0 = j = st.j
-        g = self.g
-        busy = self.busy
+        g = log.g
+        busy = core.busy
         ngen = 0
         take = 0
         i = bisect_left(ev, j)
@@ -236,32 +269,27 @@ class PrefillRuns(LazyCore):
                 i += 1
             else:
                 k = m
-            nd = self.n_dec
-            if nd + chunks[j] != self.budget:
+            nd = dec.n_dec
+            if nd + chunks[j] != core.budget:
                 raise RuntimeError(f"prefill run step {j}: {nd} decoders, chunk {chunks[j]}")
             if nd:
                 for x in range(g, g + k - j):
                     take += len(lbuckets[-x % bs])
             for jj in range(j, k):
                 e = ts[jj]
-                dur = e - prev
-                while mx_dur and mx_dur[-1] <= dur:  # push_dur, inlined
-                    mx_dur.pop()
-                    mx_step.pop()
-                mx_step.append(g)
-                mx_dur.append(dur)
+                log.push_dur(g, e - prev)
                 prev = e
                 busy += dts[jj]
                 g += 1
             ends += ts[j:k]
             ngen += nd * (k - j)
             j = k
-            self.g = self.gb = g
-            finished = self.finish_lazy(g - 1, ts[k - 1])
+            log.g = blocks.gb = g
+            finished = core.finish_due(g - 1, ts[k - 1])
             if finished:
                 if not fin:
                     raise RuntimeError(f"prefill run step {k - 1}: a finish not in the plan")
-                self.unrun(finished)
+                core.unrun(finished)
         total = sum(chunks[j0:m])
         top = r.nc + total
         need = -(-top // bs) - r.nblocks
@@ -272,14 +300,13 @@ class PrefillRuns(LazyCore):
         if need:
             spool.extend(r, need)
         if top // bs > r.nreg and r.nreg < r.nkeys:
-            self.register(r, top)
+            register_blocks(spool, bs, r, top)
         r.nc = top
         if top >= r.prompt_len + r.num_output:
             raise RuntimeError(f"{r.rid} finished inside a prefill run")
-        self.busy = busy
-        self.n_steps += m - j0
-        self.n_iteration += total + ngen
-        self.n_generation += ngen
-        if len(ends) > 8192:
-            self.trim()
+        core.busy = busy
+        core.n_steps += m - j0
+        core.n_iteration += total + ngen
+        core.n_generation += ngen
+        core.trim()
         st.j = m

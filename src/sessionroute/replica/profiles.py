@@ -65,8 +65,7 @@ class StepTimeProfile:
 
     def t_mem(self, num_tokens: int) -> float:
         """Weight-read time ``T_mem(N)`` in seconds for ``num_tokens`` tokens in the step."""
-        # math.pow: native when compiled (``**`` was a generic call with boxed floats); the
-        # same libm pow() that float ** int calls
+        # math.pow with a float exponent: the same libm pow() that ``float ** int`` calls
         cover = 1.0 - math.pow(1.0 - self.k_over_e, float(num_tokens)) if self.w_exp_bytes else 0.0
         return (self.w_dense_bytes + self.w_exp_bytes * cover) / self.bw_eff_bytes_per_s
 

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-import heapq
 from collections.abc import Sequence
-from typing import Final
+from heapq import heapify, heappush
 
 from sessionroute.errors import ConfigError
 from sessionroute.replica.api import (
@@ -16,13 +15,9 @@ from sessionroute.replica.api import (
     RequestResult,
     key_list,
 )
-from sessionroute.replica.core import ABORTED, RUNNING, WAITING, Core, Req
+from sessionroute.replica.core import Core
 from sessionroute.replica.fast import FastCore
-
-# C functions bound once (a module global is a dict lookup at every call when compiled)
-heapify: Final = heapq.heapify
-heappush: Final = heapq.heappush
-
+from sessionroute.replica.request import ABORTED, RUNNING, WAITING, Req
 
 __all__ = ["Replica"]
 
@@ -97,8 +92,8 @@ class Replica:
     def _check(
         self, rid: str, prompt_len: int, output_len: int, block_keys: Sequence[int]
     ) -> list[int]:
-        """Validate a request (see :meth:`add_request`); returns its keys as a list (the list
-        itself when given one: the engine indexes lists natively)."""
+        """Validate a request (see :meth:`add_request`); returns its keys as a list
+        (:func:`~sessionroute.replica.api.key_list`)."""
         core = self._core
         bs = core.bs
         total = prompt_len + output_len

@@ -21,7 +21,7 @@ reservation, it is a start. So
   positions that have starts, so a range with none is registered with no dict work at all;
 * eviction and ``reset_prefix_cache`` drop only the starts inside the uncached range.
 
-Per-block work remains only slice copies and comparisons (C loops) and, for duplicate content,
+Per-block work remains only slice copies and comparisons and, for duplicate content,
 run-length hole bookkeeping.
 """
 

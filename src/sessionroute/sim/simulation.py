@@ -42,7 +42,7 @@ from sessionroute.sim.inflight import (
 )
 from sessionroute.sim.replicas import SimReplica
 from sessionroute.sim.spec import RouterSection
-from sessionroute.sim.wakeups import ReplicaDriver
+from sessionroute.sim.wakeups import ReplicaWakeups
 from sessionroute.workloads.base import SessionEnd, Turn, TurnOutcome
 
 __all__ = ["Simulation"]
@@ -54,7 +54,7 @@ def _invoke(fn: Callable[[], None]) -> None:
     fn()
 
 
-class Simulation(ReplicaDriver):
+class Simulation(ReplicaWakeups):
     """The workloads' host: turns' lifecycle over the replicas, with the router side in
     :attr:`dispatch`.
 

@@ -3,7 +3,7 @@
 A replica's engine only runs when the simulator asks it to: on an arrival (see
 :class:`~sessionroute.sim.simulation.Simulation`), at a wake-up event at the engine's
 ``next_event_time()``, and before its gauges or counters are read. A wake-up runs the engine to
-its time, hands every finished request to :meth:`ReplicaDriver._finish` and schedules the next
+its time, hands every finished request to :meth:`ReplicaWakeups._finish` and schedules the next
 wake-up; one whose time did not change is not scheduled again, and an older one left in the
 queue is stale (its token no longer matches) and does nothing. When the next wake-up would be
 the queue's very next event, it runs in the same callback (same order, still counted in
@@ -17,10 +17,10 @@ from sessionroute.sim.events import PRIO_WAKE, SEQ_BITS, EventQueue
 from sessionroute.sim.replicas import SimReplica
 from sessionroute.workloads.base import Host
 
-__all__ = ["ReplicaDriver"]
+__all__ = ["ReplicaWakeups"]
 
 
-class ReplicaDriver(Host):
+class ReplicaWakeups(Host):
     """Wake-up scheduling over ``queue`` for ``replicas`` (a base of the simulation, which is
     the workloads' :class:`~sessionroute.workloads.base.Host`).
 
