@@ -53,61 +53,26 @@ __all__ = [
     "stale_modules",
 ]
 
-COMPILED_MODULES: tuple[str, ...] = (
-    "sessionroute.types",
-    "sessionroute.minheap",
-    "sessionroute.replica.api",
-    "sessionroute.replica.intbisect",
-    "sessionroute.replica.steps",
-    "sessionroute.replica.blocks",
-    "sessionroute.replica.core",
-    "sessionroute.replica.lazy",
-    "sessionroute.replica.prefill",
-    "sessionroute.replica.fast",
-    "sessionroute.replica.segcache",
-    "sessionroute.replica.segstore",
-    "sessionroute.replica.segments",
-    "sessionroute.replica.replica",
-    "sessionroute.replica.profiles",
-    "sessionroute.bench.closed_loop",
-    "sessionroute.router.hashing",
-    "sessionroute.router.core",
-    "sessionroute.router.policies.base",
-    "sessionroute.router.policies._sessions",
-    "sessionroute.router.policies._ring",
-    "sessionroute.router.policies._radix",
-    "sessionroute.router.policies.sticky_least_loaded",
-    "sessionroute.router.policies.consistent_hash",
-    "sessionroute.router.policies.consistent_hash_bounded_load",
-    "sessionroute.router.policies.least_loaded",
-    "sessionroute.router.policies.power_of_two",
-    "sessionroute.router.policies.round_robin",
-    "sessionroute.router.policies.random_policy",
-    "sessionroute.router.policies.cache_aware",
-    "sessionroute.router.state.session_id",
-    "sessionroute.router.state.sessions",
-    "sessionroute.router.state.cluster",
-    "sessionroute.workloads.base",
-    "sessionroute.workloads.distributions",
-    "sessionroute.workloads.content",
-    "sessionroute.workloads.swe_rl",
-    "sessionroute.sim.events",
-    "sessionroute.sim.ideal",
-    "sessionroute.sim.metrics",
-    "sessionroute.sim.replicas",
-    "sessionroute.sim.sampling",
-    "sessionroute.sim.wakeups",
-    "sessionroute.sim.simulation",
-)
-"""Modules compiled with mypyc, as one group (they call each other natively): the value types,
-the replica model, the ``bench engine`` load, the built-in routing policies, and the simulator's
-event loop, request lifecycle, routing core, session table and ``swe-rl`` workload.
+_PACKAGE_DIR = Path(__file__).resolve().parent
 
-A method assigned to a compiled class is seen by Python callers only (compiled callers keep the
-original). The classes users extend (``Policy`` and the built-in policies, the workloads'
-``Host``) are marked ``mypyc_attr(allow_interpreted_subclasses=True)``: Python subclasses of
-them work as before and their instances take extra attributes. Other compiled classes cannot
-be subclassed from Python, and their instances take no undeclared attributes."""
+
+def _replica_modules(package_dir: Path) -> list[str]:
+    """Every module of the ``sessionroute.replica`` package (its ``__init__`` aside)."""
+    return sorted(
+        f"sessionroute.replica.{path.stem}"
+        for path in (package_dir / "replica").glob("*.py")
+        if path.stem != "__init__"
+    )
+
+
+COMPILED_MODULES: tuple[str, ...] = (
+    "sessionroute.minheap",
+    *_replica_modules(_PACKAGE_DIR),
+)
+"""Modules compiled with mypyc, as one group: the replica model (every module of
+``sessionroute.replica``) and the binary heap it uses (:mod:`sessionroute.minheap`). Everything
+else (router, policies, workloads, simulator, experiments) is plain Python: edit it and run it,
+no rebuild."""
 
 BUILD_INFO = "_compiled.json"
 """File the build writes beside the extensions (the package folder of its output):
@@ -117,8 +82,6 @@ compiling failed. ``pgo`` is ``"on"`` for a profile-guided build (GCC >= 10, ``s
 
 PURE_ENV = "SESSIONROUTE_PURE_PYTHON"
 """Environment variable: ``1`` builds nothing at install and imports sources at run time."""
-
-_PACKAGE_DIR = Path(__file__).resolve().parent
 
 
 def _source_path(module: str, package_dir: Path = _PACKAGE_DIR) -> Path:
