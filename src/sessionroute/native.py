@@ -1,10 +1,11 @@
-"""Compiled hot modules: which modules ``setup.py`` compiles with mypyc, and the stale-build guard.
+"""The compiled replica model: which modules ``setup.py`` compiles with mypyc, and the
+stale-build guard.
 
-The replica model and the simulator's hot modules are compiled to C extensions with mypyc
-(https://mypyc.readthedocs.io, part of mypy) when the package is installed: the same typed
-Python source, about 4x as fast for the replica model and 6x for the simulator. Results are
-identical to the pure-Python modules (the ``results_digest`` benchmark and
-``tests/test_native.py`` check it).
+The replica model (:data:`COMPILED_MODULES`) is compiled to C extensions with mypyc
+(https://mypyc.readthedocs.io, part of mypy) when the package is installed with a C compiler:
+the same typed Python, several times as fast. Results are identical to the pure-Python modules
+(``tests/test_native.py`` and ``benchmarks/results_digest.py`` check it). Everything else is
+plain Python.
 
 An editable install (``pip install -e .``) puts the extensions beside their sources, where Python
 imports an extension before a ``.py`` file of the same name. A source edited after the build
@@ -12,12 +13,10 @@ would then be ignored silently. :func:`install_guard`, run when :mod:`sessionrou
 imported, compares each compiled module's source with the SHA-256 recorded at build time
 (``_compiled.json``); when any differs, or when ``SESSIONROUTE_PURE_PYTHON=1`` is set, every
 compiled module is imported from its source instead, with a warning naming the stale modules.
-With GCC the modules' shared library is built profile-guided (``setup.py``: built instrumented,
-run on a short simulation, rebuilt with the profile; :func:`pgo_status`), ~25 % faster for
-the simulator; ``SESSIONROUTE_PGO=0`` at install time builds it plainly.
 A build whose C compiler failed records the reason instead, and every run warns until the
 package is reinstalled with a compiler (or ``SESSIONROUTE_PURE_PYTHON=1`` is set). Set
-``SESSIONROUTE_PURE_PYTHON=1`` at install time to build nothing.
+``SESSIONROUTE_PURE_PYTHON=1`` at install time to build nothing. An opt-in profile-guided build
+(``SESSIONROUTE_PGO=1``, ``setup.py``) is recorded too (:func:`pgo_status`).
 
 This module uses the standard library only: ``setup.py`` loads it by path in the build
 environment.
