@@ -163,7 +163,7 @@ def compiled_modules() -> list[str]:
     return out
 
 
-_SPEED = "about 1/4 of the replica model's compiled speed, 1/6 of the simulator's"
+_SPEED = "about 1/4 of the replica model's compiled speed, 2/3 of the simulator's"
 
 
 def pure_reason(package_dir: Path = _PACKAGE_DIR) -> str:
