@@ -1,21 +1,22 @@
-"""Build hook: compiles the hot modules listed in ``src/sessionroute/native.py`` with mypyc.
+"""Build hook: compiles the replica model (the modules listed in ``src/sessionroute/native.py``)
+with mypyc.
 
 Everything else about the package is in ``pyproject.toml``. mypyc (https://mypyc.readthedocs.io)
-turns the typed modules into C extensions with the same behaviour; it needs a C compiler.
-``SESSIONROUTE_PURE_PYTHON=1 pip install ...`` builds nothing (pure Python: about a third of
-the replica model's compiled speed). The SHA-256 of each compiled source is recorded in
-``_compiled.json`` beside the extensions so that an edited source is never shadowed by its
-stale extension (see ``sessionroute.native.install_guard``).
+turns the typed modules into C extensions with the same behaviour; it needs a C compiler. Without
+one, or when mypyc or the compiler fails, the package installs as pure Python (same results,
+slower) and a message says why; ``SESSIONROUTE_PURE_PYTHON=1 pip install ...`` builds nothing.
+The SHA-256 of each compiled source is recorded in ``_compiled.json`` beside the extensions so
+that an edited source is never shadowed by its stale extension (see
+``sessionroute.native.install_guard``).
 
-With GCC the shared library of the compiled modules is built profile-guided (PGO): built once
-with ``-fprofile-generate``, run on a short simulation (:data:`TRAINING`), and built again with
-``-fprofile-use``. GCC then lays out hot code together and moves cold code (mypyc's error
-paths) away, which cuts the instruction-cache misses that dominate the simulator's time:
-``sessionroute bench sim`` runs ~25 % faster. ``SESSIONROUTE_PGO=0`` builds without it; if any
-PGO step fails, everything is built plainly and the build record says why (``"pgo"``). With
-GCC the library is also compiled with ``-fno-semantic-interposition`` (direct, inlinable calls
-between its own functions). The training run needs numpy and pydantic, so they are build
-requirements (``pyproject.toml``) even where no PGO runs.
+Profile-guided optimization is an explicit opt-in, never part of a default install:
+``SESSIONROUTE_PGO=1 pip install --no-build-isolation -e .`` in a venv that already has the
+package's dependencies (a first plain install) builds the library with ``-fprofile-generate``,
+runs a short simulation on it (:data:`TRAINING`, which needs numpy and pydantic from that venv),
+and builds it again with ``-fprofile-use`` (GCC >= 10 only; docs/benchmarks.md has the numbers).
+If any PGO step fails, everything is built plainly and the build record says why (``"pgo"``).
+With GCC the library is compiled with ``-fno-semantic-interposition`` (direct, inlinable calls
+between its own functions).
 """
 
 from __future__ import annotations
@@ -56,11 +57,10 @@ SOURCES: dict[str, str] = {}
 
 
 def ext_modules() -> list[Any]:
-    """The mypyc extensions, or none with ``SESSIONROUTE_PURE_PYTHON=1``."""
+    """The mypyc extensions; none with ``SESSIONROUTE_PURE_PYTHON=1``, or (with a printed
+    warning) when mypyc is missing or fails: the package is then pure Python."""
     if NATIVE.pure_requested():
         return []
-    from mypyc.build import mypycify
-
     for module, path in zip(NATIVE.COMPILED_MODULES, PATHS, strict=True):
         SOURCES[module] = NATIVE.source_digest(path)
     rel = [str(p.relative_to(ROOT)) for p in PATHS]
@@ -68,7 +68,23 @@ def ext_modules() -> list[Any]:
     # build environment: no config file (pyproject's strict settings would reject the Any
     # types of the missing imports; CI runs `mypy --strict` on everything separately).
     args = ["--config-file=", "--ignore-missing-imports", *rel]
-    return list(mypycify(args, opt_level="3"))
+    try:
+        from mypyc.build import mypycify
+
+        return list(mypycify(args, opt_level="3"))
+    except (Exception, SystemExit) as exc:  # mypyc reports type errors by exiting
+        _warn_pure(f"mypyc failed: {_short_reason(exc) if isinstance(exc, Exception) else exc}")
+        return []
+
+
+def _warn_pure(reason: str) -> None:
+    """Say (in the build output) that the replica model stays pure Python, and why."""
+    print(
+        f"WARNING: sessionroute: compiling the replica model failed ({reason}); it stays pure"
+        " Python (same results, slower). Install a C compiler (gcc) and reinstall, or set"
+        f" {NATIVE.PURE_ENV}=1 to skip the build.",
+        flush=True,
+    )
 
 
 def _short_reason(exc: Exception) -> str:
@@ -82,7 +98,7 @@ def _short_reason(exc: Exception) -> str:
 
 
 PGO_ENV = "SESSIONROUTE_PGO"
-"""Set to ``0`` to build without profile-guided optimization."""
+"""Set to ``1`` to build the library profile-guided (see the module docstring)."""
 TRAINING = """
 from sessionroute.clock import ManualClock
 from sessionroute.native import compiled_modules
@@ -138,12 +154,7 @@ class RecordingBuildExt(build_ext):
         except Exception as exc:  # CCompilerError, DistutilsExecError, missing compiler, ...
             reason = _short_reason(exc)
             info: dict[str, Any] = {"failed": reason}
-            print(
-                f"WARNING: sessionroute: compiling the hot modules failed ({reason}); they stay"
-                " pure Python (same results, slower). Install a C compiler (gcc) and reinstall,"
-                f" or set {NATIVE.PURE_ENV}=1 to skip the build.",
-                flush=True,
-            )
+            _warn_pure(reason)
         else:
             import mypy.version
 
@@ -168,7 +179,7 @@ class RecordingBuildExt(build_ext):
             # instructions per simulated request, ~11 % fewer instruction-cache misses.
             for e in group:
                 e.extra_compile_args = [*e.extra_compile_args, "-fno-semantic-interposition"]
-        if os.environ.get(PGO_ENV, "") == "0" or not gcc:
+        if os.environ.get(PGO_ENV, "") != "1" or not gcc:
             self.pgo = "off"
             super().build_extensions()
             return

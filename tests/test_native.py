@@ -1,10 +1,12 @@
-"""The mypyc-compiled hot modules (:mod:`sessionroute.native`): the stale-build guard, the
-pure-Python switch, and compiled == pure results."""
+"""The mypyc-compiled replica model (:mod:`sessionroute.native`): what is compiled, the
+stale-build guard, the pure-Python switch, compiled == pure results, and an install without a
+working C compiler."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from importlib.machinery import EXTENSION_SUFFIXES
@@ -24,6 +26,18 @@ from sessionroute.native import (
     source_digest,
     stale_modules,
 )
+
+_PACKAGE = Path(__file__).resolve().parents[1] / "src" / "sessionroute"
+
+
+def test_only_the_replica_model_and_its_heap_are_compiled() -> None:
+    replica = sorted(
+        f"sessionroute.replica.{p.stem}"
+        for p in (_PACKAGE / "replica").glob("*.py")
+        if p.stem != "__init__"
+    )
+    assert len(replica) >= 5
+    assert sorted(COMPILED_MODULES) == sorted(["sessionroute.minheap", *replica])
 
 
 def _fake_package(tmp_path: Path, module: str, source: str) -> Path:
@@ -135,12 +149,57 @@ def test_the_build_record_says_how_the_library_was_built(tmp_path: Path) -> None
     assert pgo_status(tmp_path) == "training failed: exit 1: boom"
 
 
-def test_this_install_built_profile_guided_or_was_told_not_to() -> None:
-    # setup.py's PGO training run must succeed in pip's isolated build environment (it needs
-    # numpy and pydantic there); "off" means no GCC or SESSIONROUTE_PGO=0 at install time
+def test_this_install_recorded_how_the_library_was_built() -> None:
+    # "off" unless the build opted in with SESSIONROUTE_PGO=1 (then "on", or "failed: ..." -
+    # a failed training run must not pass unnoticed)
     if not compiled_modules():
         failed = build_failure()
         if failed:
             pytest.fail(f"the install did not compile the hot modules: {failed}")
         pytest.skip("no compiled build here (installed with SESSIONROUTE_PURE_PYTHON=1?)")
     assert pgo_status() in ("on", "off")
+
+
+@pytest.mark.slow
+def test_an_install_without_a_c_compiler_is_pure_python_with_the_same_results(
+    tmp_path: Path,
+) -> None:
+    """``pip install`` with ``CC=/bin/false``: the build reports the failure, installs the pure
+    package, records why (every run then warns), and the results equal a pure-Python run."""
+    root = _PACKAGE.parents[1]
+    if not (root / "setup.py").is_file() or shutil.which("gcc") is None:
+        pytest.skip("needs the source tree (setup.py) and a build toolchain for pip")
+    src = tmp_path / "src"
+    shutil.copytree(
+        root,
+        src,
+        ignore=shutil.ignore_patterns(
+            ".*", "*.so", "_compiled.json", "__pycache__", "build", "runs", "tests", "docs"
+        ),
+    )
+    target = tmp_path / "site"
+    env = {k: v for k, v in os.environ.items() if k != PURE_ENV}
+    env["CC"] = "/bin/false"
+    pip = [sys.executable, "-m", "pip", "install", "-v", "--no-deps"]
+    done = subprocess.run(
+        [*pip, "--target", str(target), str(src)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "WARNING: sessionroute: compiling the replica model failed" in done.stdout + done.stderr
+    installed = target / "sessionroute"
+    assert not [p.name for p in installed.rglob("*") if p.suffix in (".so", ".pyd")]
+    assert build_failure(installed) is not None
+    run_env = {k: v for k, v in os.environ.items() if k != PURE_ENV}
+    run_env["PYTHONPATH"] = str(target)
+    ran = subprocess.run(
+        [sys.executable, "-c", _RESULTS], env=run_env, capture_output=True, text=True, timeout=600
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert "not compiled at install" in ran.stderr
+    n_compiled, digest = ran.stdout.split()
+    assert int(n_compiled) == 0
+    assert digest == _python(_RESULTS, pure=True).split()[1]

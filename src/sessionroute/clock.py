@@ -1,8 +1,8 @@
 """Injected clocks.
 
-Pure packages (``policies``, ``state``, ``engine``, ``sim``, ``workloads``) never read the wall
-clock; they receive a :class:`Clock`. The live router passes :class:`MonotonicClock`, the
-simulator passes its virtual clock, tests pass :class:`ManualClock`.
+Pure packages (``router``, ``replica``, ``sim``, ``workloads``) never read the wall clock; they
+receive a :class:`Clock`. The live router passes :class:`MonotonicClock`, the simulator passes
+its virtual clock, tests pass :class:`ManualClock`.
 """
 
 from __future__ import annotations

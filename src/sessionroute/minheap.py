@@ -1,9 +1,9 @@
-"""A binary min-heap of records ordered by ``(t, key)``: the simulator's event queue and the
-replica model's heap of lazy decoders' last steps.
+"""A binary min-heap of records ordered by ``(t, key)``: the replica model's heap of lazy
+decoders' last steps, compiled with it (:mod:`sessionroute.native`).
 
 Written out rather than ``heapq`` over tuples: compiled (mypyc), comparing two entries reads
 two unboxed fields, where ``heapq`` compares tuples element by element through Python's rich
-comparison (a 5-tuple event cost ~150 machine instructions per comparison). With unique keys
+comparison. With unique keys
 the order of pops does not depend on the heap's layout: it is exactly ``heapq``'s order of the
 tuples ``(t, key, ...)``. The sifts follow ``heapq``'s ``heappush`` / ``heappop`` (CPython
 ``Modules/_heapqmodule.c``).

@@ -1,10 +1,11 @@
-"""Compiled hot modules: which modules ``setup.py`` compiles with mypyc, and the stale-build guard.
+"""The compiled replica model: which modules ``setup.py`` compiles with mypyc, and the
+stale-build guard.
 
-The replica model and the simulator's hot modules are compiled to C extensions with mypyc
-(https://mypyc.readthedocs.io, part of mypy) when the package is installed: the same typed
-Python source, about 4x as fast for the replica model and 6x for the simulator. Results are
-identical to the pure-Python modules (the ``results_digest`` benchmark and
-``tests/test_native.py`` check it).
+The replica model (:data:`COMPILED_MODULES`) is compiled to C extensions with mypyc
+(https://mypyc.readthedocs.io, part of mypy) when the package is installed with a C compiler:
+the same typed Python, several times as fast. Results are identical to the pure-Python modules
+(``tests/test_native.py`` and ``benchmarks/results_digest.py`` check it). Everything else is
+plain Python.
 
 An editable install (``pip install -e .``) puts the extensions beside their sources, where Python
 imports an extension before a ``.py`` file of the same name. A source edited after the build
@@ -12,12 +13,10 @@ would then be ignored silently. :func:`install_guard`, run when :mod:`sessionrou
 imported, compares each compiled module's source with the SHA-256 recorded at build time
 (``_compiled.json``); when any differs, or when ``SESSIONROUTE_PURE_PYTHON=1`` is set, every
 compiled module is imported from its source instead, with a warning naming the stale modules.
-With GCC the modules' shared library is built profile-guided (``setup.py``: built instrumented,
-run on a short simulation, rebuilt with the profile; :func:`pgo_status`), ~25 % faster for
-the simulator; ``SESSIONROUTE_PGO=0`` at install time builds it plainly.
 A build whose C compiler failed records the reason instead, and every run warns until the
 package is reinstalled with a compiler (or ``SESSIONROUTE_PURE_PYTHON=1`` is set). Set
-``SESSIONROUTE_PURE_PYTHON=1`` at install time to build nothing.
+``SESSIONROUTE_PURE_PYTHON=1`` at install time to build nothing. An opt-in profile-guided build
+(``SESSIONROUTE_PGO=1``, ``setup.py``) is recorded too (:func:`pgo_status`).
 
 This module uses the standard library only: ``setup.py`` loads it by path in the build
 environment.
@@ -53,63 +52,26 @@ __all__ = [
     "stale_modules",
 ]
 
-COMPILED_MODULES: tuple[str, ...] = (
-    "sessionroute.types",
-    "sessionroute.minheap",
-    "sessionroute.replica.api",
-    "sessionroute.replica.intbisect",
-    "sessionroute.replica.request",
-    "sessionroute.replica.steps",
-    "sessionroute.replica.blocks",
-    "sessionroute.replica.core",
-    "sessionroute.replica.steplog",
-    "sessionroute.replica.decodeblocks",
-    "sessionroute.replica.lazy",
-    "sessionroute.replica.decoderuns",
-    "sessionroute.replica.prefill",
-    "sessionroute.replica.fast",
-    "sessionroute.replica.segcache",
-    "sessionroute.replica.segstore",
-    "sessionroute.replica.segments",
-    "sessionroute.replica.replica",
-    "sessionroute.replica.profiles",
-    "sessionroute.bench.closed_loop",
-    "sessionroute.router.hashing",
-    "sessionroute.router.core",
-    "sessionroute.router.policies.base",
-    "sessionroute.router.policies._sessions",
-    "sessionroute.router.policies._ring",
-    "sessionroute.router.policies._radix",
-    "sessionroute.router.policies.sticky_least_loaded",
-    "sessionroute.router.policies.consistent_hash",
-    "sessionroute.router.policies.consistent_hash_bounded_load",
-    "sessionroute.router.policies.least_loaded",
-    "sessionroute.router.policies.power_of_two",
-    "sessionroute.router.policies.round_robin",
-    "sessionroute.router.policies.random_policy",
-    "sessionroute.router.policies.cache_aware",
-    "sessionroute.router.state.sessions",
-    "sessionroute.router.state.cluster",
-    "sessionroute.workloads.base",
-    "sessionroute.workloads.distributions",
-    "sessionroute.workloads.content",
-    "sessionroute.workloads.swe_rl",
-    "sessionroute.sim.events",
-    "sessionroute.sim.ideal",
-    "sessionroute.sim.replicas",
-    "sessionroute.sim.sampling",
-    "sessionroute.sim.wakeups",
-    "sessionroute.sim.simulation",
-)
-"""Modules compiled with mypyc, as one group (they call each other natively): the value types,
-the replica model, the ``bench engine`` load, the built-in routing policies, and the simulator's
-event loop, request lifecycle, routing core, session table and ``swe-rl`` workload.
+_PACKAGE_DIR = Path(__file__).resolve().parent
 
-A method assigned to a compiled class is seen by Python callers only (compiled callers keep the
-original). The classes users extend (``Policy`` and the built-in policies, the workloads'
-``Host``) are marked ``mypyc_attr(allow_interpreted_subclasses=True)``: Python subclasses of
-them work as before and their instances take extra attributes. Other compiled classes cannot
-be subclassed from Python, and their instances take no undeclared attributes."""
+
+def _replica_modules(package_dir: Path) -> list[str]:
+    """Every module of the ``sessionroute.replica`` package (its ``__init__`` aside)."""
+    return sorted(
+        f"sessionroute.replica.{path.stem}"
+        for path in (package_dir / "replica").glob("*.py")
+        if path.stem != "__init__"
+    )
+
+
+COMPILED_MODULES: tuple[str, ...] = (
+    "sessionroute.minheap",
+    *_replica_modules(_PACKAGE_DIR),
+)
+"""Modules compiled with mypyc, as one group: the replica model (every module of
+``sessionroute.replica``) and the binary heap it uses (:mod:`sessionroute.minheap`). Everything
+else (router, policies, workloads, simulator, experiments) is plain Python: edit it and run it,
+no rebuild."""
 
 BUILD_INFO = "_compiled.json"
 """File the build writes beside the extensions (the package folder of its output):
@@ -119,8 +81,6 @@ compiling failed. ``pgo`` is ``"on"`` for a profile-guided build (GCC >= 10, ``s
 
 PURE_ENV = "SESSIONROUTE_PURE_PYTHON"
 """Environment variable: ``1`` builds nothing at install and imports sources at run time."""
-
-_PACKAGE_DIR = Path(__file__).resolve().parent
 
 
 def _source_path(module: str, package_dir: Path = _PACKAGE_DIR) -> Path:
@@ -203,7 +163,7 @@ def compiled_modules() -> list[str]:
     return out
 
 
-_SPEED = "about 1/4 of the replica model's compiled speed, 1/6 of the simulator's"
+_SPEED = "about 1/4 of the replica model's compiled speed, 2/3 of the simulator's"
 
 
 def pure_reason(package_dir: Path = _PACKAGE_DIR) -> str:

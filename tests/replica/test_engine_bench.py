@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import json
-import random
 
 import pytest
 
-from sessionroute.bench.closed_loop import randint
 from sessionroute.cli import main
 
 
@@ -43,13 +41,3 @@ def test_bench_engine_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert main([*argv, "--reference-requests", "0"]) == 0
     out = capsys.readouterr().out
     assert "fast" in out and "skipped" in out
-
-
-def test_the_load_draws_what_random_randint_draws() -> None:
-    ours, theirs = random.Random(11), random.Random(11)
-    bounds = [(100, 500), (1000, 4000), (5, 5), (0, 1), (7, 2**40), (3000, 59000)]
-    for i in range(3000):
-        a, b = bounds[i % len(bounds)]
-        assert randint(ours, a, b) == theirs.randint(a, b)
-    with pytest.raises(ValueError, match="empty range"):
-        randint(ours, 5, 4)

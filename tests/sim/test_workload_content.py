@@ -5,8 +5,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sessionroute.keys import ROOT_KEY, chain_key
 from sessionroute.replica import chain_block_keys
-from sessionroute.workloads.content import BlockChain, expand_trace_blocks
+from sessionroute.workloads.content import SHARED_NAMESPACE, BlockChain, expand_trace_blocks
 
 
 def _tokens(segments: list[tuple[int, int]]) -> list[int]:
@@ -97,3 +98,29 @@ def test_trace_ids_are_chained_again_so_equal_ids_after_different_prefixes_never
     assert a[1] != b[1]
     c = expand_trace_blocks([1, 7], 64, 128, 64, namespace=0)
     assert c == a
+
+
+def test_block_keys_are_the_documented_chain_keys() -> None:
+    c = BlockChain(16)
+    c.append(5, 40)  # two full blocks of segment 5, 8 tokens left over
+    k0, k1 = chain_key(ROOT_KEY, 5, 0), chain_key(ROOT_KEY, 5, 16)
+    assert c.keys == [k0, k1]
+    c.append(6, 10)  # the block across segments: 8 tokens of 5 from offset 32, 8 of 6
+    k2 = chain_key(k1, 5, 32, 8, 6, 0, 8)
+    assert c.keys == [k0, k1, k2]
+    c.append(7, 20)  # 2 tokens of 6 left over, then a run of segment 7 anchored at k2
+    k3 = chain_key(k2, 6, 8, 2, 7, 0, 14)
+    assert c.keys == [k0, k1, k2, k3]
+    assert c.tokens == 70
+
+
+def test_expanded_trace_keys_are_the_documented_chain_keys() -> None:
+    keys = expand_trace_blocks([11, 12], 64, 128, 32, namespace=3, shared_prefix_tokens=32)
+    c0 = chain_key(3, 11)
+    c1 = chain_key(c0, 12)
+    assert keys == [
+        chain_key(SHARED_NAMESPACE, 32),
+        chain_key(c0, 64),
+        chain_key(c1, 96),
+        chain_key(c1, 128),
+    ]

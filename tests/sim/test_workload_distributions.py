@@ -6,22 +6,9 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from sessionroute.errors import ConfigError
-from sessionroute.workloads import distributions
 from sessionroute.workloads.distributions import LogNormal, QuantileTable
-
-
-@given(
-    st.one_of(
-        st.floats(allow_nan=False, allow_infinity=False),
-        st.integers(-(10**6), 10**6).map(lambda i: i / 2),  # every half, both signs
-    )
-)
-def test_native_rounding_is_round_half_to_even(x: float) -> None:
-    assert distributions._round_half_even(x) == round(x)
 
 
 def test_lognormal_hits_its_median_and_p90_and_respects_the_cap() -> None:

@@ -6,8 +6,7 @@ start at a shared :data:`SYSTEM_TOKENS`-token system prompt plus a task (1000-40
 grow until they would pass ``max_context``, when the session is replaced by a fresh one.
 Initial sessions start at random points of their growth so the load is stationary from the
 start. Block keys are synthetic (unique per session and block, shared for the system prompt),
-so prefix reuse is real. Compiled with the replica model (:mod:`sessionroute.native`) so that
-the load generator costs little next to the model it measures.
+so prefix reuse is real.
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ from typing import Any, Final
 
 from sessionroute.replica import EngineRequest, Replica, ReplicaConfig
 
-__all__ = ["SYSTEM_TOKENS", "randint", "run_closed_loop"]
+__all__ = ["SYSTEM_TOKENS", "run_closed_loop"]
 
 SYSTEM_TOKENS: Final = 2048
 """Tokens of the system prompt every session shares."""
@@ -32,27 +31,6 @@ class _Session:
     turn: int = 0
     sid: int = 0
     out: list[int] = field(default_factory=list)
-
-
-def randint(rng: random.Random, a: int, b: int) -> int:
-    """``rng.randint(a, b)``: the same draw from the same generator state, without the three
-    interpreted calls of :mod:`random` (``randint`` -> ``randrange`` -> ``_randbelow``).
-
-    CPython's ``Random._randbelow_with_getrandbits``: ``getrandbits(k)`` for the bit length
-    ``k`` of the width, redrawn while out of range (``tests/replica/test_engine_bench.py``
-    checks the equality).
-
-    Raises:
-        ValueError: if ``b < a``.
-    """
-    n = b - a + 1
-    if n < 1:
-        raise ValueError(f"empty range for randint({a}, {b})")
-    k = n.bit_length()
-    r = rng.getrandbits(k)
-    while r >= n:
-        r = rng.getrandbits(k)
-    return a + r
 
 
 class _Workload:
@@ -74,9 +52,9 @@ class _Workload:
 
     def _new_session(self, warm: bool) -> _Session:
         self.next_sid += 1
-        context = SYSTEM_TOKENS + randint(self.rng, 1000, 4000)
+        context = SYSTEM_TOKENS + self.rng.randint(1000, 4000)
         if warm:
-            context = randint(self.rng, context, max(context, self.max_context - 1000))
+            context = self.rng.randint(context, max(context, self.max_context - 1000))
         s = _Session(keys=list(self.system_keys), context=context, sid=self.next_sid)
         self._extend_keys(s, context)
         return s
@@ -89,7 +67,7 @@ class _Workload:
 
     def request(self, s: _Session) -> EngineRequest:
         """The session's next turn: its context as prompt, a random output length."""
-        out = randint(self.rng, 100, 500)
+        out = self.rng.randint(100, 500)
         self._extend_keys(s, s.context + out)
         s.turn += 1
         rid = f"s{s.sid}-t{s.turn}"
@@ -99,7 +77,7 @@ class _Workload:
     def follow_up(self, rid: str, output_tokens: int) -> EngineRequest:
         """The next turn after ``rid`` finished (or a fresh session past ``max_context``)."""
         s = self.sessions.pop(rid)
-        s.context += output_tokens + randint(self.rng, 100, 500)
+        s.context += output_tokens + self.rng.randint(100, 500)
         if s.context + 500 > self.max_context:
             s = self._new_session(warm=False)
         return self.request(s)

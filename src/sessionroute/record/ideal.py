@@ -35,24 +35,18 @@ class IdealCache:
     def observe(self, keys: list[int], prompt_len: int, output_len: int, salt: str | None) -> int:
         """Look up a request's prompt, then remember all its blocks; returns ideal hit tokens.
 
-        ``keys``: the request's chained block keys (a list: indexed natively when compiled).
+        ``keys``: the request's chained block keys.
         """
-        seen = self._seen.get(salt)
-        if seen is None:
-            seen = self._seen[salt] = set()
+        seen = self._seen.setdefault(salt, set())
         bs = self.block_size
-        n_prompt = prompt_len // bs
-        if n_prompt > len(keys):
-            n_prompt = len(keys)
+        n_prompt = min(prompt_len // bs, len(keys))
         # keys[:lo] are seen and keys[hi:n_prompt] are not (seen keys form a prefix). A turn
         # usually adds a few blocks to a prefix seen before, so gallop back from the end
         # (probes at hi - 1, hi - 2, hi - 4, ...), then bisect the last gap.
         lo, hi = 0, n_prompt
         step = 1
         while lo < hi:
-            i = hi - step
-            if i < lo:
-                i = lo
+            i = max(hi - step, lo)
             if keys[i] in seen:
                 lo = i + 1
                 break

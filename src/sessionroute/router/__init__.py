@@ -13,8 +13,8 @@ library or the wall clock; time comes from an injected :class:`~sessionroute.clo
 * :mod:`~sessionroute.router.config`: :class:`RouterConfig`, read by ``serve`` and experiments;
 * :mod:`~sessionroute.router.policies`: the policies, their registry and :class:`PolicyChoice`;
 * :mod:`~sessionroute.router.state`: the cluster view and the session table;
-* :mod:`~sessionroute.router.hashing`: vllm-router's ``fbi_hash`` (consistent and rendezvous
-  hashing).
+* :mod:`~sessionroute.router.policies.hashing`: vllm-router's ``fbi_hash`` (consistent and
+  rendezvous hashing).
 """
 
 from sessionroute.router.config import RouterConfig

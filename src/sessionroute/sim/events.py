@@ -4,20 +4,16 @@ Events are ordered by ``(time, priority, sequence number)``: at equal times a lo
 runs first, and events of equal time and priority run in the order they were scheduled, so the
 same inputs always give the same order (no dependence on object ids or hash order).
 
-The heap is a :class:`~sessionroute.minheap.MinHeap` of :class:`Event` records rather than
-``heapq`` over tuples: compiled, comparing two events reads two unboxed fields, where ``heapq``
-compared 5-tuples element by element through Python's rich comparison (about 10 % of a
-simulation's instructions). Sequence numbers are unique, so the order of events is exactly
-``heapq``'s.
+The queue is a :mod:`heapq` heap of :class:`Event` tuples ``(t, key, fn, arg)``; keys are
+unique, so two events are never compared past their keys.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 from collections.abc import Callable
-from typing import Any, Final, cast
-
-from sessionroute.minheap import HeapEntry, MinHeap
+from typing import Any, Final, NamedTuple
 
 __all__ = [
     "PRIO_ARRIVAL",
@@ -25,6 +21,8 @@ __all__ = [
     "PRIO_SAMPLE",
     "PRIO_TIMER",
     "PRIO_WAKE",
+    "SEQ_BITS",
+    "Event",
     "EventQueue",
     "VirtualClock",
 ]
@@ -45,7 +43,7 @@ SEQ_BITS: Final = 48
 """An event's sort key below its time is ``priority << SEQ_BITS | sequence number``."""
 
 
-class Event(HeapEntry):
+class Event(NamedTuple):
     """One scheduled callback: ``fn(arg)`` at time ``t``; sorted by ``(t, key)``.
 
     Attributes:
@@ -55,12 +53,10 @@ class Event(HeapEntry):
         arg: its argument.
     """
 
-    __slots__ = ("arg", "fn")
-
-    def __init__(self, t: float, key: int, fn: Callable[[Any], None], arg: Any) -> None:
-        super().__init__(t, key)
-        self.fn = fn
-        self.arg = arg
+    t: float
+    key: int
+    fn: Callable[[Any], None]
+    arg: Any
 
     @property
     def prio(self) -> int:
@@ -99,7 +95,6 @@ class EventQueue:
     """
 
     __slots__ = (
-        "_fire_lane_cb",
         "_heap",
         "_lane",
         "_seq",
@@ -112,14 +107,13 @@ class EventQueue:
 
     def __init__(self, clock: VirtualClock | None = None) -> None:
         self.clock = clock if clock is not None else VirtualClock()
-        self._heap = MinHeap()
+        self._heap: list[Event] = []
         self._lane: deque[Event] = deque()  # sorted; its first event is also in the heap
         self._seq = 0
         self._work = 0  # scheduled events with priority < PRIO_SAMPLE (not periodic samplers)
         self.events_run = 0
         self.stopped = False
         self.t_end = float("inf")  # the limit of the run in progress (seconds)
-        self._fire_lane_cb = self._fire_lane  # one bound method for every lane event
 
     def __len__(self) -> int:
         lane = len(self._lane)
@@ -141,7 +135,7 @@ class EventQueue:
         self._seq = seq
         if prio < PRIO_SAMPLE:
             self._work += 1
-        self._heap.push(Event(t, (prio << SEQ_BITS) | seq, fn, arg))
+        heapq.heappush(self._heap, Event(t, (prio << SEQ_BITS) | seq, fn, arg))
 
     def push_late(self, t: float, prio: int, fn: Callable[[Any], None], arg: Any = None) -> None:
         """:meth:`push` for a timer far ahead: same order of events, a smaller heap.
@@ -165,24 +159,23 @@ class EventQueue:
         ev = Event(t, key, fn, arg)
         lane.append(ev)
         if len(lane) == 1:
-            self._heap.push(Event(t, key, self._fire_lane_cb, ev))
+            heapq.heappush(self._heap, Event(t, key, self._fire_lane, ev))
 
     def _fire_lane(self, ev: Event) -> None:
         lane = self._lane
         lane.popleft()
         if lane:
             nxt = lane[0]
-            self._heap.push(Event(nxt.t, nxt.key, self._fire_lane_cb, nxt))
+            heapq.heappush(self._heap, Event(nxt.t, nxt.key, self._fire_lane, nxt))
         ev.fn(ev.arg)
 
-    def first(self) -> HeapEntry | None:
+    def first(self) -> Event | None:
         """The next event to run (not removed), or None when the queue is empty."""
-        return self._heap.first()
+        return self._heap[0] if self._heap else None
 
     def peek_time(self) -> float | None:
         """Time of the next event, or None when the queue is empty."""
-        head = self._heap.first()
-        return None if head is None else head.t
+        return self._heap[0].t if self._heap else None
 
     def stop(self) -> None:
         """Make :meth:`run_until` return after the event now running."""
@@ -196,18 +189,15 @@ class EventQueue:
         time of the last event run (it never moves past ``t_end``).
         """
         heap = self._heap
-        items = heap.items
         clock = self.clock
         self.t_end = t_end
         sample_key = PRIO_SAMPLE << SEQ_BITS
-        n = 0
-        while items and not self.stopped and self._work:
-            if items[0].t > t_end:
+        while heap and not self.stopped and self._work:
+            if heap[0].t > t_end:
                 break
-            ev = cast(Event, heap.pop())
+            ev = heapq.heappop(heap)
             clock._t = ev.t
             if ev.key < sample_key:
                 self._work -= 1
+            self.events_run += 1
             ev.fn(ev.arg)
-            n += 1
-        self.events_run += n

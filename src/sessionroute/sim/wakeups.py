@@ -15,14 +15,12 @@ from __future__ import annotations
 from sessionroute.replica import RequestResult
 from sessionroute.sim.events import PRIO_WAKE, SEQ_BITS, EventQueue
 from sessionroute.sim.replicas import SimReplica
-from sessionroute.workloads.base import Host
 
 __all__ = ["ReplicaWakeups"]
 
 
-class ReplicaWakeups(Host):
-    """Wake-up scheduling over ``queue`` for ``replicas`` (a base of the simulation, which is
-    the workloads' :class:`~sessionroute.workloads.base.Host`).
+class ReplicaWakeups:
+    """Wake-up scheduling over ``queue`` for ``replicas`` (a base of the simulation).
 
     Attributes:
         queue: the simulation's event queue.
@@ -32,7 +30,6 @@ class ReplicaWakeups(Host):
     def __init__(self, queue: EventQueue, replicas: list[SimReplica]) -> None:
         self.queue = queue
         self.replicas = replicas
-        self._wake_cb = self._wake  # one bound method, not a new one per scheduled wake-up
 
     def _finish(self, rep: SimReplica, r: RequestResult) -> None:
         """Handle a request ``rep`` finished (the simulation's request lifecycle)."""
@@ -68,7 +65,7 @@ class ReplicaWakeups(Host):
         token = rep.wake_token + 1
         rep.wake_token = token
         rep.wake_t = t
-        queue.push(t, PRIO_WAKE, self._wake_cb, (rep, token))
+        queue.push(t, PRIO_WAKE, self._wake, (rep, token))
 
     def _wake(self, arg: tuple[SimReplica, int]) -> None:
         rep, token = arg
@@ -119,7 +116,7 @@ class ReplicaWakeups(Host):
             token = rep.wake_token + 1
             rep.wake_token = token
             rep.wake_t = t
-            queue.push(t, PRIO_WAKE, self._wake_cb, (rep, token))
+            queue.push(t, PRIO_WAKE, self._wake, (rep, token))
             return
 
     def sync(self, rep: SimReplica) -> None:

@@ -11,10 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import partial
-from typing import Any, Final, Literal, Protocol
-
-from mypy_extensions import mypyc_attr
+from typing import Any, Literal, Protocol
 
 __all__ = ["Host", "SessionEnd", "Turn", "TurnOutcome", "Workload", "WorkloadConfig"]
 
@@ -23,7 +20,7 @@ SessionEnd = Literal["completed", "cancelled"]
 (timeout, off-policy bound, or abandoned)."""
 
 
-@dataclass(init=False, slots=True)
+@dataclass(frozen=True, slots=True)
 class Turn:
     """One request of a session.
 
@@ -33,45 +30,25 @@ class Turn:
         prompt_len: prompt tokens (>= 1).
         output_len: tokens to generate, forced (>= 1).
         block_keys: chained keys of the full blocks of prompt + output at the host's
-            ``block_size`` (see :class:`sessionroute.replica.EngineRequest`); at least
-            ``prompt_len // block_size`` of them. A list is used as it is, not copied (other
-            sequences are copied once): its keys must not change, nor may it grow while the
-            turn is in flight; a session may extend the same list for its next turn after
-            this one ended (the simulated replicas keep it for cached blocks and only read
-            this turn's keys).
+            ``block_size`` (:mod:`sessionroute.keys`; see
+            :class:`sessionroute.replica.EngineRequest`); at least ``prompt_len // block_size``
+            of them. A list is used as it is, not copied: its keys must not change, nor may it
+            grow while the turn is in flight; a session may extend the same list for its next
+            turn after this one ended (the simulated replicas keep it for cached blocks and
+            only read this turn's keys).
         cache_salt: prefix-cache namespace (e.g. the policy version of an RL rollout), or None.
         tag: opaque workload data, handed back in the :class:`TurnOutcome`.
-
-    Turns and outcomes exist once per request, so their fields are ``Final`` and they have their
-    own ``__init__`` (``dataclass(init=False)`` adds comparison and ``repr``): compiled, they
-    are immutable and cost about 1/6 of a dataclass to create.
     """
 
-    session_id: Final[str]
-    prompt_len: Final[int]
-    output_len: Final[int]
-    block_keys: Final[Sequence[int]]
-    cache_salt: Final[str | None]
-    tag: Final[Any]
-
-    def __init__(
-        self,
-        session_id: str,
-        prompt_len: int,
-        output_len: int,
-        block_keys: Sequence[int],
-        cache_salt: str | None = None,
-        tag: Any = None,
-    ) -> None:
-        self.session_id = session_id
-        self.prompt_len = prompt_len
-        self.output_len = output_len
-        self.block_keys = block_keys
-        self.cache_salt = cache_salt
-        self.tag = tag
+    session_id: str
+    prompt_len: int
+    output_len: int
+    block_keys: Sequence[int]
+    cache_salt: str | None = None
+    tag: Any = None
 
 
-@dataclass(init=False, slots=True)
+@dataclass(frozen=True, slots=True)
 class TurnOutcome:
     """What the client saw of one :class:`Turn`.
 
@@ -84,86 +61,64 @@ class TurnOutcome:
         replica: index of the replica that served it (-1 if rejected).
     """
 
-    turn: Final[Turn]
-    sent_s: Final[float]
-    done_s: Final[float]
-    ok: Final[bool]
-    cached_tokens: Final[int]
-    replica: Final[int]
-
-    def __init__(
-        self, turn: Turn, sent_s: float, done_s: float, ok: bool, cached_tokens: int, replica: int
-    ) -> None:
-        self.turn = turn
-        self.sent_s = sent_s
-        self.done_s = done_s
-        self.ok = ok
-        self.cached_tokens = cached_tokens
-        self.replica = replica
+    turn: Turn
+    sent_s: float
+    done_s: float
+    ok: bool
+    cached_tokens: int
+    replica: int
 
 
-@mypyc_attr(allow_interpreted_subclasses=True)
-class Host:
-    """What a workload may ask of its driver: a base class to subclass, overriding every method.
-
-    A base class rather than a ``Protocol`` so that compiled workloads call a compiled host
-    (the simulator) natively; interpreted hosts (the live host, test fakes) subclass it too.
-    :meth:`call_at_with` has a default in terms of :meth:`call_at`; every other method here
-    raises ``NotImplementedError``.
-    """
+class Host(Protocol):
+    """What a workload may ask of its driver (the simulator, or the live host)."""
 
     @property
     def block_size(self) -> int:
         """Tokens per KV block of the replicas (the key granularity of :attr:`Turn.block_keys`)."""
-        raise NotImplementedError
+        ...
 
     @property
     def max_model_len(self) -> int:
         """Longest prompt + output the replicas accept, in tokens."""
-        raise NotImplementedError
+        ...
 
     def now(self) -> float:
         """Current time in seconds."""
-        raise NotImplementedError
+        ...
 
     def call_at(self, t: float, fn: Callable[[], None]) -> None:
         """Run ``fn()`` at time ``t`` seconds (``t >= now()``)."""
-        raise NotImplementedError
-
-    def call_at_with(self, t: float, fn: Callable[[Any], None], arg: Any) -> None:
-        """Run ``fn(arg)`` at time ``t`` seconds: :meth:`call_at` of ``partial(fn, arg)``, which
-        a host may do without the ``partial`` (the simulator schedules ``fn`` and ``arg``)."""
-        self.call_at(t, partial(fn, arg))
+        ...
 
     def submit(self, turn: Turn, on_done: Callable[[TurnOutcome], None]) -> int:
         """Send ``turn`` now; ``on_done`` is called once when its response has arrived (not if
         the turn is cancelled first). Returns a handle for :meth:`cancel`."""
-        raise NotImplementedError
+        ...
 
     def cancel(self, handle: int) -> None:
         """Abort an in-flight turn (no-op if it already finished); ``on_done`` is not called."""
-        raise NotImplementedError
+        ...
 
     def end_session(self, session_id: str, how: SessionEnd) -> None:
         """The session is over: record it and release it at the router (``/finish_session``)
         when the run releases sessions."""
-        raise NotImplementedError
+        ...
 
     def reset_prefix_cache(self) -> None:
         """Drop every cached-idle block on every replica (weight update with ``cache="reset"``)."""
-        raise NotImplementedError
+        ...
 
     def record_step(self, step: int, step_time_s: float) -> None:
         """An RL trainer step ``step`` (1-based) ended now after ``step_time_s`` seconds."""
-        raise NotImplementedError
+        ...
 
     def record_group(self, latency_s: float) -> None:
         """A GRPO group ended; ``latency_s`` is admission to its slowest rollout's end."""
-        raise NotImplementedError
+        ...
 
     def stop(self) -> None:
         """The workload is done: end the run after the current event."""
-        raise NotImplementedError
+        ...
 
 
 class Workload(Protocol):

@@ -11,10 +11,9 @@ loop). Two sequences get the same key at block ``i`` exactly when they hold the
 same segments up to the end of block ``i``, so shared content (a system prompt, a GRPO group's
 task) hits and distinct content never does.
 
-Keys are Python hashes of tuples of ints: deterministic across runs and processes (unlike
-``hash(str)``, integer and tuple hashing is not randomized), 64-bit, so accidental collisions
-are negligible at simulator scale. Compiled, they are computed without building the tuples
-(:func:`sessionroute.router.hashing.tuple_hash3`, the same values).
+Keys are :func:`sessionroute.keys.chain_key` values: an explicit 64-bit mix (splitmix64's
+finalizer), the same on every platform and Python version, so accidental collisions are
+negligible at simulator scale.
 """
 
 from __future__ import annotations
@@ -22,12 +21,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final
 
-from sessionroute.router.hashing import tuple_hash3, tuple_hash_ints
+from sessionroute.keys import ROOT_KEY, chain_key
 
-__all__ = ["ROOT_KEY", "BlockChain", "expand_trace_blocks"]
+__all__ = ["ROOT_KEY", "SHARED_NAMESPACE", "BlockChain", "expand_trace_blocks"]
 
-ROOT_KEY: Final = 0
-"""Parent key of a sequence's first block."""
+SHARED_NAMESPACE: Final = -1
+"""Parent of the keys of a trace's globally shared leading blocks (see
+:func:`expand_trace_blocks`)."""
 
 
 class BlockChain:
@@ -77,43 +77,30 @@ class BlockChain:
             return
         bs = self.block_size
         keys = self.keys
-        tail_len = self._tail_len
+        self.tokens += length
         off = 0
-        if tail_len:
-            need = bs - tail_len
-            tail = self._tail
+        if self._tail_len:
+            need = bs - self._tail_len
             if length < need:
-                tail.append(segment)
-                tail.append(0)
-                tail.append(length)
-                self._tail_len = tail_len + length
-                self.tokens += length
+                self._tail += [segment, 0, length]
+                self._tail_len += length
                 return
-            tail.append(segment)
-            tail.append(0)
-            tail.append(need)
-            # hash((parent, *tail)): the block across segments
-            prev: int = tuple_hash_ints(keys[-1] if keys else ROOT_KEY, tail)
-            keys.append(prev)
-            off = need
-        else:
-            prev = keys[-1] if keys else ROOT_KEY
-        end = length - (length - off) % bs
-        if off < end:
-            # Full blocks inside one segment: keyed by the key before them (the anchor), the
-            # segment and the offset - the same content up to the block's end, as a chain.
-            o = off
-            while o < end:  # (a stepped range() is a Python iterator when compiled)
-                keys.append(tuple_hash3(prev, segment, o))  # hash((prev, segment, o))
-                o += bs
-            off = end
-        if off < length:
-            self._tail = [segment, off, length - off]
-            self._tail_len = length - off
-        elif tail_len:
+            # the block across segments: its parent key and every piece in it
+            self._tail += [segment, 0, need]
+            keys.append(chain_key(keys[-1] if keys else ROOT_KEY, *self._tail))
             self._tail = []
             self._tail_len = 0
-        self.tokens += length
+            off = need
+        # Full blocks inside one segment: keyed by the key before them (the anchor), the
+        # segment and the offset - the same content up to the block's end, as a chain. Each is
+        # chain_key(anchor, segment, o), computed as chain_key(chain_key(anchor, segment), o).
+        end = length - (length - off) % bs
+        if off < end:
+            run = chain_key(keys[-1] if keys else ROOT_KEY, segment)
+            keys.extend(chain_key(run, o) for o in range(off, end, bs))
+        if end < length:
+            self._tail = [segment, end, length - end]
+            self._tail_len = length - end
 
 
 def expand_trace_blocks(
@@ -127,15 +114,15 @@ def expand_trace_blocks(
     """Keys at ``block_size`` for a prompt described by a trace's chained block ids.
 
     Trace block ``j`` (id ``ids[j]``) covers tokens ``[j * src_block, (j + 1) * src_block)``.
-    The ids are chained again here, ``c[j] = hash((c[j - 1], ids[j]))`` from ``c[-1] =
+    The ids are chained again here, ``c[j] = chain_key(c[j - 1], ids[j])`` from ``c[-1] =
     namespace``, so a key identifies all content up to its end even where a trace's ids are not
     prefix-chained themselves (the replica model relies on chained keys, ENGINE.md; vLLM chains
     its block hashes the same way); for chained ids such as Mooncake's ``hash_ids`` this changes
     no sharing. Block ``i`` at ``block_size`` ends at token ``e = (i + 1) * block_size``; its key
-    is ``hash((c[(e - 1) // src_block], e))``. Keys are made for every full block with ``e <=
+    is ``chain_key(c[(e - 1) // src_block], e)``. Keys are made for every full block with ``e <=
     n_tokens`` whose trace block exists. Blocks ending within the first ``shared_prefix_tokens``
-    tokens get a namespace-free key (content shared by every session, e.g. a system prompt the
-    trace does not hash globally).
+    tokens get a namespace-free key, ``chain_key(SHARED_NAMESPACE, e)`` (content shared by every
+    session, e.g. a system prompt the trace does not hash globally).
 
     Args:
         ids: chained trace block ids (Mooncake ``hash_ids``, Weka rebuilt ids).
@@ -155,13 +142,13 @@ def expand_trace_blocks(
     chained: list[int] = []
     c = namespace
     for x in ids[: ((n * block_size - 1) // src_block + 1) if n else 0]:
-        c = hash((c, x))
+        c = chain_key(c, x)
         chained.append(c)
     out: list[int] = []
     for i in range(n):
         e = (i + 1) * block_size
         if e <= shared_prefix_tokens:
-            out.append(hash((-1, e)))
+            out.append(chain_key(SHARED_NAMESPACE, e))
         else:
-            out.append(hash((chained[(e - 1) // src_block], e)))
+            out.append(chain_key(chained[(e - 1) // src_block], e))
     return out

@@ -59,46 +59,21 @@ class LogNormal:
 
     def sample_list(self, rng: np.random.Generator, n: int) -> list[float]:
         """``n`` draws as a Python list: ``clip(rng.lognormal(mu, sigma, n), floor, cap)`` (a
-        constant when ``sigma`` is 0), clipped element by element instead of by more numpy
-        calls on a few (often one) values."""
-        floor = self.floor
-        cap = self.cap
-        xs: list[float] = (
-            rng.lognormal(self.mu, self.sigma, n).tolist()
-            if self.sigma > 0
-            else [math.exp(self.mu)] * n
-        )
-        for i in range(n):
-            x = xs[i]
-            if x < floor:  # np.clip(x, floor, cap) is minimum(maximum(x, floor), cap)
-                xs[i] = floor
-            elif x > cap:
-                xs[i] = cap
-        return xs
+        constant when ``sigma`` is 0)."""
+        if self.sigma > 0:
+            xs: list[float] = rng.lognormal(self.mu, self.sigma, n).tolist()
+        else:
+            xs = [math.exp(self.mu)] * n
+        return [min(max(x, self.floor), self.cap) for x in xs]
 
     def sample_int(self, rng: np.random.Generator, n: int) -> list[int]:
         """``n`` draws rounded to ints (at least ``max(1, floor)``), as a Python list.
 
         The values of ``maximum(rint(sample(rng, n)), max(1, ceil(floor)))``: ``round`` rounds
-        half to even like ``numpy.rint``; per-element Python instead of five numpy calls on a
-        few (often one) values.
+        half to even like ``numpy.rint``.
         """
         low = max(1, math.ceil(self.floor))
-        out: list[int] = []
-        for x in self.sample_list(rng, n):
-            v = _round_half_even(x)
-            out.append(v if v > low else low)
-        return out
-
-
-def _round_half_even(x: float) -> int:
-    """``round(x)`` for a finite float (half to even), native when compiled (``round`` is a
-    generic builtin call). ``x - floor(x)`` is exact for doubles, so halves are exact too."""
-    f = math.floor(x)
-    d = x - f
-    if d > 0.5 or (d == 0.5 and f & 1):
-        return f + 1
-    return f
+        return [max(round(x), low) for x in self.sample_list(rng, n)]
 
 
 class QuantileTable:

@@ -138,7 +138,7 @@ class MooncakeReplay:
             r.hash_ids, MOONCAKE_BLOCK, r.input_length, host.block_size, _NAMESPACE
         )
         self.stats["requests_sent"] += 1
-        host.submit(Turn(self._sid(i), r.input_length, out, keys, None, i), self._on_done)
+        host.submit(Turn(self._sid(i), r.input_length, out, keys, tag=i), self._on_done)
 
     def _on_done(self, outcome: TurnOutcome) -> None:
         host = self._host

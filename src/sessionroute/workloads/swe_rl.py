@@ -14,6 +14,7 @@ version, with the configured cache behaviour.
 from __future__ import annotations
 
 from collections import deque
+from functools import partial
 from typing import Any, Final
 
 import numpy as np
@@ -117,10 +118,6 @@ class SweRlWorkload:
         self._buffer: deque[_Rollout] = deque()
         self._uid = 0
         self._stopped = False
-        self._on_done_cb = self._on_done
-        self._send_cb = self._send
-        self._turns_sent = 0  # stats["turns"], kept as a field (a dict entry is two lookups)
-        self._timeout_cb = self._timeout
         self.stats = dict.fromkeys(
             (
                 "rollouts_started",
@@ -130,6 +127,7 @@ class SweRlWorkload:
                 "rollouts_off_policy",
                 "rollouts_stale_discarded",
                 "groups_admitted",
+                "turns",
             ),
             0,
         )
@@ -155,7 +153,7 @@ class SweRlWorkload:
 
     def summary(self) -> dict[str, Any]:
         """Rollout counters (started, completed, by ending) and the final policy version."""
-        return {**self.stats, "turns": self._turns_sent, "policy_version": self._version}
+        return {**self.stats, "policy_version": self._version}
 
     # -- internals ----------------------------------------------------------------------------
     def _new_segment(self) -> int:
@@ -196,26 +194,30 @@ class SweRlWorkload:
             self._active[self._uid] = r
             self._open += 1
             self.stats["rollouts_started"] += 1
-            host.call_at_with(now + c.rollout_timeout_s, self._timeout_cb, self._uid)
+            host.call_at(now + c.rollout_timeout_s, partial(self._timeout, self._uid))
             self._send(r)
 
     def _send(self, r: _Rollout) -> None:
         host = self._host
         if host is None or r.state != _ACTIVE:
             return
-        out = r.outputs[r.turn]
-        room = self._limit - r.prompt_len
-        if out > room:
-            out = room
+        out = min(r.outputs[r.turn], self._limit - r.prompt_len)
         self._seg += 1
         chain = r.chain
         chain.append(self._seg, out)
         r.out_len = out
         # the chain's own key list, not a copy: the turn is the rollout's only request in
         # flight, and the chain only appends to it after the turn ended (Turn.block_keys)
-        turn = Turn(r.sid, r.prompt_len, out, chain.keys, r.salt, r)
-        self._turns_sent += 1
-        r.handle = host.submit(turn, self._on_done_cb)
+        turn = Turn(
+            session_id=r.sid,
+            prompt_len=r.prompt_len,
+            output_len=out,
+            block_keys=chain.keys,
+            cache_salt=r.salt,
+            tag=r,
+        )
+        self.stats["turns"] += 1
+        r.handle = host.submit(turn, self._on_done)
 
     def _on_done(self, outcome: TurnOutcome) -> None:
         r: _Rollout = outcome.turn.tag
@@ -236,7 +238,7 @@ class SweRlWorkload:
         self._seg += 1
         r.chain.append(self._seg, obs)
         r.prompt_len = total + obs
-        host.call_at_with(host.now() + r.tools[k], self._send_cb, r)
+        host.call_at(host.now() + r.tools[k], partial(self._send, r))
 
     def _end(self, uid: int, r: _Rollout, how: SessionEnd, counter: str) -> None:
         host = self._host

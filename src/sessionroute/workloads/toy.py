@@ -153,7 +153,7 @@ class ToyWorkload:
         s.chain.append(self._new_segment(), out)
         s.out_len = out
         self.stats["turns"] += 1
-        host.submit(Turn(s.sid, s.prompt_len, out, tuple(s.chain.keys), None, s), self._on_done)
+        host.submit(Turn(s.sid, s.prompt_len, out, tuple(s.chain.keys), tag=s), self._on_done)
 
     def _on_done(self, outcome: TurnOutcome) -> None:
         s: _Session = outcome.turn.tag

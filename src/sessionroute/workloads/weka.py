@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sessionroute.errors import TraceFormatError
+from sessionroute.keys import chain_key
+from sessionroute.workloads.content import SHARED_NAMESPACE
 from sessionroute.workloads.traces import parse_float, parse_int
 
 __all__ = ["WEKA_BLOCK", "WEKA_COLUMNS", "WekaKeys", "WekaRow", "WekaTrace", "load_weka"]
@@ -213,8 +215,10 @@ class WekaKeys:
     ``blocks(r) = blocks(match_row)[:cached_tokens / 64] + fresh blocks`` (``traces/README.md``):
     a replica block ending at token ``e`` is keyed by the 64-token trace block holding token
     ``e - 1`` - inherited from ``match_row`` when that block is within ``cached_tokens``, else
-    fresh to the row (``hash((-7, row, (e - 1) // 64, e))``). Blocks ending within the first
-    ``shared_prefix_tokens`` get a key common to every session (``hash((-1, e))``).
+    fresh to the row (``chain_key(-7, row, (e - 1) // 64, e)``, :mod:`sessionroute.keys`).
+    Blocks ending within the first ``shared_prefix_tokens`` get a key common to every session
+    (``chain_key(SHARED_NAMESPACE, e)``, as in
+    :func:`~sessionroute.workloads.content.expand_trace_blocks`).
 
     Each row's keys are meant to be asked for once (its send); a row's keys are kept until the
     row and every row matching it have been built, then dropped.
@@ -239,8 +243,8 @@ class WekaKeys:
 
     def _key(self, row: int, e: int) -> int:
         if e <= self._shared:
-            return hash((-1, e))
-        return hash((-7, row, (e - 1) // WEKA_BLOCK, e))
+            return chain_key(SHARED_NAMESPACE, e)
+        return chain_key(-7, row, (e - 1) // WEKA_BLOCK, e)
 
     def keys(self, row: int) -> list[int]:
         """Keys of the ``input_tokens // block_size`` full prompt blocks of ``row``."""

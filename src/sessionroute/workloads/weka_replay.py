@@ -219,7 +219,7 @@ class WekaReplay:
             raise RuntimeError("workload not started")
         keys = self._keys.keys(r.row)
         self.stats["requests_sent"] += 1
-        turn = Turn(sid, r.input_tokens, out, keys, None, (s, agent, k))
+        turn = Turn(sid, r.input_tokens, out, keys, tag=(s, agent, k))
         host.submit(turn, self._on_done)
 
     def _on_done(self, outcome: TurnOutcome) -> None:

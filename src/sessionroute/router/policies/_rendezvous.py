@@ -7,11 +7,11 @@ workers would cost over a millisecond per new session. :func:`fbi_hash_many` com
 hashes for a batch of keys with numpy (``uint64`` arithmetic wraps modulo 2**64 like the C code),
 and :func:`rendezvous_winner` uses it above :data:`BATCH_MIN` candidates.
 
-The batch follows :mod:`sessionroute.router.hashing` step by step: MurmurHash64A of each key, furc's
-bit stream of nine blocks (block ``i`` is the rehash of block ``i - 1``), the first furc try
-(highest set bit ``d`` of block 0's low 24 bits, then the bits at ``d + 23*j``), and the final
-MurmurHash64A of the 4-byte bucket. The 2**-22-rare keys whose first try fails fall back to
-the scalar :func:`sessionroute.router.hashing.fbi_hash`.
+The batch follows :mod:`sessionroute.router.policies.hashing` step by step: MurmurHash64A of
+each key, furc's bit stream of nine blocks (block ``i`` is the rehash of block ``i - 1``), the
+first furc try (highest set bit ``d`` of block 0's low 24 bits, then the bits at
+``d + 23*j``), and the final MurmurHash64A of the 4-byte bucket. The 2**-22-rare keys whose
+first try fails fall back to the scalar :func:`sessionroute.router.policies.hashing.fbi_hash`.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import TypeAlias
 import numpy as np
 import numpy.typing as npt
 
-from sessionroute.router.hashing import FURC_MAX, FURC_SEED, fbi_hash, rendezvous_score
+from sessionroute.router.policies.hashing import FURC_MAX, FURC_SEED, fbi_hash, rendezvous_score
 
 __all__ = ["BATCH_MIN", "fbi_hash_many", "rendezvous_winner"]
 

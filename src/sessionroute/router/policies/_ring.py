@@ -11,8 +11,8 @@ from bisect import bisect_left
 from collections.abc import Iterator
 from typing import Final
 
-from sessionroute.router.hashing import fbi_hash
 from sessionroute.router.policies._rendezvous import fbi_hash_many
+from sessionroute.router.policies.hashing import fbi_hash
 
 __all__ = ["POINTS_PER_WORKER", "HashRing", "KeyHashCache"]
 

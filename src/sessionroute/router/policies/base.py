@@ -126,7 +126,7 @@ def least_loaded_of(candidates: Sequence[str], cluster: ClusterView, tiebreak: s
     Rendezvous hashing (``fbi_hash("<tiebreak>:<worker>")``, highest wins) makes ties
     deterministic without favouring the first worker in the list.
     """
-    from sessionroute.router.hashing import rendezvous_score
+    from sessionroute.router.policies.hashing import rendezvous_score
 
     best_load = min(cluster.in_flight(w) for w in candidates)
     tied = [w for w in candidates if cluster.in_flight(w) == best_load]

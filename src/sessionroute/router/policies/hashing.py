@@ -10,7 +10,6 @@ restated in ``shared/ROUTER.md``.
 from __future__ import annotations
 
 import struct
-import sys
 from typing import Final
 
 from mypy_extensions import i64
@@ -20,11 +19,8 @@ __all__ = [
     "FURC_SEED",
     "fbi_hash",
     "furc",
-    "int_hash",
     "murmur64a",
     "rendezvous_score",
-    "tuple_hash3",
-    "tuple_hash_ints",
 ]
 
 _MASK: Final = 0xFFFFFFFFFFFFFFFF
@@ -195,66 +191,3 @@ def fbi_hash(key: str | bytes) -> int:
 def rendezvous_score(session_id: str, worker: str) -> int:
     """Rendezvous (highest-random-weight) score of (session, worker): ``fbi_hash("sid:url")``."""
     return fbi_hash(f"{session_id}:{worker}")
-
-
-# CPython's hash of a tuple of ints (``Objects/tupleobject.c`` ``tuplehash``, the xxHash-based
-# one of 3.8+, with ``Objects/longobject.c`` ``long_hash`` for the items), on signed 64-bit
-# values: the simulator keys KV blocks by ``hash((parent, segment, offset))``
-# (:mod:`sessionroute.workloads.content`), and building each tuple cost more than hashing it.
-_P61: Final[i64] = (1 << 61) - 1  # sys.hash_info.modulus on 64-bit builds
-_XXP1: Final[i64] = _signed(11400714785074694791)
-_XXP2: Final[i64] = _signed(14029467366897019727)
-_XXP5: Final[i64] = _signed(2870177450012600261)
-_XXLEN: Final[i64] = _signed(2870177450012600261 ^ 3527539)  # tuplehash mangles the length
-_ROT_LOW: Final[i64] = (1 << 31) - 1  # the bits an unsigned ``x >> 33`` keeps
-_NATIVE: Final = not __file__.endswith(".py") and sys.hash_info.width == 64
-"""Whether this module runs compiled (then the arithmetic below beats building a tuple), on a
-64-bit hash (the arithmetic restates that one)."""
-
-
-def int_hash(x: i64) -> i64:
-    """``hash(x)`` of a signed 64-bit int: ``x`` mod ``2**61 - 1`` with ``x``'s sign, ``-1``
-    becoming ``-2`` (CPython ``long_hash``; ``sys.hash_info.modulus``)."""
-    if x >= 0:
-        return x % _P61
-    r = (-(x + 1)) % _P61 + 1  # |x| mod 2**61 - 1, with no overflow at x = -2**63
-    if r == _P61:
-        return 0
-    return -2 if r == 1 else -r
-
-
-def _lane(acc: i64, item: i64) -> i64:
-    """One item's round of ``tuplehash``: ``acc += hash(item) * P2; acc = rotl(acc, 31) * P1``."""
-    acc = _s64(acc + _s64(int_hash(item) * _XXP2))
-    acc = _s64(acc << 31) | ((acc >> 33) & _ROT_LOW)
-    return _s64(acc * _XXP1)
-
-
-def _finish(acc: i64, n: i64) -> i64:
-    acc = _s64(acc + (n ^ _XXLEN))
-    return 1546275796 if acc == -1 else acc
-
-
-def _tuple_hash3(a: i64, b: i64, c: i64) -> i64:
-    return _finish(_lane(_lane(_lane(_XXP5, a), b), c), 3)
-
-
-def tuple_hash3(a: i64, b: i64, c: i64) -> i64:
-    """``hash((a, b, c))`` for signed 64-bit ints, without building the tuple when compiled.
-
-    The same value as CPython 3.8+ on 64-bit builds (tested against ``hash``); as plain Python
-    it is ``hash((a, b, c))`` itself.
-    """
-    if _NATIVE:
-        return _tuple_hash3(a, b, c)
-    return hash((a, b, c))
-
-
-def tuple_hash_ints(first: i64, rest: list[int]) -> i64:
-    """``hash((first, *rest))`` for signed 64-bit ints (see :func:`tuple_hash3`)."""
-    if not _NATIVE:
-        return hash((first, *rest))
-    acc = _lane(_XXP5, first)
-    for x in rest:
-        acc = _lane(acc, x)
-    return _finish(acc, len(rest) + 1)

@@ -1,0 +1,52 @@
+"""Content keys (:mod:`sessionroute.keys`): splitmix64's finalizer and the chain built on it."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sessionroute.keys import GAMMA, MASK64, chain_key, mix64
+
+
+def test_mix64_gives_splitmix64s_published_outputs() -> None:
+    # splitmix64 seeded with 0 returns mix64(k * GAMMA) for k = 1, 2, 3 (Vigna's splitmix64.c)
+    outputs = [mix64(k * GAMMA) for k in (1, 2, 3)]
+    assert outputs == [0xE220A8397B1DCDAF, 0x6E789E6AA1B965F4, 0x06C45D188009454F]
+
+
+def test_mix64_is_a_bijection_on_a_sample_and_stays_in_64_bits() -> None:
+    inputs = [*range(5000), *(MASK64 - i for i in range(5000)), *(i << 40 for i in range(5000))]
+    outputs = {mix64(x) for x in inputs}
+    assert len(outputs) == len(set(inputs))
+    assert all(0 <= y <= MASK64 for y in outputs)
+    assert mix64(1 << 64) == mix64(0) == 0  # taken mod 2**64; zero is its fixed point
+
+
+def test_chain_key_folds_each_item_in_order() -> None:
+    h = 123
+    for x in (7, 0, 4096):
+        h = mix64((h ^ x) + GAMMA)
+    assert chain_key(123, 7, 0, 4096) == h
+    assert chain_key(123, 7, 4096, 0) != h  # order matters
+    assert chain_key(123) == 123
+    assert chain_key(0, 0) != 0  # GAMMA keeps zero from being a fixed point of the chain
+
+
+def test_chain_key_is_an_explicit_value_not_a_python_hash() -> None:
+    # pinned: the same on every platform and Python version, compiled or not
+    assert chain_key(0, 1, 2) == 0xBCD9DBB49673066B
+
+
+i64s = st.integers(-(2**63), 2**63 - 1)
+
+
+@given(parent=i64s, items=st.lists(i64s, max_size=8))
+def test_negative_ints_are_their_twos_complement(parent: int, items: list[int]) -> None:
+    key = chain_key(parent, *items)
+    assert 0 <= key <= MASK64
+    assert key == chain_key(parent & MASK64, *(x & MASK64 for x in items))
+
+
+@given(st.lists(st.tuples(i64s, i64s, i64s), min_size=2, max_size=50, unique=True))
+def test_distinct_contents_get_distinct_keys(contents: list[tuple[int, int, int]]) -> None:
+    assert len({chain_key(*c) for c in contents}) == len(contents)
