@@ -7,7 +7,7 @@ import random
 import pytest
 
 from sessionroute.router import RouterConfig
-from sessionroute.router.retry import RetryPolicy, RetryStep
+from sessionroute.router.retry import RetryPolicy
 
 
 def test_backoff_grows_by_the_multiplier_up_to_the_cap_without_jitter() -> None:
@@ -30,8 +30,8 @@ def test_jitter_stays_within_its_factor_and_comes_from_the_injected_generator() 
 def test_after_failure_waits_for_an_available_worker_and_re_places_at_once_otherwise() -> None:
     config = RouterConfig(retry_max_attempts=3, retry_jitter_factor=0.0)
     policy = RetryPolicy(config, random.Random(0))
-    assert policy.after_failure(1, worker_available=True) == RetryStep(0.05, False)
-    assert policy.after_failure(2, worker_available=False) == RetryStep(0.0, True)
+    assert policy.after_failure(1, worker_available=True) == pytest.approx(0.05)
+    assert policy.after_failure(2, worker_available=False) == 0.0  # placed again at once
     assert policy.after_failure(3, worker_available=True) is None  # three attempts made
     one = RetryPolicy(RouterConfig(retry_max_attempts=1), random.Random(0))
     assert one.after_failure(1, worker_available=False) is None  # retries disabled

@@ -16,6 +16,10 @@ from sessionroute.router import RouterConfig, RoutingCore
 from sessionroute.router.admission import Ticket
 from sessionroute.router.core import Reservation
 from sessionroute.router.policies.base import Policy, least_loaded_of, require_healthy
+from sessionroute.router.policies.sticky_least_loaded import (
+    StickyLeastLoadedConfig,
+    StickyLeastLoadedPolicy,
+)
 from sessionroute.router.state import Cluster, ClusterView
 from sessionroute.sim import SimSpec, run_simulation
 from sessionroute.types import Decision, DecisionKind, RouteRequest
@@ -222,3 +226,69 @@ def test_the_simulator_holds_requests_at_the_router_and_loses_none() -> None:
         return max(by_t.values())
 
     assert fleet_running(gated.timeseries) <= 4 < fleet_running(free.timeseries)
+
+
+class SessionGate(InFlightGate):
+    """Admits a request only while no session is pinned (sticky placement otherwise)."""
+
+    name: ClassVar[str] = "session_gate"
+
+    def __init__(self, config: Any = None, *, clock: Clock, rng: random.Random) -> None:
+        super().__init__(config, clock=clock, rng=rng)
+        self.sticky = StickyLeastLoadedPolicy(
+            StickyLeastLoadedConfig(session_ttl_s=10.0), clock=clock, rng=rng
+        )
+
+    def admit(self, request: RouteRequest, cluster: ClusterView) -> bool:
+        return not self.sticky.session_counts()
+
+    def select(self, request: RouteRequest, cluster: ClusterView) -> Decision:
+        return self.sticky.select(request, cluster)
+
+    def sweep(self, now: float) -> int:
+        return self.sticky.sweep(now)
+
+
+def test_expired_sessions_free_capacity_for_a_waiting_request() -> None:
+    clock = ManualClock()
+    core = RoutingCore(SessionGate(clock=clock, rng=random.Random(0)), Cluster(W))
+    ready: list[Ticket] = []
+    first = core.place(RouteRequest(session_id="s1"), ready.append)
+    assert isinstance(first, Reservation)
+    core.complete(first)  # nothing in flight, but s1 stays pinned
+    waiting = core.place(RouteRequest(session_id="s2"), ready.append)
+    assert isinstance(waiting, Ticket)
+    clock.advance(11.0)
+    assert core.sweep(clock.now()) == 1  # s1 expires...
+    assert ready == [waiting] and waiting.reservation is not None  # ...and s2 is placed
+
+
+class ClockGate(InFlightGate):
+    """Admits once the clock has passed ``open_at`` seconds: admission that changes without
+    any request completing."""
+
+    name: ClassVar[str] = "clock_gate"
+    open_at: ClassVar[float] = 5.0
+
+    def admit(self, request: RouteRequest, cluster: ClusterView) -> bool:
+        return self.clock.now() >= self.open_at
+
+
+async def test_serve_places_a_request_admitted_inside_place_itself(
+    backends: list[FakeBackend], make_router: MakeRouter, client: aiohttp.ClientSession
+) -> None:
+    """The head of the queue and the new request are both admitted while the new one is being
+    queued (the gate opened with time): the new ticket leaves the queue inside ``place``."""
+    clock = ManualClock()
+    router = await make_router(
+        [b.url for b in backends[:1]], clock=clock, policy=f"{__name__}:ClockGate"
+    )
+    core = router.router.core
+    first = asyncio.create_task(post_chat(client, router, "a"))
+    while len(core.admission) < 1:
+        await asyncio.sleep(0.002)
+    clock.advance(10.0)  # the gate opens; nothing completes to pump the queue
+    assert (await post_chat(client, router, "b"))[0] == 200
+    assert (await first)[0] == 200
+    assert backends[0].sessions() == ["a", "b"]
+    assert core.cluster.in_flight(backends[0].url) == 0 and len(core.admission) == 0

@@ -4,8 +4,8 @@ A policy may hold a request back (:meth:`sessionroute.router.policies.Policy.adm
 False, e.g. every replica is past its KV-cache knee). The request then waits here, in arrival
 order, instead of being sent to a replica that would preempt; it is placed as soon as the
 policy admits the head of the queue, which the router core checks whenever capacity may have
-been freed (a request completed, a session was released, a worker came back). A request that
-finds ``admission_max_waiting`` requests already waiting, or waits longer than
+been freed (a request completed, a session was released or expired, a worker came back). A
+request that finds ``admission_max_waiting`` requests already waiting, or waits longer than
 ``admission_max_wait_s``, is refused (HTTP 503 live).
 
 Pure and clock-free: the drivers own time. ``serve`` waits on a future that the ticket's
@@ -61,7 +61,7 @@ class AdmissionQueue:
         self.max_waiting = max_waiting
         self._queue: deque[Ticket] = deque()
         self.admitted_after_wait = 0
-        """Tickets that waited and were then admitted."""
+        """Tickets that waited and were then placed (counted by the router core)."""
         self.refused_full = 0
         """Requests refused because the queue was full."""
         self.refused_timeout = 0
@@ -86,7 +86,6 @@ class AdmissionQueue:
         """Remove and return the head (IndexError when empty)."""
         ticket = self._queue.popleft()
         ticket.waiting = False
-        self.admitted_after_wait += 1
         return ticket
 
     def withdraw(self, ticket: Ticket) -> bool:

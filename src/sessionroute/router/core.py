@@ -25,6 +25,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from sessionroute.clock import Clock
 from sessionroute.errors import AdmissionRefused, NoWorkerAvailable
 from sessionroute.router.admission import AdmissionQueue, Ticket
 from sessionroute.router.config import RouterConfig
@@ -69,6 +70,7 @@ class RoutingCore:
         config: router settings (defaults: :class:`RouterConfig`'s).
         rng: random generator for retry jitter (``random.Random(0)`` when omitted).
         log: when a list, every decision is appended as ``(session_id, worker, kind)``.
+        clock: time source of the circuit breakers (the policy's clock when omitted).
     """
 
     def __init__(
@@ -79,11 +81,12 @@ class RoutingCore:
         *,
         rng: random.Random | None = None,
         log: list[tuple[str | None, str, str]] | None = None,
+        clock: Clock | None = None,
     ) -> None:
         self.policy = policy
         self.cluster = cluster
         self.config = config if config is not None else RouterConfig()
-        self.clock = policy.clock
+        self.clock = clock if clock is not None else policy.clock
         self.log = log
         self.requests = RequestBuilder(self.config, needs_content=policy.needs_content)
         self.retry = RetryPolicy(self.config, rng if rng is not None else random.Random(0))
@@ -113,9 +116,11 @@ class RoutingCore:
 
         Returns:
             The reservation when the policy admits the request now (and nobody waits ahead
-            of it); otherwise a waiting :class:`Ticket` whose ``on_ready`` is called once it
-            was placed or failed. Withdraw it with :meth:`withdraw` when its deadline
-            (``admission_max_wait_s``) passes.
+            of it); otherwise a :class:`Ticket`. Its ``on_ready`` is called once, when it was
+            placed or failed, possibly before ``place`` returns (then ``ticket.waiting`` is
+            already False and ``on_ready`` ran with ``ticket.context`` still None). Withdraw a
+            ticket that still waits at its deadline (``admission_max_wait_s``) with
+            :meth:`withdraw`.
 
         Raises:
             NoWorkerAvailable: when no worker is available.
@@ -126,8 +131,8 @@ class RoutingCore:
         if not self.admission.has_room():
             self.admission.refused_full += 1
             raise AdmissionRefused(
-                f"every worker is saturated and {self.admission.max_waiting} request(s) "
-                "already wait for admission",
+                "the policy holds the request back and the admission queue is full "
+                f"({len(self.admission)} of {self.admission.max_waiting} waiting)",
                 "queue_full",
             )
         ticket = Ticket(request, on_ready)
@@ -161,6 +166,7 @@ class RoutingCore:
             ticket = queue.pop()
             try:
                 ticket.reservation = self.route(ticket.request)
+                queue.admitted_after_wait += 1
             except NoWorkerAvailable as exc:
                 ticket.error = exc
             ticket.on_ready(ticket)
@@ -199,8 +205,12 @@ class RoutingCore:
         return known
 
     def sweep(self, now: float) -> int:
-        """Expire idle sessions; returns how many."""
-        return self.policy.sweep(now)
+        """Expire idle sessions; returns how many (expiry may free capacity for waiting
+        requests, so the admission queue is pumped)."""
+        expired = self.policy.sweep(now)
+        if expired and len(self.admission):
+            self.pump()
+        return expired
 
     # -- workers --------------------------------------------------------------------------
     def add_worker(self, url: str) -> None:
@@ -251,27 +261,31 @@ class RoutingCore:
         self.refresh(url)
         return wh.breaker.timeout_s
 
-    def record_unreachable(self, url: str, reason: str) -> bool:
-        """``url`` refused a connection: unavailable at once, until its checks pass again.
+    def record_unreachable(self, url: str, reason: str) -> float | None:
+        """``url`` refused a connection: unavailable at once, until its health checks pass
+        again (and its circuit, if this failure opened it, is no longer open).
 
         Returns:
-            True if it was available before.
+            As :meth:`record_failure`: when this opened its circuit, the seconds after which
+            the driver should call :meth:`refresh`; None otherwise.
         """
         wh = self.health.get(url)
         if wh is None:
-            return False
-        wh.breaker.record_failure()
-        changed = wh.mark_unreachable(reason)
+            return None
+        opened = wh.breaker.record_failure()
+        wh.mark_unreachable(reason)
         self.refresh(url)
-        return changed
+        return wh.breaker.timeout_s if opened else None
 
     def observe_check(self, url: str, ok: bool, fail_n: int, pass_n: int) -> bool:
-        """Fold one health-check result of ``url`` in (``fail_n`` failures make it unhealthy,
-        ``pass_n`` passes healthy again); True if its availability changed."""
+        """Fold one health-check result of ``url`` in (``fail_n`` consecutive failures make it
+        unhealthy, ``pass_n`` passes healthy again) and push its availability; True if its
+        health verdict changed."""
         wh = self.health.get(url)
         if wh is None or not wh.observe_check(ok, fail_n, pass_n):
             return False
-        return self.refresh(url)
+        self.refresh(url)
+        return True
 
     def _new_health(self, url: str) -> WorkerHealth:
         c = self.config

@@ -13,29 +13,13 @@ Whether any byte already reached the client (no retry then) is the driver's to k
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
 
 from sessionroute.router.config import RouterConfig
 
-__all__ = ["RETRY_STATUSES", "RetryPolicy", "RetryStep"]
+__all__ = ["RETRY_STATUSES", "RetryPolicy"]
 
 RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 """Upstream statuses that are retried (vllm-router's list)."""
-
-
-@dataclass(frozen=True, slots=True)
-class RetryStep:
-    """What to do before the next attempt.
-
-    Attributes:
-        wait_s: seconds to wait first.
-        replace: True to release the reservation and place the request again now (the worker
-            is unavailable); False to check again after the wait
-            (:meth:`sessionroute.router.core.RoutingCore.retarget`).
-    """
-
-    wait_s: float
-    replace: bool
 
 
 class RetryPolicy:
@@ -66,15 +50,19 @@ class RetryPolicy:
             base *= 1.0 + self._jitter * self._rng.uniform(-1.0, 1.0)
         return max(0.0, base)
 
-    def after_failure(self, attempt: int, worker_available: bool) -> RetryStep | None:
-        """The step after attempt number ``attempt`` (1-based) failed, or None to give up.
+    def after_failure(self, attempt: int, worker_available: bool) -> float | None:
+        """Seconds to wait before the next attempt after attempt number ``attempt`` (1-based)
+        failed, or None to give up. The next attempt then goes through
+        :meth:`sessionroute.router.core.RoutingCore.retarget` (same worker while available,
+        else placed again).
 
         Args:
             attempt: attempts made so far.
-            worker_available: whether the attempt's worker is still available now.
+            worker_available: whether the attempt's worker is still available now (0 s when
+                it is not: the request is placed again at once).
         """
         if attempt >= self.max_attempts:
             return None
         if not worker_available:
-            return RetryStep(0.0, True)
-        return RetryStep(self.backoff_s(attempt), False)
+            return 0.0
+        return self.backoff_s(attempt)

@@ -50,9 +50,10 @@ class HealthChecker:
             ``success_threshold * recheck_s`` seconds after it comes up, instead of
             ``success_threshold * interval_s``.
         timeout_s: per-check timeout in seconds.
-        failure_threshold: consecutive failures before a worker is unhealthy.
-        success_threshold: consecutive passes before it is healthy again.
-        on_change: called with the url whenever a worker's ``health_ok`` changes.
+        observe: folds one check result of a worker into its health record and returns
+            whether its verdict changed (the router core's
+            :meth:`~sessionroute.router.core.RoutingCore.observe_check`, which applies the
+            failure and success thresholds).
         headers: headers sent with each check (the worker API key, if any).
     """
 
@@ -65,9 +66,7 @@ class HealthChecker:
         interval_s: float,
         recheck_s: float | None = None,
         timeout_s: float,
-        failure_threshold: int,
-        success_threshold: int,
-        on_change: Callable[[str], None],
+        observe: Callable[[str, bool], bool],
         headers: dict[str, str],
     ) -> None:
         self._session = session
@@ -76,9 +75,7 @@ class HealthChecker:
         self._interval = interval_s
         self._recheck = interval_s if recheck_s is None else min(recheck_s, interval_s)
         self._timeout = timeout_s
-        self._fail_n = failure_threshold
-        self._pass_n = success_threshold
-        self._on_change = on_change
+        self._observe = observe
         self._headers = headers
         self.rounds = 0
         self.round_done = asyncio.Event()
@@ -102,9 +99,8 @@ class HealthChecker:
                 continue  # removed (or replaced) while the check ran
             if not ok:
                 wh.last_error = reason
-            if wh.observe_check(ok, self._fail_n, self._pass_n):
+            if self._observe(url, ok):
                 log.warning("worker %s is now %s", url, "healthy" if ok else "unhealthy")
-                self._on_change(url)
         if full:
             self.rounds += 1
             self.round_done.set()

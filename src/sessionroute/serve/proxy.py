@@ -129,9 +129,10 @@ async def proxy_request(conn: Connection, req: Request, router: Router) -> None:
 
 
 def _wake(ticket: Ticket) -> None:
-    """A ticket left the admission queue: wake the request waiting on it."""
-    fut: asyncio.Future[None] = ticket.context
-    if not fut.done():
+    """A ticket left the admission queue: wake the request waiting on it (none yet when it
+    left inside ``core.place`` itself; :func:`_admitted` then sees it is no longer waiting)."""
+    fut: asyncio.Future[None] | None = ticket.context
+    if fut is not None and not fut.done():
         fut.set_result(None)
 
 
@@ -143,7 +144,7 @@ async def _admitted(core: RoutingCore, ticket: Ticket) -> Reservation:
     """
     fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
     ticket.context = fut
-    if not ticket.waiting:  # placed while the future was being made
+    if not ticket.waiting:  # it left the queue inside core.place already
         fut.set_result(None)
     try:
         await asyncio.wait_for(fut, core.config.admission_max_wait_s)
@@ -204,11 +205,11 @@ async def _forward(
         res = holder[0]
         if attempt:
             metrics.count_retry(res.worker)
-            step = retry.after_failure(attempt, core.cluster.is_healthy(res.worker))
-            if step is None:  # pragma: no cover - the loop stops at max_attempts first
+            wait_s = retry.after_failure(attempt, core.cluster.is_healthy(res.worker))
+            if wait_s is None:  # pragma: no cover - the loop stops at max_attempts first
                 break
-            if step.wait_s:
-                await asyncio.sleep(step.wait_s)
+            if wait_s:
+                await asyncio.sleep(wait_s)
             try:
                 res = holder[0] = core.retarget(res)
             except NoWorkerAvailable:

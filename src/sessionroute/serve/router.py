@@ -142,9 +142,7 @@ class Router:
             interval_s=s.health_check_interval_secs,
             recheck_s=s.health_recheck_interval_secs,
             timeout_s=s.health_check_timeout_secs,
-            failure_threshold=s.health_failure_threshold,
-            success_threshold=s.health_success_threshold,
-            on_change=self.refresh,
+            observe=self._observe_check,
             headers=self.worker_headers,
         )
         self._tasks = [
@@ -182,6 +180,14 @@ class Router:
             available = self.core.cluster.is_healthy(url)
             log.warning("worker %s %s", url, "available" if available else "unavailable")
 
+    def _observe_check(self, url: str, ok: bool) -> bool:
+        """One health-check result of ``url``, folded in by the router core; True if its
+        verdict changed."""
+        s = self.settings
+        return self.core.observe_check(
+            url, ok, s.health_failure_threshold, s.health_success_threshold
+        )
+
     def record_success(self, url: str) -> None:
         """An upstream answer below 500 from ``url``."""
         if self.core.record_success(url):
@@ -189,15 +195,21 @@ class Router:
 
     def record_failure(self, url: str) -> None:
         """An upstream failure (5xx, reset, timeout) from ``url``; may open its circuit."""
-        reopen_s = self.core.record_failure(url)
-        if reopen_s is not None:
-            log.warning("circuit of %s opened", url)
-            self._schedule_refresh(url, reopen_s)
+        self._circuit_opened(url, self.core.record_failure(url))
 
     def record_unreachable(self, url: str, reason: str) -> None:
         """``url`` refused the connection: unavailable at once, so the retry re-places."""
-        if self.core.record_unreachable(url, reason):
+        was_available = self.core.cluster.is_healthy(url)
+        reopen_s = self.core.record_unreachable(url, reason)
+        if was_available:
             log.warning("worker %s unreachable (%s); marked unhealthy", url, reason)
+        self._circuit_opened(url, reopen_s)
+
+    def _circuit_opened(self, url: str, reopen_s: float | None) -> None:
+        """When a failure opened ``url``'s circuit, look at it again once it turns half-open."""
+        if reopen_s is not None:
+            log.warning("circuit of %s opened", url)
+            self._schedule_refresh(url, reopen_s)
 
     def _schedule_refresh(self, url: str, delay_s: float) -> None:
         old = self._timers.pop(url, None)

@@ -91,20 +91,20 @@ class Dispatcher:
             raise RuntimeError(f"attempt {req.rid} failed without a reservation")
         url = res.worker
         if refused:
-            core.record_unreachable(url, "connection refused (replica down)")
+            reopen_s = core.record_unreachable(url, "connection refused (replica down)")
         else:
             reopen_s = core.record_failure(url)
-            if reopen_s is not None:
-                self.queue.push(self.queue.now() + reopen_s, PRIO_TIMER, self._refresh, url)
-        step = core.retry.after_failure(req.attempt, core.cluster.is_healthy(url))
-        if step is None:  # the router gives up (502): the client sends the turn again
+        if reopen_s is not None:  # its circuit opened: look again when it turns half-open
+            self.queue.push(self.queue.now() + reopen_s, PRIO_TIMER, self._refresh, url)
+        wait_s = core.retry.after_failure(req.attempt, core.cluster.is_healthy(url))
+        if wait_s is None:  # the router gives up (502): the client sends the turn again
             core.complete(res)
             self._client_retry(req)
             return
         self.counts["requests_retried"] += 1
         req.state = BACKOFF
-        if step.wait_s > 0:
-            self.queue.push(self.queue.now() + step.wait_s, PRIO_ARRIVAL, self._retry, req)
+        if wait_s > 0:
+            self.queue.push(self.queue.now() + wait_s, PRIO_ARRIVAL, self._retry, req)
         else:
             self._retry(req)
 
