@@ -4,19 +4,26 @@ Shared by ``sticky_least_loaded`` and ``consistent_hash_bounded_load``: both pin
 :class:`~sessionroute.router.state.sessions.SessionTable` with an idle TTL, sweep it at most every
 ``sweep_interval_s`` inside routing calls (vllm-router sweeps at most every 60 s), and unpin a
 removed worker's sessions so they count as re-pinned on their next turn.
+
+:meth:`SessionPolicy.select` is the one implementation of the session lifecycle (revisit,
+expiry, re-pin after a failure or removal, new placement, counters); a subclass says only where
+a new session goes (:meth:`~SessionPolicy.place_new`), where a request without a session goes
+(:meth:`~SessionPolicy.place_stateless`) and, optionally, when a live session must leave its
+healthy worker (:meth:`~SessionPolicy.keeps`).
 """
 
 from __future__ import annotations
 
 import random
+from abc import abstractmethod
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from sessionroute.clock import Clock
-from sessionroute.router.policies.base import Policy
+from sessionroute.router.policies.base import Policy, require_healthy
 from sessionroute.router.state.cluster import ClusterView
 from sessionroute.router.state.sessions import SessionStats, SessionTable
-from sessionroute.types import Decision, DecisionKind
+from sessionroute.types import Decision, DecisionKind, RouteRequest
 
 __all__ = ["SessionPolicy"]
 
@@ -33,6 +40,58 @@ class SessionPolicy(Policy):
         self._sweep_interval: float = self.config.sweep_interval_s
         self._last_sweep = clock.now()
         self._decisions: dict[str, Decision] = {}  # worker -> its (immutable) STICKY decision
+
+    def select(self, request: RouteRequest, cluster: ClusterView) -> Decision:
+        """Route a known, live session to its worker; place a new (or expired, or displaced)
+        one with :meth:`place_new` and pin it; requests without a session go to
+        :meth:`place_stateless` and record nothing.
+
+        Raises:
+            NoWorkerAvailable: when no worker is healthy.
+        """
+        healthy = require_healthy(cluster)
+        sid = request.session_id
+        if sid is None:
+            return Decision(self.place_stateless(request, healthy, cluster), DecisionKind.STATELESS)
+        now = self.clock.now()
+        self._maybe_sweep(now)
+        table = self.table
+        worker = table.lookup(sid, now)
+        if worker is not None:
+            if cluster.is_healthy(worker) and self.keeps(worker, healthy):
+                table.touch(sid, now)
+                table.stats.sticky += 1
+                return self._sticky(worker)
+            table.unpin(sid)
+            kind = DecisionKind.REPINNED
+        elif table.take_displaced(sid, now):
+            kind = DecisionKind.REPINNED
+        else:
+            kind = DecisionKind.NEW
+        worker = self.place_new(request, healthy, cluster)
+        table.pin(sid, worker, now)
+        if kind is DecisionKind.REPINNED:
+            table.stats.repinned += 1
+        else:
+            table.stats.new += 1
+        return Decision(worker, kind)
+
+    @abstractmethod
+    def place_new(
+        self, request: RouteRequest, healthy: tuple[str, ...], cluster: ClusterView
+    ) -> str:
+        """The worker for a session that has none (``request.session_id`` is set); the caller
+        pins it."""
+
+    @abstractmethod
+    def place_stateless(
+        self, request: RouteRequest, healthy: tuple[str, ...], cluster: ClusterView
+    ) -> str:
+        """The worker for a request without a session."""
+
+    def keeps(self, worker: str, healthy: tuple[str, ...]) -> bool:
+        """Whether a live session stays on its healthy ``worker`` (default: always)."""
+        return True
 
     def _maybe_sweep(self, now: float) -> None:
         """Sweep if ``sweep_interval_s`` has passed since the last sweep."""

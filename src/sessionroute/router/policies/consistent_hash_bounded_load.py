@@ -35,10 +35,9 @@ from sessionroute.clock import Clock
 from sessionroute.errors import ConfigError
 from sessionroute.router.policies._ring import HashRing, KeyHashCache
 from sessionroute.router.policies._sessions import SessionPolicy
-from sessionroute.router.policies.base import require_healthy
 from sessionroute.router.policies.least_loaded import LeastRecentlyChosen
 from sessionroute.router.state.cluster import ClusterView
-from sessionroute.types import Decision, DecisionKind, RouteRequest
+from sessionroute.types import RouteRequest
 
 __all__ = ["ConsistentHashBoundedLoadConfig", "ConsistentHashBoundedLoadPolicy"]
 
@@ -103,37 +102,26 @@ class ConsistentHashBoundedLoadPolicy(SessionPolicy):
             raise ValueError(f"bound needs at least one worker, got {workers}")
         return -(-(self._c_num * sessions) // (self._c_den * workers))
 
-    def select(self, request: RouteRequest, cluster: ClusterView) -> Decision:
-        healthy = require_healthy(cluster)
-        sid = request.session_id
-        if sid is None:
-            return Decision(self._stateless.pick(healthy, cluster), DecisionKind.STATELESS)
-        now = self.clock.now()
-        self._maybe_sweep(now)
+    def place_stateless(
+        self, request: RouteRequest, healthy: tuple[str, ...], cluster: ClusterView
+    ) -> str:
+        """Fewest in-flight requests, ties to the least recently chosen."""
+        return self._stateless.pick(healthy, cluster)
+
+    def keeps(self, worker: str, healthy: tuple[str, ...]) -> bool:
+        """A session leaves its healthy worker when that worker holds more than the bound."""
+        if self.table.count(worker) <= self.bound(len(self.table), len(healthy)):
+            return True
+        self.overload_moves += 1
+        return False
+
+    def place_new(
+        self, request: RouteRequest, healthy: tuple[str, ...], cluster: ClusterView
+    ) -> str:
+        """The first worker clockwise from the session's key with room under the bound."""
         if healthy is not self._ring.members:
             self._ring.rebuild(healthy)
-        table = self.table
-        worker = table.lookup(sid, now)
-        if worker is not None:
-            if cluster.is_healthy(worker):
-                if table.count(worker) <= self.bound(len(table), len(healthy)):
-                    table.touch(sid, now)
-                    table.stats.sticky += 1
-                    return self._sticky(worker)
-                self.overload_moves += 1
-            table.unpin(sid)
-            kind = DecisionKind.REPINNED
-        elif table.take_displaced(sid, now):
-            kind = DecisionKind.REPINNED
-        else:
-            kind = DecisionKind.NEW
-        worker = self._walk(f"header:{request.session_header}:{sid}", len(healthy))
-        table.pin(sid, worker, now)
-        if kind is DecisionKind.REPINNED:
-            table.stats.repinned += 1
-        else:
-            table.stats.new += 1
-        return Decision(worker, kind)
+        return self._walk(f"header:{request.session_header}:{request.session_id}", len(healthy))
 
     def _walk(self, key: str, workers: int) -> str:
         """First worker clockwise from ``key``'s hash with fewer sessions than the bound."""

@@ -24,9 +24,9 @@ from typing import Any, ClassVar
 from sessionroute.errors import ConfigError
 from sessionroute.router.policies._rendezvous import rendezvous_winner
 from sessionroute.router.policies._sessions import SessionPolicy
-from sessionroute.router.policies.base import least_loaded_of, require_healthy
+from sessionroute.router.policies.base import least_loaded_of
 from sessionroute.router.state.cluster import ClusterView
-from sessionroute.types import Decision, DecisionKind, RouteRequest
+from sessionroute.types import RouteRequest
 
 __all__ = ["StickyLeastLoadedConfig", "StickyLeastLoadedPolicy"]
 
@@ -57,37 +57,17 @@ class StickyLeastLoadedPolicy(SessionPolicy):
     name: ClassVar[str] = "sticky_least_loaded"
     Config: ClassVar[type[Any] | None] = StickyLeastLoadedConfig
 
-    def select(self, request: RouteRequest, cluster: ClusterView) -> Decision:
-        healthy = require_healthy(cluster)
-        sid = request.session_id
-        if sid is None:
-            tiebreak = request.request_id or ""
-            return Decision(least_loaded_of(healthy, cluster, tiebreak), DecisionKind.STATELESS)
-        now = self.clock.now()
-        self._maybe_sweep(now)
-        table = self.table
-        worker = table.lookup(sid, now)
-        if worker is not None:
-            if cluster.is_healthy(worker):
-                table.touch(sid, now)
-                table.stats.sticky += 1
-                return self._sticky(worker)
-            table.unpin(sid)
-            kind = DecisionKind.REPINNED
-        elif table.take_displaced(sid, now):
-            kind = DecisionKind.REPINNED
-        else:
-            kind = DecisionKind.NEW
-        worker = self._place(sid, healthy)
-        table.pin(sid, worker, now)
-        if kind is DecisionKind.REPINNED:
-            table.stats.repinned += 1
-        else:
-            table.stats.new += 1
-        return Decision(worker, kind)
+    def place_stateless(
+        self, request: RouteRequest, healthy: tuple[str, ...], cluster: ClusterView
+    ) -> str:
+        """The least-loaded worker (in-flight requests), ties by rendezvous on the request id."""
+        return least_loaded_of(healthy, cluster, request.request_id or "")
 
-    def _place(self, sid: str, healthy: tuple[str, ...]) -> str:
+    def place_new(
+        self, request: RouteRequest, healthy: tuple[str, ...], cluster: ClusterView
+    ) -> str:
+        """Among the workers with the fewest active sessions, the rendezvous winner."""
         count = self.table.count
         fewest = min(count(w) for w in healthy)
         tied = [w for w in healthy if count(w) == fewest]
-        return rendezvous_winner(sid, tied)
+        return rendezvous_winner(request.session_id or "", tied)
