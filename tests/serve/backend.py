@@ -43,6 +43,8 @@ class FakeBackend:
     stream_cancelled: asyncio.Event = field(default_factory=asyncio.Event)
     stream_finished: asyncio.Event = field(default_factory=asyncio.Event)
     hold: asyncio.Event | None = None
+    metrics_text: str | None = None
+    """Served at ``GET /metrics`` when set (404 otherwise)."""
     _runner: web.AppRunner | None = None
 
     @property
@@ -58,6 +60,7 @@ class FakeBackend:
             app.router.add_post(path, self._generate)
         app.router.add_get("/health", self._health)
         app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/metrics", self._metrics)
         self._runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=0.1)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", self.port, reuse_address=True)
@@ -77,6 +80,11 @@ class FakeBackend:
         if self.health_ok:
             return web.Response(text="")
         return web.Response(status=503, text="unhealthy")
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        if self.metrics_text is None:
+            raise web.HTTPNotFound()
+        return web.Response(text=self.metrics_text, content_type="text/plain")
 
     async def _models(self, request: web.Request) -> web.Response:
         return web.json_response(

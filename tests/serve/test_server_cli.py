@@ -184,6 +184,7 @@ async def test_serve_subprocess_and_sigterm(
             cb_failure_threshold=4,
             cb_success_threshold=1,
             cb_timeout_s=12.0,
+            scrape_interval_s=None,
             content_block_tokens=64,
             admission_max_waiting=5,
             admission_max_wait_s=2.5,

@@ -27,7 +27,9 @@ class FewestRunning(Policy):
 
 def test_a_policy_sees_the_scraped_engine_gauges() -> None:
     FewestRunning.seen.clear()
-    spec = SimSpec.model_validate({"workload": {"kind": "toy"}, "sim": {"scrape_interval_s": 0.5}})
+    spec = SimSpec.model_validate(
+        {"workload": {"kind": "toy"}, "router": {"scrape_interval_s": 0.5}}
+    )
     m = run_simulation(spec, f"{__name__}:FewestRunning", seed=0, wall_clock=ManualClock()).metrics
     assert m["sessions_completed"] == 48
     assert FewestRunning.seen and all(g is not None for g in FewestRunning.seen)
@@ -37,6 +39,8 @@ def test_a_policy_sees_the_scraped_engine_gauges() -> None:
 
 def test_without_scraping_the_gauges_stay_unknown() -> None:
     FewestRunning.seen.clear()
-    spec = SimSpec.model_validate({"workload": {"kind": "toy"}, "sim": {"scrape_interval_s": None}})
+    spec = SimSpec.model_validate(
+        {"workload": {"kind": "toy"}, "router": {"scrape_interval_s": None}}
+    )
     run_simulation(spec, f"{__name__}:FewestRunning", seed=0, wall_clock=ManualClock())
     assert FewestRunning.seen and all(g is None for g in FewestRunning.seen)

@@ -108,7 +108,7 @@ def cases() -> dict[str, tuple[dict[str, Any], str]]:
         {
             "workload": swe3,
             "replicas": {"block_size": 1, "count": 2},
-            "sim": {"scrape_interval_s": None},
+            "router": {"scrape_interval_s": None},
         },
         sll,
     )

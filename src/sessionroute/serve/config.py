@@ -83,6 +83,7 @@ class RouterSettings(BaseModel):
     balance_abs_threshold: int = Field(DEFAULTS["balance_abs_threshold"], ge=0)
     balance_rel_threshold: float = Field(DEFAULTS["balance_rel_threshold"], ge=1.0)
     shutdown_timeout_secs: float = Field(DEFAULTS["shutdown_timeout_secs"], ge=0)
+    scrape_interval_secs: float = Field(DEFAULTS["scrape_interval_secs"], ge=0)
     content_block_tokens: int = Field(DEFAULTS["content_block_tokens"], ge=1)
     admission_max_waiting: int = Field(DEFAULTS["admission_max_waiting"], ge=0)
     admission_max_wait_secs: float = Field(DEFAULTS["admission_max_wait_secs"], ge=0)
@@ -124,6 +125,7 @@ class RouterSettings(BaseModel):
             cb_failure_threshold=self.cb_failure_threshold,
             cb_success_threshold=self.cb_success_threshold,
             cb_timeout_s=self.cb_timeout_duration_secs,
+            scrape_interval_s=self.scrape_interval_secs or None,
             content_block_tokens=self.content_block_tokens,
             admission_max_waiting=self.admission_max_waiting,
             admission_max_wait_s=self.admission_max_wait_secs,
@@ -215,6 +217,7 @@ def router_flags(config: RouterConfig) -> list[str]:
         "--admission-max-waiting", str(config.admission_max_waiting),
         "--admission-max-wait-secs", repr(config.admission_max_wait_s),
     ]  # fmt: skip
+    flags += ["--scrape-interval-secs", repr(config.scrape_interval_s or 0.0)]
     if config.sweep_interval_s is not None:
         flags += ["--session-sweep-interval-secs", repr(config.sweep_interval_s)]
     if not config.circuit_breaker:

@@ -61,6 +61,7 @@ DEFAULTS: dict[str, Any] = {
     "balance_abs_threshold": 64,
     "balance_rel_threshold": 1.5,
     "shutdown_timeout_secs": 30.0,
+    "scrape_interval_secs": 1.0,
     "content_block_tokens": 16,
     "admission_max_waiting": 1024,
     "admission_max_wait_secs": 60.0,
@@ -227,6 +228,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             default=d[name],
             help=f"{help_text} (default: %(default)s)",
         )
+    a(
+        "--scrape-interval-secs",
+        type=float,
+        default=d["scrape_interval_secs"],
+        help="seconds between scrapes of each worker's /metrics for the engine gauges "
+        "policies read (vllm:num_requests_running/waiting, kv_cache_usage_perc); 0 disables "
+        "(sessionroute only; default: %(default)s)",
+    )
     a("--disable-retries", action="store_true", help="one attempt per request")
     a("--disable-circuit-breaker", action="store_true", help="never open a worker's circuit")
     a(

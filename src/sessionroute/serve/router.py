@@ -19,6 +19,7 @@ from sessionroute.clock import Clock, MonotonicClock
 from sessionroute.router import RoutingCore, choose_policy
 from sessionroute.router.state import Cluster
 from sessionroute.serve.config import RouterSettings
+from sessionroute.serve.gauges import GaugeScraper
 from sessionroute.serve.health import HealthChecker, probe
 from sessionroute.serve.metrics import RouterMetrics
 from sessionroute.serve.upstream import REQUEST_DROP, UpstreamPool
@@ -107,6 +108,7 @@ class Router:
         )
         self._session: aiohttp.ClientSession | None = None
         self.health: HealthChecker | None = None
+        self.gauges: GaugeScraper | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._timers: dict[str, asyncio.TimerHandle] = {}
 
@@ -149,6 +151,16 @@ class Router:
             asyncio.create_task(self.health.run(), name="sessionroute-health"),
             asyncio.create_task(self._sweep_loop(), name="sessionroute-sweep"),
         ]
+        interval = self.core.config.scrape_interval_s
+        if interval is not None:
+            self.gauges = GaugeScraper(
+                self._session,
+                self.core,
+                interval_s=interval,
+                timeout_s=min(interval, s.health_check_timeout_secs),
+                headers=self.worker_headers,
+            )
+            self._tasks.append(asyncio.create_task(self.gauges.run(), name="sessionroute-gauges"))
 
     async def close(self) -> None:
         """Stop background tasks and close the upstream pools."""

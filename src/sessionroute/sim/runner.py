@@ -194,8 +194,8 @@ def run_simulation(
         queue.push(f.at_s, PRIO_FAULT, _fault_cb(sim, f.kind, f.replica, f.factor))
     sampler = Sampler(sim, spec.sim.sample_interval_s, progress, workload.progress)
     sampler.start()
-    if spec.sim.scrape_interval_s is not None:
-        Scraper(sim, spec.sim.scrape_interval_s).start()
+    if spec.router.scrape_interval_s is not None:
+        Scraper(sim, spec.router.scrape_interval_s).start()
     if spec.router.sweep_interval_s is not None and pol.keeps_sessions:
         Sweeper(sim, spec.router.sweep_interval_s).start()
     workload.start(sim)

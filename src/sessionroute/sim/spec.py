@@ -118,14 +118,11 @@ class SimOptions(_Strict):
 
     Attributes:
         sample_interval_s: time-series sampling period (simulated seconds).
-        scrape_interval_s: how often the router's engine gauges (running, waiting, KV usage)
-            are refreshed, like a live router scraping ``/metrics``; None disables.
         max_simulated_s: hard stop (simulated seconds); None for none.
         fast_engine: use the engine's fast (jumping) implementation.
     """
 
     sample_interval_s: float = Field(default=10.0, gt=0)
-    scrape_interval_s: float | None = Field(default=1.0, gt=0)
     max_simulated_s: float | None = Field(default=None, gt=0)
     fast_engine: bool = True
 
