@@ -92,6 +92,19 @@ def test_dry_run_prints_plan_without_running(
     assert not (tmp_path / "x").exists()
 
 
+def test_policies_replace_a_files_arms_even_when_it_has_none(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    exp = tmp_path / "noarms.toml"
+    exp.write_text('[workload]\nkind = "toy"\n')
+    assert main(["compare", str(exp), "--dry-run"]) == 2  # arms are required...
+    assert "arms" in capsys.readouterr().err
+    rc = main(["compare", str(exp), "--policies", "consistent_hash,round_robin", "--dry-run"])
+    assert rc == 0  # ...unless --policies gives them
+    plan = json.loads(capsys.readouterr().out)
+    assert [a["policy"] for a in plan["arms"]] == ["consistent_hash", "round_robin"]
+
+
 def test_bad_policy_and_bad_file_are_clear_errors(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -89,8 +89,14 @@ def _load(args: argparse.Namespace) -> Any:
 
     from sessionroute.experiments.spec import load_experiment, parse_experiment
 
+    policy_arms: list[dict[str, Any]] | None = None
+    if args.policies:
+        names = [p.strip() for p in args.policies.split(",") if p.strip()]
+        if not names:
+            raise ValueError("--policies needs at least one policy name")
+        policy_arms = [{"policy": n} for n in names]
     if args.file:
-        spec = load_experiment(args.file)
+        spec = load_experiment(args.file, arms=policy_arms)
     else:
         text = resources.files("sessionroute").joinpath("data/default.toml").read_text("utf-8")
         spec = parse_experiment(tomllib.loads(text), source="<built-in default>")
@@ -112,11 +118,8 @@ def _load(args: argparse.Namespace) -> Any:
         data["run"]["seed"] = args.seed
     if args.repeats is not None:
         data["run"]["repeats"] = args.repeats
-    if args.policies:
-        names = [p.strip() for p in args.policies.split(",") if p.strip()]
-        if not names:
-            raise ValueError("--policies needs at least one policy name")
-        data["arms"] = [{"policy": n} for n in names]
+    if policy_arms is not None:
+        data["arms"] = policy_arms
         changed.append(f"--policies {args.policies}")
     if changed and data.get("description"):
         data["description"] += f" (changed on the command line: {', '.join(changed)})"

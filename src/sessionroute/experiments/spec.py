@@ -165,8 +165,18 @@ def parse_experiment(
     return spec
 
 
-def load_experiment(path: str | Path, env: Mapping[str, str] | None = None) -> ExperimentSpec:
+def load_experiment(
+    path: str | Path,
+    env: Mapping[str, str] | None = None,
+    *,
+    arms: list[dict[str, Any]] | None = None,
+) -> ExperimentSpec:
     """Read and validate a TOML experiment file.
+
+    Args:
+        path: the file.
+        env: variables for ``${VAR}`` expansion (the process environment when omitted).
+        arms: when given, they replace the file's ``[[arms]]`` (which may then be absent).
 
     Raises:
         ConfigError: if the file is missing, not TOML, or invalid (message names the file).
@@ -180,6 +190,8 @@ def load_experiment(path: str | Path, env: Mapping[str, str] | None = None) -> E
         data = tomllib.loads(raw.decode("utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{p}: not valid TOML: {exc}") from None
+    if arms is not None:
+        data["arms"] = arms
     return parse_experiment(data, source=str(p), env=env)
 
 
