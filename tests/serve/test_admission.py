@@ -182,6 +182,11 @@ async def test_serve_queues_held_back_requests_and_answers_503_when_full_or_late
     assert (await first)[0] == 200 and (await second)[0] == 200
     assert backends[0].sessions() == ["a", "b"]
     assert core.cluster.in_flight(backends[0].url) == 0
+    async with client.get(router.url + "/metrics") as r:
+        text = await r.text()
+    assert 'sessionroute_admission_total{outcome="placed"} 1.0' in text
+    assert 'sessionroute_admission_total{outcome="refused_full"} 1.0' in text
+    assert "sessionroute_admission_waiting 0.0" in text
 
 
 async def test_serve_refuses_a_request_that_waited_past_its_deadline(

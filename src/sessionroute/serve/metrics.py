@@ -110,7 +110,23 @@ class _StateCollector(Collector):
             "sessionroute_sessions_expired", "Sessions dropped after their idle TTL"
         )
         expired.add_metric([], stats.expired)
-        yield from (in_flight, sessions, available, circuit, decisions, released, expired)
+        queue = core.admission
+        waiting = GaugeMetricFamily(
+            "sessionroute_admission_waiting", "Requests waiting in the admission queue"
+        )
+        waiting.add_metric([], len(queue))
+        admission = CounterMetricFamily(
+            "sessionroute_admission",
+            "Requests the policy held back, by how they left the admission queue",
+            labels=["outcome"],
+        )
+        admission.add_metric(["placed"], queue.admitted_after_wait)
+        admission.add_metric(["refused_full"], queue.refused_full)
+        admission.add_metric(["refused_timeout"], queue.refused_timeout)
+        yield from (
+            in_flight, sessions, available, circuit, decisions, released, expired, waiting,
+            admission,
+        )  # fmt: skip
 
 
 _le = cast(Callable[[float], str], _go_float)  # the "le" label text prometheus-client writes
