@@ -22,8 +22,10 @@ FAST: dict[str, Any] = {
     "retry_initial_backoff_ms": 1.0,
     "retry_max_backoff_ms": 5.0,
     "shutdown_timeout_secs": 1.0,
+    "scrape_interval_secs": 0,
 }
-"""Router settings for tests: free port, no periodic health checks, millisecond backoff."""
+"""Router settings for tests: free port, no periodic health checks or gauge scrapes,
+millisecond backoff."""
 
 
 @pytest.fixture
