@@ -239,8 +239,14 @@ class Connection(ResponseWriter, asyncio.Protocol):
         req.lower = {name.lower(): value for name, value in reversed(headers)}  # first wins
         parser = self._parser
         req.method = parser.get_method().decode("ascii", "replace")
-        req.keep_alive = parser.should_keep_alive()
-        req.http10 = parser.get_http_version() == "1.0"
+        req.keep_alive = keep_alive = parser.should_keep_alive()
+        # llhttp keeps an HTTP/1.0 connection alive only when a Connection (or
+        # Proxy-Connection) header says keep-alive, so a kept-alive request without one is
+        # HTTP/1.1: the version (a string formatted per call) is asked only when it can be 1.0
+        lower = req.lower
+        req.http10 = (
+            not keep_alive or b"connection" in lower or b"proxy-connection" in lower
+        ) and parser.get_http_version() == "1.0"
         target = req.target
         if target[:1] != b"/":  # absolute-form (or "*"): keep the path and query
             try:
@@ -248,9 +254,10 @@ class Connection(ResponseWriter, asyncio.Protocol):
             except httptools.HttpParserInvalidURLError as exc:
                 raise ValueError(f"invalid request target {target!r}") from exc
             target = req.target = (url.path or b"/") + (b"?" + url.query if url.query else b"")
-        path, _, query = target.partition(b"?")
+        path, question, query = target.partition(b"?")
         req.path = path.partition(b"#")[0].decode("utf-8", "surrogateescape")
-        req.query = query.partition(b"#")[0].decode("utf-8", "surrogateescape")
+        if question:
+            req.query = query.partition(b"#")[0].decode("utf-8", "surrogateescape")
         length = req.lower.get(b"content-length")
         if length is not None:
             req.content_length = int(length)  # llhttp checked it is a number
