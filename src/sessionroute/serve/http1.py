@@ -129,8 +129,14 @@ class Request:
                 waiter.set_result(None)
 
 
-class Connection(ResponseWriter, asyncio.Protocol):
+class Connection(ResponseWriter, asyncio.BufferedProtocol):
     """One client connection (see the module docstring).
+
+    A buffered protocol: the event loop reads into the listener's buffer
+    (:attr:`Listener.read_buffer`, shared by its connections: a read is parsed before the
+    next one starts) and the parser copies out what it keeps, so a request body is copied
+    once on its way through the router, not twice (the loop's own read buffer, then the
+    parser's body pieces).
 
     Args:
         listener: the listener that accepted it.
@@ -185,15 +191,18 @@ class Connection(ResponseWriter, asyncio.Protocol):
             self._pending.close()
             self._pending = None
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._listener.read_buffer
+
+    def buffer_updated(self, nbytes: int) -> None:
         if self._bad:
             return
-        self._last_read = n = len(data)
-        self.received += n
+        self._last_read = nbytes
+        self.received += nbytes
         if self._in_head:  # a head spanning reads: bound what the parser accumulates
-            self._head_bytes += n
+            self._head_bytes += nbytes
         try:
-            self._parser.feed_data(data)
+            self._parser.feed_data(self._listener.read_buffer[:nbytes])
         except httptools.HttpParserUpgrade:
             # An Upgrade request (h2c, websocket) is served as plain HTTP/1.1; the bytes after
             # it belong to another protocol, so the connection ends after the response.
