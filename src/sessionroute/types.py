@@ -37,8 +37,12 @@ class RouteRequest:
     session_header: str = "x-session-id"
 
 
-class DecisionKind(enum.Enum):
-    """How a routing decision was reached (exported as ``decisions_total{kind=...}``)."""
+class DecisionKind(enum.StrEnum):
+    """How a routing decision was reached (exported as ``decisions_total{kind=...}``).
+
+    A ``StrEnum``: a kind is its label, and hashing one (the router core counts decisions by
+    kind on every request) is a string hash, where a plain ``Enum`` member runs Python code.
+    """
 
     NEW = "new"
     """A session seen for the first time (or after expiry/release) was placed."""

@@ -285,7 +285,7 @@ async def test_pool_prune_watchdog_and_connect_errors(raw: RawBackend) -> None:
     try:
         ex = Exchange(pool, raw.url, task)
         try:
-            head = pool.request_head(raw.url, "POST", "/v1/completions")
+            head = pool.request_head(raw.url, "POST", b"/v1/completions")
             status = await ex.send((head + b"Content-Length: 2\r\n\r\n", b"{}"))
             assert status == 200
             assert await ex.read() == OK_BODY
@@ -299,7 +299,7 @@ async def test_pool_prune_watchdog_and_connect_errors(raw: RawBackend) -> None:
         ex = Exchange(pool, raw.url, task)
         try:
             with pytest.raises(asyncio.CancelledError):
-                await ex.send((pool.request_head(raw.url, "POST", "/x") + b"\r\n", b""))
+                await ex.send((pool.request_head(raw.url, "POST", b"/x") + b"\r\n", b""))
             assert ex.is_timeout()  # only the timeout: the task goes on
         finally:
             ex.close()
@@ -311,7 +311,7 @@ async def test_pool_prune_watchdog_and_connect_errors(raw: RawBackend) -> None:
         finally:
             refused.close()
         with pytest.raises(UpstreamConnectError):
-            pool.request_head("ftp://x", "POST", "/")
+            pool.request_head("ftp://x", "POST", b"/")
     finally:
         await pool.close()
 
@@ -360,7 +360,7 @@ async def test_a_connection_idle_past_the_keepalive_is_not_reused(raw: RawBacken
     pool.start()
     task = asyncio.current_task()
     assert task is not None
-    parts = (pool.request_head(raw.url, "POST", "/v1/chat") + b"Content-Length: 2\r\n\r\n", b"{}")
+    parts = (pool.request_head(raw.url, "POST", b"/v1/chat") + b"Content-Length: 2\r\n\r\n", b"{}")
 
     async def exchange() -> None:
         ex = Exchange(pool, raw.url, task)

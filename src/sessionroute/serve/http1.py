@@ -129,8 +129,14 @@ class Request:
                 waiter.set_result(None)
 
 
-class Connection(ResponseWriter, asyncio.Protocol):
+class Connection(ResponseWriter, asyncio.BufferedProtocol):
     """One client connection (see the module docstring).
+
+    A buffered protocol: the event loop reads into the listener's buffer
+    (:attr:`Listener.read_buffer`, shared by its connections: a read is parsed before the
+    next one starts) and the parser copies out what it keeps, so a request body is copied
+    once on its way through the router, not twice (the loop's own read buffer, then the
+    parser's body pieces).
 
     Args:
         listener: the listener that accepted it.
@@ -185,15 +191,18 @@ class Connection(ResponseWriter, asyncio.Protocol):
             self._pending.close()
             self._pending = None
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._listener.read_buffer
+
+    def buffer_updated(self, nbytes: int) -> None:
         if self._bad:
             return
-        self._last_read = n = len(data)
-        self.received += n
+        self._last_read = nbytes
+        self.received += nbytes
         if self._in_head:  # a head spanning reads: bound what the parser accumulates
-            self._head_bytes += n
+            self._head_bytes += nbytes
         try:
-            self._parser.feed_data(data)
+            self._parser.feed_data(self._listener.read_buffer[:nbytes])
         except httptools.HttpParserUpgrade:
             # An Upgrade request (h2c, websocket) is served as plain HTTP/1.1; the bytes after
             # it belong to another protocol, so the connection ends after the response.
@@ -239,8 +248,14 @@ class Connection(ResponseWriter, asyncio.Protocol):
         req.lower = {name.lower(): value for name, value in reversed(headers)}  # first wins
         parser = self._parser
         req.method = parser.get_method().decode("ascii", "replace")
-        req.keep_alive = parser.should_keep_alive()
-        req.http10 = parser.get_http_version() == "1.0"
+        req.keep_alive = keep_alive = parser.should_keep_alive()
+        # llhttp keeps an HTTP/1.0 connection alive only when a Connection (or
+        # Proxy-Connection) header says keep-alive, so a kept-alive request without one is
+        # HTTP/1.1: the version (a string formatted per call) is asked only when it can be 1.0
+        lower = req.lower
+        req.http10 = (
+            not keep_alive or b"connection" in lower or b"proxy-connection" in lower
+        ) and parser.get_http_version() == "1.0"
         target = req.target
         if target[:1] != b"/":  # absolute-form (or "*"): keep the path and query
             try:
@@ -248,9 +263,10 @@ class Connection(ResponseWriter, asyncio.Protocol):
             except httptools.HttpParserInvalidURLError as exc:
                 raise ValueError(f"invalid request target {target!r}") from exc
             target = req.target = (url.path or b"/") + (b"?" + url.query if url.query else b"")
-        path, _, query = target.partition(b"?")
+        path, question, query = target.partition(b"?")
         req.path = path.partition(b"#")[0].decode("utf-8", "surrogateescape")
-        req.query = query.partition(b"#")[0].decode("utf-8", "surrogateescape")
+        if question:
+            req.query = query.partition(b"#")[0].decode("utf-8", "surrogateescape")
         length = req.lower.get(b"content-length")
         if length is not None:
             req.content_length = int(length)  # llhttp checked it is a number

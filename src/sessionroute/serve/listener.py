@@ -11,7 +11,10 @@ import logging
 from sessionroute.serve.http1 import Connection, Handler
 from sessionroute.serve.wire import HeadCache
 
-__all__ = ["Listener"]
+__all__ = ["READ_BUFFER_BYTES", "Listener"]
+
+READ_BUFFER_BYTES = 256 * 1024
+"""Most bytes read from a client at once (uvloop's own read size)."""
 
 
 class Listener:
@@ -41,6 +44,9 @@ class Listener:
         self.max_body = max_body
         self.keepalive_s = keepalive_s
         self.heads = HeadCache()
+        self.read_buffer = memoryview(bytearray(READ_BUFFER_BYTES))
+        """What the event loop reads client bytes into, for every connection of this listener
+        (each read is parsed, and what the parser keeps copied out, before the next)."""
         self.connections: set[Connection] = set()
         self.closing = False
         self._server: asyncio.AbstractServer | None = None

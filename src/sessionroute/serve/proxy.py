@@ -194,7 +194,7 @@ async def _forward(
     pool = router.upstream
     tail = _header_block(router, req) + b"Content-Length: %d\r\n\r\n" % size
     method = req.method
-    path_qs = req.target.decode("utf-8", "surrogateescape")
+    target = req.target
     retry = core.retry
     attempts = retry.max_attempts
     last_error = ""
@@ -226,8 +226,8 @@ async def _forward(
         try:
             t0 = time.perf_counter()
             try:
-                head = pool.heads.get((worker, method, path_qs)) or pool.request_head(
-                    worker, method, path_qs
+                head = pool.heads.get((worker, method, target)) or pool.request_head(
+                    worker, method, target
                 )
                 status = await ex.send((head + tail, *parts))
             except UpstreamConnectError as exc:
@@ -348,7 +348,7 @@ async def _relay(conn: Connection, router: Router, ex: Exchange, worker: str, ri
     try:
         headers, length = _response_headers(ex.headers)
         headers += b"x-request-id: " + rid + b"\r\n"
-        reason = ex.reason.decode("latin-1")
+        reason = ex.reason
         if length is not None and length <= BUFFER_LIMIT:
             try:
                 data = ex.body() if ex.complete else await ex.read()

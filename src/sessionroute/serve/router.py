@@ -37,6 +37,8 @@ _ALNUM = string.ascii_letters + string.digits
 _ID_TABLE = bytes(ord(_ALNUM[i % len(_ALNUM)]) for i in range(256))
 """Maps a random byte to an alphanumeric (the slight bias toward 8 letters is harmless)."""
 _ID_PREFIX = {"/v1/chat/completions": "chatcmpl-", "/v1/completions": "cmpl-"}
+_ID_SEQ_START = 10**11
+"""The first sequence number of generated request ids (the smallest with 12 digits)."""
 
 
 class Router:
@@ -100,7 +102,7 @@ class Router:
         )
         """Lower-case names of the headers echoed as ``x-request-id``, in order."""
         self._id_base = self.rng.randbytes(12).translate(_ID_TABLE).decode()
-        self._id_seq = 0
+        self._id_seq = _ID_SEQ_START
         self.upstream = UpstreamPool(
             timeout_s=settings.request_timeout_secs,
             connect_timeout_s=min(settings.request_timeout_secs, 10.0),
@@ -289,7 +291,10 @@ class Router:
         """``chatcmpl-``/``cmpl-``/``req-`` + 24 alphanumerics (vllm-router's format).
 
         The 24 characters are 12 random ones drawn once per router and a 12-digit sequence
-        number: unique within the router without a random draw per request.
+        number: unique within the router without a random draw per request. The sequence
+        runs over the 12-digit numbers (10**11 up to 10**12 - 1, then again), so it needs no
+        zero padding.
         """
-        self._id_seq = seq = (self._id_seq + 1) % 10**12
-        return f"{_ID_PREFIX.get(path, 'req-')}{self._id_base}{seq:012d}"
+        seq = self._id_seq + 1
+        self._id_seq = seq = seq if seq < 10**12 else _ID_SEQ_START
+        return _ID_PREFIX.get(path, "req-") + self._id_base + str(seq)

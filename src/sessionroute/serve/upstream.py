@@ -110,8 +110,8 @@ class UpstreamPool:
         self._max_idle = max_idle
         self._tick = max(0.005, min(1.0, timeout_s / 10))
         self._targets: dict[str, _Target] = {}
-        self.heads: dict[tuple[str, str, str], bytes] = {}
-        """Memo of :meth:`request_head` by (worker, method, path and query)."""
+        self.heads: dict[tuple[str, str, bytes], bytes] = {}
+        """Memo of :meth:`request_head` by (worker, method, request target)."""
         self._inflight: dict[Exchange, None] = {}
         """Exchanges in deadline order (the watchdog stops at the first live one)."""
         self._watchdog: asyncio.Task[None] | None = None
@@ -155,25 +155,28 @@ class UpstreamPool:
                 self.prune()
 
     # -- exchanges ------------------------------------------------------------------------
-    def request_head(self, worker: str, method: str, path_qs: str) -> bytes:
+    def request_head(self, worker: str, method: str, target: bytes) -> bytes:
         """``METHOD /base/path?q HTTP/1.1\\r\\nHost: h:p\\r\\n`` for ``worker`` (memoized).
+
+        Args:
+            worker: the worker base URL.
+            method: the request method.
+            target: the path and query as the client sent them (bytes, not re-encoded).
 
         Raises:
             UpstreamConnectError: ``worker`` is not an http(s) URL with a host.
         """
-        key = (worker, method, path_qs)
+        key = (worker, method, target)
         head = self.heads.get(key)
         if head is None:
             if len(self.heads) >= 4096:
                 self.heads.clear()
-            target = self._target(worker)
-            head = self.heads[key] = (
-                f"{method} {target.base_path}{path_qs} HTTP/1.1\r\n".encode(
-                    "utf-8", "surrogateescape"
-                )
-                + b"Host: "
-                + target.host_header
-                + b"\r\n"
+            t = self._target(worker)
+            head = self.heads[key] = b"%s %s%s HTTP/1.1\r\nHost: %s\r\n" % (
+                method.encode("ascii", "replace"),
+                t.base_path.encode("utf-8", "surrogateescape"),
+                target,
+                t.host_header,
             )
         return head
 

@@ -28,19 +28,19 @@ class HeadCache:
     __slots__ = ("_date_line", "_date_second", "_lines")
 
     def __init__(self) -> None:
-        self._lines: dict[tuple[int, str | None], bytes] = {}
+        self._lines: dict[tuple[int, bytes | None], bytes] = {}
         self._date_second = -1
         self._date_line = b""
 
-    def status_line(self, status: int, reason: str | None = None) -> bytes:
-        """``HTTP/1.1 <status> <reason>\\r\\n`` (memoized; the standard phrase when
-        ``reason`` is None or empty; CR/LF in a reason become spaces)."""
+    def status_line(self, status: int, reason: bytes | None = None) -> bytes:
+        """``HTTP/1.1 <status> <reason>\\r\\n`` (memoized; ``reason`` as a worker sent it,
+        the standard phrase when it is None or empty; CR/LF in a reason become spaces)."""
         key = (status, reason)
         line = self._lines.get(key)
         if line is None:
-            phrase = reason or REASONS.get(status, "Unknown")
-            phrase = phrase.replace("\r", " ").replace("\n", " ")
-            line = f"HTTP/1.1 {status} {phrase}\r\n".encode("latin-1", "replace")
+            phrase = reason or REASONS.get(status, "Unknown").encode("latin-1", "replace")
+            phrase = phrase.replace(b"\r", b" ").replace(b"\n", b" ")
+            line = b"HTTP/1.1 %d %s\r\n" % (status, phrase)
             if len(self._lines) < 1024:  # reasons come from workers: bounded
                 self._lines[key] = line
         return line
@@ -140,7 +140,7 @@ class ResponseWriter:
     def respond_raw(
         self,
         status: int,
-        reason: str | None,
+        reason: bytes | None,
         headers: bytes,
         body: bytes,
         *,
@@ -171,7 +171,7 @@ class ResponseWriter:
             transport.writelines((head, body))
 
     def start_response(
-        self, status: int, reason: str | None, headers: bytes, length: int | None
+        self, status: int, reason: bytes | None, headers: bytes, length: int | None
     ) -> None:
         """Write a response head; the body follows with :meth:`write` and
         :meth:`end_response` (chunked when ``length`` is None, close-delimited for
