@@ -68,5 +68,9 @@ def chain_key(parent: int, *items: int) -> int:
     """
     h = parent & MASK64
     for x in items:
-        h = mix64((h ^ x) + GAMMA)
+        # mix64((h ^ x) + GAMMA), written out: a call per item would cost a third of the time
+        z = ((h ^ x) + GAMMA) & MASK64
+        z = ((z ^ (z >> 30)) * _M1) & MASK64
+        z = ((z ^ (z >> 27)) * _M2) & MASK64
+        h = z ^ (z >> 31)
     return h

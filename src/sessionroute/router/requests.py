@@ -20,6 +20,7 @@ router and in the simulator alike:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
@@ -138,6 +139,8 @@ class RequestBuilder:
         )
         """(lower-case name as bytes, as text) of the session headers, in order."""
         self._block_bytes = config.content_block_tokens * BYTES_PER_TOKEN
+        # a session's turns all arrive with the same id: decode it once per session
+        self._turn_session = functools.lru_cache(maxsize=4096)(self._session_of_turn)
 
     def session(self, headers: Mapping[bytes, bytes]) -> tuple[str, str] | None:
         """The session id and the (lower-case) header it came from, or None.
@@ -213,10 +216,7 @@ class RequestBuilder:
             kv_block_tokens: tokens per KV block of ``block_keys``.
             request_id: the attempt's id.
         """
-        name, label = self.session_names[0]
-        headers = {name: session_id.encode("utf-8", "surrogatepass")} if session_id else {}
-        found = self.session(headers)
-        sid, header = found if found is not None else (None, label)
+        sid, header = self._turn_session(session_id)
         blocks = (
             coarsen_block_keys(
                 block_keys, prompt_tokens, kv_block_tokens, self.config.content_block_tokens
@@ -231,3 +231,11 @@ class RequestBuilder:
             request_id=request_id,
             session_header=header,
         )
+
+    def _session_of_turn(self, session_id: str | None) -> tuple[str | None, str]:
+        """The session id and header a simulated turn's id arrives as: sent in the first
+        session header, read back by :meth:`session` (the live rule)."""
+        name, label = self.session_names[0]
+        headers = {name: session_id.encode("utf-8", "surrogatepass")} if session_id else {}
+        found = self.session(headers)
+        return found if found is not None else (None, label)

@@ -97,7 +97,7 @@ class BlockChain:
         end = length - (length - off) % bs
         if off < end:
             run = chain_key(keys[-1] if keys else ROOT_KEY, segment)
-            keys.extend(chain_key(run, o) for o in range(off, end, bs))
+            keys += [chain_key(run, o) for o in range(off, end, bs)]
         if end < length:
             self._tail = [segment, end, length - end]
             self._tail_len = length - end
