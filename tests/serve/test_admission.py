@@ -279,21 +279,23 @@ class ClockGate(InFlightGate):
         return self.clock.now() >= self.open_at
 
 
-async def test_serve_places_a_request_admitted_inside_place_itself(
+async def test_serve_places_the_waiting_head_before_a_new_request_when_the_gate_opens(
     backends: list[FakeBackend], make_router: MakeRouter, client: aiohttp.ClientSession
 ) -> None:
-    """The head of the queue and the new request are both admitted while the new one is being
-    queued (the gate opened with time): the new ticket leaves the queue inside ``place``."""
+    """The gate opened with time, with no completion to pump the queue: the next request's
+    ``place`` admits the waiting head first, then routes the new one."""
     clock = ManualClock()
     router = await make_router(
         [b.url for b in backends[:1]], clock=clock, policy=f"{__name__}:ClockGate"
     )
     core = router.router.core
+    core.log = []
     first = asyncio.create_task(post_chat(client, router, "a"))
     while len(core.admission) < 1:
         await asyncio.sleep(0.002)
     clock.advance(10.0)  # the gate opens; nothing completes to pump the queue
     assert (await post_chat(client, router, "b"))[0] == 200
     assert (await first)[0] == 200
-    assert backends[0].sessions() == ["a", "b"]
+    assert [sid for sid, _, _ in core.log] == ["a", "b"]  # the waiting head placed first
+    assert sorted(s or "" for s in backends[0].sessions()) == ["a", "b"]
     assert core.cluster.in_flight(backends[0].url) == 0 and len(core.admission) == 0

@@ -114,18 +114,22 @@ class RoutingCore:
     ) -> Reservation | Ticket:
         """Admit and route ``request``, or queue it for admission.
 
+        Requests already waiting are placed first when the policy now admits them (its
+        verdict may change without a completion: time, gauges), so a new request never
+        overtakes them.
+
         Returns:
-            The reservation when the policy admits the request now (and nobody waits ahead
-            of it); otherwise a :class:`Ticket`. Its ``on_ready`` is called once, when it was
-            placed or failed, possibly before ``place`` returns (then ``ticket.waiting`` is
-            already False and ``on_ready`` ran with ``ticket.context`` still None). Withdraw a
-            ticket that still waits at its deadline (``admission_max_wait_s``) with
-            :meth:`withdraw`.
+            The reservation when the policy admits the request now and nobody waits ahead of
+            it; otherwise a waiting :class:`Ticket`, whose ``on_ready`` is called once, later,
+            when it was placed or failed. Withdraw a ticket that still waits at its deadline
+            (``admission_max_wait_s``) with :meth:`withdraw`.
 
         Raises:
             NoWorkerAvailable: when no worker is available.
             AdmissionRefused: held back with the admission queue full.
         """
+        if len(self.admission):
+            self.pump()
         if not len(self.admission) and self.policy.admit(request, self.cluster):
             return self.route(request)
         if not self.admission.has_room():
@@ -137,7 +141,6 @@ class RoutingCore:
             )
         ticket = Ticket(request, on_ready)
         self.admission.push(ticket)
-        self.pump()
         return ticket
 
     def withdraw(self, ticket: Ticket) -> AdmissionRefused | None:

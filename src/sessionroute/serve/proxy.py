@@ -129,10 +129,9 @@ async def proxy_request(conn: Connection, req: Request, router: Router) -> None:
 
 
 def _wake(ticket: Ticket) -> None:
-    """A ticket left the admission queue: wake the request waiting on it (none yet when it
-    left inside ``core.place`` itself; :func:`_admitted` then sees it is no longer waiting)."""
-    fut: asyncio.Future[None] | None = ticket.context
-    if fut is not None and not fut.done():
+    """A ticket left the admission queue: wake the request waiting on it."""
+    fut: asyncio.Future[None] = ticket.context
+    if not fut.done():
         fut.set_result(None)
 
 
@@ -144,8 +143,6 @@ async def _admitted(core: RoutingCore, ticket: Ticket) -> Reservation:
     """
     fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
     ticket.context = fut
-    if not ticket.waiting:  # it left the queue inside core.place already
-        fut.set_result(None)
     try:
         await asyncio.wait_for(fut, core.config.admission_max_wait_s)
     except TimeoutError:
