@@ -14,6 +14,7 @@ from sessionroute.clock import ManualClock
 from sessionroute.errors import NoWorkerAvailable
 from sessionroute.router.core import RoutingCore
 from sessionroute.router.policies import create_policy, policy_names
+from sessionroute.router.policies.registry import policy_class, takes_option
 from sessionroute.router.policies._rendezvous import BATCH_MIN, fbi_hash_many, rendezvous_winner
 from sessionroute.router.policies.hashing import fbi_hash, rendezvous_score
 from sessionroute.router.state import Cluster
@@ -40,7 +41,7 @@ def _replay(name: str, ops: list[tuple[Any, ...]], seed: int) -> list[tuple[str 
     core = RoutingCore(
         create_policy(
             name,
-            {"session_ttl_s": 100.0} if "sticky" in name else None,
+            {"session_ttl_s": 100.0} if takes_option(policy_class(name), "session_ttl_s") else None,
             clock=clock,
             rng=random.Random(seed),
         ),

@@ -3,8 +3,12 @@
 A policy may hold a request back (:meth:`sessionroute.router.policies.Policy.admit` returns
 False, e.g. every replica is past its KV-cache knee). The request then waits here, in arrival
 order, instead of being sent to a replica that would preempt; it is placed as soon as the
-policy admits the head of the queue, which the router core checks whenever capacity may have
-been freed (a request completed, a session was released or expired, a worker came back). A
+policy admits it, which the router core checks whenever the verdict may have changed (a request
+completed, a session was released or expired, a worker came back, engine gauges were scraped:
+:meth:`sessionroute.router.RoutingCore.pump`). The queue is scanned oldest first and a ticket
+the policy still holds does not block a later one it admits (a policy that holds one session's
+next turn lets other sessions' turns pass); for a policy whose verdict does not depend on the
+request, that is strict arrival order. A
 request that finds ``admission_max_waiting`` requests already waiting, or waits longer than
 ``admission_max_wait_s``, is refused (HTTP 503 live).
 
@@ -77,6 +81,16 @@ class AdmissionQueue:
     def push(self, ticket: Ticket) -> None:
         """Append ``ticket`` (the caller checked :meth:`has_room`)."""
         self._queue.append(ticket)
+
+    def tickets(self) -> list[Ticket]:
+        """The waiting tickets, oldest first (a copy: safe to :meth:`take` from while
+        iterating)."""
+        return list(self._queue)
+
+    def take(self, ticket: Ticket) -> None:
+        """Remove a waiting ``ticket`` that is being placed (ValueError if not waiting)."""
+        self._queue.remove(ticket)
+        ticket.waiting = False
 
     def head(self) -> Ticket | None:
         """The longest-waiting ticket, or None."""

@@ -34,7 +34,7 @@ from sessionroute.router.policies.base import Policy
 from sessionroute.router.requests import RequestBuilder
 from sessionroute.router.retry import RetryPolicy
 from sessionroute.router.state.cluster import Cluster
-from sessionroute.types import DecisionKind, RouteRequest
+from sessionroute.types import DecisionKind, EngineGauges, RouteRequest
 
 __all__ = ["Reservation", "RoutingCore"]
 
@@ -116,12 +116,12 @@ class RoutingCore:
 
         Requests already waiting are placed first when the policy now admits them (its
         verdict may change without a completion: time, gauges), so a new request never
-        overtakes them.
+        overtakes one the policy would place; it passes only those the policy still holds.
 
         Returns:
-            The reservation when the policy admits the request now and nobody waits ahead of
-            it; otherwise a waiting :class:`Ticket`, whose ``on_ready`` is called once, later,
-            when it was placed or failed. Withdraw a ticket that still waits at its deadline
+            The reservation when the policy admits the request now; otherwise a waiting
+            :class:`Ticket`, whose ``on_ready`` is called once, later, when it was placed or
+            failed. Withdraw a ticket that still waits at its deadline
             (``admission_max_wait_s``) with :meth:`withdraw`.
 
         Raises:
@@ -130,7 +130,7 @@ class RoutingCore:
         """
         if len(self.admission):
             self.pump()
-        if not len(self.admission) and self.policy.admit(request, self.cluster):
+        if self.policy.admit(request, self.cluster):
             return self.route(request)
         if not self.admission.has_room():
             self.admission.refused_full += 1
@@ -161,18 +161,50 @@ class RoutingCore:
             self.complete(ticket.reservation)
 
     def pump(self) -> None:
-        """Place waiting tickets, oldest first, while the policy admits the head."""
+        """Place every waiting ticket the policy admits now, oldest first.
+
+        A ticket the policy holds stays and does not block later ones (a held session's turn
+        never holds up other sessions); each placement updates the load the next verdict sees.
+        Drivers call this after anything that may change a verdict without passing through
+        the core: a scrape of engine gauges (:meth:`observe_gauges`) and the passing of time
+        (:meth:`recheck`).
+        """
         queue = self.admission
-        while (head := queue.head()) is not None:
-            if self.cluster.healthy() and not self.policy.admit(head.request, self.cluster):
-                return
-            ticket = queue.pop()
+        if not len(queue):
+            return
+        admit = self.policy.admit
+        cluster = self.cluster
+        for ticket in queue.tickets():
+            if not ticket.waiting:  # withdrawn by an on_ready callback of this pump
+                continue
+            if cluster.healthy() and not admit(ticket.request, cluster):
+                continue
+            queue.take(ticket)
             try:
                 ticket.reservation = self.route(ticket.request)
                 queue.admitted_after_wait += 1
             except NoWorkerAvailable as exc:
                 ticket.error = exc
             ticket.on_ready(ticket)
+
+    def recheck(self) -> None:
+        """Time passed: re-ask the policy about waiting tickets (its verdict may depend on
+        the clock, e.g. a maximum pause). Drivers call this every
+        :attr:`admission_recheck_s` while tickets wait; a no-op on an empty queue."""
+        self.pump()
+
+    @property
+    def admission_recheck_s(self) -> float | None:
+        """Seconds between the driver's :meth:`recheck` calls while tickets wait (the
+        policy's ``admission_recheck_s``; None: the policy's verdict depends on no clock)."""
+        return self.policy.admission_recheck_s
+
+    def observe_gauges(self, url: str, gauges: EngineGauges) -> None:
+        """Record scraped engine gauges of ``url`` (ignored for an unknown worker) and pump
+        the admission queue, whose verdicts may read them."""
+        self.cluster.set_gauges(url, gauges)
+        if len(self.admission):
+            self.pump()
 
     def complete(self, reservation: Reservation) -> bool:
         """Release what :meth:`route` reserved; returns False if already completed."""

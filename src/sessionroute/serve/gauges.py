@@ -92,7 +92,7 @@ class GaugeScraper:
                 log.debug("worker %s: unreadable /metrics: %s", url, exc)
                 continue
             if gauges is not None:
-                self._core.cluster.set_gauges(url, gauges)
+                self._core.observe_gauges(url, gauges)
         self.rounds += 1
 
     async def _fetch(self, url: str) -> str | None:

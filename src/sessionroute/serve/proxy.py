@@ -141,14 +141,27 @@ async def _admitted(core: RoutingCore, ticket: Ticket) -> Reservation:
     Raises:
         AdmissionRefused: it waited too long. NoWorkerAvailable: admitted with no worker.
     """
-    fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[None] = loop.create_future()
     ticket.context = fut
+    deadline = loop.time() + core.config.admission_max_wait_s
     try:
-        await asyncio.wait_for(fut, core.config.admission_max_wait_s)
-    except TimeoutError:
-        refused = core.withdraw(ticket)
-        if refused is not None:
-            raise refused from None
+        while True:  # re-ask the policy every admission_recheck_s of real time
+            every = core.admission_recheck_s
+            left = deadline - loop.time()
+            try:
+                await asyncio.wait_for(
+                    asyncio.shield(fut), left if every is None else min(every, left)
+                )
+                break
+            except TimeoutError:
+                if loop.time() < deadline:
+                    core.recheck()
+                    continue
+                refused = core.withdraw(ticket)
+                if refused is not None:
+                    raise refused from None
+                break
     except asyncio.CancelledError:
         core.cancel_ticket(ticket)
         raise

@@ -52,6 +52,7 @@ class Dispatcher:
         self._send = send
         self._block_size = block_size
         self._send_header = router.send_session_header
+        self._recheck_pending = False
 
     def route(self, req: InFlight) -> None:
         """The client sends the turn: the router builds its request and places it."""
@@ -79,6 +80,7 @@ class Dispatcher:
             req.state = ADMISSION
             deadline = self.queue.now() + core.config.admission_max_wait_s
             self.queue.push(deadline, PRIO_TIMER, self._admission_deadline, placed)
+            self._schedule_recheck()
             return
         self._send(req, placed)
 
@@ -132,6 +134,21 @@ class Dispatcher:
             self._refused(req)
         else:
             self._send(req, res)
+
+    def _schedule_recheck(self) -> None:
+        """While tickets wait, re-ask the policy every ``core.admission_recheck_s`` of
+        virtual time (a verdict that changes with time alone: a maximum pause)."""
+        every = self.core.admission_recheck_s
+        if every is None or self._recheck_pending:
+            return
+        self._recheck_pending = True
+        self.queue.push(self.queue.now() + every, PRIO_TIMER, self._recheck, None)
+
+    def _recheck(self, _: object) -> None:
+        self._recheck_pending = False
+        self.core.recheck()
+        if len(self.core.admission):
+            self._schedule_recheck()
 
     def _admission_deadline(self, ticket: Ticket) -> None:
         if self.core.withdraw(ticket) is not None:

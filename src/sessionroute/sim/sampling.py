@@ -123,7 +123,7 @@ class Scraper:
                 g = self._IDLE
             if g != last.get(rep.url) or cluster.gauges(rep.url) is None:
                 last[rep.url] = g
-                cluster.set_gauges(rep.url, g)
+                sim.core.observe_gauges(rep.url, g)
         sim.queue.push(sim.now() + self.interval_s, PRIO_SAMPLE, self._tick)
 
 

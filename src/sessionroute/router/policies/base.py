@@ -54,6 +54,12 @@ class Policy(ABC):
     needs_content: ClassVar[bool] = False
     """True when ``select`` reads ``request.blocks`` (the live router then parses the body)."""
 
+    admission_recheck_s: float | None = None
+    """Seconds between re-evaluations of waiting tickets by time alone (the drivers call
+    :meth:`sessionroute.router.RoutingCore.recheck`, in virtual time in the simulator and in
+    real time in ``serve``); None when :meth:`admit` depends on no clock. May be set per
+    instance from the policy's options."""
+
     def __init__(self, config: Any = None, *, clock: Clock, rng: random.Random) -> None:
         if config is None and self.Config is not None:
             config = self.Config()
@@ -72,7 +78,8 @@ class Policy(ABC):
     def admit(self, request: RouteRequest, cluster: ClusterView) -> bool:
         """Whether ``request`` may be placed now; False holds it in the router's admission
         queue (:mod:`sessionroute.router.admission`) until the policy admits it. Must not
-        change policy state. The default admits everything."""
+        change policy state. Called for every waiting ticket whenever the queue is pumped, so
+        it must be cheap. The default admits everything."""
         return True
 
     def on_complete(self, request: RouteRequest, worker: str) -> None:

@@ -20,6 +20,7 @@ from sessionroute.router.policies.base import Policy
 
 __all__ = [
     "BUILTIN_POLICIES",
+    "PEER_POLICIES",
     "SESSION_POLICIES",
     "PolicyChoice",
     "choose_policy",
@@ -41,6 +42,15 @@ BUILTIN_POLICIES: dict[str, str] = {
         "sessionroute.router.policies.consistent_hash_bounded_load:ConsistentHashBoundedLoadPolicy"
     ),
     "cache_aware": "sessionroute.router.policies.cache_aware:CacheAwarePolicy",
+    "sticky_until_saturated": (
+        "sessionroute.router.policies.sticky_until_saturated:StickyUntilSaturatedPolicy"
+    ),
+    "cache_aware_v2": "sessionroute.router.policies.cache_aware_v2:CacheAwareV2Policy",
+    "least_token_load": "sessionroute.router.policies.least_token_load:LeastTokenLoadPolicy",
+    "kv_cost": "sessionroute.router.policies.kv_cost:KvCostPolicy",
+    "trajectory_admission": (
+        "sessionroute.router.policies.trajectory_admission:TrajectoryAdmissionPolicy"
+    ),
 }
 """Registry name -> ``module:Class``."""
 
@@ -50,6 +60,16 @@ SESSION_POLICIES: tuple[str, ...] = (
     "consistent_hash_bounded_load",
 )
 """Built-in policies that route by session id (the default experiment's arms)."""
+
+PEER_POLICIES: tuple[str, ...] = (
+    "sticky_until_saturated",
+    "cache_aware_v2",
+    "least_token_load",
+    "kv_cost",
+    "trajectory_admission",
+)
+"""Built-in reproductions of peer routers' policies (llm-d, SGLang model gateway, Dynamo,
+ThunderAgent; ``docs/policies.md``)."""
 
 
 def policy_names() -> list[str]:
