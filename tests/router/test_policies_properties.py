@@ -14,9 +14,9 @@ from sessionroute.clock import ManualClock
 from sessionroute.errors import NoWorkerAvailable
 from sessionroute.router.core import RoutingCore
 from sessionroute.router.policies import create_policy, policy_names
-from sessionroute.router.policies.registry import policy_class, takes_option
 from sessionroute.router.policies._rendezvous import BATCH_MIN, fbi_hash_many, rendezvous_winner
 from sessionroute.router.policies.hashing import fbi_hash, rendezvous_score
+from sessionroute.router.policies.registry import policy_class, takes_option
 from sessionroute.router.state import Cluster
 from sessionroute.types import RouteRequest
 

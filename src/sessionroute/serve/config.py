@@ -11,6 +11,7 @@ than being silently ignored.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from collections.abc import Mapping
 from typing import Any, Literal
@@ -87,6 +88,7 @@ class RouterSettings(BaseModel):
     content_block_tokens: int = Field(DEFAULTS["content_block_tokens"], ge=1)
     admission_max_waiting: int = Field(DEFAULTS["admission_max_waiting"], ge=0)
     admission_max_wait_secs: float = Field(DEFAULTS["admission_max_wait_secs"], ge=0)
+    policy_option: tuple[str, ...] = ()
 
     @field_validator("worker_urls")
     @classmethod
@@ -133,15 +135,22 @@ class RouterSettings(BaseModel):
 
     def policy_options(self) -> dict[str, Any]:
         """The policy options given as flags: ``--cache-threshold`` and the two balance
-        thresholds, passed under their own names to a policy whose ``Config`` has them (the
-        session TTL is given by :func:`~sessionroute.router.choose_policy`)."""
+        thresholds, passed under their own names to a policy whose ``Config`` has them, then
+        every ``--policy-option KEY=VALUE`` (which wins; the session TTL is given by
+        :func:`~sessionroute.router.choose_policy`).
+
+        Raises:
+            ConfigError: a ``--policy-option`` without ``=`` or with an empty key.
+        """
         cls = policy_class(self.policy)
         candidates: dict[str, Any] = {
             "cache_threshold": self.cache_threshold,
             "balance_abs_threshold": self.balance_abs_threshold,
             "balance_rel_threshold": self.balance_rel_threshold,
         }
-        return {k: v for k, v in candidates.items() if takes_option(cls, k)}
+        options = {k: v for k, v in candidates.items() if takes_option(cls, k)}
+        options.update(parse_policy_options(self.policy_option))
+        return options
 
     @classmethod
     def build(cls, **values: Any) -> RouterSettings:
@@ -185,14 +194,41 @@ def settings_from_args(
     values: dict[str, Any] = {
         name: getattr(args, name)
         for name in RouterSettings.model_fields
-        if name not in ("session_ttl_secs", "request_id_headers", "worker_urls", "session_headers")
+        if name
+        not in (
+            "session_ttl_secs",
+            "request_id_headers",
+            "worker_urls",
+            "session_headers",
+            "policy_option",
+        )
     }
     values["session_ttl_secs"] = ttl
     values["worker_urls"] = tuple(args.worker_urls or ())
     values["session_headers"] = tuple(args.session_headers)
+    values["policy_option"] = tuple(args.policy_option or ())
     if args.request_id_headers:
         values["request_id_headers"] = tuple(args.request_id_headers)
     return RouterSettings.build(**values)
+
+
+def parse_policy_options(items: tuple[str, ...] | list[str]) -> dict[str, Any]:
+    """``KEY=VALUE`` strings as options: VALUE as JSON when it parses, else the string.
+
+    Raises:
+        ConfigError: naming an item without ``=`` or with an empty key.
+    """
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ConfigError(f"--policy-option must be KEY=VALUE, got {item!r}")
+        try:
+            out[key] = json.loads(raw)
+        except ValueError:
+            out[key] = raw
+    return out
 
 
 def router_flags(config: RouterConfig) -> list[str]:

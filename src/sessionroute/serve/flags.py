@@ -146,8 +146,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--policy",
         default=d["policy"],
         help="routing policy: round_robin, random, power_of_two, cache_aware, consistent_hash, "
-        "sticky_least_loaded, least_loaded, consistent_hash_bounded_load, or "
-        "package.module:Class (default: %(default)s)",
+        "sticky_least_loaded, least_loaded, consistent_hash_bounded_load, "
+        "sticky_until_saturated, cache_aware_v2, least_token_load, kv_cost, "
+        "trajectory_admission, or package.module:Class (default: %(default)s)",
+    )
+    a(
+        "--policy-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a policy option by its name in docs/policies.md (repeatable; VALUE is read as "
+        "JSON when it parses, e.g. 0.9, 12, null, true, else as a string; sessionroute only), "
+        "e.g. --policy-option kv_overload_threshold=0.9",
     )
     a(
         "--session-headers",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import shutil
 import sys
@@ -60,13 +61,19 @@ def router_flags(
 ) -> list[str]:
     """The router flags for an arm's policy, its options and the ``[router]`` settings.
 
+    Options without a flag of their own go to ``sessionroute serve`` as ``--policy-option
+    KEY=JSON``.
+
     Raises:
-        ConfigError: for an option no router flag carries.
+        ConfigError: for an option no flag of a foreign router carries.
     """
     ttl = options.get("session_ttl_s", router.session_ttl_s)
     flags = ["--policy", policy]
     for key, value in options.items():
         flag = _OPTION_FLAGS.get(key)
+        if flag is None and ours:
+            flags += ["--policy-option", f"{key}={json.dumps(value)}"]
+            continue
         if flag is None:
             raise ConfigError(
                 f"policy option {key!r} of {policy!r} cannot be passed to a live router "

@@ -10,10 +10,11 @@ pinned there — over the worker's KV capacity (``fill``):
   that are between turns (no request in flight) are paused, smallest first, until the fill is
   at most ``pause_target`` (0.80). A paused session leaves the working set; its next turn is
   held in the router's admission queue (:meth:`admit` returns False).
-* **resume**: a held turn is admitted once its worker's fill is below ``pause_threshold -
-  resume_gap`` (0.85: hysteresis), or once the session has been paused for ``max_pause_s``
-  (1,800 s, forced resume). Waiting turns are re-examined every ``check_interval_s`` (5 s) of
-  router time and whenever load changes; turns of other sessions are never held behind them.
+* **resume**: a held turn is admitted once its worker's fill *with the session back* is
+  below ``pause_threshold - resume_gap`` (0.85: hysteresis), or once the session has been
+  paused for ``max_pause_s`` (1,800 s, forced resume). Waiting turns are re-examined every
+  ``check_interval_s`` (5 s) of router time and whenever load changes; turns of other
+  sessions are never held behind them.
 * **placement**: a new session goes to the worker with the lowest fill (least working set);
   then it stays there (sticky, like ``sticky_least_loaded``, with the same TTL and sweeps).
 
@@ -25,7 +26,9 @@ such an estimate exists the fill is 0 and nothing is paused.
 Reproduced: the working set over capacity, the 0.95 / 0.80 / 0.85 bands, pausing only
 between turns, smallest first, forced resume at 1,800 s, the 5 s check, least-working-set
 placement. Approximated or guessed: the priority lowering between 0.80 and 0.95 is not
-reproduced; resumes go in the order the held turns arrived (not smallest first); the
+reproduced; resumes go in the order the held turns arrived (not smallest first, though a
+smaller session fits under the band sooner); the fill a resume must stay under counts the
+resumed session (so one paused down to 0.80 does not bounce straight back); the
 capacity estimate above (ThunderAgent knows each engine's KV pool); new sessions are never
 held. A held turn also obeys the router's ``admission_max_wait_s``: past it the client gets a
 503 and sends the turn again (the pause itself continues).
@@ -164,11 +167,11 @@ class TrajectoryAdmissionPolicy(SessionPolicy):
         if self.clock.now() - since >= self.config.max_pause_s:
             return True
         home = self._home.get(sid)
-        return (
-            home is None
-            or not cluster.is_healthy(home)
-            or (self.fill(home, cluster) < self._resume_below)
-        )
+        if home is None or not cluster.is_healthy(home):
+            return True
+        cap = self.capacity(home, cluster)
+        back = self._ws.get(home, 0) + self._ctx.get(sid, 0)
+        return cap is None or back < self._resume_below * cap
 
     # -- placement ------------------------------------------------------------------------
     def place_new(
