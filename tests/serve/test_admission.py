@@ -299,3 +299,48 @@ async def test_serve_places_the_waiting_head_before_a_new_request_when_the_gate_
     assert [sid for sid, _, _ in core.log] == ["a", "b"]  # the waiting head placed first
     assert sorted(s or "" for s in backends[0].sessions()) == ["a", "b"]
     assert core.cluster.in_flight(backends[0].url) == 0 and len(core.admission) == 0
+
+
+class RecheckClockGate(ClockGate):
+    """A clock gate that asks the drivers to re-examine waiting requests every 20 ms."""
+
+    name: ClassVar[str] = "recheck_clock_gate"
+    admission_recheck_s: float | None = 0.02
+
+
+async def test_serve_rechecks_a_waiting_request_in_real_time(
+    backends: list[FakeBackend], make_router: MakeRouter, client: aiohttp.ClientSession
+) -> None:
+    """The gate opens with time alone and no other request arrives: the waiting request is
+    re-examined every ``admission_recheck_s`` and placed (not after the 60 s deadline)."""
+    clock = ManualClock()
+    router = await make_router(
+        [b.url for b in backends[:1]], clock=clock, policy=f"{__name__}:RecheckClockGate"
+    )
+    core = router.router.core
+    first = asyncio.create_task(post_chat(client, router, "a"))
+    while len(core.admission) < 1:
+        await asyncio.sleep(0.002)
+    clock.advance(10.0)
+    assert (await asyncio.wait_for(first, 5.0))[0] == 200
+    assert core.admission.admitted_after_wait == 1
+
+
+def test_a_held_request_does_not_block_one_the_policy_admits() -> None:
+    """A policy that holds one session's turns: later turns of other sessions pass it."""
+
+    class HoldS1(InFlightGate):
+        def admit(self, request: RouteRequest, cluster: ClusterView) -> bool:
+            return request.session_id != "s1" or self.clock.now() >= 5.0
+
+    clock = ManualClock()
+    core = RoutingCore(HoldS1(GateConfig(100), clock=clock, rng=random.Random(0)), Cluster(W))
+    ready: list[Ticket] = []
+    held = core.place(RouteRequest(session_id="s1"), ready.append)
+    passed = core.place(RouteRequest(session_id="s2"), ready.append)
+    assert isinstance(held, Ticket) and isinstance(passed, Reservation)
+    core.complete(passed)  # pumps: s1 still held
+    assert held.waiting
+    clock.advance(5.0)
+    core.recheck()
+    assert ready == [held] and held.reservation is not None

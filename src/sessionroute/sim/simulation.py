@@ -345,8 +345,12 @@ class Simulation(ReplicaWakeups):
     def extra(self) -> dict[str, Any]:
         """Counters of the simulation itself."""
         cluster = self.core.cluster
+        admission = self.core.admission
         return {
             "prefix_cache_resets": self.prefix_resets,
             "turns_in_flight_at_end": len(self._reqs),
             "router_in_flight_at_end": sum(cluster.in_flight(w) for w in cluster.workers()),
+            "admission_placed_after_wait": admission.admitted_after_wait,
+            "admission_refused_timeout": admission.refused_timeout,
+            "admission_refused_full": admission.refused_full,
         }

@@ -122,7 +122,9 @@ def test_arms_sharing_processes_must_agree_on_replicas() -> None:
 
 
 def test_unknown_policy_option_is_refused_for_a_live_router() -> None:
+    with pytest.raises(ConfigError, match="unknown option"):
+        router_flags("sticky_least_loaded", {"bogus": 1}, RouterSection(), ours=True)
     with pytest.raises(ConfigError, match="cannot be passed"):
-        router_flags("x", {"bogus": 1}, RouterSection(), ours=True)
+        router_flags("sticky_least_loaded", {"bogus": 1}, RouterSection(), ours=False)
     flags = router_flags("sticky_least_loaded", {"session_ttl_s": 30}, RouterSection(), ours=True)
     assert flags[flags.index("--session-ttl-secs") + 1] == "30.0"

@@ -27,6 +27,7 @@ from sessionroute.errors import ConfigError
 from sessionroute.experiments.live.procs import ProcessSet, expand_command, free_port, wait_healthy
 from sessionroute.experiments.live_section import LiveSection
 from sessionroute.router.config import RouterConfig
+from sessionroute.router.policies.registry import choose_policy
 from sessionroute.serve.config import router_flags as serve_router_flags
 from sessionroute.sim import RouterSection
 
@@ -68,6 +69,8 @@ def router_flags(
         ConfigError: for an option no flag of a foreign router carries.
     """
     ttl = options.get("session_ttl_s", router.session_ttl_s)
+    if ours:
+        choose_policy(policy, options)  # refuse an unknown policy or option before starting
     flags = ["--policy", policy]
     for key, value in options.items():
         flag = _OPTION_FLAGS.get(key)
