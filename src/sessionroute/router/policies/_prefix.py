@@ -16,6 +16,7 @@ over-estimate while it decodes).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 from sessionroute.router.policies._radix import ApproxRadixTree
@@ -40,6 +41,10 @@ class PrefixIndex(Protocol):
 
     def match(self, worker: str, blocks: tuple[int, ...]) -> int:
         """Leading blocks of ``blocks`` that ``worker`` holds (0 for an unknown worker)."""
+        ...
+
+    def match_all(self, workers: Sequence[str], blocks: tuple[int, ...]) -> list[int]:
+        """:meth:`match` for each of ``workers``, in order."""
         ...
 
     def record(self, worker: str, blocks: tuple[int, ...]) -> None:
@@ -68,6 +73,16 @@ class ApproxPrefixIndex:
     def match(self, worker: str, blocks: tuple[int, ...]) -> int:
         tree = self._trees.get(worker)
         return 0 if tree is None or not blocks else tree.match(blocks)
+
+    def match_all(self, workers: Sequence[str], blocks: tuple[int, ...]) -> list[int]:
+        if not blocks:
+            return [0] * len(workers)
+        trees = self._trees
+        out: list[int] = []
+        for w in workers:
+            tree = trees.get(w)
+            out.append(0 if tree is None else tree.match(blocks))
+        return out
 
     def record(self, worker: str, blocks: tuple[int, ...]) -> None:
         if not blocks:
@@ -108,6 +123,12 @@ class InflightPrefill:
     def __init__(self) -> None:
         self._by_worker: dict[str, int] = {}
         self._by_request: dict[int, tuple[str, int]] = {}
+
+    @property
+    def totals(self) -> dict[str, int]:
+        """Worker -> uncached tokens in flight (absent: 0); read-only by convention, for
+        policies' inner loops."""
+        return self._by_worker
 
     def __getitem__(self, worker: str) -> int:
         return self._by_worker.get(worker, 0)

@@ -122,13 +122,15 @@ class CacheAwareV2Policy(Policy):
     def select(self, request: RouteRequest, cluster: ClusterView) -> Decision:
         healthy = require_healthy(cluster)
         blocks = prompt_blocks(request)
-        path = self._pressure(healthy, cluster)
+        in_flight = cluster.in_flight
+        loads = [in_flight(w) for w in healthy]
+        path = self._pressure(healthy, loads, cluster)
         if path is not None:
             worker = self._picker.pick(healthy, cluster)
             matched = self.index.match(worker, blocks)
         else:
             path, worker, matched = self._by_cache(blocks, healthy, cluster)
-            if self._spills(worker, healthy, cluster):
+            if self._spills(in_flight(worker), loads):
                 path = "spill"
                 worker = self._picker.pick(healthy, cluster)
                 matched = self.index.match(worker, blocks)
@@ -139,17 +141,19 @@ class CacheAwareV2Policy(Policy):
         self.index.record(worker, blocks)
         return Decision(worker, DecisionKind.STATELESS)
 
-    def _pressure(self, healthy: tuple[str, ...], cluster: ClusterView) -> str | None:
+    def _pressure(
+        self, healthy: tuple[str, ...], loads: list[int], cluster: ClusterView
+    ) -> str | None:
         """Which trigger sends the request to the least-loaded worker, or None."""
         cfg: CacheAwareV2Config = self.config
-        kv = [g.kv_usage for w in healthy if (g := cluster.gauges(w)) is not None]
+        gauges = cluster.gauges
+        kv = [g.kv_usage for w in healthy if (g := gauges(w)) is not None]
         if kv:
             hot = max(kv)
             if hot >= cfg.kv_overload_threshold:
                 return "kv_overload"
             if len(kv) == len(healthy) and hot - min(kv) > cfg.kv_spread_threshold:
                 return "kv_spread"
-        loads = [cluster.in_flight(w) for w in healthy]
         hi, lo = max(loads), min(loads)
         if hi - lo > cfg.balance_abs_threshold and hi > lo * cfg.balance_rel_threshold:
             return "imbalance"
@@ -162,28 +166,28 @@ class CacheAwareV2Policy(Policy):
         n = len(blocks)
         index = self.index
         if n:
-            matched = [index.match(w, blocks) for w in healthy]
-            prefill = self.prefill
-            scale = cfg.decay_tokens
-            scores = [
-                m / n / (1.0 + prefill[w] / scale) for w, m in zip(healthy, matched, strict=True)
-            ]
-            if max(scores) > cfg.cache_threshold:
-                holders = [
-                    w for w, s in zip(healthy, scores, strict=True) if s > cfg.cache_threshold
-                ]
-                worker = self._picker.pick(holders, cluster)
-                return "cache_hit", worker, matched[healthy.index(worker)]
+            matched = index.match_all(healthy, blocks)
+            best = max(matched)
+            threshold = cfg.cache_threshold
+            if best / n > threshold:  # the decayed score is at most the matched fraction
+                pending = self.prefill.totals
+                scale = cfg.decay_tokens
+                holders: list[str] = []
+                for w, m in zip(healthy, matched, strict=True):
+                    if m / n / (1.0 + pending.get(w, 0) / scale) > threshold:
+                        holders.append(w)
+                if holders:
+                    worker = self._picker.pick(holders, cluster)
+                    return "cache_hit", worker, matched[healthy.index(worker)]
         sizes = [index.size(w) for w in healthy]
         smallest = min(sizes)
         tied = [w for w, s in zip(healthy, sizes, strict=True) if s == smallest]
         worker = self._picker.pick(tied, cluster)
         return "smallest_tree", worker, index.match(worker, blocks)
 
-    def _spills(self, worker: str, healthy: tuple[str, ...], cluster: ClusterView) -> bool:
+    def _spills(self, load: int, loads: list[int]) -> bool:
         cfg: CacheAwareV2Config = self.config
-        load = cluster.in_flight(worker)
-        mean = sum(cluster.in_flight(w) for w in healthy) / len(healthy)
+        mean = sum(loads) / len(loads)
         return load > cfg.spill_rel * mean and load > mean + cfg.spill_abs
 
     def on_complete(self, request: RouteRequest, worker: str) -> None:

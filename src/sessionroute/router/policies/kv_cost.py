@@ -111,9 +111,12 @@ class KvCostPolicy(Policy):
         per_block = (
             request.prompt_tokens / n if n and request.prompt_tokens else _DEFAULT_BLOCK_TOKENS
         )
-        match = self.index.match
+        matched = self.index.match_all(candidates, blocks)
         in_tokens = cluster.in_flight_tokens
-        return [weight * (n - match(w, blocks)) + in_tokens(w) / per_block for w in candidates]
+        return [
+            weight * (n - m) + in_tokens(w) / per_block
+            for w, m in zip(candidates, matched, strict=True)
+        ]
 
     def select(self, request: RouteRequest, cluster: ClusterView) -> Decision:
         require_healthy(cluster)

@@ -110,8 +110,23 @@ class LeastTokenLoadPolicy(Policy):
 
     def select(self, request: RouteRequest, cluster: ClusterView) -> Decision:
         healthy = require_healthy(cluster)
-        worker = self._picker.pick(healthy, [self.cost(w, cluster) for w in healthy])
-        if worker in self._polled:
+        cfg: LeastTokenLoadConfig = self.config
+        tps, penalty, max_kv = cfg.tokens_per_s, cfg.kv_penalty_s, cfg.max_kv
+        gauges = cluster.gauges
+        in_tokens = cluster.in_flight_tokens
+        polled, queued, since = self._polled, self._queued, self._since
+        costs: list[float] = []
+        for w in healthy:  # :meth:`cost`, inlined for the common cases
+            g = gauges(w)
+            if g is None:
+                costs.append(in_tokens(w) / tps)
+            elif polled.get(w) is not g:
+                costs.append(self.cost(w, cluster))
+            else:
+                k = g.kv_usage if g.kv_usage < max_kv else max_kv
+                costs.append((queued[w] + since[w]) / tps + penalty * k / (1.0 - k))
+        worker = self._picker.pick(healthy, costs)
+        if worker in polled:
             self._since[worker] += request.prompt_tokens
         return Decision(worker, DecisionKind.STATELESS)
 

@@ -27,6 +27,7 @@ session ids are not read.
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -115,19 +116,27 @@ class StickyUntilSaturatedPolicy(Policy):
         healthy = require_healthy(cluster)
         blocks = prompt_blocks(request)
         n = len(blocks)
-        match = self.index.match
-        matched = [match(w, blocks) for w in healthy]
-        prefill = self.prefill
-        uncached = [uncached_tokens(request.prompt_tokens, n, m) for m in matched]
-        explore = cfg.explore_fraction > 0 and self.rng.random() < cfg.explore_fraction
-        candidates: list[str] = list(healthy)
-        path = "explore" if explore else "no_affinity"
-        if not explore and n:
+        tokens = request.prompt_tokens
+        pending = self.prefill.totals
+        candidates: Sequence[str] = healthy
+        if cfg.explore_fraction > 0 and self.rng.random() < cfg.explore_fraction:
+            path = "explore"
+        elif not n:
+            path = "no_affinity"
+        else:
+            matched = self.index.match_all(healthy, blocks)
             need = cfg.affinity_threshold * n
             sticky = [i for i, m in enumerate(matched) if m >= need]
-            if sticky and len(sticky) < len(healthy):
+            if not sticky:
+                path = "no_affinity"
+            elif len(sticky) == len(healthy):
+                path = "sticky"
+            else:
                 rate = cfg.prefill_tokens_per_s
-                ttft = [(prefill[w] + u) / rate for w, u in zip(healthy, uncached, strict=True)]
+                ttft = [
+                    (pending.get(w, 0) + uncached_tokens(tokens, n, m)) / rate
+                    for w, m in zip(healthy, matched, strict=True)
+                ]
                 best_sticky = min(ttft[i] for i in sticky)
                 kept = set(sticky)
                 best_other = min(t for i, t in enumerate(ttft) if i not in kept)
@@ -136,11 +145,11 @@ class StickyUntilSaturatedPolicy(Policy):
                 else:
                     path = "sticky"
                     candidates = [healthy[i] for i in sticky]
-            elif sticky:
-                path = "sticky"
-        worker = self._picker.pick(candidates, [prefill[w] for w in candidates])
+        worker = self._picker.pick(candidates, [pending.get(w, 0) for w in candidates])
         self.decisions[path] += 1
-        self.prefill.add(request, worker, uncached[healthy.index(worker)])
+        self.prefill.add(
+            request, worker, uncached_tokens(tokens, n, self.index.match(worker, blocks))
+        )
         self.index.record(worker, blocks)
         return Decision(worker, DecisionKind.STATELESS)
 
