@@ -79,3 +79,37 @@ def test_live_router_flags_carry_every_option_of_ours_and_validate_them() -> Non
         router_flags("kv_cost", {"bogus": 1}, RouterSection(), ours=True)
     with pytest.raises(ConfigError, match="cannot be passed"):
         router_flags("kv_cost", {"temperature": 0.5}, RouterSection(), ours=False)
+
+
+def test_serve_policy_option_flags_reach_the_policy_config() -> None:
+    import argparse
+
+    from sessionroute.router.policies.registry import choose_policy
+    from sessionroute.serve import settings_from_args
+    from sessionroute.serve.flags import add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+
+    def settings(*flags: str) -> Any:
+        return settings_from_args(parser.parse_args(["--worker-urls", "http://a", *flags]))
+
+    s = settings(
+        "--policy", "cache_aware_v2", "--cache-threshold", "0.5",
+        "--policy-option", "kv_overload_threshold=0.85", "--policy-option", "cache_threshold=0.4",
+    )  # fmt: skip
+    assert s.policy_options() == {
+        "cache_threshold": 0.4,  # --policy-option wins over the named flag
+        "balance_abs_threshold": 64,
+        "balance_rel_threshold": 1.5,
+        "kv_overload_threshold": 0.85,
+    }
+    choice = choose_policy(s.policy, s.policy_options())
+    assert choice.config.kv_overload_threshold == 0.85
+    s = settings("--policy", "trajectory_admission", "--policy-option", "kv_capacity_tokens=null")
+    assert s.policy_options() == {"kv_capacity_tokens": None}
+    with pytest.raises(ConfigError, match="KEY=VALUE"):
+        settings("--policy", "kv_cost", "--policy-option", "temperature").policy_options()
+    bad = settings("--policy", "kv_cost", "--policy-option", "bogus=1")
+    with pytest.raises(ConfigError, match="bogus"):
+        choose_policy(bad.policy, bad.policy_options())
