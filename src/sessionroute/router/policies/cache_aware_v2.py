@@ -167,14 +167,14 @@ class CacheAwareV2Policy(Policy):
         index = self.index
         if n:
             matched = index.match_all(healthy, blocks)
-            best = max(matched)
             threshold = cfg.cache_threshold
-            if best / n > threshold:  # the decayed score is at most the matched fraction
+            need = threshold * n  # the decayed score is at most the matched fraction
+            if max(matched) > need:
                 pending = self.prefill.totals
                 scale = cfg.decay_tokens
                 holders: list[str] = []
                 for w, m in zip(healthy, matched, strict=True):
-                    if m / n / (1.0 + pending.get(w, 0) / scale) > threshold:
+                    if m > need and m / n / (1.0 + pending.get(w, 0) / scale) > threshold:
                         holders.append(w)
                 if holders:
                     worker = self._picker.pick(holders, cluster)

@@ -132,15 +132,16 @@ class StickyUntilSaturatedPolicy(Policy):
             elif len(sticky) == len(healthy):
                 path = "sticky"
             else:
-                rate = cfg.prefill_tokens_per_s
-                ttft = [
-                    (pending.get(w, 0) + uncached_tokens(tokens, n, m)) / rate
+                # queued uncached tokens (in flight + this request's) per worker; m <= n, so
+                # this is uncached_tokens() inlined
+                queued = [
+                    pending.get(w, 0) + tokens - tokens * m // n
                     for w, m in zip(healthy, matched, strict=True)
                 ]
-                best_sticky = min(ttft[i] for i in sticky)
+                best_sticky = min(queued[i] for i in sticky)
                 kept = set(sticky)
-                best_other = min(t for i, t in enumerate(ttft) if i not in kept)
-                if best_sticky - best_other > cfg.ttft_margin_s:
+                best_other = min(q for i, q in enumerate(queued) if i not in kept)
+                if (best_sticky - best_other) / cfg.prefill_tokens_per_s > cfg.ttft_margin_s:
                     path = "saturated"
                 else:
                     path = "sticky"
