@@ -77,12 +77,8 @@ class ApproxPrefixIndex:
     def match_all(self, workers: Sequence[str], blocks: tuple[int, ...]) -> list[int]:
         if not blocks:
             return [0] * len(workers)
-        trees = self._trees
-        out: list[int] = []
-        for w in workers:
-            tree = trees.get(w)
-            out.append(0 if tree is None else tree.match(blocks))
-        return out
+        get = self._trees.get
+        return [0 if (t := get(w)) is None else t.match(blocks) for w in workers]
 
     def record(self, worker: str, blocks: tuple[int, ...]) -> None:
         if not blocks:

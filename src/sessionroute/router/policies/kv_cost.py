@@ -144,3 +144,4 @@ class KvCostPolicy(Policy):
 
     def on_worker_removed(self, worker: str, cluster: ClusterView) -> None:
         self.index.forget(worker)
+        self._picker.forget(worker)

@@ -133,3 +133,4 @@ class LeastTokenLoadPolicy(Policy):
     def on_worker_removed(self, worker: str, cluster: ClusterView) -> None:
         for d in (self._polled, self._queued, self._since):
             d.pop(worker, None)
+        self._picker.forget(worker)

@@ -160,3 +160,4 @@ class StickyUntilSaturatedPolicy(Policy):
     def on_worker_removed(self, worker: str, cluster: ClusterView) -> None:
         self.index.forget(worker)
         self.prefill.forget(worker)
+        self._picker.forget(worker)

@@ -280,3 +280,4 @@ class TrajectoryAdmissionPolicy(SessionPolicy):
         self._ws.pop(worker, None)
         self._cap.pop(worker, None)
         self._seen.pop(worker, None)
+        self._picker.forget(worker)
