@@ -21,6 +21,10 @@ SIM_ONLY = {
     "events",
     "turns_in_flight_at_end",
     "router_in_flight_at_end",
+    # the simulated router's admission queue (live: the router's sessionroute_admission metric)
+    "admission_placed_after_wait",
+    "admission_refused_timeout",
+    "admission_refused_full",
 }
 LIVE_ONLY = {"sessions_per_replica", "requests_failed", "run_seconds", "errors", "live"}
 SIM_REPLICA_ONLY = {"engine_steps", "up", "drained"}
