@@ -32,9 +32,6 @@ from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from redis.asyncio import Redis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from sessionroute.clock import Clock
@@ -42,6 +39,7 @@ from sessionroute.errors import ConfigError
 from sessionroute.router.core import Reservation, RoutingCore
 from sessionroute.router.state.shared import SharedCluster, SharedSessionTable
 from sessionroute.serve import scripts
+from sessionroute.serve.redislink import RedisLink
 from sessionroute.types import DecisionKind, RouteRequest
 
 __all__ = ["RedisState", "StateCollector", "check_state_url"]
@@ -119,17 +117,9 @@ class RedisState:
         self._ttl_ms = str(int((table.ttl_s if table is not None else 7200.0) * 1000))
         self._lease_ms = str(max(1, int(lease_s * 1000)))
         self._max = str(table._max if table is not None else 1_000_000)
-        self.client: Redis = Redis.from_url(
-            url,
-            socket_timeout=timeout_s,
-            socket_connect_timeout=timeout_s,
-            retry=Retry(NoBackoff(), 0),
-            decode_responses=True,
-        )
-        self._load = self.client.register_script(scripts.LOAD)
-        self._pin = self.client.register_script(scripts.PIN)
-        self._release = self.client.register_script(scripts.RELEASE)
-        self._sweep = self.client.register_script(scripts.SWEEP)
+        self.link = RedisLink(url, timeout_s)
+        self.timeout_s = timeout_s
+        self._sha: dict[str, str] = {}
         self.up = False
         self.seen_data = False
         """True once Redis held a version: its absence later means Redis lost its data."""
@@ -154,6 +144,7 @@ class RedisState:
         except _ERRORS as exc:
             self._down(exc)
         self._tasks.append(asyncio.create_task(self._renew_loop(), name="sessionroute-lease"))
+        self._tasks.append(asyncio.create_task(self._watch_loop(), name="sessionroute-watch"))
 
     async def close(self) -> None:
         """Stop the background tasks and hand the lease back (this router's in-flight counts
@@ -168,10 +159,11 @@ class RedisState:
         self._reconnect = None
         if self.up:
             with contextlib.suppress(*_ERRORS):
-                await self.client.delete(self.lease_prefix + self.router_id)
-                await self.client.zrem(self.keys[4], self.router_id)
-        with contextlib.suppress(*_ERRORS):
-            await self.client.aclose()
+                await asyncio.gather(
+                    self.link.call("DEL", self.lease_prefix + self.router_id),
+                    self.link.call("ZREM", self.keys[4], self.router_id),
+                )
+        await self.link.close()
 
     # -- hot path ---------------------------------------------------------------------------
     async def load(self, request: RouteRequest) -> None:
@@ -181,7 +173,7 @@ class RedisState:
             return
         sid = request.session_id
         try:
-            reply = await self._load(keys=self.keys, args=self._load_args(sid))
+            reply = await self._script("LOAD", *self._load_args(sid))
         except _ERRORS as exc:
             self._down(exc)
             return
@@ -223,9 +215,7 @@ class RedisState:
                     attempt,
                 )
             try:
-                reply = await self._pin(
-                    keys=self.keys, args=[sid, reservation.worker, want, self._max]
-                )
+                reply = await self._script("PIN", sid, reservation.worker, want, self._max)
             except _ERRORS as exc:
                 self._down(exc)
                 self._dirty.add(sid)
@@ -254,7 +244,7 @@ class RedisState:
             self._released.add(session_id)
             return
         try:
-            await self._release(keys=self.keys, args=[session_id])
+            await self._script("RELEASE", session_id)
         except _ERRORS as exc:
             self._down(exc)
             self._released.add(session_id)
@@ -264,7 +254,7 @@ class RedisState:
         if not self.up:
             return 0
         try:
-            n = await self._sweep(keys=self.keys, args=[self._ttl_ms, 10_000])
+            n = await self._script("SWEEP", self._ttl_ms, 10_000)
         except _ERRORS as exc:
             self._down(exc)
             return 0
@@ -299,9 +289,27 @@ class RedisState:
         if int(version):
             self.seen_data = True
 
+    def _script(self, name: str, *args: str | int) -> Any:
+        """Run script ``name`` of :mod:`~sessionroute.serve.scripts` (an awaitable reply)."""
+        return self.link.call("EVALSHA", self._sha[name], len(self.keys), *self.keys, *args)
+
     async def _sync(self) -> None:
-        reply = await self._load(keys=self.keys, args=self._load_args(None))
+        """Connect if needed (loading the scripts), then load the shared state."""
+        if not self.link.connected:
+            await self.link.connect()
+            names = ("LOAD", "PIN", "RELEASE", "SWEEP")
+            shas = await asyncio.gather(
+                *(self.link.call("SCRIPT", "LOAD", getattr(scripts, n)) for n in names)
+            )
+            self._sha = dict(zip(names, shas, strict=True))
+        reply = await self._script("LOAD", *self._load_args(None))
         self._apply_load(None, reply)
+
+    async def _watch_loop(self) -> None:
+        """Drop the link when Redis stops answering (see :meth:`RedisLink.check`)."""
+        while True:
+            await asyncio.sleep(self.timeout_s / 2)
+            self.link.check()
 
     async def _renew_loop(self) -> None:
         """Renew the lease (and refresh the other routers' counts) every ``lease_s / 3``."""
@@ -342,13 +350,13 @@ class RedisState:
             return
 
     async def _resync(self) -> None:
-        """Replay what happened while Redis was unreachable, then load its state."""
-        lost = self.seen_data and not await self.client.exists(self.keys[3])
+        """Replay what happened while Redis was unreachable, then load its state (calls are
+        pipelined on the link, a batch at a time)."""
+        self.link.reset()  # a fresh connection, with the scripts loaded again
+        await self._sync()
+        lost = self.seen_data and not await self.link.call("EXISTS", self.keys[3])
         for batch in _chunks(sorted(self._released)):
-            async with self.client.pipeline(transaction=False) as pipe:
-                for sid in batch:
-                    await self._release(keys=self.keys, args=[sid], client=pipe)
-                await pipe.execute()
+            await asyncio.gather(*(self._script("RELEASE", sid) for sid in batch))
         self._released.clear()
         table = self.table
         if table is not None:
@@ -358,11 +366,9 @@ class RedisState:
                 else [(s, w) for s in sorted(self._dirty) if (w := table.worker_of(s))]
             )
             for batch in _chunks(claims):
-                async with self.client.pipeline(transaction=False) as pipe:
-                    for sid, worker in batch:
-                        args = [sid, worker, "absent", self._max]
-                        await self._pin(keys=self.keys, args=args, client=pipe)
-                    await pipe.execute()
+                await asyncio.gather(
+                    *(self._script("PIN", sid, w, "absent", self._max) for sid, w in batch)
+                )
             if claims and lost:
                 log.warning(
                     "shared state had lost its data: %d cached pin(s) restored", len(claims)
