@@ -65,7 +65,7 @@ class RedisLink:
         async with self._connecting:
             if self._conn is not None:
                 return
-            conn = self._pool.make_connection()
+            conn: AbstractConnection = self._pool.make_connection()  # type: ignore[no-untyped-call]
             await asyncio.wait_for(conn.connect(), self.timeout_s)
             self._conn = conn
             self._reader = asyncio.create_task(self._read(conn), name="sessionroute-redis-read")
@@ -90,11 +90,9 @@ class RedisLink:
 
     def check(self) -> None:
         """Drop the link when its oldest call has waited longer than ``timeout_s``."""
-        if self._pending and self._conn is not None:
-            if time.monotonic() - self._pending[0][1] > self.timeout_s:
-                self._drop(
-                    self._conn, RedisTimeoutError(f"no reply from Redis in {self.timeout_s} s")
-                )
+        pending = self._pending
+        if pending and self._conn is not None and time.monotonic() - pending[0][1] > self.timeout_s:
+            self._drop(self._conn, RedisTimeoutError(f"no reply from Redis in {self.timeout_s} s"))
 
     def reset(self) -> None:
         """Drop the connection (waiting calls fail); the next :meth:`connect` opens a new one."""
