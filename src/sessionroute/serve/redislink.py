@@ -66,7 +66,7 @@ class RedisLink:
             if self._conn is not None:
                 return
             conn: AbstractConnection = self._pool.make_connection()  # type: ignore[no-untyped-call]
-            await asyncio.wait_for(conn.connect(), self.timeout_s)
+            await asyncio.wait_for(conn.connect(), self.timeout_s)  # type: ignore[no-untyped-call]
             self._conn = conn
             self._reader = asyncio.create_task(self._read(conn), name="sessionroute-redis-read")
 
