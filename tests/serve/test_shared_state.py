@@ -231,3 +231,57 @@ async def test_a_dead_routers_in_flight_counts_are_reclaimed(
         for t in pending:
             t.cancel()
     assert Counter(len(set(be.sessions())) for be in backends).total() == 3
+
+
+async def test_one_router_on_redis_places_exactly_as_with_local_state(
+    backends: list[FakeBackend],
+    make_router: MakeRouter,
+    client: aiohttp.ClientSession,
+    redis_server: RedisServer,
+) -> None:
+    urls = [b.url for b in backends]
+
+    async def run(router: RunningRouter) -> list[int]:
+        placed = []
+        for k in range(24):
+            for _ in range(2):
+                assert (await post_chat(client, router, f"p{k}"))[0] == 200
+                placed.append(next(i for i, b in enumerate(backends) if b.seen[-1:]))
+                for b in backends:
+                    b.seen.clear()
+            if k % 3 == 0:  # finished sessions free their worker's count
+                async with client.post(router.url + f"/finish_session?session_id=p{k}") as r:
+                    assert r.status == 200
+        return placed
+
+    local = await make_router(urls, policy="sticky_least_loaded")
+    expected = await run(local)
+    await local.stop()
+    shared = await _shared(make_router, urls, redis_server)
+    assert await run(shared) == expected
+    assert shared.router.state is not None and shared.router.state.conflicts == 0
+
+
+async def test_a_router_starts_and_serves_with_redis_unreachable(
+    backends: list[FakeBackend],
+    make_router: MakeRouter,
+    client: aiohttp.ClientSession,
+) -> None:
+    url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    r = await make_router([b.url for b in backends], state_url=url)
+    assert r.router.state is not None and not r.router.state.up
+    for k in range(5):
+        assert (await post_chat(client, r, f"u{k}"))[0] == 200
+        assert (await post_chat(client, r, f"u{k}"))[0] == 200
+    assert all(len(ws) == 1 for ws in _worker_of(backends).values())
+    assert r.router.state.errors >= 1
+
+
+def test_state_url_must_be_a_redis_url() -> None:
+    import pytest
+
+    from sessionroute.errors import ConfigError
+    from sessionroute.serve import RouterSettings
+
+    with pytest.raises(ConfigError, match="--state-url: .*redis://HOST:PORT/DB"):
+        RouterSettings.build(state_url="http://127.0.0.1:6379")
