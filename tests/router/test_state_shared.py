@@ -6,7 +6,10 @@ import random
 
 from sessionroute.clock import ManualClock
 from sessionroute.router import RoutingCore
-from sessionroute.router.policies.sticky_least_loaded import StickyLeastLoadedPolicy
+from sessionroute.router.policies.sticky_least_loaded import (
+    StickyLeastLoadedConfig,
+    StickyLeastLoadedPolicy,
+)
 from sessionroute.router.state.shared import SharedCluster, SharedSessionTable, share_table
 from sessionroute.types import DecisionKind, RouteRequest
 
@@ -22,7 +25,7 @@ def _policy() -> tuple[StickyLeastLoadedPolicy, SharedSessionTable]:
 
 def test_share_table_keeps_ttl_and_capacity_and_skips_policies_without_sessions() -> None:
     pol = StickyLeastLoadedPolicy(
-        StickyLeastLoadedPolicy.Config(session_ttl_s=30.0, max_sessions=5),
+        StickyLeastLoadedConfig(session_ttl_s=30.0, max_sessions=5),
         clock=ManualClock(),
         rng=random.Random(0),
     )
@@ -83,7 +86,7 @@ def test_cluster_adds_other_routers_in_flight_and_forgets_them_when_unknown() ->
 
 def test_the_local_cache_is_bounded_without_counting_evictions() -> None:
     pol = StickyLeastLoadedPolicy(
-        StickyLeastLoadedPolicy.Config(max_sessions=2), clock=ManualClock(), rng=random.Random(0)
+        StickyLeastLoadedConfig(max_sessions=2), clock=ManualClock(), rng=random.Random(0)
     )
     table = share_table(pol)
     assert table is not None

@@ -283,5 +283,5 @@ def test_state_url_must_be_a_redis_url() -> None:
     from sessionroute.errors import ConfigError
     from sessionroute.serve import RouterSettings
 
-    with pytest.raises(ConfigError, match="--state-url: .*redis://HOST:PORT/DB"):
+    with pytest.raises(ConfigError, match=r"--state-url: .*redis://HOST:PORT/DB"):
         RouterSettings.build(state_url="http://127.0.0.1:6379")
