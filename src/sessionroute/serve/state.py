@@ -142,6 +142,11 @@ class RedisState:
             self.up = True
             log.info("shared state at %s (router id %s)", self.url, self.router_id)
         except _ERRORS as exc:
+            log.warning(
+                "shared state at %s unreachable at start (%s: %s); routing on local state, "
+                "reconnecting every %.1f s",
+                self.url, type(exc).__name__, exc, self.reconnect_s,
+            )  # fmt: skip
             self._down(exc)
         self._tasks.append(asyncio.create_task(self._renew_loop(), name="sessionroute-lease"))
         self._tasks.append(asyncio.create_task(self._watch_loop(), name="sessionroute-watch"))
