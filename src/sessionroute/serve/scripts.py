@@ -5,8 +5,9 @@ Every script runs atomically on the Redis server and reads the time from the ser
 one prefix with a hash tag so they live in one slot: ``pins`` (hash: session id -> worker),
 ``last`` (sorted set: session id -> last access, ms), ``counts`` (hash: worker -> sessions),
 ``version`` (integer, incremented on every change of a pin), ``routers`` (sorted set: router
-id -> lease deadline, ms); each router's in-flight counts are a hash ``<prefix>lease:<id>``
-(``i:<worker>`` -> requests, ``t:<worker>`` -> tokens) that expires with its lease.
+id -> lease deadline, ms). Besides them: ``epoch`` (a token identifying the data set) and each
+router's in-flight counts, a hash ``<prefix>lease:<id>`` (``i:<worker>`` -> requests,
+``t:<worker>`` -> tokens) that expires with its lease.
 """
 
 from __future__ import annotations
@@ -17,6 +18,17 @@ _NOW = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 """
+
+_KEEP = """
+local function keep(ttl_ms)
+  local ms = tonumber(ttl_ms) + 60000
+  for i = 1, 4 do
+    redis.call('PEXPIRE', KEYS[i], ms)
+  end
+end
+"""
+"""The table's keys expire a minute after the TTL from their last use: a fleet that is gone
+leaves nothing behind (every session in it has expired by then anyway)."""
 
 _DROP = """
 local function drop(sid, worker)
@@ -30,6 +42,7 @@ end
 
 LOAD = (
     _NOW
+    + _KEEP
     + _DROP
     + """
 -- ARGV: session id ('' for none), TTL ms, lease ms, router id, lease key prefix,
@@ -49,6 +62,7 @@ if sid ~= '' then
       expired = 1
     else
       redis.call('ZADD', KEYS[2], now, sid)
+      keep(ARGV[2])
     end
   end
 end
@@ -90,10 +104,11 @@ the version and the other routers' in-flight sums; writes this router's lease.""
 
 PIN = (
     _NOW
+    + _KEEP
     + _DROP
     + """
 -- ARGV: session id, worker, expected version ('' for none; 'absent' pins only a session
---       without a pin), max sessions.
+--       without a pin), max sessions, TTL ms.
 -- Returns {1 pinned | 0 refused, the session's pin or '', version, counts (flat)}.
 local sid = ARGV[1]
 local worker = ARGV[2]
@@ -116,6 +131,7 @@ redis.call('HSET', KEYS[1], sid, worker)
 redis.call('ZADD', KEYS[2], now, sid)
 redis.call('HINCRBY', KEYS[3], worker, 1)
 version = redis.call('INCR', KEYS[4])
+keep(ARGV[5])
 return {1, worker, version, redis.call('HGETALL', KEYS[3])}
 """
 )

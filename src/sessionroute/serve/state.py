@@ -121,8 +121,11 @@ class RedisState:
         self.timeout_s = timeout_s
         self._sha: dict[str, str] = {}
         self.up = False
-        self.seen_data = False
-        """True once Redis held a version: its absence later means Redis lost its data."""
+        self.epoch: str | None = None
+        """The id of the Redis data set this router last connected to (a random token each
+        router sets if missing): a different one after a reconnection means Redis lost its
+        data (restarted without persistence, flushed)."""
+        self._lost = False
         self._placing = asyncio.Lock()
         self._dirty: set[str] = set()
         self._released: set[str] = set()
@@ -220,7 +223,9 @@ class RedisState:
                     attempt,
                 )
             try:
-                reply = await self._script("PIN", sid, reservation.worker, want, self._max)
+                reply = await self._script(
+                    "PIN", sid, reservation.worker, want, self._max, self._ttl_ms
+                )
             except _ERRORS as exc:
                 self._down(exc)
                 self._dirty.add(sid)
@@ -291,8 +296,6 @@ class RedisState:
         self.cluster.set_remote(in_flight, tokens)
         if self.table is not None:
             self.table.load(sid, pin or None, _pairs(counts), int(version), self.clock.now())
-        if int(version):
-            self.seen_data = True
 
     def _script(self, name: str, *args: str | int) -> Any:
         """Run script ``name`` of :mod:`~sessionroute.serve.scripts` (an awaitable reply)."""
@@ -307,6 +310,12 @@ class RedisState:
                 *(self.link.call("SCRIPT", "LOAD", getattr(scripts, n)) for n in names)
             )
             self._sha = dict(zip(names, shas, strict=True))
+            key = self.keys[0].replace(":pins", ":epoch")
+            _, epoch = await asyncio.gather(
+                self.link.call("SET", key, secrets.token_hex(8), "NX"), self.link.call("GET", key)
+            )
+            self._lost = self.epoch is not None and epoch != self.epoch
+            self.epoch = epoch
         reply = await self._script("LOAD", *self._load_args(None))
         self._apply_load(None, reply)
 
@@ -359,7 +368,7 @@ class RedisState:
         pipelined on the link, a batch at a time)."""
         self.link.reset()  # a fresh connection, with the scripts loaded again
         await self._sync()
-        lost = self.seen_data and not await self.link.call("EXISTS", self.keys[3])
+        lost = self._lost
         for batch in _chunks(sorted(self._released)):
             await asyncio.gather(*(self._script("RELEASE", sid) for sid in batch))
         self._released.clear()
@@ -372,7 +381,10 @@ class RedisState:
             )
             for batch in _chunks(claims):
                 await asyncio.gather(
-                    *(self._script("PIN", sid, w, "absent", self._max) for sid, w in batch)
+                    *(
+                        self._script("PIN", sid, w, "absent", self._max, self._ttl_ms)
+                        for sid, w in batch
+                    )
                 )
             if claims and lost:
                 log.warning(
