@@ -45,8 +45,10 @@ def test_bench_proxy_with_redis_adds_a_row_and_bench_shared_state_finds_no_misma
     parser = argparse.ArgumentParser()
     proxy.add_arguments(parser)
     args = parser.parse_args(
-        ["--duration", "0.3", "--concurrency", "2", "--body-bytes", "0", "--targets", "direct"]
-        + ["--state-url", redis_server.url, "--policy", "sticky_least_loaded"]
+        [
+            *("--duration", "0.3", "--concurrency", "2", "--body-bytes", "0", "--targets"),
+            *("direct", "--state-url", redis_server.url, "--policy", "sticky_least_loaded"),
+        ]
     )
     result = proxy.run(args)
     rows = {r["target"]: r for r in result["rows"]}

@@ -64,16 +64,13 @@ def _backend_app(name: str) -> Any:
         await request.read()
         return web.Response(body=body, content_type="application/json", headers={"x-worker": name})
 
+    async def health(request: web.Request) -> web.Response:
+        return web.Response(text="")
+
     app = web.Application()
     app.router.add_post("/v1/chat/completions", handle)
-    app.router.add_get("/health", lambda r: _ok())
+    app.router.add_get("/health", health)
     return app
-
-
-async def _ok() -> Any:
-    from aiohttp import web
-
-    return web.Response(text="")
 
 
 def _router_cmd(
