@@ -287,3 +287,28 @@ def test_state_url_must_be_a_redis_url() -> None:
 
     with pytest.raises(ConfigError, match=r"--state-url: .*redis://HOST:PORT/DB"):
         RouterSettings.build(state_url="http://127.0.0.1:6379")
+
+
+async def test_finish_session_on_any_router_releases_it_everywhere(
+    backends: list[FakeBackend],
+    make_router: MakeRouter,
+    client: aiohttp.ClientSession,
+    redis_server: RedisServer,
+) -> None:
+    urls = [b.url for b in backends]
+    a = await _shared(make_router, urls, redis_server)
+    b = await _shared(make_router, urls, redis_server)
+    for k in range(6):
+        assert (await post_chat(client, a, f"f{k}"))[0] == 200
+        assert (await post_chat(client, b, f"f{k}"))[0] == 200
+    for k in range(3):  # opened through a, released through b
+        async with client.post(b.url + f"/finish_session?session_id=f{k}") as resp:
+            assert resp.status == 200
+    assert a.router.state is not None
+    await a.router.state.load(RouteRequest())
+    assert sum(a.router.core.policy.session_counts().values()) == 3
+    new_before = a.router.core.decisions[DecisionKind.NEW]
+    assert (await post_chat(client, a, "f0"))[0] == 200  # a knew f0: it is a new session now
+    assert a.router.core.decisions[DecisionKind.NEW] == new_before + 1
+    assert (await post_chat(client, a, "f4"))[0] == 200  # f4 was not released: still sticky
+    assert a.router.core.decisions[DecisionKind.NEW] == new_before + 1
