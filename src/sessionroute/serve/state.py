@@ -201,14 +201,21 @@ class RedisState:
             return reservation
         sid = reservation.request.session_id
         decided = self.table.decided_at(sid)
-        async with self._placing:
-            return await self._commit(reservation, self.table, sid, decided)
+        current = [reservation]
+        try:
+            async with self._placing:
+                return await self._commit(current, self.table, sid, decided)
+        except asyncio.CancelledError:  # the client went away: release what it holds
+            self.core.complete(current[0])
+            raise
 
     async def _commit(
-        self, reservation: Reservation, table: SharedSessionTable, sid: str, decided: int
+        self, current: list[Reservation], table: SharedSessionTable, sid: str, decided: int
     ) -> Reservation:
         """:meth:`commit` under the placement lock: one placement in flight per router, so
-        the compare-and-set only ever races other routers' placements."""
+        the compare-and-set only ever races other routers' placements. ``current[0]`` is
+        the reservation held at each moment (the caller releases it if cancelled)."""
+        reservation = current[0]
         for attempt in range(MAX_COMMIT_ATTEMPTS):
             if not self.up:
                 self._dirty.add(sid)
@@ -241,7 +248,7 @@ class RedisState:
             self.core.retract(reservation)
             table.withdraw(sid, reservation.kind is DecisionKind.NEW)
             table.load(sid, cur or None, _pairs(counts), int(version), self.clock.now())
-            reservation = self.core.route(reservation.request)
+            reservation = current[0] = self.core.route(reservation.request)
             decided = table.decided_at(sid)
             if not self._pins(reservation.kind):
                 return reservation  # the session was pinned meanwhile: it goes there
