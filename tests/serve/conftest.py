@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 import aiohttp
@@ -13,6 +13,7 @@ from sessionroute.clock import Clock, ManualClock
 from sessionroute.serve import RouterSettings, RunningRouter, start_router
 
 from .backend import FakeBackend, start_backends
+from .redis_server import RedisServer, redis_binary
 
 MakeRouter = Callable[..., Awaitable[RunningRouter]]
 
@@ -55,6 +56,18 @@ async def make_router() -> AsyncIterator[MakeRouter]:
     yield make
     for r in started:
         await r.stop()
+
+
+@pytest.fixture
+def redis_server() -> Iterator[RedisServer]:
+    """A real redis-server on a free loopback port, stopped by PID after the test (skips when
+    the binary is not installed)."""
+    binary = redis_binary()
+    if binary is None:
+        pytest.skip("redis-server is not installed (apt-get install -y redis-server)")
+    server = RedisServer(binary).start()
+    yield server
+    server.kill()
 
 
 @pytest.fixture

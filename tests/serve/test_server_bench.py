@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from sessionroute.bench import proxy
+from sessionroute.bench import proxy, shared
+
+from .redis_server import RedisServer
 
 
 def test_bench_proxy_smoke() -> None:
@@ -35,3 +37,28 @@ def test_bench_proxy_smoke() -> None:
     assert rows["direct"]["backend_cpu_us_per_req"] > 0
     assert "added_p50_ms" in rows["sessionroute"]
     proxy.print_table(result)
+
+
+def test_bench_proxy_with_redis_adds_a_row_and_bench_shared_state_finds_no_mismatch(
+    redis_server: RedisServer,
+) -> None:
+    parser = argparse.ArgumentParser()
+    proxy.add_arguments(parser)
+    args = parser.parse_args(
+        [
+            *("--duration", "0.3", "--concurrency", "2", "--body-bytes", "0", "--targets"),
+            *("direct", "--state-url", redis_server.url, "--policy", "sticky_least_loaded"),
+        ]
+    )
+    result = proxy.run(args)
+    rows = {r["target"]: r for r in result["rows"]}
+    assert set(rows) == {"direct", "sessionroute", "sessionroute+redis"}
+    assert rows["sessionroute+redis"]["errors"] == 0 and rows["sessionroute+redis"]["requests"] > 0
+
+    parser = argparse.ArgumentParser()
+    shared.add_arguments(parser)
+    base = ["--sessions", "30", "--turns", "3", "--workers", "3"]
+    result = shared.run(parser.parse_args([*base, "--state-url", redis_server.url, "--restart"]))
+    assert (result["failed"], result["mismatches"], result["sessions_replaced"]) == (0, 0, 0)
+    assert result["sessions_per_worker"] == [10, 10, 10]
+    assert shared.exit_status(result) == 0

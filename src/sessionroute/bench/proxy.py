@@ -57,6 +57,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--policy", default="consistent_hash", help="policy of both routers")
     parser.add_argument(
+        "--state-url",
+        default=None,
+        metavar="redis://HOST:PORT/DB|auto",
+        help="also measure sessionroute with its session table shared on this Redis (target "
+        "'sessionroute+redis', serve --state-url); 'auto' starts a redis-server child on a "
+        "free loopback port. Compare it with the in-process 'sessionroute' rows",
+    )
+    parser.add_argument(
         "--repeat", type=int, default=1, help="cycles over all rows; medians are reported (1)"
     )
 
@@ -196,7 +204,7 @@ def _median_rows(raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 max(r["router_cpu_us_per_req"] for r in rs),
             ]
         rows.append(row)
-    order = {"direct": 0, "sessionroute": 1, "vllm-router": 2}
+    order = {"direct": 0, "sessionroute": 1, "sessionroute+redis": 2, "vllm-router": 3}
     rows.sort(key=lambda r: (order[r["target"]], r["body_bytes"], r["concurrency"]))
     direct = {(r["body_bytes"], r["concurrency"]): r for r in rows if r["target"] == "direct"}
     for r in rows:
@@ -219,6 +227,28 @@ async def _start(cmd: list[str], url: str, port: int, procs: list[subprocess.Pop
     return _listener_pid(port) or proc.pid
 
 
+def _start_redis(procs: list[subprocess.Popen[bytes]]) -> str:
+    """Start a redis-server child (no persistence) on a free loopback port; its URL.
+
+    Raises:
+        RuntimeError: when redis-server is not installed or does not answer.
+    """
+    import socket
+
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise RuntimeError("--state-url auto needs redis-server (apt-get install -y redis-server)")
+    port = free_port()
+    cmd = [binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no"]
+    procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+            return f"redis://127.0.0.1:{port}/0"
+        time.sleep(0.05)
+    raise RuntimeError(f"redis-server did not listen on port {port}")
+
+
 async def _run(args: argparse.Namespace) -> dict[str, Any]:
     procs: list[subprocess.Popen[bytes]] = []
     versions: dict[str, str | None] = {"vllm-router": None}
@@ -231,15 +261,26 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
         # Every target runs at once (idle ones cost nothing) and rows are interleaved, so
         # the targets see the same machine load; --repeat gives medians over several cycles.
         targets: dict[str, tuple[str, int | None]] = {}
-        for target in args.targets:
+        target_names = list(args.targets)
+        state_url = args.state_url
+        if state_url is not None:
+            if "sessionroute" not in target_names:
+                target_names.append("sessionroute")
+            target_names.insert(target_names.index("sessionroute") + 1, "sessionroute+redis")
+            if state_url == "auto":
+                state_url = _start_redis(procs)
+        for target in target_names:
             if target == "direct":
                 targets[target] = (backend_url, None)
                 continue
             port = free_port()
             common = ["--host", "127.0.0.1", "--port", str(port), "--policy", args.policy]
             common += ["--worker-urls", backend_url, "--log-level", "warning"]
-            if target == "sessionroute":
+            if target.startswith("sessionroute"):
                 cmd = [sys.executable, "-m", "sessionroute.cli", "serve", *common]
+                if target == "sessionroute+redis":
+                    prefix = f"bench-{os.getpid()}-{port}"
+                    cmd += ["--state-url", str(state_url), "--state-key-prefix", prefix]
             else:
                 binary = _vllm_router_binary()
                 if binary is None:
@@ -276,6 +317,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
         "policy": args.policy,
         "cpus": os.cpu_count(),
         "versions": versions,
+        "state_url": args.state_url,
         "loadavg_1m_at_end": os.getloadavg()[0],
         "rows": _median_rows(raw),
     }

@@ -33,6 +33,10 @@ _TARGETS: dict[str, tuple[str, str]] = {
     "engine": ("sessionroute.bench.engine", "simulated requests per wall second, one replica"),
     "sim": ("sessionroute.bench.sim", "simulated requests per wall second, default swe-rl"),
     "proxy": ("sessionroute.bench.proxy", "router overhead against a zero-delay backend"),
+    "shared-state": (
+        "sessionroute.bench.shared",
+        "sessions over several routers sharing one Redis: mismatches, restarts",
+    ),
     "instructions": (
         "sessionroute.bench.instructions",
         "instructions per request of engine, sim or proxy (valgrind)",
@@ -64,7 +68,7 @@ class _DefaultsFormatter(argparse.HelpFormatter):
 def register(sub: Any) -> None:
     parser = sub.add_parser(
         "bench",
-        help="run a benchmark (policies, engine, sim, proxy, instructions, digest)",
+        help="run a benchmark (policies, engine, sim, proxy, shared-state, instructions, digest)",
         description="Benchmarks. Each prints a table, or one JSON document with --json.",
     )
     targets = parser.add_subparsers(dest="target", metavar="TARGET", required=True)

@@ -219,6 +219,13 @@ class RoutingCore:
             self.pump()
         return True
 
+    def retract(self, reservation: Reservation) -> None:
+        """Take back a placement that a shared session table refused (another router changed
+        the table since the decision; :mod:`sessionroute.router.state.shared`): release it and
+        uncount its decision. The caller withdraws the pin and decides again."""
+        if self.complete(reservation):
+            self.decisions[reservation.kind] -= 1
+
     def retarget(self, reservation: Reservation) -> Reservation:
         """The reservation for the next attempt: the same one while its worker is available,
         otherwise it is completed and the request placed again (a session moves).

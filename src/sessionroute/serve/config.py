@@ -89,6 +89,10 @@ class RouterSettings(BaseModel):
     admission_max_waiting: int = Field(DEFAULTS["admission_max_waiting"], ge=0)
     admission_max_wait_secs: float = Field(DEFAULTS["admission_max_wait_secs"], ge=0)
     policy_option: tuple[str, ...] = ()
+    state_url: str | None = DEFAULTS["state_url"]
+    state_key_prefix: str = Field(DEFAULTS["state_key_prefix"], min_length=1)
+    state_lease_secs: float = Field(DEFAULTS["state_lease_secs"], gt=0)
+    state_timeout_secs: float = Field(DEFAULTS["state_timeout_secs"], gt=0)
 
     @field_validator("worker_urls")
     @classmethod
@@ -99,6 +103,13 @@ class RouterSettings(BaseModel):
         if len(set(urls)) != len(urls):
             raise ValueError(f"duplicate worker url in {list(urls)}")
         return urls
+
+    @field_validator("state_url")
+    @classmethod
+    def _check_state_url(cls, url: str | None) -> str | None:
+        if url is not None and not url.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("must be a Redis URL: redis://HOST:PORT/DB, rediss://... or unix://")
+        return url
 
     @field_validator("session_headers", "request_id_headers")
     @classmethod

@@ -65,6 +65,10 @@ DEFAULTS: dict[str, Any] = {
     "content_block_tokens": 16,
     "admission_max_waiting": 1024,
     "admission_max_wait_secs": 60.0,
+    "state_url": None,
+    "state_key_prefix": "sessionroute",
+    "state_lease_secs": 10.0,
+    "state_timeout_secs": 0.5,
 }
 """Defaults of the ``serve`` flags (vllm-router 0.1.17's where the flag is shared)."""
 
@@ -245,6 +249,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds between scrapes of each worker's /metrics for the engine gauges "
         "policies read (vllm:num_requests_running/waiting, kv_cache_usage_perc); 0 disables "
         "(sessionroute only; default: %(default)s)",
+    )
+    a(
+        "--state-url",
+        default=d["state_url"],
+        metavar="redis://HOST:PORT/DB",
+        help="share the session table (pins, per-worker session counts) and in-flight counts "
+        "with every router pointed at the same Redis: run several routers behind an L4 "
+        "balancer, restart one without losing a pin. Redis unreachable: routing continues on "
+        "local state and reconnects (sessionroute only; default: in-process state)",
+    )
+    a(
+        "--state-key-prefix",
+        default=d["state_key_prefix"],
+        help="prefix of the shared state's Redis keys: routers share state when they share "
+        "URL and prefix (default: %(default)s)",
+    )
+    a(
+        "--state-lease-secs",
+        type=float,
+        default=d["state_lease_secs"],
+        help="seconds a router's in-flight counts outlive it in the shared state when it dies "
+        "(renewed every third of it; default: %(default)s)",
+    )
+    a(
+        "--state-timeout-secs",
+        type=float,
+        default=d["state_timeout_secs"],
+        help="timeout of each call to the shared state; a call that takes longer counts as "
+        "Redis unreachable (default: %(default)s)",
     )
     a("--disable-retries", action="store_true", help="one attempt per request")
     a("--disable-circuit-breaker", action="store_true", help="never open a worker's circuit")

@@ -40,6 +40,8 @@ async def finish_session(request: Request, router: Router) -> Response:
         return error_response(400, "missing query parameter 'session_id'", "missing_session_id")
     if sid:
         router.core.finish_session(sid)
+        if router.state is not None:
+            await router.state.finish(sid)
     return json_response({"status": "ok", "session_id": sid})
 
 

@@ -106,10 +106,15 @@ async def proxy_request(conn: Connection, req: Request, router: Router) -> None:
         _error(conn, 400, str(exc), "malformed_json", raw_rid)
         return
     t0 = time.perf_counter()
+    state = router.state
     try:
+        if state is not None:
+            await state.load(route_req)
         placed = core.place(route_req, _wake)
         if isinstance(placed, Ticket):
             placed = await _admitted(core, placed)
+        if state is not None:
+            placed = await state.commit(placed)
     except (NoWorkerAvailable, AdmissionRefused) as exc:
         resp = error_for_exception(exc)
         conn.respond_raw(
@@ -222,6 +227,8 @@ async def _forward(
                 await asyncio.sleep(wait_s)
             try:
                 res = holder[0] = core.retarget(res)
+                if router.state is not None:  # a moved session: tell the shared table
+                    res = holder[0] = await router.state.commit(res)
             except NoWorkerAvailable:
                 _error(
                     conn,

@@ -12,17 +12,22 @@ import contextlib
 import logging
 import random
 import string
+from typing import TYPE_CHECKING
 
 import aiohttp
 
 from sessionroute.clock import Clock, MonotonicClock
 from sessionroute.router import RoutingCore, choose_policy
 from sessionroute.router.state import Cluster
+from sessionroute.router.state.shared import SharedCluster, share_table
 from sessionroute.serve.config import RouterSettings
 from sessionroute.serve.gauges import GaugeScraper
 from sessionroute.serve.health import HealthChecker, probe
 from sessionroute.serve.metrics import RouterMetrics
 from sessionroute.serve.upstream import REQUEST_DROP, UpstreamPool
+
+if TYPE_CHECKING:
+    from sessionroute.serve.state import RedisState
 
 __all__ = ["WORKER_KEEPALIVE_S", "Router"]
 
@@ -72,15 +77,31 @@ class Router:
             session_ttl_s=config.session_ttl_s,
         )
         policy = choice.build(clock=self.clock, rng=random.Random(self.rng.getrandbits(64)))
+        shared = settings.state_url is not None
         self.core = RoutingCore(
             policy,
-            Cluster(settings.worker_urls),
+            (SharedCluster if shared else Cluster)(settings.worker_urls),
             config,
             rng=random.Random(self.rng.getrandbits(64)),
         )
         self.workers = self.core.health
         """url -> health record of every worker (the core's)."""
         self.metrics = RouterMetrics(self.core, lambda: self.workers)
+        self.state: RedisState | None = None
+        """The link to the shared state (``--state-url``), or None for in-process state."""
+        if settings.state_url is not None:
+            from sessionroute.serve.state import RedisState, StateCollector
+
+            self.state = RedisState(
+                settings.state_url,
+                self.core,
+                share_table(policy),
+                self.clock,
+                prefix=settings.state_key_prefix,
+                lease_s=settings.state_lease_secs,
+                timeout_s=settings.state_timeout_secs,
+            )
+            self.metrics.registry.register(StateCollector(self.state))
         self.worker_headers: dict[str, str] = (
             {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
         )
@@ -125,6 +146,8 @@ class Router:
     async def start(self) -> None:
         """Open the upstream pools and start the health checker and the TTL sweeper."""
         s = self.settings
+        if self.state is not None:
+            await self.state.start()
         self.upstream.start()
         connector = aiohttp.TCPConnector(
             limit=0, keepalive_timeout=60.0, enable_cleanup_closed=True
@@ -176,6 +199,8 @@ class Router:
             timer.cancel()
         self._timers.clear()
         await self.upstream.close()
+        if self.state is not None:
+            await self.state.close()
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -184,6 +209,8 @@ class Router:
         while True:
             await asyncio.sleep(self.settings.session_sweep_interval_secs)
             n = self.core.sweep(self.clock.now())
+            if self.state is not None:
+                n = await self.state.sweep()
             if n:
                 log.info("expired %d idle session(s)", n)
 

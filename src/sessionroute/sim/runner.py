@@ -170,6 +170,16 @@ def run_simulation(
     choice = choose_policy(policy, policy_options, session_ttl_s=spec.router.session_ttl_s)
     options = choice.options()
     pol = choice.build(clock=clock, rng=random.Random(seed))
+    if spec.sim.routers > 1:
+        from sessionroute.sim.routers import build_fleet
+
+        first = pol
+        pol = build_fleet(
+            lambda k: first if k == 0 else choice.build(clock=clock, rng=random.Random(seed + k)),
+            spec.sim.routers,
+            spec.sim.router_state,
+            clock,
+        )
     replicas = [SimReplica(i, url_for(i), rcfg, fast=spec.sim.fast_engine) for i in range(count)]
     core = RoutingCore(
         pol,

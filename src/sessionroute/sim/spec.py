@@ -120,11 +120,18 @@ class SimOptions(_Strict):
         sample_interval_s: time-series sampling period (simulated seconds).
         max_simulated_s: hard stop (simulated seconds); None for none.
         fast_engine: use the engine's fast (jumping) implementation.
+        routers: routers in front of the replicas, each with its own instance of the policy;
+            requests are spread over them (:mod:`sessionroute.sim.routers`).
+        router_state: with several routers, ``"shared"`` (one session table and every
+            router's in-flight counts, as ``serve --state-url``) or ``"local"`` (each router
+            its own, as separate ``serve`` processes without it).
     """
 
     sample_interval_s: float = Field(default=10.0, gt=0)
     max_simulated_s: float | None = Field(default=None, gt=0)
     fast_engine: bool = True
+    routers: int = Field(default=1, ge=1, le=64)
+    router_state: Literal["local", "shared"] = "shared"
 
 
 class SimSpec(_Strict):

@@ -1,0 +1,434 @@
+"""Shared routing state on Redis: several routers, one session table (``--state-url``).
+
+The design (``docs/router.md``, "Several routers, one session table"): the policy decides
+synchronously on local objects (:mod:`sessionroute.router.state.shared`) that this module
+keeps in step with Redis around each decision:
+
+* :meth:`RedisState.load`, before ``core.place``: one script call (one round trip) touches
+  the session's pin, returns it with every worker's session count, the table's version and
+  the other routers' in-flight sums, and writes this router's in-flight lease;
+* :meth:`RedisState.commit`, after it, only when the decision pinned a session (a first turn,
+  a re-pin): a compare-and-set on the version. A refusal (another router changed the table
+  since the load) withdraws the decision and decides again on the state the refusal returned,
+  so a burst of first turns spread over routers cannot herd. A later turn of a known session
+  costs one round trip, a first turn two.
+
+In-flight counts are leases: each router writes its own per-worker counts with every load and
+every ``lease_s / 3`` seconds; a router that dies stops renewing them and they expire after
+``lease_s``. Redis unreachable: requests keep flowing on the local objects (the last loaded
+counts plus this router's changes), a warning is logged, ``sessionroute_state_up`` is 0 and a
+background task reconnects every ``reconnect_s``; on reconnection, releases made meanwhile are
+replayed and the pins placed meanwhile claimed where Redis has none (all cached pins when Redis
+lost its data). No request fails because of Redis.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from redis.exceptions import RedisError
+
+from sessionroute.clock import Clock
+from sessionroute.errors import ConfigError
+from sessionroute.router.core import Reservation, RoutingCore
+from sessionroute.router.state.shared import SharedCluster, SharedSessionTable
+from sessionroute.serve import scripts
+from sessionroute.serve.redislink import RedisLink
+from sessionroute.types import DecisionKind, RouteRequest
+
+__all__ = ["RedisState", "StateCollector", "check_state_url"]
+
+log = logging.getLogger("sessionroute.serve.state")
+
+_ERRORS = (RedisError, OSError, asyncio.TimeoutError)
+"""What an unreachable or failing Redis raises through redis-py."""
+
+MAX_COMMIT_ATTEMPTS = 16
+"""Compare-and-set attempts of one placement; the last one pins without the version check (a
+placement never fails because other routers keep changing the table)."""
+
+_BATCH = 500
+"""Commands per pipeline when replaying releases and claiming pins after a reconnection."""
+
+
+def check_state_url(url: str) -> str:
+    """``url`` if it is a Redis URL (``redis://``, ``rediss://`` or ``unix://``).
+
+    Raises:
+        ConfigError: for anything else, naming the URL.
+    """
+    if not url.startswith(("redis://", "rediss://", "unix://")):
+        raise ConfigError(
+            f"--state-url must be a Redis URL (redis://HOST:PORT/DB, rediss://..., unix://...), "
+            f"got {url!r}"
+        )
+    return url
+
+
+class RedisState:
+    """This router's link to the shared state (module docstring).
+
+    Args:
+        url: Redis URL (``redis://HOST:PORT/DB``).
+        core: the routing core; its cluster must be a :class:`SharedCluster`.
+        table: the policy's shared session table, or None for a policy without sessions
+            (then only in-flight counts are shared).
+        clock: the router's clock (local cache access times).
+        prefix: key prefix; routers share state when they share URL and prefix.
+        lease_s: seconds a router's in-flight counts outlive its last renewal.
+        timeout_s: socket timeout of every Redis call (then the call counts as a failure).
+        reconnect_s: seconds between reconnection attempts while Redis is unreachable.
+        router_id: this router's id in the lease set (random when omitted).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        core: RoutingCore,
+        table: SharedSessionTable | None,
+        clock: Clock,
+        *,
+        prefix: str = "sessionroute",
+        lease_s: float = 10.0,
+        timeout_s: float = 0.5,
+        reconnect_s: float = 1.0,
+        router_id: str | None = None,
+    ) -> None:
+        cluster = core.cluster
+        if not isinstance(cluster, SharedCluster):
+            raise TypeError("RedisState needs a core whose cluster is a SharedCluster")
+        self.url = check_state_url(url)
+        self.core = core
+        self.cluster: SharedCluster = cluster
+        self.table = table
+        self.clock = clock
+        self.router_id = router_id or secrets.token_hex(8)
+        self.lease_s = lease_s
+        self.reconnect_s = reconnect_s
+        tag = "{" + prefix + "}:"
+        self.keys = [tag + k for k in ("pins", "last", "counts", "version", "routers")]
+        self.lease_prefix = tag + "lease:"
+        self._ttl_ms = str(int((table.ttl_s if table is not None else 7200.0) * 1000))
+        self._lease_ms = str(max(1, int(lease_s * 1000)))
+        self._max = str(table._max if table is not None else 1_000_000)
+        self.link = RedisLink(url, timeout_s)
+        self.timeout_s = timeout_s
+        self._sha: dict[str, str] = {}
+        self.up = False
+        self.epoch: str | None = None
+        """The id of the Redis data set this router last connected to (a random token each
+        router sets if missing): a different one after a reconnection means Redis lost its
+        data (restarted without persistence, flushed)."""
+        self._lost = False
+        self._placing = asyncio.Lock()
+        self._dirty: set[str] = set()
+        self._released: set[str] = set()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._reconnect: asyncio.Task[None] | None = None
+        self.errors = 0
+        self.conflicts = 0
+        self.reconnects = 0
+        self.round_trips = 0
+
+    # -- lifecycle ------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Connect and load the shared counts; with Redis unreachable, start on local state
+        and keep trying in the background (the router starts either way)."""
+        try:
+            await self._sync()
+            self.up = True
+            log.info("shared state at %s (router id %s)", self.url, self.router_id)
+        except _ERRORS as exc:
+            log.warning(
+                "shared state at %s unreachable at start (%s: %s); routing on local state, "
+                "reconnecting every %.1f s",
+                self.url, type(exc).__name__, exc, self.reconnect_s,
+            )  # fmt: skip
+            self._down(exc)
+        self._tasks.append(asyncio.create_task(self._renew_loop(), name="sessionroute-lease"))
+        self._tasks.append(asyncio.create_task(self._watch_loop(), name="sessionroute-watch"))
+
+    async def close(self) -> None:
+        """Stop the background tasks and hand the lease back (this router's in-flight counts
+        leave the shared view at once rather than when the lease expires)."""
+        tasks = [*self._tasks, *([self._reconnect] if self._reconnect else [])]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+        self._reconnect = None
+        if self.up:
+            with contextlib.suppress(*_ERRORS):
+                await asyncio.gather(
+                    self.link.call("DEL", self.lease_prefix + self.router_id),
+                    self.link.call("ZREM", self.keys[4], self.router_id),
+                )
+        await self.link.close()
+
+    # -- hot path ---------------------------------------------------------------------------
+    async def load(self, request: RouteRequest) -> None:
+        """Bring the state ``request``'s decision reads in from Redis (one round trip; nothing
+        while Redis is unreachable)."""
+        if not self.up:
+            return
+        sid = request.session_id
+        try:
+            reply = await self._script("LOAD", *self._load_args(sid))
+        except _ERRORS as exc:
+            self._down(exc)
+            return
+        self.round_trips += 1
+        self._apply_load(sid, reply)
+
+    async def commit(self, reservation: Reservation) -> Reservation:
+        """Commit the pin ``reservation``'s decision made, or decide again until the shared
+        table takes one (see the module docstring); returns the reservation to forward.
+
+        Raises:
+            NoWorkerAvailable: when deciding again finds no worker (none is healthy any more).
+        """
+        if self.table is None or reservation.request.session_id is None:
+            return reservation
+        if not self._pins(reservation.kind):
+            return reservation
+        sid = reservation.request.session_id
+        decided = self.table.decided_at(sid)
+        current = [reservation]
+        try:
+            async with self._placing:
+                return await self._commit(current, self.table, sid, decided)
+        except asyncio.CancelledError:  # the client went away: release what it holds
+            self.core.complete(current[0])
+            raise
+
+    async def _commit(
+        self, current: list[Reservation], table: SharedSessionTable, sid: str, decided: int
+    ) -> Reservation:
+        """:meth:`commit` under the placement lock: one placement in flight per router, so
+        the compare-and-set only ever races other routers' placements. ``current[0]`` is
+        the reservation held at each moment (the caller releases it if cancelled)."""
+        reservation = current[0]
+        for attempt in range(MAX_COMMIT_ATTEMPTS):
+            if not self.up:
+                self._dirty.add(sid)
+                return reservation
+            want = str(decided)
+            if attempt == MAX_COMMIT_ATTEMPTS - 1:
+                want = ""
+                log.warning(
+                    "session %r pinned without the version check: the shared table "
+                    "kept changing under %d attempts",
+                    sid,
+                    attempt,
+                )
+            try:
+                reply = await self._script(
+                    "PIN", sid, reservation.worker, want, self._max, self._ttl_ms
+                )
+            except _ERRORS as exc:
+                self._down(exc)
+                self._dirty.add(sid)
+                return reservation
+            self.round_trips += 1
+            ok, cur, version, counts = reply
+            if reservation.done:  # answered meanwhile (client gone): nothing to forward
+                return reservation
+            if ok:
+                table.load(None, None, _pairs(counts), int(version), self.clock.now())
+                return reservation
+            self.conflicts += 1
+            self.core.retract(reservation)
+            table.withdraw(sid, reservation.kind is DecisionKind.NEW)
+            table.load(sid, cur or None, _pairs(counts), int(version), self.clock.now())
+            reservation = current[0] = self.core.route(reservation.request)
+            decided = table.decided_at(sid)
+            if not self._pins(reservation.kind):
+                return reservation  # the session was pinned meanwhile: it goes there
+        return reservation  # pragma: no cover - the last attempt never compares
+
+    async def finish(self, session_id: str) -> None:
+        """Release ``session_id`` in the shared table (replayed after a reconnection when
+        Redis is unreachable now)."""
+        if not self.up:
+            self._released.add(session_id)
+            return
+        try:
+            await self._script("RELEASE", session_id)
+        except _ERRORS as exc:
+            self._down(exc)
+            self._released.add(session_id)
+
+    async def sweep(self) -> int:
+        """Expire the shared table's idle sessions (any router may sweep); returns how many."""
+        if not self.up:
+            return 0
+        try:
+            n = await self._script("SWEEP", self._ttl_ms, 10_000)
+        except _ERRORS as exc:
+            self._down(exc)
+            return 0
+        return int(n)
+
+    # -- internals ------------------------------------------------------------------------
+    @staticmethod
+    def _pins(kind: DecisionKind) -> bool:
+        return kind is DecisionKind.NEW or kind is DecisionKind.REPINNED
+
+    def _load_args(self, sid: str | None) -> list[str | int]:
+        args: list[str | int] = [
+            sid or "",
+            self._ttl_ms,
+            self._lease_ms,
+            self.router_id,
+            self.lease_prefix,
+        ]
+        for url, n, tokens in self.cluster.local_load():
+            args += ("i:" + url, n, "t:" + url, tokens)
+        return args
+
+    def _apply_load(self, sid: str | None, reply: list[Any]) -> None:
+        pin, version, counts, remote, _expired = reply
+        in_flight: dict[str, int] = {}
+        tokens: dict[str, int] = {}
+        for key, value in _pairs(remote).items():
+            (in_flight if key[0] == "i" else tokens)[key[2:]] = value
+        self.cluster.set_remote(in_flight, tokens)
+        if self.table is not None:
+            self.table.load(sid, pin or None, _pairs(counts), int(version), self.clock.now())
+
+    def _script(self, name: str, *args: str | int) -> Any:
+        """Run script ``name`` of :mod:`~sessionroute.serve.scripts` (an awaitable reply)."""
+        return self.link.call("EVALSHA", self._sha[name], len(self.keys), *self.keys, *args)
+
+    async def _sync(self) -> None:
+        """Connect if needed (loading the scripts), then load the shared state."""
+        if not self.link.connected:
+            await self.link.connect()
+            names = ("LOAD", "PIN", "RELEASE", "SWEEP")
+            shas = await asyncio.gather(
+                *(self.link.call("SCRIPT", "LOAD", getattr(scripts, n)) for n in names)
+            )
+            self._sha = dict(zip(names, shas, strict=True))
+            key = self.keys[0].replace(":pins", ":epoch")
+            _, epoch = await asyncio.gather(
+                self.link.call("SET", key, secrets.token_hex(8), "NX"), self.link.call("GET", key)
+            )
+            self._lost = self.epoch is not None and epoch != self.epoch
+            self.epoch = epoch
+        reply = await self._script("LOAD", *self._load_args(None))
+        self._apply_load(None, reply)
+
+    async def _watch_loop(self) -> None:
+        """Drop the link when Redis stops answering (see :meth:`RedisLink.check`)."""
+        while True:
+            await asyncio.sleep(self.timeout_s / 2)
+            self.link.check()
+
+    async def _renew_loop(self) -> None:
+        """Renew the lease (and refresh the other routers' counts) every ``lease_s / 3``."""
+        while True:
+            await asyncio.sleep(self.lease_s / 3)
+            if self.up:
+                try:
+                    await self._sync()
+                except _ERRORS as exc:
+                    self._down(exc)
+
+    def _down(self, exc: BaseException) -> None:
+        self.errors += 1
+        if not self.up and self._reconnect is not None:
+            return
+        if self.up:
+            log.warning(
+                "shared state at %s unreachable (%s: %s); routing on local state, "
+                "reconnecting every %.1f s",
+                self.url, type(exc).__name__, exc, self.reconnect_s,
+            )  # fmt: skip
+        self.up = False
+        self.cluster.set_remote(None)
+        self._reconnect = asyncio.create_task(self._reconnect_loop(), name="sessionroute-redis")
+
+    async def _reconnect_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.reconnect_s)
+            try:
+                await self._resync()
+            except _ERRORS:
+                self.errors += 1
+                continue
+            self.up = True
+            self.reconnects += 1
+            self._reconnect = None
+            log.warning("shared state at %s reachable again", self.url)
+            return
+
+    async def _resync(self) -> None:
+        """Replay what happened while Redis was unreachable, then load its state (calls are
+        pipelined on the link, a batch at a time)."""
+        self.link.reset()  # a fresh connection, with the scripts loaded again
+        await self._sync()
+        lost = self._lost
+        for batch in _chunks(sorted(self._released)):
+            await asyncio.gather(*(self._script("RELEASE", sid) for sid in batch))
+        self._released.clear()
+        table = self.table
+        if table is not None:
+            claims = (
+                table.pins()
+                if lost
+                else [(s, w) for s in sorted(self._dirty) if (w := table.worker_of(s))]
+            )
+            for batch in _chunks(claims):
+                await asyncio.gather(
+                    *(
+                        self._script("PIN", sid, w, "absent", self._max, self._ttl_ms)
+                        for sid, w in batch
+                    )
+                )
+            if claims and lost:
+                log.warning(
+                    "shared state had lost its data: %d cached pin(s) restored", len(claims)
+                )
+        self._dirty.clear()
+        await self._sync()
+
+
+class StateCollector:
+    """Prometheus collector of the shared state's health: ``sessionroute_state_up``,
+    ``sessionroute_state_errors_total``, ``sessionroute_state_conflicts_total`` (placements
+    decided again because another router changed the table), ``..._reconnects_total`` and
+    ``..._round_trips_total``."""
+
+    def __init__(self, state: RedisState) -> None:
+        self.state = state
+
+    def collect(self) -> Iterator[Metric]:
+        s = self.state
+        yield GaugeMetricFamily(
+            "sessionroute_state_up", "1 while the shared state (Redis) is reachable", s.up
+        )
+        for name, doc, value in (
+            ("errors", "Failed calls to the shared state", s.errors),
+            ("conflicts", "Placements decided again after another router's change", s.conflicts),
+            ("reconnects", "Reconnections to the shared state", s.reconnects),
+            ("round_trips", "Round trips to the shared state on the request path", s.round_trips),
+        ):
+            yield CounterMetricFamily(f"sessionroute_state_{name}", doc, value)
+
+
+def _pairs(flat: list[Any]) -> dict[str, int]:
+    """A flat [key, value, ...] reply as a dict of ints."""
+    return {flat[i]: int(flat[i + 1]) for i in range(0, len(flat), 2)}
+
+
+def _chunks(items: list[Any]) -> Iterator[list[Any]]:
+    for i in range(0, len(items), _BATCH):
+        yield items[i : i + _BATCH]

@@ -1,0 +1,314 @@
+"""Several routers, one session table on a real Redis (``--state-url``): routers over HTTP,
+fake aiohttp backends, a redis-server child on a free loopback port."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+
+import aiohttp
+
+from sessionroute.bench.backend import free_port
+from sessionroute.router.state.shared import SharedCluster, SharedSessionTable
+from sessionroute.serve import RunningRouter
+from sessionroute.types import DecisionKind, RouteRequest
+
+from .backend import FakeBackend
+from .conftest import MakeRouter, post_chat
+from .redis_server import RedisServer
+
+
+def _worker_of(backends: list[FakeBackend]) -> dict[str, set[int]]:
+    """session id -> indices of the backends that served it."""
+    out: dict[str, set[int]] = {}
+    for i, b in enumerate(backends):
+        for sid in b.sessions():
+            if sid is not None:
+                out.setdefault(sid, set()).add(i)
+    return out
+
+
+async def _shared(make_router: MakeRouter, urls: list[str], redis: RedisServer) -> RunningRouter:
+    return await make_router(urls, state_url=redis.url, policy="sticky_least_loaded")
+
+
+async def test_a_session_opened_through_router_a_continues_through_router_b(
+    backends: list[FakeBackend],
+    make_router: MakeRouter,
+    client: aiohttp.ClientSession,
+    redis_server: RedisServer,
+) -> None:
+    urls = [b.url for b in backends]
+    a = await _shared(make_router, urls, redis_server)
+    b = await _shared(make_router, urls, redis_server)
+    for k in range(12):
+        assert (await post_chat(client, a, f"s{k}"))[0] == 200
+        for _ in range(3):
+            assert (await post_chat(client, b, f"s{k}"))[0] == 200
+    placed = _worker_of(backends)
+    assert len(placed) == 12
+    assert all(len(ws) == 1 for ws in placed.values()), placed
+    assert b.router.core.decisions[DecisionKind.STICKY] == 36
+    assert b.router.core.decisions[DecisionKind.NEW] == 0
+    assert a.router.core.decisions[DecisionKind.NEW] == 12
+
+
+async def test_sixty_new_sessions_over_two_routers_split_evenly(
+    backends: list[FakeBackend],
+    make_router: MakeRouter,
+    client: aiohttp.ClientSession,
+    redis_server: RedisServer,
+) -> None:
+    urls = [b.url for b in backends]
+    routers = [await _shared(make_router, urls, redis_server) for _ in range(2)]
+    # A concurrent burst of first turns, alternating routers: select + reserve must be atomic
+    # across them or two routers pick the same least-loaded worker from the same counts.
+    statuses = await asyncio.gather(
+        *(post_chat(client, routers[k % 2], f"burst-{k}") for k in range(60))
+    )
+    assert [s for s, _ in statuses] == [200] * 60
+    per_backend = [len(set(b.sessions())) for b in backends]
+    assert per_backend == [20, 20, 20]
+    for r in routers:
+        assert r.router.state is not None
+        await r.router.state.load(RouteRequest(session_id="probe"))
+        assert dict(r.router.core.policy.session_counts()) == dict.fromkeys(urls, 20)
+    assert sum(r.router.core.decisions[DecisionKind.NEW] for r in routers) == 60
+
+
+async def test_router_restart_moves_no_session(
+    backends: list[FakeBackend],
+    make_router: MakeRouter,
+    client: aiohttp.ClientSession,
+    redis_server: RedisServer,
+) -> None:
+    urls = [b.url for b in backends]
+    a = await _shared(make_router, urls, redis_server)
+    for k in range(30):
+        assert (await post_chat(client, a, f"r{k}"))[0] == 200
+    before = _worker_of(backends)
+    await a.stop()
+    a2 = await _shared(make_router, urls, redis_server)
+    for k in range(30):
+        for _ in range(2):
+            assert (await post_chat(client, a2, f"r{k}"))[0] == 200
+    after = _worker_of(backends)
+    assert after == before  # every later turn on its session's first worker
+    assert all(len(ws) == 1 for ws in after.values())
+    assert a2.router.core.decisions[DecisionKind.NEW] == 0
+    assert a2.router.core.decisions[DecisionKind.STICKY] == 60
+
+
+async def test_redis_killed_mid_run_fails_no_request_and_reconnects(
+    backends: list[FakeBackend],
+    make_router: MakeRouter,
+    client: aiohttp.ClientSession,
+    redis_server: RedisServer,
+) -> None:
+    urls = [b.url for b in backends]
+    a = await _shared(make_router, urls, redis_server)
+    b = await _shared(make_router, urls, redis_server)
+    statuses: list[int] = []
+    for k in range(10):
+        statuses.append((await post_chat(client, a, f"k{k}"))[0])
+    redis_server.kill()
+    # b notices first, so it reconnects first and writes the empty Redis before a does: a
+    # must still see that Redis lost its data (a new epoch) and restore every pin it holds.
+    for k in range(10):  # known sessions and new ones, through both routers
+        statuses.append((await post_chat(client, b, f"new{k}"))[0])
+        statuses.append((await post_chat(client, b, f"new{k}"))[0])
+        statuses.append((await post_chat(client, a, f"k{k}"))[0])
+    assert statuses == [200] * 40
+    assert a.router.state is not None and not a.router.state.up
+    async with client.get(a.url + "/metrics") as resp:
+        text = await resp.text()
+    assert "sessionroute_state_up 0.0" in text
+    # Redis comes back empty: each router restores the pins it holds.
+    redis_server.start()
+    deadline = time.monotonic() + 10
+    while not (a.router.state.up and b.router.state is not None and b.router.state.up):
+        assert time.monotonic() < deadline, "routers did not reconnect"
+        await asyncio.sleep(0.05)
+    for k in range(10):  # sessions only a knew continue through b on the same worker
+        assert (await post_chat(client, b, f"k{k}"))[0] == 200
+        assert (await post_chat(client, a, f"new{k}"))[0] == 200
+    placed = _worker_of(backends)
+    assert all(len(ws) == 1 for ws in placed.values()), placed
+    assert a.router.state.reconnects == 1
+
+
+async def test_a_dead_routers_in_flight_counts_are_reclaimed(
+    backends: list[FakeBackend],
+    make_router: MakeRouter,
+    client: aiohttp.ClientSession,
+    redis_server: RedisServer,
+) -> None:
+    urls = [b.url for b in backends]
+    hold = asyncio.Event()
+    for be in backends:
+        be.hold = hold
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "sessionroute.cli",
+            "serve",
+            "--port",
+            str(port),
+            "--worker-urls",
+            *urls,
+            "--state-url",
+            redis_server.url,
+            "--state-lease-secs",
+            "1",
+            "--log-level",
+            "warning",
+            "--health-check-interval-secs",
+            "3600",
+            "--scrape-interval-secs",
+            "0",
+        ],
+        env={**os.environ},
+    )
+    b = await _shared(make_router, urls, redis_server)
+    assert isinstance(b.router.core.cluster, SharedCluster)
+    cluster = b.router.core.cluster
+    pending: list[asyncio.Task[object]] = []
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                async with client.get(url + "/liveness") as resp:
+                    if resp.status == 200:
+                        break
+            except aiohttp.ClientError:
+                pass
+            assert time.monotonic() < deadline, "router A did not start"
+            await asyncio.sleep(0.1)
+
+        async def send(k: int) -> object:
+            with_timeout = aiohttp.ClientTimeout(total=30)
+            async with client.post(
+                url + "/v1/chat/completions",
+                json={"model": "m", "messages": [{"role": "user", "content": "x"}]},
+                headers={"x-session-id": f"d{k}"},
+                timeout=with_timeout,
+            ) as resp:
+                return resp.status
+
+        pending = [asyncio.ensure_future(send(k)) for k in range(4)]
+        assert b.router.state is not None
+        deadline = time.monotonic() + 10
+        while sum(cluster.remote.values()) != 4:  # b sees a's 4 requests in flight
+            assert time.monotonic() < deadline, cluster.remote
+            await b.router.state.load(RouteRequest())
+            await asyncio.sleep(0.05)
+        assert sum(cluster.in_flight(u) for u in urls) == 4
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+        killed = time.monotonic()
+        while sum(cluster.remote.values()) != 0:  # its lease expires: nothing leaks
+            assert time.monotonic() - killed < 5, cluster.remote
+            await b.router.state.load(RouteRequest())
+            await asyncio.sleep(0.05)
+        assert sum(cluster.in_flight(u) for u in urls) == 0
+        # its pins stay: the sessions it placed continue through b
+        hold.set()
+        await asyncio.gather(*pending, return_exceptions=True)
+        table = b.router.core.policy.table  # type: ignore[attr-defined]
+        assert isinstance(table, SharedSessionTable)
+        assert len(table) == 4
+    finally:
+        hold.set()
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=10)
+        for t in pending:
+            t.cancel()
+    assert Counter(len(set(be.sessions())) for be in backends).total() == 3
+
+
+async def test_one_router_on_redis_places_exactly_as_with_local_state(
+    backends: list[FakeBackend],
+    make_router: MakeRouter,
+    client: aiohttp.ClientSession,
+    redis_server: RedisServer,
+) -> None:
+    urls = [b.url for b in backends]
+
+    async def run(router: RunningRouter) -> list[int]:
+        placed = []
+        for k in range(24):
+            for _ in range(2):
+                assert (await post_chat(client, router, f"p{k}"))[0] == 200
+                placed.append(next(i for i, b in enumerate(backends) if b.seen[-1:]))
+                for b in backends:
+                    b.seen.clear()
+            if k % 3 == 0:  # finished sessions free their worker's count
+                async with client.post(router.url + f"/finish_session?session_id=p{k}") as r:
+                    assert r.status == 200
+        return placed
+
+    local = await make_router(urls, policy="sticky_least_loaded")
+    expected = await run(local)
+    await local.stop()
+    shared = await _shared(make_router, urls, redis_server)
+    assert await run(shared) == expected
+    assert shared.router.state is not None and shared.router.state.conflicts == 0
+
+
+async def test_a_router_starts_and_serves_with_redis_unreachable(
+    backends: list[FakeBackend],
+    make_router: MakeRouter,
+    client: aiohttp.ClientSession,
+) -> None:
+    url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    r = await make_router([b.url for b in backends], state_url=url)
+    assert r.router.state is not None and not r.router.state.up
+    for k in range(5):
+        assert (await post_chat(client, r, f"u{k}"))[0] == 200
+        assert (await post_chat(client, r, f"u{k}"))[0] == 200
+    assert all(len(ws) == 1 for ws in _worker_of(backends).values())
+    assert r.router.state.errors >= 1
+
+
+def test_state_url_must_be_a_redis_url() -> None:
+    import pytest
+
+    from sessionroute.errors import ConfigError
+    from sessionroute.serve import RouterSettings
+
+    with pytest.raises(ConfigError, match=r"--state-url: .*redis://HOST:PORT/DB"):
+        RouterSettings.build(state_url="http://127.0.0.1:6379")
+
+
+async def test_finish_session_on_any_router_releases_it_everywhere(
+    backends: list[FakeBackend],
+    make_router: MakeRouter,
+    client: aiohttp.ClientSession,
+    redis_server: RedisServer,
+) -> None:
+    urls = [b.url for b in backends]
+    a = await _shared(make_router, urls, redis_server)
+    b = await _shared(make_router, urls, redis_server)
+    for k in range(6):
+        assert (await post_chat(client, a, f"f{k}"))[0] == 200
+        assert (await post_chat(client, b, f"f{k}"))[0] == 200
+    for k in range(3):  # opened through a, released through b
+        async with client.post(b.url + f"/finish_session?session_id=f{k}") as resp:
+            assert resp.status == 200
+    assert a.router.state is not None
+    await a.router.state.load(RouteRequest())
+    assert sum(a.router.core.policy.session_counts().values()) == 3
+    new_before = a.router.core.decisions[DecisionKind.NEW]
+    assert (await post_chat(client, a, "f0"))[0] == 200  # a knew f0: it is a new session now
+    assert a.router.core.decisions[DecisionKind.NEW] == new_before + 1
+    assert (await post_chat(client, a, "f4"))[0] == 200  # f4 was not released: still sticky
+    assert a.router.core.decisions[DecisionKind.NEW] == new_before + 1

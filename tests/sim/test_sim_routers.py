@@ -1,0 +1,69 @@
+"""Several simulated routers (sim/routers.py): per-router state against one shared table."""
+
+from __future__ import annotations
+
+import random
+
+from sessionroute.clock import ManualClock
+from sessionroute.router import RoutingCore
+from sessionroute.router.policies.sticky_least_loaded import StickyLeastLoadedPolicy
+from sessionroute.router.state import Cluster
+from sessionroute.sim.routers import build_fleet
+from sessionroute.types import DecisionKind, RouteRequest
+
+W = ("http://a", "http://b", "http://c")
+
+
+def _core(state: str) -> RoutingCore:
+    clock = ManualClock()
+    fleet = build_fleet(
+        lambda k: StickyLeastLoadedPolicy(clock=clock, rng=random.Random(k)),
+        3,
+        state,  # type: ignore[arg-type]
+        clock,
+    )
+    assert fleet.keeps_sessions and fleet.name == "sticky_least_loaded"
+    return RoutingCore(fleet, Cluster(W))
+
+
+def _turns(core: RoutingCore, sessions: int, turns: int) -> dict[str, set[str]]:
+    placed: dict[str, set[str]] = {}
+    for t in range(turns):
+        for k in range(sessions):
+            req = RouteRequest(session_id=f"s{k}", request_id=f"s{k}-t{t}", prompt_tokens=5)
+            res = core.route(req)
+            placed.setdefault(f"s{k}", set()).add(res.worker)
+            core.complete(res)
+    return placed
+
+
+def test_shared_state_keeps_every_session_on_one_worker() -> None:
+    core = _core("shared")
+    placed = _turns(core, 30, 4)
+    assert all(len(ws) == 1 for ws in placed.values())
+    assert core.decisions[DecisionKind.NEW] == 30
+    assert sorted(core.policy.session_counts().values()) == [10, 10, 10]
+
+
+def test_local_state_places_a_session_again_on_each_router_it_reaches() -> None:
+    core = _core("local")
+    placed = _turns(core, 30, 4)
+    # every session reached more than one router, each of which placed it as new
+    assert core.decisions[DecisionKind.NEW] > 30
+    assert sum(core.policy.session_counts().values()) == core.decisions[DecisionKind.NEW]
+    assert any(len(ws) > 1 for ws in placed.values())
+
+
+def test_finish_session_reaches_one_router_with_local_state() -> None:
+    core = _core("local")
+    _turns(core, 10, 3)
+    held = sum(core.policy.session_counts().values())
+    for k in range(10):
+        core.finish_session(f"s{k}")
+    left = sum(core.policy.session_counts().values())
+    assert 0 < left < held  # the other routers keep their pins until the TTL
+    shared = _core("shared")
+    _turns(shared, 10, 3)
+    for k in range(10):
+        shared.finish_session(f"s{k}")
+    assert sum(shared.policy.session_counts().values()) == 0
