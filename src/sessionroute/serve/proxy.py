@@ -4,8 +4,9 @@ Every routing decision is the router core's (:class:`~sessionroute.router.Routin
 policy's request is built by ``core.requests`` (session id, size estimate, content keys),
 placed by ``core.place`` (admission, select + reserve), and retried by ``core.retry`` and
 ``core.retarget``; this module does the I/O around them. The body is read once (as the pieces
-it arrived in) and forwarded as received; it is parsed only when the policy reads the prompt
-(``Policy.needs_content``). Requests go upstream through
+it arrived in), parsed and checked before placement under every policy
+(:mod:`sessionroute.router.validate`: 415, 400, nothing pinned), and forwarded as received,
+never re-serialized. Requests go upstream through
 :class:`~sessionroute.serve.upstream.UpstreamPool` (a protocol of ours on the ``httptools``
 response parser), with the client's headers forwarded as the raw bytes it sent. Responses
 with a known length up to :data:`BUFFER_LIMIT` bytes are relayed in one write; everything
@@ -28,6 +29,7 @@ import time
 from sessionroute.errors import AdmissionRefused, MalformedRequest, NoWorkerAvailable
 from sessionroute.router.admission import Ticket
 from sessionroute.router.core import Reservation, RoutingCore
+from sessionroute.router.validate import InvalidJSON, UnsupportedMediaType, check_media_type
 from sessionroute.serve.errors import error_for_exception, error_response
 from sessionroute.serve.http1 import Connection, Request
 from sessionroute.serve.router import Router
@@ -70,19 +72,27 @@ def _header_block_connection(router: Router, req: Request) -> bytes:
     return b"".join(kept) + router.worker_auth
 
 
-def _error(conn: Connection, status: int, message: str, code: str, rid: bytes) -> None:
+def _error(
+    conn: Connection, status: int, message: str, code: str, rid: bytes, *, keep: bool = True
+) -> None:
     resp = error_response(status, message, code)
     conn.respond_raw(
-        status, None, resp.header_bytes() + b"x-request-id: " + rid + b"\r\n", resp.body
+        status,
+        None,
+        resp.header_bytes() + b"x-request-id: " + rid + b"\r\n",
+        resp.body,
+        keep_alive=keep,
     )
 
 
 async def proxy_request(conn: Connection, req: Request, router: Router) -> None:
     """Handle one POST to a generation route (see the module docstring).
 
-    Answers with JSON errors: 413 over ``--max-payload-size``, 400 for malformed JSON when the
-    policy parses the body, 503 when no worker is available, 502 when every attempt failed
-    to connect, 504 on upstream timeout; upstream error responses pass through.
+    Answers with JSON errors: 415 without a JSON ``Content-Type``, 413 over
+    ``--max-payload-size``, 400 for a body or session id that fails
+    :mod:`sessionroute.router.validate` (checked for every policy, before placement), 503
+    when no worker is available, 502 when every attempt failed to connect, 504 on upstream
+    timeout; upstream error responses pass through.
     """
     s = router.settings
     lower = req.lower
@@ -94,6 +104,16 @@ async def proxy_request(conn: Connection, req: Request, router: Router) -> None:
     else:
         rid = router.new_request_id(req.path)
         raw_rid = rid.encode()
+    if req.too_large:  # a Content-Length over the limit: 413 first, as vllm-router
+        _too_large(conn, req, s.max_payload_size, raw_rid)
+        return
+    ctype = lower.get(b"content-type")
+    if ctype != b"application/json":
+        try:
+            check_media_type(ctype)
+        except UnsupportedMediaType as exc:
+            _error(conn, 415, str(exc), "unsupported_media_type", raw_rid, keep=req.complete)
+            return
     parts = req.parts if req.complete else await req.body()
     if parts is None or req.too_large:
         _too_large(conn, req, s.max_payload_size, raw_rid)
@@ -101,9 +121,10 @@ async def proxy_request(conn: Connection, req: Request, router: Router) -> None:
     size = req.size
     core = router.core
     try:
-        route_req = core.requests.from_http(lower, parts, size, rid)
+        route_req = core.requests.from_http(lower, parts, size, rid, req.path)
     except MalformedRequest as exc:
-        _error(conn, 400, str(exc), "malformed_json", raw_rid)
+        code = "malformed_json" if isinstance(exc, InvalidJSON) else "invalid_request"
+        _error(conn, 400, str(exc), code, raw_rid)
         return
     t0 = time.perf_counter()
     try:
