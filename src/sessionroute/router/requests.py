@@ -188,6 +188,7 @@ class RequestBuilder:
         sid, header = found if found is not None else (None, self.session_names[0][1])
         blocks: list[int] | None = None
         model: str | None = None
+        payload: dict[str, Any] = {}
         encoding = headers.get(b"content-encoding")
         if encoding is not None and encoding.strip().lower() not in (b"", b"identity"):
             # a compressed body (gzip, ...) goes to the worker as received, unread: the
@@ -210,6 +211,7 @@ class RequestBuilder:
             model=model,
             request_id=request_id,
             session_header=header,
+            stream=payload.get("stream") is True,
         )
 
     def from_turn(

@@ -31,6 +31,7 @@ keep-alive connections and shuts down gracefully.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 from collections import deque
 from collections.abc import Callable, Coroutine
@@ -112,6 +113,7 @@ class Request:
         "size",
         "target",
         "too_large",
+        "trusted",
     )
 
     def __init__(self) -> None:
@@ -129,6 +131,8 @@ class Request:
         self.complete = False
         self.too_large = False
         self.discard = False
+        self.trusted = False
+        """Set by the handler: the client may see details (``/health``)."""
         self._waiter: asyncio.Future[None] | None = None
 
     async def body(self) -> list[bytes] | None:
@@ -189,11 +193,27 @@ class Connection(ResponseWriter, asyncio.BufferedProtocol):
         self.received = 0
         """Bytes received on this connection (the sweep finds stalled bodies with it)."""
         self.seen_received = -1
+        self.quiet_sweeps = 0
+        """Listener sweeps in a row without a byte or a request (the idle and body limits)."""
+        self.head_sweep = listener.sweeps
+        """The listener sweep in which the current request head began (the header limit)."""
+
+    @property
+    def in_head(self) -> bool:
+        """A request head is partly received."""
+        return self._in_head
 
     # -- asyncio.Protocol ---------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
-        self._listener.connections.add(self)
+        listener = self._listener
+        cap = listener.max_connections
+        if cap is not None and len(listener.connections) >= cap:
+            listener.closed("connection_limit")
+            self._bad = True  # read nothing; close at once (a FIN: nothing was read yet)
+            transport.close()
+            return
+        listener.connections.add(self)
         if self._listener.closing:
             self._closing = True
 
@@ -243,6 +263,7 @@ class Connection(ResponseWriter, asyncio.BufferedProtocol):
         self._headers = req.headers
         self._in_head = True
         self._head_bytes = 0
+        self.head_sweep = self._listener.sweeps
 
     def on_url(self, url: bytes) -> None:
         req = self._parsing
@@ -486,6 +507,18 @@ class Connection(ResponseWriter, asyncio.BufferedProtocol):
         if self._linger_timer is not None:
             self._linger_timer.cancel()
         self._linger_timer = self._loop.call_later(LINGER_S, self.abort)
+
+    def peer_is_loopback(self) -> bool:
+        """Whether the client connects from a loopback address (127.0.0.0/8, ::1)."""
+        if self.transport is None:
+            return False
+        peer = self.transport.get_extra_info("peername")
+        if not peer:
+            return False
+        try:
+            return ipaddress.ip_address(peer[0]).is_loopback
+        except ValueError:
+            return False
 
     def awaiting_body(self) -> bool:
         """Whether the request being handled is still receiving its body from the client."""

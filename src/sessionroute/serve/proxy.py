@@ -29,11 +29,18 @@ import time
 from sessionroute.errors import AdmissionRefused, MalformedRequest, NoWorkerAvailable
 from sessionroute.router.admission import Ticket
 from sessionroute.router.core import Reservation, RoutingCore
+from sessionroute.router.retry import AttemptFailure
 from sessionroute.router.validate import InvalidJSON, UnsupportedMediaType, check_media_type
 from sessionroute.serve.errors import error_for_exception, error_response
 from sessionroute.serve.http1 import Connection, Request
 from sessionroute.serve.router import Router
-from sessionroute.serve.upstream import HOP_BY_HOP, Exchange, UpstreamConnectError, UpstreamError
+from sessionroute.serve.upstream import (
+    HOP_BY_HOP,
+    Exchange,
+    UpstreamConnectError,
+    UpstreamError,
+    UpstreamHung,
+)
 
 __all__ = ["BUFFER_LIMIT", "HOP_BY_HOP", "proxy_request"]
 
@@ -214,6 +221,7 @@ async def _forward(
     method = req.method
     target = req.target
     retry = core.retry
+    first_byte_s = s.first_byte_timeout_secs
     attempts = retry.max_attempts
     last_error = ""
     task = conn.task  # not asyncio.current_task(): it costs a getpid() syscall
@@ -241,6 +249,11 @@ async def _forward(
                 return
         worker = res.worker
         ex = Exchange(pool, worker, task)
+        timer = None
+        if first_byte_s and res.request.stream:  # a hung worker sends no head
+            timer = task.get_loop().call_later(
+                first_byte_s, ex.hang, f"no response head within {first_byte_s:g} s"
+            )
         try:
             t0 = time.perf_counter()
             try:
@@ -252,10 +265,26 @@ async def _forward(
                 last_error = f"{worker}: {type(exc).__name__}: {exc}"
                 router.record_unreachable(worker, last_error)
                 continue
+            except UpstreamHung as exc:  # given up: unavailable now, so the retry re-places
+                last_error = f"{worker}: {exc}"
+                router.record_unreachable(worker, last_error)
+                continue
             except UpstreamError as exc:  # reset, disconnect, malformed response
                 last_error = f"{worker}: {type(exc).__name__}: {exc}"
                 router.record_failure(worker)
-                continue
+                failure = AttemptFailure.SENT if ex.sent_all else AttemptFailure.UNSENT
+                if retry.may_retry(failure):
+                    continue
+                metrics.count_request(worker, 502)
+                _error(
+                    conn,
+                    502,
+                    f"upstream {worker} failed after the request was sent ({exc}); not "
+                    "retried, as it may have started there (--retry-after-send retries it)",
+                    "upstream_error",
+                    rid,
+                )
+                return
             except asyncio.CancelledError:
                 if not ex.is_timeout():
                     metrics.count_request(worker, 499)  # the client went away (or shutdown)
@@ -270,6 +299,9 @@ async def _forward(
                     rid,
                 )
                 return
+            finally:
+                if timer is not None:
+                    timer.cancel()
             metrics.observe_upstream(worker, t0, time.perf_counter())
             if status >= 500:
                 router.record_failure(worker)
@@ -281,8 +313,10 @@ async def _forward(
                     return
                 last_error = f"{worker}: status {status}"
                 continue
-            await _relay(conn, router, ex, worker, rid)
-            return
+            if await _relay(conn, router, ex, worker, rid):
+                return
+            last_error = f"{worker}: given up as hung while its answer was arriving"
+            router.record_unreachable(worker, last_error)
         finally:
             ex.close()
     metrics.count_request(holder[0].worker, 502)
@@ -360,16 +394,22 @@ def _response_headers(raw: list[tuple[bytes, bytes]]) -> tuple[bytes, int | None
     return b"".join(out), length
 
 
-async def _relay(conn: Connection, router: Router, ex: Exchange, worker: str, rid: bytes) -> None:
+async def _relay(conn: Connection, router: Router, ex: Exchange, worker: str, rid: bytes) -> bool:
+    """Relay the answer; False when the worker was given up as hung before any byte of it
+    reached the client (the caller places the request again)."""
     status = ex.status
     metrics = router.metrics
     try:
         headers, length = _response_headers(ex.headers)
         headers += b"x-request-id: " + rid + b"\r\n"
+        if router.expose_worker:
+            headers += b"x-sessionroute-worker: " + worker.encode() + b"\r\n"
         reason = ex.reason
         if length is not None and length <= BUFFER_LIMIT:
             try:
                 data = ex.body() if ex.complete else await ex.read()
+            except UpstreamHung:
+                return False
             except UpstreamError as exc:
                 router.record_failure(worker)
                 metrics.count_request(worker, 502)
@@ -380,15 +420,15 @@ async def _relay(conn: Connection, router: Router, ex: Exchange, worker: str, ri
                     "upstream_error",
                     rid,
                 )
-                return
+                return True
             except asyncio.CancelledError:
                 if not ex.is_timeout():
                     raise
                 _timeout_reading(conn, router, worker, rid)
-                return
+                return True
             metrics.count_request(worker, status)
             conn.respond_raw(status, reason, headers, data)
-            return
+            return True
         conn.start_response(status, reason, headers, length)
         try:
             await ex.relay(conn)  # written piece by piece as it arrives
@@ -399,9 +439,10 @@ async def _relay(conn: Connection, router: Router, ex: Exchange, worker: str, ri
             router.record_failure(worker)
             metrics.count_request(worker, 502)
             conn.abort()  # no terminating chunk: the client sees truncation
-            return
+            return True
         conn.end_response()
         metrics.count_request(worker, status)
+        return True
     except asyncio.CancelledError:
         metrics.count_request(worker, 499)
         raise

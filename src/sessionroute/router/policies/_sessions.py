@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 from sessionroute.clock import Clock
 from sessionroute.router.policies.base import Policy, require_healthy
 from sessionroute.router.state.cluster import ClusterView
-from sessionroute.router.state.sessions import SessionStats, SessionTable
+from sessionroute.router.state.sessions import SessionInfo, SessionStats, SessionTable
 from sessionroute.types import Decision, DecisionKind, RouteRequest
 
 __all__ = ["SessionPolicy"]
@@ -123,3 +123,6 @@ class SessionPolicy(Policy):
 
     def worker_of(self, session_id: str) -> str | None:
         return self.table.worker_of(session_id)
+
+    def session_info(self, session_id: str) -> SessionInfo | None:
+        return self.table.info(session_id)
