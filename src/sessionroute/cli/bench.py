@@ -33,6 +33,10 @@ _TARGETS: dict[str, tuple[str, str]] = {
     "engine": ("sessionroute.bench.engine", "simulated requests per wall second, one replica"),
     "sim": ("sessionroute.bench.sim", "simulated requests per wall second, default swe-rl"),
     "proxy": ("sessionroute.bench.proxy", "router overhead against a zero-delay backend"),
+    "stall": (
+        "sessionroute.bench.stall",
+        "longest event-loop block while many sessions expire or a worker is removed",
+    ),
     "soak": (
         "sessionroute.bench.soak",
         "router memory under never-released sessions (10 minutes by default)",

@@ -111,9 +111,9 @@ class SessionPolicy(Policy):
     def on_worker_removed(self, worker: str, cluster: ClusterView) -> None:
         self.table.displace(worker)
 
-    def sweep(self, now: float) -> int:
+    def sweep(self, now: float, limit: int | None = None) -> int:
         self._last_sweep = now
-        return self.table.sweep(now)
+        return self.table.sweep(now, limit)
 
     def session_counts(self) -> Mapping[str, int]:
         return self.table.counts()

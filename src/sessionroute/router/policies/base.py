@@ -95,8 +95,9 @@ class Policy(ABC):
         """``worker`` became healthy or unhealthy."""
         return None
 
-    def sweep(self, now: float) -> int:
-        """Expire sessions idle for at least the TTL at time ``now``; returns how many."""
+    def sweep(self, now: float, limit: int | None = None) -> int:
+        """Expire sessions idle for at least the TTL at time ``now`` (at most ``limit`` of
+        them, the oldest first, when given); returns how many."""
         return 0
 
     def session_counts(self) -> Mapping[str, int]:

@@ -207,19 +207,31 @@ class SessionTable:
             return False
         return True
 
-    def sweep(self, now: float) -> int:
+    def sweep(self, now: float, limit: int | None = None) -> int:
         """Expire every session idle for at least the TTL; returns how many expired.
 
         Displaced sessions (see :meth:`displace`) past the TTL are forgotten too and counted.
+
+        Args:
+            now: the clock time (seconds).
+            limit: expire at most this many (the oldest first) and leave the rest to the next
+                call, so a driver can spread a large expiry over several event-loop turns;
+                all when None. A call that returns less than ``limit`` left none behind.
         """
         cutoff = now - self.ttl_s
+        cap = len(self._pins) + len(self._displaced) if limit is None else limit
         n = 0
         if self._displaced:
-            stale = [sid for sid, last in self._displaced.items() if last <= cutoff]
+            stale = []
+            for sid, last in self._displaced.items():
+                if last <= cutoff:
+                    stale.append(sid)
+                    if len(stale) >= cap:
+                        break
             for sid in stale:
                 del self._displaced[sid]
             n = len(stale)
-        while self._pins:
+        while self._pins and n < cap:
             sid, entry = next(iter(self._pins.items()))
             if entry.last > cutoff:
                 break
