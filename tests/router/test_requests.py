@@ -36,13 +36,15 @@ def test_a_simulated_turn_and_its_http_request_look_the_same_to_a_policy() -> No
     b = _builder(session_headers=["x-session-id", "x-user-id"])
     for sid in ("rollout-7", "", "ünïcode"):
         prompt_tokens = 1234
-        body = b"x" * (prompt_tokens * BYTES_PER_TOKEN)
+        pad = prompt_tokens * BYTES_PER_TOKEN - len(b'{"prompt": ""}')
+        body = json.dumps({"prompt": "x" * pad}).encode()  # any body of that size
+        assert len(body) == prompt_tokens * BYTES_PER_TOKEN
         headers = {b"x-session-id": sid.encode()} if sid else {}
         live = b.from_http(headers, [body], len(body), "r1")
         sim = b.from_turn(sid or None, prompt_tokens, [], 16, "r1")
         assert live == sim
         assert live.prompt_tokens == prompt_tokens
-        assert live.blocks is None  # the policy does not read content: nothing parsed
+        assert live.blocks is None  # the policy does not read content: no keys
 
 
 def test_the_size_estimate_is_body_bytes_over_four() -> None:
@@ -90,3 +92,25 @@ def test_content_policies_get_block_keys_and_bad_json_is_refused() -> None:
         b.from_http({}, [b"{"], 1, "r")
     turn = b.from_turn("s", 20, list(range(5)), 4, "r")  # 5 KV blocks of 4 = 5 content blocks
     assert turn.blocks == [0, 1, 2, 3, 4]
+
+
+def test_session_ids_over_the_limit_or_with_control_characters_are_refused() -> None:
+    b = _builder(max_session_id_bytes=8)
+    assert b.session({b"x-session-id": b"12345678"}) == ("12345678", "x-session-id")
+    for bad, match in ((b"123456789", "9 bytes exceeds the limit of 8"), (b"a\x00b", "control")):
+        with pytest.raises(MalformedRequest, match=match):
+            b.session({b"x-session-id": bad})
+    for ctl in (b"a\tb", b"a\x7fb", b"\x1b[31m"):
+        with pytest.raises(MalformedRequest, match="control"):
+            b.session({b"x-session-id": ctl})
+
+
+def test_bodies_are_validated_under_every_policy_and_compressed_ones_pass_unread() -> None:
+    b = _builder()
+    with pytest.raises(MalformedRequest, match="non-empty list"):
+        b.from_http({}, [b'{"model": "m"}'], 14, "r", "/v1/chat/completions")
+    gz = {b"content-encoding": b"gzip"}
+    assert b.from_http(gz, [b"\x1f\x8b"], 2, "r", "/v1/chat/completions").prompt_tokens == 0
+    content = RequestBuilder(RouterConfig(), needs_content=True)
+    with pytest.raises(MalformedRequest, match="compressed"):
+        content.from_http(gz, [b"\x1f\x8b"], 2, "r", "/v1/chat/completions")

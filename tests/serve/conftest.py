@@ -29,6 +29,10 @@ FAST: dict[str, Any] = {
 millisecond backoff."""
 
 
+JSON = {"Content-Type": "application/json"}
+"""The request header every generation request needs (415 without it, as vllm-router)."""
+
+
 @pytest.fixture
 async def backends() -> AsyncIterator[list[FakeBackend]]:
     bs = await start_backends(3)

@@ -250,8 +250,8 @@ class SessionGate(InFlightGate):
     def select(self, request: RouteRequest, cluster: ClusterView) -> Decision:
         return self.sticky.select(request, cluster)
 
-    def sweep(self, now: float) -> int:
-        return self.sticky.sweep(now)
+    def sweep(self, now: float, limit: int | None = None) -> int:
+        return self.sticky.sweep(now, limit)
 
 
 def test_expired_sessions_free_capacity_for_a_waiting_request() -> None:

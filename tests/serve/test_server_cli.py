@@ -157,7 +157,9 @@ async def test_serve_subprocess_and_sigterm(
             except aiohttp.ClientConnectionError:
                 await asyncio.sleep(0.025)
         async with client.post(
-            url + "/v1/chat/completions", json={"model": "m"}, headers={"x-session-id": "p"}
+            url + "/v1/chat/completions",
+            json={"model": "m", "messages": [{"role": "user", "content": "x"}]},
+            headers={"x-session-id": "p"},
         ) as r:
             assert r.status == 200
         assert backends[0].sessions() == ["p"]

@@ -210,8 +210,16 @@ async def slammer() -> AsyncIterator[str]:
 async def test_unreachable_after_retries_is_502(
     slammer: str, make_router: MakeRouter, client: aiohttp.ClientSession
 ) -> None:
+    # The worker closed after the request was written: it may have started, so the failure
+    # is surfaced at once (no duplicate generation) ...
     router = await make_router([slammer], retry_max_retries=3)
     status, body = await post_chat(client, router, "u-1")
+    assert status == 502 and body["error"]["code"] == "upstream_error"
+    assert "not retried" in body["error"]["message"]
+    assert router.router.metrics.retries == {}
+    # ... and retried only when the operator says so
+    again = await make_router([slammer], retry_max_retries=3, retry_after_send=True)
+    status, body = await post_chat(client, again, "u-1")
     assert status == 502 and body["error"]["code"] == "upstream_unreachable"
     assert "3 attempt" in body["error"]["message"]
     assert router.router.core.cluster.in_flight(slammer) == 0

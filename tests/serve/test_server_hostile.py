@@ -56,7 +56,7 @@ async def test_header_callback_errors_name_their_cause(
     reader, writer = await _connect(router.port)
     writer.write(b"GET /" + b"a" * 70000 + b" HTTP/1.1\r\nHost: r\r\n\r\n")
     status, _, body = await _response(reader)
-    assert status == 400 and "over 64 KiB" in json.loads(body)["error"]["message"]
+    assert status == 431 and "over 64 KiB" in json.loads(body)["error"]["message"]
     writer.close()
 
 
@@ -197,7 +197,8 @@ async def test_oversize_chunked_body_message_reads_well(
     router = await make_router([backends[0].url], max_payload_size=1000)
     reader, writer = await _connect(router.port)
     writer.write(
-        b"POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nTransfer-Encoding: chunked\r\n"
+        b"Content-Type: application/json\r\n\r\n"
         + (b"3e8\r\n" + b"a" * 1000 + b"\r\n") * 2
         + b"0\r\n\r\n"
     )

@@ -43,7 +43,8 @@ async def _response(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], 
 
 def _post(path: str = "/v1/chat/completions", body: bytes = BODY, extra: str = "") -> bytes:
     return (
-        f"POST {path} HTTP/1.1\r\nHost: r\r\nx-session-id: s\r\n{extra}"
+        f"POST {path} HTTP/1.1\r\nHost: r\r\nx-session-id: s\r\n"
+        f"Content-Type: application/json\r\n{extra}"
         f"Content-Length: {len(body)}\r\n\r\n"
     ).encode() + body
 
@@ -80,7 +81,7 @@ async def test_http10_clients(backends: list[FakeBackend], make_router: MakeRout
     assert await asyncio.wait_for(reader.read(), 5) == b""
     # A stream to an HTTP/1.0 client is delimited by the close (no chunked encoding).
     reader, writer = await _connect(router.port)
-    stream = json.dumps({"model": "m", "stream": True}).encode()
+    stream = json.dumps({"model": "m", "stream": True, "messages": [{"role": "user"}]}).encode()
     writer.write(_post(body=stream).replace(b"HTTP/1.1", b"HTTP/1.0"))
     status, headers, body = await _response(reader)
     assert status == 200 and "transfer-encoding" not in headers
@@ -96,7 +97,7 @@ async def test_chunked_request_body_and_expect_continue(
     half = len(BODY) // 2
     writer.write(
         b"POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nTransfer-Encoding: chunked\r\n"
-        b"Expect: 100-continue\r\n\r\n"
+        b"Content-Type: application/json\r\nExpect: 100-continue\r\n\r\n"
     )
     assert await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5) == (
         b"HTTP/1.1 100 Continue\r\n\r\n"
@@ -121,7 +122,6 @@ async def test_chunked_request_body_and_expect_continue(
         b"NOT HTTP AT ALL\r\n\r\n",
         b"GET / HTTP/1.1\r\nHost: r\r\nBad Header\r\n\r\n",
         b"POST /v1/completions HTTP/1.1\r\nHost: r\r\nContent-Length: x\r\n\r\n",
-        b"GET /liveness HTTP/1.1\r\nHost: r\r\nx-big: " + b"a" * 70000 + b"\r\n\r\n",
     ],
 )
 async def test_malformed_requests_get_400_and_a_close(
@@ -145,7 +145,10 @@ async def test_early_413_is_read_before_the_close(
 ) -> None:
     router = await make_router([backends[0].url], max_payload_size=1000)
     reader, writer = await _connect(router.port)
-    writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: r\r\nTransfer-Encoding: chunked\r\n\r\n")
+    writer.write(
+        b"POST /v1/completions HTTP/1.1\r\nHost: r\r\nTransfer-Encoding: chunked\r\n"
+        b"Content-Type: application/json\r\n\r\n"
+    )
     writer.write(b"%x\r\n%s\r\n" % (1500, b"x" * 1500))  # over the limit, body not ended
     status, headers, body = await _response(reader)
     assert status == 413 and headers["connection"] == "close"
@@ -189,7 +192,7 @@ async def test_backpressure_stops_reading_upstream(
     total = 768 * 65536
     router = await make_router([url])
     reader, writer = await _connect(router.port)
-    writer.write(_post("/v1/completions", b"{}"))
+    writer.write(_post("/v1/completions", b'{"prompt": "p"}'))
     # Without reading, wait until the backend stops making progress (or finishes).
     last, still = -1, 0
     while state["sent"] < total and still < 50:

@@ -8,7 +8,7 @@ import pytest
 from sessionroute.router.policies import policy_names
 
 from .backend import FakeBackend
-from .conftest import MakeRouter, post_chat
+from .conftest import JSON, MakeRouter, post_chat
 
 
 @pytest.mark.parametrize("policy", policy_names())
@@ -36,5 +36,7 @@ async def test_cache_aware_routes_by_prompt_and_rejects_bad_json(
         status, _ = await post_chat(client, router, None, content=prefix + f"turn {turn}")
         assert status == 200
     assert sorted(len(b.seen) for b in backends) == [0, 0, 5]  # one shared prefix, one worker
-    async with client.post(router.url + "/v1/chat/completions", data=b'{"messages": [') as r:
+    async with client.post(
+        router.url + "/v1/chat/completions", data=b'{"messages": [', headers=JSON
+    ) as r:
         assert r.status == 400 and (await r.json())["error"]["code"] == "malformed_json"

@@ -10,7 +10,7 @@ import pytest
 from sessionroute.types import DecisionKind
 
 from .backend import FakeBackend, start_backends
-from .conftest import MakeRouter, post_chat
+from .conftest import MakeRouter, chat, post_chat
 
 FIXED_PORTS = (18001, 18002, 18003)
 
@@ -103,7 +103,7 @@ async def test_scenario3_stateless_requests_change_no_counts(
     for i in range(12):
         async with client.post(
             router.url + "/v1/chat/completions",
-            json={"model": "m"},
+            json=chat(),
             headers={"x-request-id": f"r{i}"},
         ) as r:
             assert r.status == 200
@@ -171,7 +171,7 @@ async def test_generated_request_id(
     # --request-id-headers chooses the echoed header; it does not change routing.
     router2 = await make_router([backends[1].url], request_id_headers=("x-my-trace",))
     async with client.post(
-        router2.url + path, json={"model": "m"}, headers={"x-my-trace": "t-1", "x-request-id": "no"}
+        router2.url + path, json=chat(), headers={"x-my-trace": "t-1", "x-request-id": "no"}
     ) as r:
         assert r.headers["x-request-id"] == "t-1"
 
@@ -184,7 +184,7 @@ async def test_router_api_key_is_not_forwarded_and_worker_key_is_sent(
     )
     async with client.post(
         router.url + "/v1/chat/completions",
-        json={"model": "m", "messages": []},
+        json=chat(),
         headers={"Authorization": "Bearer router-secret"},
     ) as r:
         status = r.status
@@ -206,7 +206,7 @@ async def test_vllm_router_session_header_list(
     )
     for name in ("x-session-id", "x-user-id", "X-Trace-Id"):
         async with client.post(
-            router.url + "/v1/chat/completions", json={"model": "m"}, headers={name: "Z"}
+            router.url + "/v1/chat/completions", json=chat(), headers={name: "Z"}
         ) as r:
             assert r.status == 200
     owners = [b for b in backends if b.seen]

@@ -8,7 +8,7 @@ import json
 import aiohttp
 
 from .backend import FakeBackend
-from .conftest import MakeRouter
+from .conftest import MakeRouter, chat
 
 STREAM_BODY = {"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": True}
 
@@ -72,7 +72,7 @@ async def test_client_disconnect_cancels_upstream_and_releases_once(
     assert f'sessionroute_requests_total{{status="499",worker="{b.url}"}} 1.0' in metrics
     # The router keeps serving.
     async with client.post(
-        router.url + "/v1/chat/completions", json={"model": "m"}, headers={"x-session-id": "dc"}
+        router.url + "/v1/chat/completions", json=chat(), headers={"x-session-id": "dc"}
     ) as r:
         assert r.status == 200
 

@@ -18,7 +18,7 @@ import pytest
 from sessionroute.serve.upstream import Exchange, UpstreamConnectError, UpstreamPool
 
 from .backend import FakeBackend
-from .conftest import MakeRouter, post_chat
+from .conftest import MakeRouter, chat, post_chat
 
 OK_BODY = b'{"object": "chat.completion", "choices": []}'
 
@@ -147,11 +147,11 @@ async def test_response_framings_are_relayed(raw: RawBackend, make_router: MakeR
     raw.respond = lambda head: responses[head.split(b" ")[1]]
     router = await make_router([raw.url])
     async with aiohttp.ClientSession() as client:
-        async with client.post(router.url + "/v1/chat/completions", json={}) as r:
+        async with client.post(router.url + "/v1/chat/completions", json=chat()) as r:
             assert r.status == 200 and await r.read() == b"data: 1data: 2"
-        async with client.post(router.url + "/v1/completions", json={}) as r:
+        async with client.post(router.url + "/v1/completions", json={"prompt": "p"}) as r:
             assert r.status == 200 and await r.read() == OK_BODY
-        async with client.post(router.url + "/v1/embeddings", json={}) as r:
+        async with client.post(router.url + "/v1/embeddings", json={"input": "i"}) as r:
             assert r.status == 200 and await r.json() == {"data": []}
     assert router.router.core.cluster.in_flight(raw.url) == 0
 
@@ -182,9 +182,10 @@ async def test_request_headers_go_upstream_as_raw_bytes(
     raw: RawBackend, make_router: MakeRouter
 ) -> None:
     router = await make_router([raw.url], api_key="worker-key")
-    body = b'{"model": "m"}'
+    body = json.dumps(chat()).encode()
     request = (
         b"POST /v1/chat/completions?x=1 HTTP/1.1\r\nHost: router\r\n"
+        b"Content-Type: application/json\r\n"
         b"Connection: keep-alive, X-Hop\r\nX-Hop: gone\r\nX-Raw: caf\xe9 \xff\r\n"
         b"x-SESSION-id: raw-1\r\nAuthorization: Bearer client\r\nTE: trailers\r\n"
         b"Content-Length: %d\r\n\r\n" % len(body) + body
@@ -209,9 +210,10 @@ async def test_request_headers_go_upstream_as_raw_bytes(
 
 async def test_expect_100_continue(raw: RawBackend, make_router: MakeRouter) -> None:
     router = await make_router([raw.url])
-    body = b'{"model": "m"}'
+    body = json.dumps(chat()).encode()
     request = (
         b"POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nExpect: 100-continue\r\n"
+        b"Content-Type: application/json\r\n"
         b"Content-Length: %d\r\n\r\n" % len(body) + body
     )
     answer = await _raw_request(router.port, request, expect_continue=True)
@@ -241,7 +243,7 @@ async def test_timeout_mid_stream_truncates_and_releases(
     b = backends[0]
     b.gates = {1: asyncio.Event()}  # never set
     router = await make_router([b.url], request_timeout_secs=0.3)
-    body = {"model": "m", "messages": [], "stream": True}
+    body = chat(stream=True)
     async with (
         aiohttp.ClientSession() as client,
         client.post(router.url + "/v1/chat/completions", json=body) as r,
@@ -331,7 +333,7 @@ async def test_many_concurrent_requests_share_the_pool(
 @pytest.mark.parametrize(
     ("answer", "code"),
     [
-        (b"SPDY/9 700 Nope\r\n\r\n", "upstream_unreachable"),  # not HTTP: retried
+        (b"SPDY/9 700 Nope\r\n\r\n", "upstream_error"),  # not HTTP, after the request: not retried
         (b"HTTP/1.1 200 OK\r\nContent-Length: 50\r\n\r\n" + OK_BODY[:10], "upstream_error"),
         (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", None),  # bad chunk
     ],

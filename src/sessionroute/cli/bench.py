@@ -37,6 +37,14 @@ _TARGETS: dict[str, tuple[str, str]] = {
         "sessionroute.bench.shared",
         "sessions over several routers sharing one Redis: mismatches, restarts",
     ),
+    "stall": (
+        "sessionroute.bench.stall",
+        "longest event-loop block while many sessions expire or a worker is removed",
+    ),
+    "soak": (
+        "sessionroute.bench.soak",
+        "router memory under never-released sessions (10 minutes by default)",
+    ),
     "instructions": (
         "sessionroute.bench.instructions",
         "instructions per request of engine, sim or proxy (valgrind)",

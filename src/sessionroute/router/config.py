@@ -66,6 +66,11 @@ class RouterConfig(BaseModel):
             the policy holds them back (0: none wait, a held-back request is refused).
         admission_max_wait_s: longest wait in the admission queue before the request is
             refused.
+        max_session_id_bytes: longest session id accepted (a longer one is a 400 before
+            placement; :mod:`sessionroute.router.validate`).
+        retry_after_send: also retry a request whose connection broke after it was fully
+            written to the worker (it may then run twice); off by default, so only requests
+            that provably did not reach the worker are retried.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -86,6 +91,8 @@ class RouterConfig(BaseModel):
     content_block_tokens: int = Field(default=16, ge=1)
     admission_max_waiting: int = Field(default=1024, ge=0)
     admission_max_wait_s: float = Field(default=60.0, ge=0)
+    max_session_id_bytes: int = Field(default=256, ge=1)
+    retry_after_send: bool = False
 
     @field_validator("session_headers")
     @classmethod

@@ -246,10 +246,12 @@ class RoutingCore:
             self.pump()
         return known
 
-    def sweep(self, now: float) -> int:
-        """Expire idle sessions; returns how many (expiry may free capacity for waiting
-        requests, so the admission queue is pumped)."""
-        expired = self.policy.sweep(now)
+    def sweep(self, now: float, limit: int | None = None) -> int:
+        """Expire idle sessions (at most ``limit``, the oldest first, when given: a driver
+        spreads a large expiry over several event-loop turns); returns how many (expiry may
+        free capacity for waiting requests, so the admission queue is pumped)."""
+        # (a policy written before ``limit`` existed is swept whole)
+        expired = self.policy.sweep(now) if limit is None else self.policy.sweep(now, limit)
         if expired and len(self.admission):
             self.pump()
         return expired

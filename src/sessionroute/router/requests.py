@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sessionroute.errors import MalformedRequest
 from sessionroute.router.config import RouterConfig
+from sessionroute.router.validate import check_session_id, parse_body
 from sessionroute.types import RouteRequest
 
 __all__ = [
@@ -139,6 +139,7 @@ class RequestBuilder:
         )
         """(lower-case name as bytes, as text) of the session headers, in order."""
         self._block_bytes = config.content_block_tokens * BYTES_PER_TOKEN
+        self._max_id = config.max_session_id_bytes
         # a session's turns all arrive with the same id: decode it once per session
         self._turn_session = functools.lru_cache(maxsize=4096)(self._session_of_turn)
 
@@ -147,12 +148,17 @@ class RequestBuilder:
 
         Args:
             headers: request headers by lower-case name.
+
+        Raises:
+            MalformedRequest: the id is over ``max_session_id_bytes`` bytes or has a control
+                character (:func:`~sessionroute.router.validate.check_session_id`).
         """
         for name, label in self.session_names:
             value = headers.get(name)
             if value:
                 value = value.rstrip(b" \t")
                 if value:
+                    check_session_id(value, self._max_id)
                     return value.decode("utf-8", "replace"), label
         return None
 
@@ -162,30 +168,41 @@ class RequestBuilder:
         body: Sequence[bytes],
         body_bytes: int,
         request_id: str,
+        route: str = "",
     ) -> RouteRequest:
-        """The policy's view of an HTTP request.
+        """The policy's view of an HTTP request, after the checks of
+        :mod:`sessionroute.router.validate` (for every policy: nothing is placed unless they
+        pass).
 
         Args:
             headers: request headers by lower-case name.
-            body: the body as the pieces it arrived in (joined only when the policy reads
-                content).
+            body: the body as the pieces it arrived in.
             body_bytes: the body's size in bytes.
             request_id: the request's id.
+            route: the request path, for the body's shape check.
 
         Raises:
-            MalformedRequest: the policy reads content and the body is not valid JSON.
+            MalformedRequest: a bad session id, or a body that is not the route's JSON.
         """
         found = self.session(headers)
         sid, header = found if found is not None else (None, self.session_names[0][1])
         blocks: list[int] | None = None
         model: str | None = None
+        payload: dict[str, Any] = {}
+        encoding = headers.get(b"content-encoding")
+        if encoding is not None and encoding.strip().lower() not in (b"", b"identity"):
+            # a compressed body (gzip, ...) goes to the worker as received, unread: the
+            # router does not inflate client bytes (a decompression bomb costs it nothing)
+            if self.needs_content:
+                raise MalformedRequest(
+                    "the policy reads the prompt and the body is compressed "
+                    f"(Content-Encoding: {encoding.decode('latin-1')})"
+                )
+        else:
+            payload = parse_body(body[0] if len(body) == 1 else b"".join(body), route)
         if self.needs_content:
-            try:
-                payload = json.loads(b"".join(body))
-            except (ValueError, RecursionError) as exc:  # RecursionError: absurd nesting
-                raise MalformedRequest(f"request body is not valid JSON: {exc}") from None
             blocks = text_block_keys(prompt_text(payload), self._block_bytes)
-            m = payload.get("model") if isinstance(payload, dict) else None
+            m = payload.get("model")
             model = m if isinstance(m, str) else None
         return RouteRequest(
             session_id=sid,
@@ -194,6 +211,7 @@ class RequestBuilder:
             model=model,
             request_id=request_id,
             session_header=header,
+            stream=payload.get("stream") is True,
         )
 
     def from_turn(

@@ -8,18 +8,52 @@ connection errors. Ours differs on purpose in one place: a worker that is no lon
 (it refused the connection, failed its health checks or opened its circuit) is not waited for;
 the request is placed again at once, so a dead worker's sessions move instead of failing.
 Whether any byte already reached the client (no retry then) is the driver's to know.
+
+No duplicate generations (issue 19): a failed attempt is retried only when it provably did not
+run on the worker (:meth:`RetryPolicy.may_retry`): no connection was made, the connection broke
+before the request was fully written, or the router itself gave the worker up as hung and
+closed the connection before the worker answered (the worker then sees the close; vLLM aborts
+a request whose client went away). A connection that broke after the request was fully written
+may have started a generation, so that failure is surfaced (a 502) unless
+``retry_after_send`` is set. Requests in flight on a worker that stopped answering follow
+:meth:`RetryPolicy.on_worker_lost`.
 """
 
 from __future__ import annotations
 
+import enum
 import random
 
 from sessionroute.router.config import RouterConfig
 
-__all__ = ["RETRY_STATUSES", "RetryPolicy"]
+__all__ = ["RETRY_STATUSES", "AttemptFailure", "RetryPolicy", "WorkerLostAction"]
 
 RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 """Upstream statuses that are retried (vllm-router's list)."""
+
+
+class AttemptFailure(enum.StrEnum):
+    """How an upstream attempt failed, as far as the request's fate on the worker goes."""
+
+    CONNECT = "connect"
+    """No connection was made (refused, unreachable, connect timeout): nothing was sent."""
+    UNSENT = "unsent"
+    """The connection broke before the whole request was written: the worker cannot run it."""
+    HUNG = "hung"
+    """The router gave the worker up (failed health checks, or no response head within the
+    first-byte timeout) before any byte reached the client, and closed the connection."""
+    SENT = "sent"
+    """The connection broke after the whole request was written: it may be running."""
+
+
+class WorkerLostAction(enum.StrEnum):
+    """What happens to a request in flight on a worker that became unavailable."""
+
+    REPLACE = "replace"
+    """Nothing reached the client yet: cancel it there and place it again (a re-pin)."""
+    WATCH = "watch"
+    """Its answer is streaming to the client: keep it while bytes still arrive; if none arrive
+    for a health-check timeout, end the client's stream (a truncated stream, never a hang)."""
 
 
 class RetryPolicy:
@@ -37,6 +71,7 @@ class RetryPolicy:
         self._max = config.retry_max_backoff_s
         self._jitter = config.retry_jitter_factor
         self._rng = rng
+        self.retry_after_send = config.retry_after_send
 
     @staticmethod
     def retryable(status: int) -> bool:
@@ -66,3 +101,13 @@ class RetryPolicy:
         if not worker_available:
             return 0.0
         return self.backoff_s(attempt)
+
+    def may_retry(self, failure: AttemptFailure) -> bool:
+        """Whether an attempt that failed this way may be tried again (module docstring)."""
+        return failure is not AttemptFailure.SENT or self.retry_after_send
+
+    @staticmethod
+    def on_worker_lost(client_started: bool) -> WorkerLostAction:
+        """What to do with a request in flight on a worker that became unavailable, by
+        whether its answer to the client has started."""
+        return WorkerLostAction.WATCH if client_started else WorkerLostAction.REPLACE

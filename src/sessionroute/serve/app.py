@@ -3,11 +3,16 @@
 Routes (``shared/ROUTER.md``): ``POST /v1/chat/completions``, ``/v1/completions``,
 ``/v1/responses``, ``/v1/embeddings`` (proxied); ``POST /finish_session``, ``/add_worker``,
 ``/remove_worker``; ``GET /list_workers``, ``/liveness``, ``/readiness``, ``/health``,
-``/v1/models``, ``/metrics``. With ``--router-api-key`` every route but ``/liveness``,
-``/readiness`` and ``/health`` (and any unknown path) needs ``Authorization: Bearer <key>``
-(compared in constant time); any other request gets a 401 JSON error. Unknown routes and
-methods get 404/405 JSON errors; an unexpected exception is a 500 JSON error and never takes
-the router down.
+``/v1/models``, ``/metrics``, ``/sessions/{id}``. With ``--router-api-key`` every route but
+``/liveness``, ``/readiness`` and ``/health`` (and any unknown path) needs
+``Authorization: Bearer <key>`` (the scheme in any case, RFC 9110 11.1; the key compared in
+constant time); any other request gets a 401 JSON error. The admin routes (``/add_worker``,
+``/remove_worker``, ``/sessions/{id}``) need that key when one is set; without one they answer
+loopback clients only (403 otherwise) unless ``--allow-remote-admin`` opens them: anyone who
+reaches the port could otherwise make the router send traffic to any URL. ``/health`` tells
+only ok / not ok (200 / 503) to a client that could not use the admin routes; the worker URLs
+are for the others. Unknown routes and methods get 404/405 JSON errors; an unexpected
+exception is a 500 JSON error and never takes the router down.
 
 The listener is the router's own HTTP/1.1 protocol (:mod:`sessionroute.serve.http1`);
 :class:`RouterApp` is its handler: authentication, a dictionary of paths and methods, and
@@ -44,6 +49,8 @@ GENERATION_ROUTES: tuple[str, ...] = (
 """Routes proxied to a worker chosen by the policy."""
 
 _OPEN_ROUTES = frozenset({"/liveness", "/readiness", "/health"})
+_ADMIN_ROUTES = frozenset({"/add_worker", "/remove_worker"})
+_SESSIONS = "/sessions/"
 
 Handler = Callable[[Request, Router], Awaitable[Response]]
 """A generic route handler: the request (body not awaited) and the router."""
@@ -69,27 +76,58 @@ class RouterApp:
                 table[path]["HEAD"] = methods["GET"]
         self._routes = table
         key = router.settings.router_api_key
-        self._expected = f"Bearer {key}".encode() if key else None
+        self._key = key.encode() if key else None
+        self._expected = b"Bearer " + self._key if self._key else None
+        self._remote_admin = router.settings.allow_remote_admin
+
+    def _key_ok(self, req: Request) -> bool:
+        """The request carries the router key (``Bearer`` in any case)."""
+        got = req.lower.get(b"authorization")
+        if got is None or self._key is None:
+            return False
+        if got == self._expected:
+            return True
+        scheme, _, token = got.partition(b" ")
+        return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self._key)
+
+    def _admin_ok(self, conn: Connection, req: Request) -> bool:
+        """May this request use the admin routes (module docstring)?"""
+        if self._key is not None:
+            return self._key_ok(req)
+        return self._remote_admin or conn.peer_is_loopback()
 
     def __call__(self, conn: Connection, req: Request) -> Coroutine[Any, Any, None] | None:
         """Dispatch one request (headers complete); never raises for anything sent."""
         path = req.path
-        if self._expected is not None and path not in _OPEN_ROUTES:
-            got = req.lower.get(b"authorization", b"")
-            if not hmac.compare_digest(got, self._expected):
-                conn.respond(
-                    error_response(
-                        401,
-                        "missing or invalid router API key (send 'Authorization: Bearer <key>')",
-                        "invalid_api_key",
-                        headers=(("WWW-Authenticate", "Bearer"),),
-                    )
+        if self._key is not None and path not in _OPEN_ROUTES and not self._key_ok(req):
+            conn.respond(
+                error_response(
+                    401,
+                    "missing or invalid router API key (send 'Authorization: Bearer <key>')",
+                    "invalid_api_key",
+                    headers=(("WWW-Authenticate", "Bearer"),),
                 )
-                return None
+            )
+            return None
         methods = self._routes.get(path)
+        if methods is None and path.startswith(_SESSIONS) and _SESSIONS in self._routes:
+            methods = self._routes[_SESSIONS]
         if methods is None:
             conn.respond(error_response(404, "Not Found", "not_found"))
             return None
+        if path in _ADMIN_ROUTES or path.startswith(_SESSIONS):
+            if not self._admin_ok(conn, req):
+                conn.respond(
+                    error_response(
+                        403,
+                        "admin routes answer loopback clients only when the router has no "
+                        "--router-api-key (start it with a key, or --allow-remote-admin)",
+                        "admin_forbidden",
+                    )
+                )
+                return None
+        elif path == "/health":
+            req.trusted = self._admin_ok(conn, req)
         handler = methods.get(req.method)
         if handler is None:
             conn.respond(
@@ -148,6 +186,7 @@ def _routes() -> dict[str, dict[str, Handler | str]]:
             "/health": {"GET": handlers.health},
             "/v1/models": {"GET": handlers.models},
             "/metrics": {"GET": handlers.metrics},
+            _SESSIONS: {"GET": handlers.session_info},
         }
     )
     return routes
@@ -159,7 +198,13 @@ def build_listener(router: Router) -> Listener:
     s = router.settings
     access_log = logging.getLogger("sessionroute.access") if s.log_level == "debug" else None
     return Listener(
-        RouterApp(router, _routes()), max_body=s.max_payload_size, access_log=access_log
+        RouterApp(router, _routes()),
+        max_body=s.max_payload_size,
+        access_log=access_log,
+        keepalive_s=s.idle_timeout_secs,
+        header_timeout_s=s.header_timeout_secs,
+        max_connections=s.max_connections,
+        on_closed=router.metrics.count_client_closed,
     )
 
 

@@ -93,6 +93,14 @@ class RouterSettings(BaseModel):
     state_key_prefix: str = Field(DEFAULTS["state_key_prefix"], min_length=1)
     state_lease_secs: float = Field(DEFAULTS["state_lease_secs"], gt=0)
     state_timeout_secs: float = Field(DEFAULTS["state_timeout_secs"], gt=0)
+    max_session_id_bytes: int = Field(DEFAULTS["max_session_id_bytes"], ge=1)
+    first_byte_timeout_secs: float = Field(DEFAULTS["first_byte_timeout_secs"], ge=0)
+    retry_after_send: bool = False
+    max_connections: int = Field(DEFAULTS["max_connections"], ge=1)
+    header_timeout_secs: float = Field(DEFAULTS["header_timeout_secs"], gt=0)
+    idle_timeout_secs: float = Field(DEFAULTS["idle_timeout_secs"], gt=0)
+    allow_remote_admin: bool = False
+    expose_worker_header: bool = False
 
     @field_validator("worker_urls")
     @classmethod
@@ -142,6 +150,8 @@ class RouterSettings(BaseModel):
             content_block_tokens=self.content_block_tokens,
             admission_max_waiting=self.admission_max_waiting,
             admission_max_wait_s=self.admission_max_wait_secs,
+            max_session_id_bytes=self.max_session_id_bytes,
+            retry_after_send=self.retry_after_send,
         )
 
     def policy_options(self) -> dict[str, Any]:
@@ -263,10 +273,13 @@ def router_flags(config: RouterConfig) -> list[str]:
         "--content-block-tokens", str(config.content_block_tokens),
         "--admission-max-waiting", str(config.admission_max_waiting),
         "--admission-max-wait-secs", repr(config.admission_max_wait_s),
+        "--max-session-id-bytes", str(config.max_session_id_bytes),
     ]  # fmt: skip
     flags += ["--scrape-interval-secs", repr(config.scrape_interval_s or 0.0)]
     if config.sweep_interval_s is not None:
         flags += ["--session-sweep-interval-secs", repr(config.sweep_interval_s)]
     if not config.circuit_breaker:
         flags.append("--disable-circuit-breaker")
+    if config.retry_after_send:
+        flags.append("--retry-after-send")
     return flags

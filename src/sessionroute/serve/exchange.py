@@ -25,6 +25,7 @@ __all__ = [
     "Exchange",
     "UpstreamConnectError",
     "UpstreamError",
+    "UpstreamHung",
     "WorkerConnection",
 ]
 
@@ -42,6 +43,11 @@ class UpstreamConnectError(UpstreamError):
     """The worker refused the connection, or did not accept it within the connect timeout."""
 
 
+class UpstreamHung(UpstreamError):
+    """The router gave the worker up before it answered (failed health checks, or no response
+    head within the first-byte timeout); the connection is closed."""
+
+
 class WorkerConnection(asyncio.Protocol):
     """One connection to a worker; parser callbacks go to the :class:`Exchange` using it.
 
@@ -56,11 +62,25 @@ class WorkerConnection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.exchange: Exchange | None = None
         self.lost = False
+        self.draining = False
+        """Bytes written are still in the transport's buffer (not yet handed to the kernel)."""
         self._parser = httptools.HttpResponseParser(self)
         self._head_bytes = 0  # bytes received while the current response head is incomplete
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        # told whenever written bytes wait in the buffer and when they are all handed to the
+        # kernel: whether a request was fully written decides whether it may be retried
+        transport.set_write_buffer_limits(high=0, low=0)  # type: ignore[attr-defined]
+
+    def pause_writing(self) -> None:
+        self.draining = True
+
+    def resume_writing(self) -> None:
+        self.draining = False
+        ex = self.exchange
+        if ex is not None:
+            ex.sent_all = True
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self.lost = True
@@ -156,11 +176,13 @@ class Exchange:
         "_uncancelled",
         "_up_paused",
         "_waiter",
+        "chunks",
         "complete",
         "deadline",
         "headers",
         "keep_alive",
         "reason",
+        "sent_all",
         "status",
         "timed_out",
         "worker",
@@ -186,6 +208,8 @@ class Exchange:
         self.headers: list[tuple[bytes, bytes]] = []
         self.keep_alive = False
         self.complete = False
+        self.sent_all = False
+        self.chunks = 0
         pool._inflight[self] = None
 
     async def send(self, parts: Iterable[bytes]) -> int:
@@ -216,9 +240,12 @@ class Exchange:
         self._conn = conn
         conn.exchange = self
         transport = conn.transport
+        if self._error is not None:  # given up while connecting: send nothing
+            raise self._error
         if transport is None or conn.lost:
             raise UpstreamError("the worker closed the connection")
         transport.writelines(parts)
+        self.sent_all = not conn.draining
         while not self.status:
             if self._error is not None:
                 raise self._error
@@ -286,6 +313,7 @@ class Exchange:
         self._wake()
 
     def _on_body(self, data: bytes) -> None:
+        self.chunks += 1
         sink = self._sink
         if sink is None:
             self._parts.append(data)
@@ -334,6 +362,25 @@ class Exchange:
         if self._up_paused and conn is not None and conn.transport is not None and not conn.lost:
             self._up_paused = False
             conn.transport.resume_reading()
+
+    def hang(self, reason: str) -> bool:
+        """Give the worker up before anything reached the client: the waiting
+        :meth:`send` or :meth:`read` raises :class:`UpstreamHung` (the caller places the
+        request again). Returns False, doing nothing, once the body is being relayed to the
+        client or the response is complete."""
+        if self._sink is not None or self.complete:
+            return False
+        self._fail(UpstreamHung(reason))
+        return True
+
+    def cut(self, reason: str) -> None:
+        """End a relayed response that stopped arriving: :meth:`relay` raises."""
+        self._fail(UpstreamError(reason))
+
+    @property
+    def relaying(self) -> bool:
+        """The body is being written to the client (:meth:`relay` has started)."""
+        return self._sink is not None
 
     # -- timeouts and release ------------------------------------------------------------
     def expire(self) -> None:

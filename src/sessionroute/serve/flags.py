@@ -69,6 +69,11 @@ DEFAULTS: dict[str, Any] = {
     "state_key_prefix": "sessionroute",
     "state_lease_secs": 10.0,
     "state_timeout_secs": 0.5,
+    "max_session_id_bytes": 256,
+    "first_byte_timeout_secs": 0.0,
+    "max_connections": 10000,
+    "header_timeout_secs": 10.0,
+    "idle_timeout_secs": 30.0,
 }
 """Defaults of the ``serve`` flags (vllm-router 0.1.17's where the flag is shared)."""
 
@@ -296,5 +301,67 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=["debug", "info", "warning", "error", "critical"],
         help="log level (default: %(default)s)",
     )
+    _add_hardening_arguments(parser)
     for flag in _UNSUPPORTED_VLLM_ROUTER_FLAGS:
         a(flag, action=_Unsupported, dest="unsupported_" + flag.strip("-").replace("-", "_"))
+
+
+def _add_hardening_arguments(parser: argparse.ArgumentParser) -> None:
+    """Limits, failure handling and admin access (sessionroute only; issue 19)."""
+    d = DEFAULTS
+    a = parser.add_argument
+    a(
+        "--max-session-id-bytes",
+        type=int,
+        default=d["max_session_id_bytes"],
+        help="longest session id accepted; a longer one, or one with a control character, "
+        "is a 400 before placement (default: %(default)s)",
+    )
+    a(
+        "--first-byte-timeout-secs",
+        type=float,
+        default=d["first_byte_timeout_secs"],
+        help="a streaming request whose worker sends no response head within this many "
+        "seconds is cancelled there and placed again (a hung worker); 0 disables "
+        "(default: %(default)s)",
+    )
+    a(
+        "--retry-after-send",
+        action="store_true",
+        help="also retry a request whose worker connection broke after the request was fully "
+        "sent (it may then run twice); by default only requests that provably did not reach "
+        "the worker are retried",
+    )
+    a(
+        "--max-connections",
+        type=int,
+        default=d["max_connections"],
+        help="most client connections at once; more are closed at once and counted "
+        "(default: %(default)s)",
+    )
+    a(
+        "--header-timeout-secs",
+        type=float,
+        default=d["header_timeout_secs"],
+        help="a client must send a whole request head, and keep its body coming, within "
+        "this many seconds, or its connection is closed and counted (default: %(default)s)",
+    )
+    a(
+        "--idle-timeout-secs",
+        type=float,
+        default=d["idle_timeout_secs"],
+        help="idle keep-alive client connections are closed after this many seconds "
+        "(default: %(default)s)",
+    )
+    a(
+        "--allow-remote-admin",
+        action="store_true",
+        help="without --router-api-key, let clients other than loopback ones use the admin "
+        "routes (/add_worker, /remove_worker, /sessions/ID); with a key they need the key",
+    )
+    a(
+        "--expose-worker-header",
+        action="store_true",
+        help="name the worker that served each proxied request in an x-sessionroute-worker "
+        "response header",
+    )

@@ -5,7 +5,7 @@ Shapes and statuses follow ``shared/ROUTER.md`` ("Endpoints").
 
 from __future__ import annotations
 
-from urllib.parse import parse_qsl
+from urllib.parse import parse_qsl, unquote
 
 import aiohttp
 
@@ -26,6 +26,7 @@ __all__ = [
     "models",
     "readiness",
     "remove_worker",
+    "session_info",
 ]
 
 
@@ -103,12 +104,50 @@ async def readiness(request: Request, router: Router) -> Response:
 
 
 async def health(request: Request, router: Router) -> Response:
-    """``GET /health``: 200 when every worker is available, else 503 naming the others."""
+    """``GET /health``: 200 when every worker is available, else 503; the worker URLs (of the
+    unavailable ones) only for a client allowed the admin routes (``request.trusted``)."""
     cluster = router.core.cluster
     unhealthy = [u for u in cluster.workers() if not cluster.is_healthy(u)]
+    if not request.trusted:
+        return json_response(
+            {"status": "unhealthy" if unhealthy else "healthy"}, 503 if unhealthy else 200
+        )
     if unhealthy:
         return json_response({"status": "unhealthy", "unhealthy_workers": unhealthy}, 503)
     return json_response({"status": "healthy", "workers": len(cluster.workers())})
+
+
+async def session_info(request: Request, router: Router) -> Response:
+    """``GET /sessions/{id}``: the session's worker, age, turns and last turn (404 when the
+    policy holds no pin for it). The id is URL-decoded; times are seconds on the router's
+    clock: ``age_s`` since it was pinned to that worker, ``idle_s`` since its last turn,
+    ``expires_in_s`` until its idle TTL runs out."""
+    sid = unquote(request.path[len("/sessions/") :])
+    core = router.core
+    policy = core.policy
+    info = policy.session_info(sid) if sid else None
+    if info is None:
+        why = (
+            "unknown or expired session"
+            if policy.keeps_sessions
+            else f"policy {policy.name!r} keeps no session table"
+        )
+        return error_response(404, f"{why}: {sid!r}", "session_not_found")
+    now = router.clock.now()
+    ttl = info.ttl_s
+    return json_response(
+        {
+            "session_id": sid,
+            "worker": info.worker,
+            "age_s": round(now - info.pinned_at, 3),
+            "turns": info.turns,
+            "idle_s": round(now - info.last_seen, 3),
+            "expires_in_s": round(max(0.0, ttl - (now - info.last_seen)), 3),
+            "worker_available": core.cluster.is_healthy(info.worker)
+            if info.worker in core.cluster
+            else False,
+        }
+    )
 
 
 async def models(request: Request, router: Router) -> Response:

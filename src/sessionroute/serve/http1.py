@@ -31,6 +31,7 @@ keep-alive connections and shuts down gracefully.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 from collections import deque
 from collections.abc import Callable, Coroutine
@@ -44,12 +45,29 @@ from sessionroute.serve.wire import ResponseWriter
 if TYPE_CHECKING:
     from sessionroute.serve.listener import Listener
 
-__all__ = ["LINGER_S", "MAX_HEAD_BYTES", "Connection", "Handler", "Request"]
+__all__ = [
+    "LINGER_S",
+    "MAX_HEADERS",
+    "MAX_HEAD_BYTES",
+    "Connection",
+    "Handler",
+    "HeadTooLarge",
+    "Request",
+]
 
 log = logging.getLogger("sessionroute.serve")
 
 MAX_HEAD_BYTES = 65536
-"""Largest request line plus headers, bytes (a larger head is a 400)."""
+"""Largest request line plus headers, bytes (a larger head is a 431, as is a head of more
+than :data:`MAX_HEADERS` headers)."""
+
+MAX_HEADERS = 256
+"""Most header fields in one request."""
+
+
+class HeadTooLarge(ValueError):
+    """The request head is over :data:`MAX_HEAD_BYTES` or :data:`MAX_HEADERS` (HTTP 431)."""
+
 
 Handler = Callable[["Connection", "Request"], Coroutine[Any, Any, None] | None]
 """Called once a request's headers are complete: answers it (returns None) or returns the
@@ -95,6 +113,7 @@ class Request:
         "size",
         "target",
         "too_large",
+        "trusted",
     )
 
     def __init__(self) -> None:
@@ -112,14 +131,17 @@ class Request:
         self.complete = False
         self.too_large = False
         self.discard = False
+        self.trusted = False
+        """Set by the handler: the client may see details (``/health``)."""
         self._waiter: asyncio.Future[None] | None = None
 
     async def body(self) -> list[bytes] | None:
-        """Wait for the whole body: its pieces, or None when it is over the size limit."""
+        """Wait for the whole body: its pieces, or None when it is over the size limit or its
+        framing broke (the connection already answered it)."""
         if not self.complete and not self.too_large:
             self._waiter = waiter = asyncio.get_running_loop().create_future()
             await waiter
-        return None if self.too_large else self.parts
+        return self.parts if self.complete and not self.too_large else None
 
     def _wake(self) -> None:
         waiter = self._waiter
@@ -171,11 +193,27 @@ class Connection(ResponseWriter, asyncio.BufferedProtocol):
         self.received = 0
         """Bytes received on this connection (the sweep finds stalled bodies with it)."""
         self.seen_received = -1
+        self.quiet_sweeps = 0
+        """Listener sweeps in a row without a byte or a request (the idle and body limits)."""
+        self.head_sweep = listener.sweeps
+        """The listener sweep in which the current request head began (the header limit)."""
+
+    @property
+    def in_head(self) -> bool:
+        """A request head is partly received."""
+        return self._in_head
 
     # -- asyncio.Protocol ---------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
-        self._listener.connections.add(self)
+        listener = self._listener
+        cap = listener.max_connections
+        if cap is not None and len(listener.connections) >= cap:
+            listener.closed("connection_limit")
+            self._bad = True  # read nothing; close at once (a FIN: nothing was read yet)
+            transport.close()
+            return
+        listener.connections.add(self)
         if self._listener.closing:
             self._closing = True
 
@@ -213,10 +251,11 @@ class Connection(ResponseWriter, asyncio.BufferedProtocol):
             self.close_when_idle()
         except httptools.HttpParserError as exc:
             cause = exc.__context__ if isinstance(exc, httptools.HttpParserCallbackError) else None
-            self._bad_request(str(cause or exc) or type(exc).__name__)
+            status = 431 if isinstance(cause, HeadTooLarge) else 400
+            self._bad_request(str(cause or exc) or type(exc).__name__, status)
         else:
             if self._in_head and self._head_bytes > MAX_HEAD_BYTES:
-                self._bad_request("request line and headers over 64 KiB")
+                self._bad_request("request line and headers over 64 KiB", 431)
 
     # -- parser callbacks (kept minimal: they run once per header) -------------------------
     def on_message_begin(self) -> None:
@@ -224,6 +263,7 @@ class Connection(ResponseWriter, asyncio.BufferedProtocol):
         self._headers = req.headers
         self._in_head = True
         self._head_bytes = 0
+        self.head_sweep = self._listener.sweeps
 
     def on_url(self, url: bytes) -> None:
         req = self._parsing
@@ -239,12 +279,12 @@ class Connection(ResponseWriter, asyncio.BufferedProtocol):
             return
         self._in_head = False
         headers = req.headers
-        if len(headers) > 256:
-            raise ValueError("more than 256 headers")
+        if len(headers) > MAX_HEADERS:
+            raise HeadTooLarge(f"more than {MAX_HEADERS} headers")
         if self._head_bytes or self._last_read > MAX_HEAD_BYTES:  # else it is smaller
             size = len(req.target) + sum(len(n) + len(v) + 4 for n, v in headers)
             if size > MAX_HEAD_BYTES:
-                raise ValueError("request line and headers over 64 KiB")
+                raise HeadTooLarge("request line and headers over 64 KiB")
         req.lower = {name.lower(): value for name, value in reversed(headers)}  # first wins
         parser = self._parser
         req.method = parser.get_method().decode("ascii", "replace")
@@ -407,6 +447,8 @@ class Connection(ResponseWriter, asyncio.BufferedProtocol):
                 # Closing with unread data would reset the connection before the client
                 # reads the answer: linger until the body ends, for LINGER_S at most.
                 self._lingering = req
+                if self._linger_timer is not None:
+                    self._linger_timer.cancel()
                 self._linger_timer = self._loop.call_later(LINGER_S, self.abort)
                 return False
         if not self._keep or self._closing:
@@ -419,9 +461,8 @@ class Connection(ResponseWriter, asyncio.BufferedProtocol):
             self._read_paused = True
             self.transport.pause_reading()
 
-    def _bad_request(self, reason: str) -> None:
+    def _bad_request(self, reason: str, status: int = 400) -> None:
         self._bad = True
-        self._pause_reading()
         self._queue.clear()
         current = self._current
         if self._lingering is not None:  # already answered; dropping the rest of the body
@@ -430,16 +471,54 @@ class Connection(ResponseWriter, asyncio.BufferedProtocol):
         elif current is not None and not current.complete and self._started:
             self.abort()  # the body in progress is broken, and so is the answer under way
         elif current is None or not current.complete:
-            # No answer under way (a handler waiting for a broken body is cancelled when
-            # the close completes, after the 400 is flushed).
+            # No answer under way: a 400 (431 for an oversize head), then a lingering close.
+            # A handler waiting for the broken body is woken with no body (and answers
+            # nothing more: this answer is the request's).
             self._started = False
             self._keep = False
             self._head_only = False
-            self.respond(error_response(400, f"malformed HTTP request: {reason}", "bad_request"))
-            if self.transport is not None:
-                self.transport.close()
+            message = "request header fields too large" if status == 431 else "malformed"
+            code = "header_too_large" if status == 431 else "bad_request"
+            self.respond(error_response(status, f"{message} HTTP request: {reason}", code))
+            if current is not None:
+                current.discard = True
+                current._wake()
+            self._linger_close()
         else:
+            self._pause_reading()
             self._closing = True  # the response in progress is the last one
+
+    def _linger_close(self) -> None:
+        """Close after an error answer without resetting the connection: send FIN after the
+        answer, read and drop what the client still sends until it closes, for
+        :data:`LINGER_S` at most (nginx's ``lingering_close``). Closing at once with unread
+        client bytes makes the kernel send a reset, and the client may never read the answer
+        (a 1 MB header got a reset before the 431)."""
+        transport = self.transport
+        if transport is None or self._lost:
+            return
+        if not transport.can_write_eof():  # pragma: no cover - TCP transports can
+            transport.close()
+            return
+        transport.write_eof()
+        if self._read_paused:
+            self._read_paused = False
+            transport.resume_reading()
+        if self._linger_timer is not None:
+            self._linger_timer.cancel()
+        self._linger_timer = self._loop.call_later(LINGER_S, self.abort)
+
+    def peer_is_loopback(self) -> bool:
+        """Whether the client connects from a loopback address (127.0.0.0/8, ::1)."""
+        if self.transport is None:
+            return False
+        peer = self.transport.get_extra_info("peername")
+        if not peer:
+            return False
+        try:
+            return ipaddress.ip_address(peer[0]).is_loopback
+        except ValueError:
+            return False
 
     def awaiting_body(self) -> bool:
         """Whether the request being handled is still receiving its body from the client."""

@@ -1,5 +1,14 @@
-"""The router's TCP listener: accepts :class:`~sessionroute.serve.http1.Connection` s, closes
-idle keep-alive connections, and shuts down gracefully (see :mod:`sessionroute.serve.http1`).
+"""The router's TCP listener: accepts :class:`~sessionroute.serve.http1.Connection` s up to a
+cap, closes idle and slow ones, and shuts down gracefully (see :mod:`sessionroute.serve.http1`).
+
+Limits, nginx's in spirit (``worker_connections``, ``client_header_timeout``,
+``client_body_timeout``, ``keepalive_timeout``): a connection over ``max_connections`` is
+closed at once; a request head must be complete within ``header_timeout_s`` of its first byte
+(a new connection's within that of its accept), however slowly it trickles in; a request body
+may pause at most ``header_timeout_s``; an idle keep-alive connection is closed after
+``keepalive_s``. One sweep task checks every connection each ``tick`` (a quarter of the
+shortest limit), counting sweeps rather than reading a clock per read, so each limit holds
+within one tick. Each close is reported to ``on_closed`` with its reason.
 """
 
 from __future__ import annotations
@@ -7,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 
 from sessionroute.serve.http1 import Connection, Handler
 from sessionroute.serve.wire import HeadCache
@@ -23,9 +33,13 @@ class Listener:
     Args:
         handler: see :data:`Handler`.
         max_body: largest request body, bytes (larger ones are flagged ``too_large``).
-        keepalive_s: idle keep-alive connections are closed after about this many seconds,
-            and so is a connection whose client stopped sending the body of the request being
-            handled (no byte for that long; the handler's task is cancelled).
+        keepalive_s: idle keep-alive connections are closed after about this many seconds.
+        header_timeout_s: a request head must arrive whole within this many seconds, and a
+            body may pause no longer (the handler's task is then cancelled); half of
+            ``keepalive_s`` when None.
+        max_connections: most connections at once (no cap when None).
+        on_closed: called with the reason of each connection the listener closes
+            (``connection_limit``, ``header_timeout``, ``body_timeout``, ``idle_timeout``).
         access_log: where to log one line per request (none when None).
     """
 
@@ -35,9 +49,18 @@ class Listener:
         *,
         max_body: int,
         keepalive_s: float = 75.0,
+        header_timeout_s: float | None = None,
+        max_connections: int | None = None,
+        on_closed: Callable[[str], None] | None = None,
         access_log: logging.Logger | None = None,
     ) -> None:
         self.handler = handler
+        self.header_timeout_s = keepalive_s / 2 if header_timeout_s is None else header_timeout_s
+        self.max_connections = max_connections
+        self.on_closed = on_closed
+        self.tick = min(keepalive_s, self.header_timeout_s) / 4
+        self.sweeps = 0
+        """Sweeps so far (connections note the sweep their head began in)."""
         self.loop: asyncio.AbstractEventLoop | None = None
         """The event loop it listens on (set by :meth:`start`)."""
         self.access_log = access_log
@@ -68,16 +91,35 @@ class Listener:
             return int(sock.getsockname()[1])
         raise RuntimeError("the listener has no socket")
 
+    def closed(self, reason: str) -> None:
+        """Report one connection closed for ``reason``."""
+        if self.on_closed is not None:
+            self.on_closed(reason)
+
     async def _sweep(self) -> None:
+        tick = self.tick
         while True:
-            await asyncio.sleep(self.keepalive_s / 2)
+            await asyncio.sleep(tick)
+            self.sweeps = sweeps = self.sweeps + 1
             for conn in list(self.connections):
-                if conn._current is None and conn.count == conn.seen_count:
-                    conn.close_when_idle()
-                elif conn.awaiting_body() and conn.received == conn.seen_received:
-                    conn.abort()  # sent a head, then no byte of its body for a whole sweep
-                conn.seen_count = conn.count
-                conn.seen_received = conn.received
+                self._check(conn, sweeps, tick)
+
+    def _check(self, conn: Connection, sweeps: int, tick: float) -> None:
+        progressed = conn.count != conn.seen_count or conn.received != conn.seen_received
+        conn.seen_count = conn.count
+        conn.seen_received = conn.received
+        conn.quiet_sweeps = 0 if progressed else conn.quiet_sweeps + 1
+        if conn._current is None:
+            if conn.in_head or not conn.count:  # a head under way, or none yet
+                if (sweeps - conn.head_sweep) * tick >= self.header_timeout_s:
+                    self.closed("header_timeout")
+                    conn.abort()
+            elif conn.quiet_sweeps * tick >= self.keepalive_s:
+                self.closed("idle_timeout")
+                conn.close_when_idle()
+        elif conn.awaiting_body() and conn.quiet_sweeps * tick >= self.header_timeout_s:
+            self.closed("body_timeout")
+            conn.abort()  # sent a head, then no byte of its body for that long
 
     def _forget(self, conn: Connection) -> None:
         self.connections.discard(conn)

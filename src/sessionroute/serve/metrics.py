@@ -177,6 +177,9 @@ class RouterMetrics:
         """Finished proxied requests by (worker, final status)."""
         self.retries: dict[str, int] = {}
         """Upstream attempts retried, by the worker that failed."""
+        self.client_closed: dict[str, int] = {}
+        """Client connections the router closed, by reason (``connection_limit``,
+        ``header_timeout``, ``body_timeout``, ``idle_timeout``)."""
         self.routing_seconds = _Histogram(_LATENCY_BUCKETS)
         self.upstream_seconds: dict[str, _Histogram] = {}
         self.registry.register(_StateCollector(core, workers))
@@ -191,6 +194,10 @@ class RouterMetrics:
     def count_retry(self, worker: str) -> None:
         """Count one attempt on ``worker`` that is retried."""
         self.retries[worker] = self.retries.get(worker, 0) + 1
+
+    def count_client_closed(self, reason: str) -> None:
+        """Count one client connection closed by the router for ``reason``."""
+        self.client_closed[reason] = self.client_closed.get(reason, 0) + 1
 
     def observe_routing(self, start: float, end: float) -> None:
         """Record the time one select-and-reserve took (``time.perf_counter`` readings)."""
@@ -233,6 +240,14 @@ class _RequestCollector(Collector):
         )
         for worker, n in list(m.retries.items()):
             retries.add_metric([worker], n)
+        closed = CounterMetricFamily(
+            "sessionroute_client_connections_closed",
+            "Client connections closed by the router: over --max-connections, or too slow "
+            "(head or body past --header-timeout-secs) or idle past --idle-timeout-secs",
+            labels=["reason"],
+        )
+        for reason, n in list(m.client_closed.items()):
+            closed.add_metric([reason], n)
         routing = HistogramMetricFamily(
             "sessionroute_routing_decision_seconds",
             "Time to select and reserve a worker, seconds",
@@ -246,4 +261,4 @@ class _RequestCollector(Collector):
         )
         for worker, hist in list(m.upstream_seconds.items()):
             upstream.add_metric([worker], hist.buckets(), hist.total)
-        yield from (requests, retries, routing, upstream)
+        yield from (requests, retries, closed, routing, upstream)

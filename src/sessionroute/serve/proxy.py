@@ -4,8 +4,9 @@ Every routing decision is the router core's (:class:`~sessionroute.router.Routin
 policy's request is built by ``core.requests`` (session id, size estimate, content keys),
 placed by ``core.place`` (admission, select + reserve), and retried by ``core.retry`` and
 ``core.retarget``; this module does the I/O around them. The body is read once (as the pieces
-it arrived in) and forwarded as received; it is parsed only when the policy reads the prompt
-(``Policy.needs_content``). Requests go upstream through
+it arrived in), parsed and checked before placement under every policy
+(:mod:`sessionroute.router.validate`: 415, 400, nothing pinned), and forwarded as received,
+never re-serialized. Requests go upstream through
 :class:`~sessionroute.serve.upstream.UpstreamPool` (a protocol of ours on the ``httptools``
 response parser), with the client's headers forwarded as the raw bytes it sent. Responses
 with a known length up to :data:`BUFFER_LIMIT` bytes are relayed in one write; everything
@@ -28,10 +29,18 @@ import time
 from sessionroute.errors import AdmissionRefused, MalformedRequest, NoWorkerAvailable
 from sessionroute.router.admission import Ticket
 from sessionroute.router.core import Reservation, RoutingCore
+from sessionroute.router.retry import AttemptFailure
+from sessionroute.router.validate import InvalidJSON, UnsupportedMediaType, check_media_type
 from sessionroute.serve.errors import error_for_exception, error_response
 from sessionroute.serve.http1 import Connection, Request
 from sessionroute.serve.router import Router
-from sessionroute.serve.upstream import HOP_BY_HOP, Exchange, UpstreamConnectError, UpstreamError
+from sessionroute.serve.upstream import (
+    HOP_BY_HOP,
+    Exchange,
+    UpstreamConnectError,
+    UpstreamError,
+    UpstreamHung,
+)
 
 __all__ = ["BUFFER_LIMIT", "HOP_BY_HOP", "proxy_request"]
 
@@ -70,19 +79,27 @@ def _header_block_connection(router: Router, req: Request) -> bytes:
     return b"".join(kept) + router.worker_auth
 
 
-def _error(conn: Connection, status: int, message: str, code: str, rid: bytes) -> None:
+def _error(
+    conn: Connection, status: int, message: str, code: str, rid: bytes, *, keep: bool = True
+) -> None:
     resp = error_response(status, message, code)
     conn.respond_raw(
-        status, None, resp.header_bytes() + b"x-request-id: " + rid + b"\r\n", resp.body
+        status,
+        None,
+        resp.header_bytes() + b"x-request-id: " + rid + b"\r\n",
+        resp.body,
+        keep_alive=keep,
     )
 
 
 async def proxy_request(conn: Connection, req: Request, router: Router) -> None:
     """Handle one POST to a generation route (see the module docstring).
 
-    Answers with JSON errors: 413 over ``--max-payload-size``, 400 for malformed JSON when the
-    policy parses the body, 503 when no worker is available, 502 when every attempt failed
-    to connect, 504 on upstream timeout; upstream error responses pass through.
+    Answers with JSON errors: 415 without a JSON ``Content-Type``, 413 over
+    ``--max-payload-size``, 400 for a body or session id that fails
+    :mod:`sessionroute.router.validate` (checked for every policy, before placement), 503
+    when no worker is available, 502 when every attempt failed to connect, 504 on upstream
+    timeout; upstream error responses pass through.
     """
     s = router.settings
     lower = req.lower
@@ -94,6 +111,16 @@ async def proxy_request(conn: Connection, req: Request, router: Router) -> None:
     else:
         rid = router.new_request_id(req.path)
         raw_rid = rid.encode()
+    if req.too_large:  # a Content-Length over the limit: 413 first, as vllm-router
+        _too_large(conn, req, s.max_payload_size, raw_rid)
+        return
+    ctype = lower.get(b"content-type")
+    if ctype != b"application/json":
+        try:
+            check_media_type(ctype)
+        except UnsupportedMediaType as exc:
+            _error(conn, 415, str(exc), "unsupported_media_type", raw_rid, keep=req.complete)
+            return
     parts = req.parts if req.complete else await req.body()
     if parts is None or req.too_large:
         _too_large(conn, req, s.max_payload_size, raw_rid)
@@ -101,9 +128,10 @@ async def proxy_request(conn: Connection, req: Request, router: Router) -> None:
     size = req.size
     core = router.core
     try:
-        route_req = core.requests.from_http(lower, parts, size, rid)
+        route_req = core.requests.from_http(lower, parts, size, rid, req.path)
     except MalformedRequest as exc:
-        _error(conn, 400, str(exc), "malformed_json", raw_rid)
+        code = "malformed_json" if isinstance(exc, InvalidJSON) else "invalid_request"
+        _error(conn, 400, str(exc), code, raw_rid)
         return
     t0 = time.perf_counter()
     state = router.state
@@ -211,6 +239,7 @@ async def _forward(
     method = req.method
     target = req.target
     retry = core.retry
+    first_byte_s = s.first_byte_timeout_secs
     attempts = retry.max_attempts
     last_error = ""
     task = conn.task  # not asyncio.current_task(): it costs a getpid() syscall
@@ -240,6 +269,11 @@ async def _forward(
                 return
         worker = res.worker
         ex = Exchange(pool, worker, task)
+        timer = None
+        if first_byte_s and res.request.stream:  # a hung worker sends no head
+            timer = task.get_loop().call_later(
+                first_byte_s, ex.hang, f"no response head within {first_byte_s:g} s"
+            )
         try:
             t0 = time.perf_counter()
             try:
@@ -251,10 +285,26 @@ async def _forward(
                 last_error = f"{worker}: {type(exc).__name__}: {exc}"
                 router.record_unreachable(worker, last_error)
                 continue
+            except UpstreamHung as exc:  # given up: unavailable now, so the retry re-places
+                last_error = f"{worker}: {exc}"
+                router.record_unreachable(worker, last_error)
+                continue
             except UpstreamError as exc:  # reset, disconnect, malformed response
                 last_error = f"{worker}: {type(exc).__name__}: {exc}"
                 router.record_failure(worker)
-                continue
+                failure = AttemptFailure.SENT if ex.sent_all else AttemptFailure.UNSENT
+                if retry.may_retry(failure):
+                    continue
+                metrics.count_request(worker, 502)
+                _error(
+                    conn,
+                    502,
+                    f"upstream {worker} failed after the request was sent ({exc}); not "
+                    "retried, as it may have started there (--retry-after-send retries it)",
+                    "upstream_error",
+                    rid,
+                )
+                return
             except asyncio.CancelledError:
                 if not ex.is_timeout():
                     metrics.count_request(worker, 499)  # the client went away (or shutdown)
@@ -269,6 +319,9 @@ async def _forward(
                     rid,
                 )
                 return
+            finally:
+                if timer is not None:
+                    timer.cancel()
             metrics.observe_upstream(worker, t0, time.perf_counter())
             if status >= 500:
                 router.record_failure(worker)
@@ -280,8 +333,10 @@ async def _forward(
                     return
                 last_error = f"{worker}: status {status}"
                 continue
-            await _relay(conn, router, ex, worker, rid)
-            return
+            if await _relay(conn, router, ex, worker, rid):
+                return
+            last_error = f"{worker}: given up as hung while its answer was arriving"
+            router.record_unreachable(worker, last_error)
         finally:
             ex.close()
     metrics.count_request(holder[0].worker, 502)
@@ -359,16 +414,22 @@ def _response_headers(raw: list[tuple[bytes, bytes]]) -> tuple[bytes, int | None
     return b"".join(out), length
 
 
-async def _relay(conn: Connection, router: Router, ex: Exchange, worker: str, rid: bytes) -> None:
+async def _relay(conn: Connection, router: Router, ex: Exchange, worker: str, rid: bytes) -> bool:
+    """Relay the answer; False when the worker was given up as hung before any byte of it
+    reached the client (the caller places the request again)."""
     status = ex.status
     metrics = router.metrics
     try:
         headers, length = _response_headers(ex.headers)
         headers += b"x-request-id: " + rid + b"\r\n"
+        if router.expose_worker:
+            headers += b"x-sessionroute-worker: " + worker.encode() + b"\r\n"
         reason = ex.reason
         if length is not None and length <= BUFFER_LIMIT:
             try:
                 data = ex.body() if ex.complete else await ex.read()
+            except UpstreamHung:
+                return False
             except UpstreamError as exc:
                 router.record_failure(worker)
                 metrics.count_request(worker, 502)
@@ -379,15 +440,15 @@ async def _relay(conn: Connection, router: Router, ex: Exchange, worker: str, ri
                     "upstream_error",
                     rid,
                 )
-                return
+                return True
             except asyncio.CancelledError:
                 if not ex.is_timeout():
                     raise
                 _timeout_reading(conn, router, worker, rid)
-                return
+                return True
             metrics.count_request(worker, status)
             conn.respond_raw(status, reason, headers, data)
-            return
+            return True
         conn.start_response(status, reason, headers, length)
         try:
             await ex.relay(conn)  # written piece by piece as it arrives
@@ -398,9 +459,10 @@ async def _relay(conn: Connection, router: Router, ex: Exchange, worker: str, ri
             router.record_failure(worker)
             metrics.count_request(worker, 502)
             conn.abort()  # no terminating chunk: the client sees truncation
-            return
+            return True
         conn.end_response()
         metrics.count_request(worker, status)
+        return True
     except asyncio.CancelledError:
         metrics.count_request(worker, 499)
         raise

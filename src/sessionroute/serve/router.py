@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import random
 import string
@@ -18,18 +19,23 @@ import aiohttp
 
 from sessionroute.clock import Clock, MonotonicClock
 from sessionroute.router import RoutingCore, choose_policy
+from sessionroute.router.retry import WorkerLostAction
 from sessionroute.router.state import Cluster
 from sessionroute.router.state.shared import SharedCluster, share_table
 from sessionroute.serve.config import RouterSettings
 from sessionroute.serve.gauges import GaugeScraper
 from sessionroute.serve.health import HealthChecker, probe
 from sessionroute.serve.metrics import RouterMetrics
-from sessionroute.serve.upstream import REQUEST_DROP, UpstreamPool
+from sessionroute.serve.upstream import REQUEST_DROP, Exchange, UpstreamPool
 
 if TYPE_CHECKING:
     from sessionroute.serve.state import RedisState
 
-__all__ = ["WORKER_KEEPALIVE_S", "Router"]
+__all__ = ["SWEEP_CHUNK", "WORKER_KEEPALIVE_S", "Router"]
+
+SWEEP_CHUNK = 500
+"""Sessions expired per event-loop turn by the background sweep (a few milliseconds of work
+at most; `sessionroute bench stall`)."""
 
 log = logging.getLogger("sessionroute.serve")
 
@@ -122,6 +128,8 @@ class Router:
             n.lower().encode("latin-1") for n in settings.request_id_headers
         )
         """Lower-case names of the headers echoed as ``x-request-id``, in order."""
+        self.expose_worker = settings.expose_worker_header
+        """Name the serving worker in an ``x-sessionroute-worker`` response header."""
         self._id_base = self.rng.randbytes(12).translate(_ID_TABLE).decode()
         self._id_seq = _ID_SEQ_START
         self.upstream = UpstreamPool(
@@ -208,11 +216,25 @@ class Router:
     async def _sweep_loop(self) -> None:
         while True:
             await asyncio.sleep(self.settings.session_sweep_interval_secs)
-            n = self.core.sweep(self.clock.now())
+            n = await self.sweep_in_chunks()
             if self.state is not None:
                 n = await self.state.sweep()
             if n:
                 log.info("expired %d idle session(s)", n)
+
+    async def sweep_in_chunks(self) -> int:
+        """Expire idle sessions :data:`SWEEP_CHUNK` at a time, letting the event loop serve
+        requests between chunks (100,000 sessions expiring at once would otherwise block it
+        for tens of milliseconds); returns how many expired."""
+        if "limit" not in inspect.signature(self.core.policy.sweep).parameters:
+            return self.core.sweep(self.clock.now())  # a policy without chunked sweeps
+        total = 0
+        while True:
+            n = self.core.sweep(self.clock.now(), SWEEP_CHUNK)
+            total += n
+            if n < SWEEP_CHUNK:
+                return total
+            await asyncio.sleep(0)
 
     # -- worker availability --------------------------------------------------------------
     def refresh(self, url: str) -> None:
@@ -223,11 +245,52 @@ class Router:
 
     def _observe_check(self, url: str, ok: bool) -> bool:
         """One health-check result of ``url``, folded in by the router core; True if its
-        verdict changed."""
+        verdict changed. A worker that turns unhealthy gives up its requests in flight
+        (:meth:`worker_lost`)."""
         s = self.settings
-        return self.core.observe_check(
+        changed = self.core.observe_check(
             url, ok, s.health_failure_threshold, s.health_success_threshold
         )
+        if changed and not ok:
+            self.worker_lost(url, f"failed {s.health_failure_threshold} health check(s)")
+        return changed
+
+    def worker_lost(self, url: str, reason: str) -> int:
+        """``url`` stopped answering: act on each request in flight there as
+        :meth:`~sessionroute.router.retry.RetryPolicy.on_worker_lost` says. Those whose answer
+        has not reached the client are cancelled there and placed again (the session moves, a
+        re-pin); those streaming to the client keep going while bytes arrive, and are ended
+        (a truncated stream) if none arrive for ``--health-check-timeout-secs``.
+
+        Returns:
+            How many requests were cancelled for re-placement.
+        """
+        retry = self.core.retry
+        replaced = 0
+        watched: list[tuple[Exchange, int]] = []
+        for ex in self.upstream.in_flight_on(url):
+            if retry.on_worker_lost(ex.relaying) is WorkerLostAction.REPLACE:
+                replaced += ex.hang(f"worker unavailable: {reason}")
+            else:
+                watched.append((ex, ex.chunks))
+        if replaced or watched:
+            log.warning(
+                "worker %s lost (%s): %d request(s) re-placed, %d streaming watched",
+                url,
+                reason,
+                replaced,
+                len(watched),
+            )
+        if watched:
+            quiet_s = self.settings.health_check_timeout_secs
+            asyncio.get_running_loop().call_later(quiet_s, self._cut_stalled, watched, quiet_s)
+        return replaced
+
+    @staticmethod
+    def _cut_stalled(watched: list[tuple[Exchange, int]], quiet_s: float) -> None:
+        for ex, chunks in watched:
+            if ex.chunks == chunks and not ex.complete:
+                ex.cut(f"the worker is unavailable and sent nothing for {quiet_s:g} s")
 
     def record_success(self, url: str) -> None:
         """An upstream answer below 500 from ``url``."""

@@ -109,6 +109,14 @@ async def serve(settings: RouterSettings, stop: asyncio.Event | None = None) -> 
         settings.policy,
         list(settings.worker_urls),
     )
+    if settings.router_api_key is None:
+        log.warning(
+            "no --router-api-key: admin routes (/add_worker, /remove_worker, /sessions/ID) "
+            "answer %s",
+            "every client (--allow-remote-admin)"
+            if settings.allow_remote_admin
+            else "loopback clients only (--allow-remote-admin opens them)",
+        )
     if not settings.worker_urls:
         log.warning(
             "no workers: generation requests get 503 until one is added "

@@ -39,6 +39,7 @@ from sessionroute.serve.exchange import (
     Exchange,
     UpstreamConnectError,
     UpstreamError,
+    UpstreamHung,
     WorkerConnection,
 )
 
@@ -48,6 +49,7 @@ __all__ = [
     "Exchange",
     "UpstreamConnectError",
     "UpstreamError",
+    "UpstreamHung",
     "UpstreamPool",
     "WorkerConnection",
 ]
@@ -231,6 +233,10 @@ class UpstreamPool:
                     n += 1
             target.idle[:] = keep
         return n
+
+    def in_flight_on(self, worker: str) -> list[Exchange]:
+        """The exchanges in progress with ``worker`` (O(exchanges in flight))."""
+        return [ex for ex in self._inflight if ex.worker == worker]
 
     def idle_count(self, worker: str) -> int:
         """Idle connections pooled for ``worker``."""

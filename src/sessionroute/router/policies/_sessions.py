@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 from sessionroute.clock import Clock
 from sessionroute.router.policies.base import Policy, require_healthy
 from sessionroute.router.state.cluster import ClusterView
-from sessionroute.router.state.sessions import SessionStats, SessionTable
+from sessionroute.router.state.sessions import SessionInfo, SessionStats, SessionTable
 from sessionroute.types import Decision, DecisionKind, RouteRequest
 
 __all__ = ["SessionPolicy"]
@@ -111,9 +111,9 @@ class SessionPolicy(Policy):
     def on_worker_removed(self, worker: str, cluster: ClusterView) -> None:
         self.table.displace(worker)
 
-    def sweep(self, now: float) -> int:
+    def sweep(self, now: float, limit: int | None = None) -> int:
         self._last_sweep = now
-        return self.table.sweep(now)
+        return self.table.sweep(now, limit)
 
     def session_counts(self) -> Mapping[str, int]:
         return self.table.counts()
@@ -123,3 +123,6 @@ class SessionPolicy(Policy):
 
     def worker_of(self, session_id: str) -> str | None:
         return self.table.worker_of(session_id)
+
+    def session_info(self, session_id: str) -> SessionInfo | None:
+        return self.table.info(session_id)

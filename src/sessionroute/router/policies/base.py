@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 from sessionroute.clock import Clock
 from sessionroute.errors import NoWorkerAvailable
 from sessionroute.router.state.cluster import ClusterView
-from sessionroute.router.state.sessions import SessionStats
+from sessionroute.router.state.sessions import SessionInfo, SessionStats
 from sessionroute.types import Decision, RouteRequest
 
 __all__ = ["Policy", "least_loaded_of", "require_healthy"]
@@ -102,8 +102,9 @@ class Policy(ABC):
         """``worker`` became healthy or unhealthy."""
         return None
 
-    def sweep(self, now: float) -> int:
-        """Expire sessions idle for at least the TTL at time ``now``; returns how many."""
+    def sweep(self, now: float, limit: int | None = None) -> int:
+        """Expire sessions idle for at least the TTL at time ``now`` (at most ``limit`` of
+        them, the oldest first, when given); returns how many."""
         return 0
 
     def session_counts(self) -> Mapping[str, int]:
@@ -116,6 +117,10 @@ class Policy(ABC):
 
     def worker_of(self, session_id: str) -> str | None:
         """The worker ``session_id`` is pinned to, or None (no side effects)."""
+        return None
+
+    def session_info(self, session_id: str) -> SessionInfo | None:
+        """What the policy keeps of ``session_id`` (None if unknown or no sessions kept)."""
         return None
 
 

@@ -13,17 +13,39 @@ from dataclasses import dataclass
 
 from sessionroute.errors import ConfigError
 
-__all__ = ["SessionStats", "SessionTable"]
+__all__ = ["SessionInfo", "SessionStats", "SessionTable"]
 
 
 class _Pin:
-    """A session's worker and last access time (seconds); mutable, one per pinned session."""
+    """A session's worker, when it was pinned there, its last access time (seconds) and the
+    turns routed there; mutable, one per pinned session."""
 
-    __slots__ = ("last", "worker")
+    __slots__ = ("first", "last", "turns", "worker")
 
     def __init__(self, worker: str, last: float) -> None:
         self.worker = worker
+        self.first = last
         self.last = last
+        self.turns = 1
+
+
+@dataclass(frozen=True, slots=True)
+class SessionInfo:
+    """What the router knows of one pinned session (``GET /sessions/{id}``).
+
+    Attributes:
+        worker: the worker it is pinned to.
+        pinned_at: clock time (seconds) it was pinned to that worker.
+        last_seen: clock time (seconds) of its last turn.
+        turns: turns routed to that worker since it was pinned there (the first included).
+        ttl_s: the table's idle TTL (seconds).
+    """
+
+    worker: str
+    pinned_at: float
+    last_seen: float
+    turns: int
+    ttl_s: float
 
 
 @dataclass(slots=True)
@@ -103,6 +125,13 @@ class SessionTable:
         entry = self._pins.get(session_id)
         return None if entry is None else entry.worker
 
+    def info(self, session_id: str) -> SessionInfo | None:
+        """The session's pin as :class:`SessionInfo` (no side effects; None if unknown)."""
+        entry = self._pins.get(session_id)
+        if entry is None:
+            return None
+        return SessionInfo(entry.worker, entry.first, entry.last, entry.turns, self.ttl_s)
+
     def lookup(self, session_id: str, now: float) -> str | None:
         """The pinned worker if the session is live (idle < TTL), else None.
 
@@ -123,6 +152,7 @@ class SessionTable:
         entry = self._pins.get(session_id)
         if entry is not None:
             entry.last = now
+            entry.turns += 1
             self._pins.move_to_end(session_id)
 
     def pin(self, session_id: str, worker: str, now: float) -> None:
@@ -177,19 +207,31 @@ class SessionTable:
             return False
         return True
 
-    def sweep(self, now: float) -> int:
+    def sweep(self, now: float, limit: int | None = None) -> int:
         """Expire every session idle for at least the TTL; returns how many expired.
 
         Displaced sessions (see :meth:`displace`) past the TTL are forgotten too and counted.
+
+        Args:
+            now: the clock time (seconds).
+            limit: expire at most this many (the oldest first) and leave the rest to the next
+                call, so a driver can spread a large expiry over several event-loop turns;
+                all when None. A call that returns less than ``limit`` left none behind.
         """
         cutoff = now - self.ttl_s
+        cap = len(self._pins) + len(self._displaced) if limit is None else limit
         n = 0
         if self._displaced:
-            stale = [sid for sid, last in self._displaced.items() if last <= cutoff]
+            stale = []
+            for sid, last in self._displaced.items():
+                if last <= cutoff:
+                    stale.append(sid)
+                    if len(stale) >= cap:
+                        break
             for sid in stale:
                 del self._displaced[sid]
             n = len(stale)
-        while self._pins:
+        while self._pins and n < cap:
             sid, entry = next(iter(self._pins.items()))
             if entry.last > cutoff:
                 break
