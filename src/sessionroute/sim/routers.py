@@ -151,8 +151,8 @@ class RouterFleet(Policy):
     def on_health_change(self, worker: str, healthy: bool, cluster: ClusterView) -> None:
         self._each(lambda p: p.on_health_change(worker, healthy, cluster))
 
-    def sweep(self, now: float) -> int:
-        return sum(p.sweep(now) for p in self.policies)
+    def sweep(self, now: float, limit: int | None = None) -> int:
+        return sum(p.sweep(now, limit) for p in self.policies)
 
     def session_counts(self) -> Mapping[str, int]:
         """Pins held per worker, summed over the routers' tables (a session pinned by two

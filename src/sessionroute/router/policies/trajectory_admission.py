@@ -265,8 +265,8 @@ class TrajectoryAdmissionPolicy(SessionPolicy):
         self._forget(session_id)
         return known
 
-    def sweep(self, now: float) -> int:
-        expired = super().sweep(now)
+    def sweep(self, now: float, limit: int | None = None) -> int:
+        expired = super().sweep(now, limit)
         if expired:
             worker_of = self.table.worker_of
             for sid in [s for s in self._ctx if worker_of(s) is None and s not in self._busy]:
