@@ -4,9 +4,14 @@ A policy may hold a request back (:meth:`sessionroute.router.policies.Policy.adm
 False, e.g. every replica is past its KV-cache knee). The request then waits here, in arrival
 order, instead of being sent to a replica that would preempt; it is placed as soon as the
 policy admits the head of the queue, which the router core checks whenever capacity may have
-been freed (a request completed, a session was released or expired, a worker came back). A
-request that finds ``admission_max_waiting`` requests already waiting, or waits longer than
-``admission_max_wait_s``, is refused (HTTP 503 live).
+been freed (a request completed, a session was released or expired, a worker came back, any
+request arrived). A request that finds ``admission_max_waiting`` requests already waiting is
+refused (HTTP 503 live); one that waits longer than ``admission_max_wait_s`` is refused too,
+unless the policy says it is placed anyway
+(:attr:`~sessionroute.router.policies.Policy.places_at_max_wait`). A policy may also exempt
+requests from admission altogether
+(:meth:`~sessionroute.router.policies.Policy.admission_applies`): those are routed at once and
+never wait behind held ones.
 
 Pure and clock-free: the drivers own time. ``serve`` waits on a future that the ticket's
 ``on_ready`` callback completes and withdraws the ticket when its deadline passes
@@ -40,6 +45,7 @@ class Ticket:
         error: set when it was admitted but could not be placed (no worker available).
         waiting: True while it is in the queue.
         context: the driver's own data.
+        since: the router clock's time (seconds) when it started waiting.
     """
 
     request: RouteRequest
@@ -48,6 +54,7 @@ class Ticket:
     error: Exception | None = None
     waiting: bool = True
     context: Any = field(default=None)
+    since: float = 0.0
 
 
 class AdmissionQueue:
@@ -66,6 +73,10 @@ class AdmissionQueue:
         """Requests refused because the queue was full."""
         self.refused_timeout = 0
         """Tickets withdrawn after their deadline."""
+        self.placed_at_deadline = 0
+        """Tickets placed anyway at their deadline (policies that place at the maximum wait)."""
+        self.wait_s_total = 0.0
+        """Seconds waited by every ticket that left the queue placed (the sum)."""
 
     def __len__(self) -> int:
         return len(self._queue)

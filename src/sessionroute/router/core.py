@@ -116,7 +116,9 @@ class RoutingCore:
 
         Requests already waiting are placed first when the policy now admits them (its
         verdict may change without a completion: time, gauges), so a new request never
-        overtakes them.
+        overtakes them; a request exempt from admission
+        (:meth:`~sessionroute.router.policies.Policy.admission_applies`) is routed at once,
+        even while others wait.
 
         Returns:
             The reservation when the policy admits the request now and nobody waits ahead of
@@ -128,9 +130,12 @@ class RoutingCore:
             NoWorkerAvailable: when no worker is available.
             AdmissionRefused: held back with the admission queue full.
         """
+        policy = self.policy
         if len(self.admission):
             self.pump()
-        if not len(self.admission) and self.policy.admit(request, self.cluster):
+        if not policy.admission_applies(request):
+            return self.route(request)
+        if not len(self.admission) and policy.admit(request, self.cluster):
             return self.route(request)
         if not self.admission.has_room():
             self.admission.refused_full += 1
@@ -139,16 +144,29 @@ class RoutingCore:
                 f"({len(self.admission)} of {self.admission.max_waiting} waiting)",
                 "queue_full",
             )
-        ticket = Ticket(request, on_ready)
+        ticket = Ticket(request, on_ready, since=self.clock.now())
         self.admission.push(ticket)
         return ticket
 
     def withdraw(self, ticket: Ticket) -> AdmissionRefused | None:
-        """Take a ticket out of the queue at its deadline; returns the error to answer with,
-        or None if it already left the queue (placed or failed)."""
-        if not self.admission.withdraw(ticket):
+        """A ticket's deadline (``admission_max_wait_s``) passed: take it out of the queue.
+
+        When the policy places at the maximum wait
+        (:attr:`~sessionroute.router.policies.Policy.places_at_max_wait`) it is routed now and
+        its ``on_ready`` called, as when admitted; otherwise it is refused.
+
+        Returns:
+            The error to answer with when refused; None when it was placed now or had already
+            left the queue (placed or failed).
+        """
+        queue = self.admission
+        if not queue.withdraw(ticket):
             return None
-        self.admission.refused_timeout += 1
+        if self.policy.places_at_max_wait:
+            queue.placed_at_deadline += 1
+            self._leave(ticket)
+            return None
+        queue.refused_timeout += 1
         return AdmissionRefused(
             f"no worker could take the request within {self.config.admission_max_wait_s} s",
             "timeout",
@@ -166,13 +184,18 @@ class RoutingCore:
         while (head := queue.head()) is not None:
             if self.cluster.healthy() and not self.policy.admit(head.request, self.cluster):
                 return
-            ticket = queue.pop()
-            try:
-                ticket.reservation = self.route(ticket.request)
-                queue.admitted_after_wait += 1
-            except NoWorkerAvailable as exc:
-                ticket.error = exc
-            ticket.on_ready(ticket)
+            self._leave(queue.pop())
+
+    def _leave(self, ticket: Ticket) -> None:
+        """Route a ticket that left the queue and tell its driver (``on_ready``)."""
+        try:
+            ticket.reservation = self.route(ticket.request)
+            queue = self.admission
+            queue.admitted_after_wait += 1
+            queue.wait_s_total += self.clock.now() - ticket.since
+        except NoWorkerAvailable as exc:
+            ticket.error = exc
+        ticket.on_ready(ticket)
 
     def complete(self, reservation: Reservation) -> bool:
         """Release what :meth:`route` reserved; returns False if already completed."""

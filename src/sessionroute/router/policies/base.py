@@ -53,6 +53,9 @@ class Policy(ABC):
     """True when the policy pins sessions (so clients should call ``/finish_session``)."""
     needs_content: ClassVar[bool] = False
     """True when ``select`` reads ``request.blocks`` (the live router then parses the body)."""
+    places_at_max_wait: ClassVar[bool] = False
+    """True: a request held longer than ``RouterConfig.admission_max_wait_s`` is placed anyway
+    (the router core routes it at its deadline); False: it is refused (HTTP 503 live)."""
 
     def __init__(self, config: Any = None, *, clock: Clock, rng: random.Random) -> None:
         if config is None and self.Config is not None:
@@ -73,6 +76,13 @@ class Policy(ABC):
         """Whether ``request`` may be placed now; False holds it in the router's admission
         queue (:mod:`sessionroute.router.admission`) until the policy admits it. Must not
         change policy state. The default admits everything."""
+        return True
+
+    def admission_applies(self, request: RouteRequest) -> bool:
+        """Whether ``request`` is subject to admission at all; False routes it at once, ahead
+        of any held requests, without asking :meth:`admit` (e.g. the next turn of a running
+        session, which a policy must never hold). Must not change policy state. Default:
+        every request is."""
         return True
 
     def on_complete(self, request: RouteRequest, worker: str) -> None:

@@ -1,0 +1,398 @@
+"""``adaptive_sticky``: token-aware sticky placement, a gated overload escape, and admission.
+
+A session-keeping policy (the lifecycle of :class:`~._sessions.SessionPolicy`: TTL, sweeps,
+re-pin after a failure or removal) with three rules of its own (issue 18; the measurements
+behind every default are in :class:`AdaptiveStickyConfig` and ``docs/policies.md``):
+
+1. **Placement by token load, with herd protection.** A new session goes to the healthy worker
+   with the least estimated load in tokens: the context tokens of the sessions pinned there
+   (each session's latest prompt estimate, ``RouteRequest.prompt_tokens``) plus the router's
+   in-flight prompt tokens. The session's own estimate is added to its worker's load in the
+   same call (a reservation), so a burst of first turns (a GRPO group of 16) spreads instead of
+   landing on the momentarily lightest worker. Workers past their knee (scraped gauges, below)
+   are skipped while another worker is not. Ties go to the highest rendezvous hash of
+   (session id, worker), as ``sticky_least_loaded``.
+2. **Stay, unless a gated escape fires.** Later turns stay on their worker. A worker becomes
+   *hot* when its scraped gauges show ``kv_usage >= escape_kv`` and ``waiting >=
+   escape_waiting``, and stays hot until ``kv_usage < cool_kv`` or ``waiting < cool_waiting``
+   (hysteresis). A turn of a session on a hot worker moves when (a) the session is cheap to
+   move, its context at most ``move_context_factor`` times the mean context on that worker
+   (the shortest contexts move first, re-prefilling the least), (b) the session has not moved
+   in the last ``session_cooldown_s``, (c) no session left that worker in the last
+   ``move_interval_s`` (gauges are ~1 s stale: moves are paced, not herded), and (d) a clearly
+   less loaded target exists: a healthy, not hot worker with ``kv_usage < target_kv`` and at
+   most ``target_waiting`` waiting; the least token-loaded such target wins. A move
+   is a :attr:`~sessionroute.types.DecisionKind.MOVED` decision, counted in
+   :attr:`AdaptiveStickyPolicy.moves` and, like other policies' turns moved, in the session
+   stats' ``repinned``.
+3. **Admission for new sessions.** A new session's first turn is held in the router core's
+   admission queue while every healthy worker is past its knee: ``kv_usage >= knee_kv`` and
+   ``waiting >= knee_waiting``, or ``knee_kv`` reached and ``knee_burst`` new sessions already
+   placed there since its gauges last changed. It is placed, oldest first, as soon as one
+   worker is below its knee, and placed anyway after ``RouterConfig.admission_max_wait_s``
+   (:attr:`places_at_max_wait`). Turns of running sessions and requests without a session are
+   never held (:meth:`AdaptiveStickyPolicy.admission_applies`).
+
+Without gauges (none scraped yet, or ``scrape_interval_s = None``) rules 2 and 3 never fire and
+the policy is token-balanced sticky placement. Requests without a session go to the worker
+with the fewest in-flight prompt tokens, ties by rendezvous on the request id.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar
+
+from sessionroute.clock import Clock
+from sessionroute.errors import ConfigError
+from sessionroute.router.policies._rendezvous import rendezvous_winner
+from sessionroute.router.policies._sessions import SessionPolicy
+from sessionroute.router.policies.base import require_healthy
+from sessionroute.router.state.cluster import ClusterView
+from sessionroute.types import Decision, DecisionKind, EngineGauges, RouteRequest
+
+__all__ = ["AdaptiveStickyConfig", "AdaptiveStickyPolicy"]
+
+
+@dataclass(frozen=True, slots=True)
+class AdaptiveStickyConfig:
+    """Options of ``adaptive_sticky`` (fractions of KV capacity, request counts, seconds).
+
+    Every default was chosen on the simulated swe-rl experiment (``examples/default.toml``,
+    3 x glm45air-h200-tp8) at 544 and 640 rollouts in flight, seed 0, and checked on the other
+    regimes of ``docs/policies.md`` ("adaptive_sticky"), where the commands are given.
+
+    Attributes:
+        inflight_weight: weight of the router's in-flight prompt tokens in a worker's load,
+            next to its pinned sessions' context tokens (1: a running turn counts twice, once
+            as context and once as work in flight).
+        escape_kv: ``kv_usage`` at or above which (with ``escape_waiting``) a worker turns
+            hot. 0.9: the issue-18 prototype's gate (6,368 tok/s, 0 timeouts, 68 moves).
+        escape_waiting: waiting requests at or above which (with ``escape_kv``) a worker turns
+            hot (prototype: 8).
+        cool_kv: a hot worker cools when ``kv_usage`` falls below this (hysteresis).
+        cool_waiting: a hot worker cools when fewer requests than this wait.
+        target_kv: a move's target must have ``kv_usage`` below this (prototype: 0.75).
+        target_waiting: a move's target must have at most this many waiting (prototype: 0).
+        move_context_factor: only sessions whose context is at most this times the mean
+            context on their worker move (the cheapest first).
+        move_interval_s: minimum seconds between two moves off the same worker.
+        session_cooldown_s: a moved session stays at least this long before it may move again.
+        knee_kv: ``kv_usage`` at or above which a worker is near its knee.
+        knee_waiting: a worker at ``knee_kv`` with at least this many waiting is past its
+            knee: new sessions are not placed there while another worker is not.
+        knee_burst: new sessions a worker near its knee takes per gauge refresh.
+        admission: hold new sessions while every worker is past its knee (rule 3).
+        session_ttl_s: idle seconds before a session expires (vllm-router default 7200).
+        sweep_interval_s: minimum seconds between sweeps run inside ``select`` (60).
+        max_sessions: capacity of the session table; the least recently used is evicted.
+
+    Raises:
+        ConfigError: on a value out of range (the message names it).
+    """
+
+    inflight_weight: float = 1.0
+    escape_kv: float = 0.9
+    escape_waiting: int = 8
+    cool_kv: float = 0.85
+    cool_waiting: int = 2
+    target_kv: float = 0.75
+    target_waiting: int = 0
+    move_context_factor: float = 1.0
+    move_interval_s: float = 0.5
+    session_cooldown_s: float = 300.0
+    knee_kv: float = 0.9
+    knee_waiting: int = 1
+    knee_burst: int = 4
+    admission: bool = True
+    session_ttl_s: float = 7200.0
+    sweep_interval_s: float = 60.0
+    max_sessions: int = 1_000_000
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.name == "admission":
+                if not isinstance(v, bool):
+                    raise ConfigError(f"admission must be true or false, got {v!r}")
+                continue
+            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+                raise ConfigError(f"{f.name} must be a finite number, got {v!r}")
+            if v < 0:
+                raise ConfigError(f"{f.name} must be >= 0, got {v!r}")
+        for name in ("escape_kv", "cool_kv", "target_kv", "knee_kv"):
+            if getattr(self, name) > 1:
+                raise ConfigError(f"{name} must be in [0, 1], got {getattr(self, name)!r}")
+        if self.cool_kv > self.escape_kv:
+            raise ConfigError(
+                f"cool_kv ({self.cool_kv}) must be <= escape_kv ({self.escape_kv}): "
+                "a hot worker must be able to cool"
+            )
+        if self.cool_waiting > self.escape_waiting:
+            raise ConfigError(
+                f"cool_waiting ({self.cool_waiting}) must be <= escape_waiting "
+                f"({self.escape_waiting})"
+            )
+        for name in ("escape_waiting", "cool_waiting", "target_waiting", "knee_waiting"):
+            if not isinstance(getattr(self, name), int):
+                raise ConfigError(f"{name} must be an integer, got {getattr(self, name)!r}")
+        if not isinstance(self.knee_burst, int) or self.knee_burst < 1:
+            raise ConfigError(f"knee_burst must be an integer >= 1, got {self.knee_burst!r}")
+        if not isinstance(self.max_sessions, int) or self.max_sessions < 1:
+            raise ConfigError(f"max_sessions must be an integer >= 1, got {self.max_sessions!r}")
+        if not self.session_ttl_s > 0:
+            raise ConfigError(f"session_ttl_s must be > 0, got {self.session_ttl_s!r}")
+
+
+class _Session:
+    """A pinned session's latest context estimate (tokens) and last move time (seconds)."""
+
+    __slots__ = ("moved_at", "tokens", "worker")
+
+    def __init__(self, worker: str, tokens: int) -> None:
+        self.worker = worker
+        self.tokens = tokens
+        self.moved_at = -math.inf
+
+
+class AdaptiveStickyPolicy(SessionPolicy):
+    """Token-aware sticky placement with a gated escape and admission (module docstring).
+
+    Attributes:
+        moves: turns moved off a hot worker (``moved`` decisions).
+        hot_episodes: times a worker turned hot.
+        knee_skips: new sessions placed away from a worker past its knee (another was not).
+    """
+
+    name: ClassVar[str] = "adaptive_sticky"
+    Config: ClassVar[type[Any] | None] = AdaptiveStickyConfig
+    places_at_max_wait: ClassVar[bool] = True
+
+    def __init__(self, config: Any = None, *, clock: Clock, rng: random.Random) -> None:
+        super().__init__(config, clock=clock, rng=rng)
+        self.cfg: AdaptiveStickyConfig = self.config
+        self._sessions: dict[str, _Session] = {}
+        self._context: dict[str, int] = {}  # worker -> context tokens of its pinned sessions
+        self._hot: dict[str, bool] = {}
+        self._seen: dict[str, EngineGauges | None] = {}  # worker -> gauges last evaluated
+        self._burst: dict[str, int] = {}  # worker -> new sessions since its gauges changed
+        self._last_move: dict[str, float] = {}  # worker -> time of the last move off it
+        self._moved = DecisionKind.MOVED
+        self.moves = 0
+        self.hot_episodes = 0
+        self.knee_skips = 0
+
+    # -- the three rules ----------------------------------------------------------------------
+    def select(self, request: RouteRequest, cluster: ClusterView) -> Decision:
+        """Route one request (module docstring); pins, moves and reserves in this call.
+
+        Raises:
+            NoWorkerAvailable: when no worker is healthy.
+        """
+        sid = request.session_id
+        if sid is None:
+            return super().select(request, cluster)
+        healthy = require_healthy(cluster)
+        now = self.clock.now()
+        self._maybe_sweep(now)
+        table = self.table
+        worker = table.lookup(sid, now)
+        if worker is None or not cluster.is_healthy(worker):
+            decision = super().select(request, cluster)  # new or re-pinned: place_new
+            self._track(sid, decision.worker, request.prompt_tokens)
+            return decision
+        sess = self._sessions.get(sid)
+        if sess is None or sess.worker != worker:  # pinned before we tracked it (defensive)
+            sess = self._track(sid, worker, request.prompt_tokens)
+        else:
+            self._resize(sess, request.prompt_tokens)
+        if self._is_hot(worker, cluster):
+            target = self._escape(sess, worker, now, healthy, cluster)
+            if target is not None:
+                table.pin(sid, target, now)
+                self._move(sess, target, now)
+                self._last_move[worker] = now
+                self.moves += 1
+                table.stats.repinned += 1  # a turn moved, as other policies' re-pins
+                return Decision(target, self._moved)
+        table.touch(sid, now)
+        table.stats.sticky += 1
+        return self._sticky(worker)
+
+    def place_new(
+        self, request: RouteRequest, healthy: tuple[str, ...], cluster: ClusterView
+    ) -> str:
+        """The least token-loaded worker not past its knee (any, when all are), ties by
+        rendezvous on the session id; counts the placement against the worker's burst."""
+        for w in healthy:
+            self._refresh(w, cluster)
+        open_ = [w for w in healthy if not self._past_knee(w, cluster)]
+        if open_ and len(open_) < len(healthy):
+            self.knee_skips += 1
+        candidates = open_ or list(healthy)
+        worker = self._least_loaded(candidates, cluster, request.session_id or "")
+        self._burst[worker] = self._burst.get(worker, 0) + 1
+        return worker
+
+    def place_stateless(
+        self, request: RouteRequest, healthy: tuple[str, ...], cluster: ClusterView
+    ) -> str:
+        """The fewest in-flight prompt tokens, ties by rendezvous on the request id."""
+        tokens = cluster.in_flight_tokens
+        best = min(tokens(w) for w in healthy)
+        tied = [w for w in healthy if tokens(w) == best]
+        return tied[0] if len(tied) == 1 else rendezvous_winner(request.request_id or "", tied)
+
+    def admission_applies(self, request: RouteRequest) -> bool:
+        """Only first turns of new sessions are ever held (rule 3)."""
+        sid = request.session_id
+        return self.cfg.admission and sid is not None and sid not in self.table
+
+    def admit(self, request: RouteRequest, cluster: ClusterView) -> bool:
+        """A new session is admitted while some healthy worker is below its knee (or has no
+        gauges); turns of known sessions and stateless requests always are."""
+        if not self.admission_applies(request):
+            return True
+        healthy = cluster.healthy()
+        return not healthy or any(not self._past_knee(w, cluster) for w in healthy)
+
+    # -- signals ------------------------------------------------------------------------------
+    def load(self, worker: str, cluster: ClusterView) -> float:
+        """Estimated token load of ``worker``: its pinned sessions' context tokens plus
+        ``inflight_weight`` times the router's in-flight prompt tokens."""
+        return self._context.get(worker, 0) + self.cfg.inflight_weight * cluster.in_flight_tokens(
+            worker
+        )
+
+    def _least_loaded(self, candidates: list[str], cluster: ClusterView, key: str) -> str:
+        loads = [self.load(w, cluster) for w in candidates]
+        best = min(loads)
+        tied = [w for w, v in zip(candidates, loads, strict=True) if v == best]
+        return tied[0] if len(tied) == 1 else rendezvous_winner(key, tied)
+
+    def _refresh(self, worker: str, cluster: ClusterView) -> EngineGauges | None:
+        """The worker's gauges; on a new scrape, re-evaluate its hot flag (hysteresis) and
+        reset its burst count."""
+        g = cluster.gauges(worker)
+        if g is self._seen.get(worker, None) and worker in self._seen:
+            return g
+        self._seen[worker] = g
+        self._burst[worker] = 0
+        if g is None:
+            self._hot[worker] = False
+            return g
+        c = self.cfg
+        if self._hot.get(worker, False):
+            if g.kv_usage < c.cool_kv or g.waiting < c.cool_waiting:
+                self._hot[worker] = False
+        elif g.kv_usage >= c.escape_kv and g.waiting >= c.escape_waiting:
+            self._hot[worker] = True
+            self.hot_episodes += 1
+        return g
+
+    def _is_hot(self, worker: str, cluster: ClusterView) -> bool:
+        self._refresh(worker, cluster)
+        return self._hot.get(worker, False)
+
+    def _past_knee(self, worker: str, cluster: ClusterView) -> bool:
+        """Gauges at ``knee_kv`` with ``knee_waiting`` waiting, or ``knee_burst`` new sessions
+        placed since they were scraped (pure: reads, never refreshes, state)."""
+        g = cluster.gauges(worker)
+        if g is None or g.kv_usage < self.cfg.knee_kv:
+            return False
+        if g.waiting >= self.cfg.knee_waiting:
+            return True
+        fresh = g is not self._seen.get(worker)
+        return not fresh and self._burst.get(worker, 0) >= self.cfg.knee_burst
+
+    def _escape(
+        self,
+        sess: _Session,
+        worker: str,
+        now: float,
+        healthy: tuple[str, ...],
+        cluster: ClusterView,
+    ) -> str | None:
+        """The target of a move for ``sess`` off hot ``worker``, or None (stay)."""
+        c = self.cfg
+        if now - self._last_move.get(worker, -math.inf) < c.move_interval_s:
+            return None
+        if now - sess.moved_at < c.session_cooldown_s:
+            return None
+        count = self.table.count(worker)
+        if count and sess.tokens > c.move_context_factor * self._context.get(worker, 0) / count:
+            return None
+        best: str | None = None
+        best_load = math.inf
+        for t in healthy:
+            if t == worker:
+                continue
+            g = self._refresh(t, cluster)
+            if g is None or self._hot.get(t, False):
+                continue
+            if g.kv_usage >= c.target_kv or g.waiting > c.target_waiting:
+                continue
+            load = self.load(t, cluster)
+            if load < best_load:
+                best, best_load = t, load
+        return best
+
+    # -- context bookkeeping ------------------------------------------------------------------
+    def _track(self, sid: str, worker: str, tokens: int) -> _Session:
+        old = self._sessions.get(sid)
+        if old is not None:
+            self._add(old.worker, -old.tokens)
+        sess = self._sessions[sid] = _Session(worker, tokens)
+        if old is not None:
+            sess.moved_at = old.moved_at
+        self._add(worker, tokens)
+        return sess
+
+    def _resize(self, sess: _Session, tokens: int) -> None:
+        if tokens != sess.tokens:
+            self._add(sess.worker, tokens - sess.tokens)
+            sess.tokens = tokens
+
+    def _move(self, sess: _Session, target: str, now: float) -> None:
+        self._add(sess.worker, -sess.tokens)
+        self._add(target, sess.tokens)
+        sess.worker = target
+        sess.moved_at = now
+
+    def _add(self, worker: str, tokens: int) -> None:
+        v = self._context.get(worker, 0) + tokens
+        if v > 0:
+            self._context[worker] = v
+        else:
+            self._context.pop(worker, None)
+
+    def _forget(self, sid: str) -> None:
+        sess = self._sessions.pop(sid, None)
+        if sess is not None:
+            self._add(sess.worker, -sess.tokens)
+
+    def release_session(self, session_id: str) -> bool:
+        self._forget(session_id)
+        return super().release_session(session_id)
+
+    def sweep(self, now: float) -> int:
+        """Expire idle sessions and forget the context of every session the table dropped
+        (expired, evicted): O(tracked sessions), at most every ``sweep_interval_s``."""
+        n = super().sweep(now)
+        table = self.table
+        for sid in [s for s in self._sessions if s not in table]:
+            self._forget(sid)
+        return n
+
+    def on_worker_removed(self, worker: str, cluster: ClusterView) -> None:
+        super().on_worker_removed(worker, cluster)
+        for sid in [s for s, v in self._sessions.items() if v.worker == worker]:
+            self._forget(sid)
+        for d in (self._hot, self._seen, self._burst, self._last_move):
+            d.pop(worker, None)
+
+    def context_tokens(self) -> dict[str, int]:
+        """Worker -> context tokens of its pinned sessions (a copy; for metrics and tests)."""
+        return dict(self._context)
