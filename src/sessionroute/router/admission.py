@@ -74,7 +74,8 @@ class AdmissionQueue:
         self.refused_timeout = 0
         """Tickets withdrawn after their deadline."""
         self.placed_at_deadline = 0
-        """Tickets placed anyway at their deadline (policies that place at the maximum wait)."""
+        """Tickets placed anyway at their deadline (policies that place at the maximum wait;
+        also counted in ``admitted_after_wait``)."""
         self.wait_s_total = 0.0
         """Seconds waited by every ticket that left the queue placed (the sum)."""
 
