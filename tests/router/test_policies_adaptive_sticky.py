@@ -72,7 +72,7 @@ def test_a_grpo_burst_of_first_turns_spreads_over_the_workers() -> None:
 
 
 def test_new_sessions_go_to_the_least_token_load_with_pinned_contexts_counted() -> None:
-    core, policy, _ = _core()
+    core, policy, _ = _core(count_weight=0.0)  # pure token load
     big = _turn(core, "big", 30_000).worker  # completed: only its pinned context remains
     rest = sorted(set(W) - {big})
     seq = [_turn(core, f"s{i}", 10_000).worker for i in range(6)]
@@ -82,6 +82,22 @@ def test_new_sessions_go_to_the_least_token_load_with_pinned_contexts_counted() 
     assert policy.context_tokens() == {big: 30_000, rest[0]: 30_000, rest[1]: 30_000}
     # A three-way tie: the rendezvous winner of the session id among all three.
     assert _turn(core, "s6", 10_000).worker == rendezvous_winner("s6", list(W))
+
+
+def test_count_weight_counts_sessions_at_the_mean_context() -> None:
+    core, policy, _ = _core(count_weight=1.0)  # every session at the mean: by session count
+    big = _turn(core, "big", 60_000).worker
+    seq = [_turn(core, f"s{i}", 1000).worker for i in range(2)]
+    assert big not in seq  # 1 session vs 0, 0
+    # Now one session each: a three-way tie at the mean, however large "big" is.
+    assert _turn(core, "s2", 1000).worker == rendezvous_winner("s2", list(W))
+    core2, _, _ = _core(count_weight=0.5)
+    big2 = _turn(core2, "big", 60_000).worker
+    # Half present context (30k), half the mean (60k + 7 x 1k) / 8 per session: the other
+    # two workers take 7 small sessions before big's worker is the least loaded.
+    small = [_turn(core2, f"t{i}", 1000).worker for i in range(7)]
+    assert big2 not in small
+    assert policy.context_tokens()[big] == 60_000
 
 
 def test_ties_go_to_the_rendezvous_winner_like_sticky_least_loaded() -> None:
@@ -202,7 +218,7 @@ def test_the_cheapest_sessions_move_first() -> None:
 
 
 def test_a_moved_session_cools_down_before_it_may_move_again() -> None:
-    core, policy, clock = _core(workers=(A, B), move_interval_s=0.0)
+    core, policy, clock = _core(workers=(A, B), move_interval_s=0.0, working_set_idle_s=1e9)
     _pinned(core, 4)
     s = next(sid for sid in ("s0", "s1", "s2", "s3") if policy.worker_of(sid) == A)
     _gauges(core, a=HOT, b=COOL)
@@ -218,70 +234,103 @@ def test_a_moved_session_cools_down_before_it_may_move_again() -> None:
 # -- rule 3: admission of new sessions ----------------------------------------------------
 
 
-PAST_KNEE = EngineGauges(100, 2, 0.95)
+def _at_capacity(core: RoutingCore, kv: float = 0.4) -> list[Reservation]:
+    """s0..s2 in flight, one per worker (8000 tokens each), and gauges that make each worker's
+    capacity estimate 8000 / kv tokens (20000 at kv 0.4)."""
+    held = [core.route(_req(f"s{i}")) for i in range(3)]
+    assert sorted(r.worker for r in held) == sorted(W)
+    _gauges(core, a=EngineGauges(1, 0, kv), b=EngineGauges(1, 0, kv), c=EngineGauges(1, 0, kv))
+    return held
 
 
 def test_new_sessions_wait_when_every_worker_is_past_its_knee_running_ones_never() -> None:
-    core, _, _ = _core()
-    pins = _pinned(core, 3)
-    _gauges(core, a=PAST_KNEE, b=PAST_KNEE, c=PAST_KNEE)
+    core, policy, _ = _core(capacity_alpha=1.0, knee_pressure=1.0)
+    running = _at_capacity(core)
     ready: list[Ticket] = []
-    t1 = core.place(_req("new-1"), ready.append)
-    t2 = core.place(_req("new-2"), ready.append)
+    first = [core.place(_req(f"n{i}"), ready.append) for i in range(3)]
+    assert all(isinstance(r, Reservation) for r in first)  # 8000 + 8000 < 20000 each
+    assert {policy.pressure(w) for w in W} == {0.8}
+    t1 = core.place(_req("n3"), ready.append)  # 16000 + 8000 >= 20000 on every worker
+    t2 = core.place(_req("n4"), ready.append)
     assert isinstance(t1, Ticket) and isinstance(t2, Ticket) and len(core.admission) == 2
-    # A running session's turn is routed at once, ahead of the waiting new sessions.
-    running = core.place(_req("s0"), ready.append)
-    assert isinstance(running, Reservation) and running.worker == pins["s0"]
+    # A running session's turn and a request without a session are routed at once.
+    turn = core.place(_req("s0", 9000), ready.append)
+    assert isinstance(turn, Reservation) and turn.worker == running[0].worker
     assert isinstance(core.place(_req(None, rid="x"), ready.append), Reservation)
-    # One worker falls below its knee: the next completion places the queue, oldest first.
-    _gauges(core, a=PAST_KNEE, b=EngineGauges(80, 0, 0.7), c=PAST_KNEE)
-    core.complete(running)
-    assert ready == [t1, t2]
-    assert t1.reservation is not None and t1.reservation.worker == B
-    assert core.admission.admitted_after_wait == 2 and core.admission.placed_at_deadline == 0
+    assert ready == []
+    # A session finishing frees its context: the oldest waiting session takes its place.
+    n1 = first[1]
+    assert isinstance(n1, Reservation)
+    core.complete(n1)
+    core.finish_session("n1")
+    assert ready == [t1] and t1.reservation is not None and t1.reservation.worker == n1.worker
+    assert t2.waiting and core.admission.admitted_after_wait == 1
 
 
 def test_a_new_session_is_placed_anyway_at_its_maximum_wait() -> None:
     clock = ManualClock()
-    core, _, _ = _core(clock=clock)
-    _pinned(core, 3)
-    _gauges(core, a=PAST_KNEE, b=PAST_KNEE, c=PAST_KNEE)
+    core, policy, _ = _core(clock=clock, capacity_alpha=1.0, knee_pressure=1.0, max_wait_s=120.0)
+    _at_capacity(core, kv=0.8)  # capacity 10000: 8000 + 8000 does not fit anywhere
+    assert core.admission_max_wait_s() == 120.0  # the policy's, not the router's 60
     ready: list[Ticket] = []
+    assert isinstance(core.place(_req("n0"), ready.append), Reservation)  # no estimate yet
     t = core.place(_req("late"), ready.append)
     assert isinstance(t, Ticket)
-    clock.advance(core.config.admission_max_wait_s)
+    clock.advance(120.0)
     assert core.withdraw(t) is None  # the deadline places it, no 503
     assert ready == [t] and t.reservation is not None and not t.waiting
     q = core.admission
     assert (q.placed_at_deadline, q.admitted_after_wait, q.refused_timeout) == (1, 1, 0)
-    assert q.wait_s_total == core.config.admission_max_wait_s
+    assert q.wait_s_total == 120.0
     assert core.withdraw(t) is None and q.placed_at_deadline == 1  # once
+    assert policy.worker_of("late") == t.reservation.worker
 
 
-def test_near_the_knee_a_worker_takes_a_bounded_burst_per_scrape() -> None:
-    core, _, _ = _core(knee_burst=2)
-    near = EngineGauges(100, 0, 0.92)  # KV at the knee, nothing waiting yet
-    _gauges(core, a=near, b=near, c=near)
-    placed = [core.place(_req(f"n{i}"), lambda t: None) for i in range(7)]
-    workers = [p.worker for p in placed if isinstance(p, Reservation)]
-    assert sorted(workers.count(w) for w in W) == [2, 2, 2]  # 2 per worker, then held
-    assert isinstance(placed[-1], Ticket)
-    _gauges(core, a=near, b=near, c=near)  # a new scrape resets the burst
-    assert isinstance(core.place(_req(None, rid="x"), lambda t: None), Reservation)
-    assert len(core.admission) == 0  # the waiting one was placed first
+def test_the_capacity_estimate_is_a_moving_average_of_running_tokens_over_kv() -> None:
+    core, policy, _ = _core(capacity_alpha=0.5)
+    res = core.route(_req("s0", 8000))
+    core.route(_req("s1", 8000))
+    w = res.worker
+    key = "a" if w == A else "b" if w == B else "c"
+    _gauges(core, **{key: EngineGauges(1, 1, 0.2)})  # half of 8000 running: 4000 / 0.2
+    core.route(_req("s0", 8000))  # a turn on w reads the new gauges
+    assert policy.pressure(w) == 8000 / 20_000
+    _gauges(core, **{key: EngineGauges(2, 0, 0.4)})  # 16000 / 0.4 = 40000 -> mean 30000
+    core.route(_req("s0", 8000))
+    assert policy.pressure(w) == 8000 / 30_000
+    _gauges(core, **{key: EngineGauges(2, 0, 0.1)})  # below capacity_min_kv: no sample
+    core.route(_req("s0", 8000))
+    assert policy.pressure(w) == 8000 / 30_000
 
 
-def test_without_admission_new_sessions_go_to_the_least_loaded_worker() -> None:
-    core, _, _ = _core(admission=False)
-    _gauges(core, a=PAST_KNEE, b=PAST_KNEE, c=PAST_KNEE)
-    assert isinstance(core.place(_req("n"), lambda t: None), Reservation)
+def test_without_admission_new_sessions_are_placed_past_the_knee() -> None:
+    core, _, _ = _core(admission=False, capacity_alpha=1.0, knee_pressure=1.0)
+    _at_capacity(core, kv=0.8)
+    core.route(_req("n0"))
+    assert isinstance(core.place(_req("n1"), lambda t: None), Reservation)
 
 
 def test_placement_skips_workers_past_their_knee() -> None:
-    core, policy, _ = _core()
-    _gauges(core, a=PAST_KNEE, b=PAST_KNEE, c=COOL)
-    assert {_turn(core, f"n{i}").worker for i in range(5)} == {C}
-    assert policy.knee_skips == 5
+    core, policy, _ = _core(capacity_alpha=1.0, knee_pressure=1.0)
+    held = _at_capacity(core)
+    small = next(r.worker for r in held if r.worker == A)
+    _gauges(core, a=EngineGauges(1, 0, 0.8), b=EngineGauges(1, 0, 0.2))  # C keeps kv 0.4
+    # A: 8000 / 0.8 = 10000 capacity, B: 40000, C: 20000 (C's gauges unchanged: no sample).
+    workers = [_turn(core, f"n{i}", 4000).worker for i in range(6)]
+    assert small not in workers and policy.knee_skips == 6
+    assert policy.pressure(A) == 0.8
+
+
+def test_idle_sessions_leave_the_working_set_until_their_next_turn() -> None:
+    clock = ManualClock()
+    core, policy, _ = _core(clock=clock, working_set_idle_s=300.0, sweep_interval_s=60.0)
+    w = _turn(core, "s", 8000).worker
+    clock.advance(300.0)
+    core.sweep(clock.now())
+    assert policy.context_tokens() == {} and policy.worker_of("s") == w  # still pinned
+    res = _turn(core, "s", 9000)
+    assert (res.worker, res.kind) == (w, DecisionKind.STICKY)
+    assert policy.context_tokens() == {w: 9000}
 
 
 # -- lifecycle, options ---------------------------------------------------------------------
@@ -307,7 +356,8 @@ def test_expired_and_removed_sessions_leave_the_load() -> None:
         {"cool_kv": 0.95},  # above escape_kv 0.9
         {"cool_waiting": 9},
         {"escape_waiting": 2.5},
-        {"knee_burst": 0},
+        {"knee_pressure": 0.0},
+        {"capacity_alpha": 1.5},
         {"move_interval_s": -1.0},
         {"target_kv": float("nan")},
         {"admission": 1},

@@ -124,7 +124,7 @@ class RoutingCore:
             The reservation when the policy admits the request now and nobody waits ahead of
             it; otherwise a waiting :class:`Ticket`, whose ``on_ready`` is called once, later,
             when it was placed or failed. Withdraw a ticket that still waits at its deadline
-            (``admission_max_wait_s``) with :meth:`withdraw`.
+            (:meth:`admission_max_wait_s`) with :meth:`withdraw`.
 
         Raises:
             NoWorkerAvailable: when no worker is available.
@@ -148,8 +148,16 @@ class RoutingCore:
         self.admission.push(ticket)
         return ticket
 
+    def admission_max_wait_s(self) -> float:
+        """Seconds a held request may wait: the policy's own maximum
+        (:meth:`~sessionroute.router.policies.Policy.admission_max_wait_s`) when it has one,
+        else ``RouterConfig.admission_max_wait_s``. The drivers set each ticket's deadline
+        from it."""
+        own = self.policy.admission_max_wait_s()
+        return self.config.admission_max_wait_s if own is None else own
+
     def withdraw(self, ticket: Ticket) -> AdmissionRefused | None:
-        """A ticket's deadline (``admission_max_wait_s``) passed: take it out of the queue.
+        """A ticket's deadline (:meth:`admission_max_wait_s`) passed: take it out of the queue.
 
         When the policy places at the maximum wait
         (:attr:`~sessionroute.router.policies.Policy.places_at_max_wait`) it is routed now and
@@ -168,7 +176,7 @@ class RoutingCore:
             return None
         queue.refused_timeout += 1
         return AdmissionRefused(
-            f"no worker could take the request within {self.config.admission_max_wait_s} s",
+            f"no worker could take the request within {self.admission_max_wait_s()} s",
             "timeout",
         )
 

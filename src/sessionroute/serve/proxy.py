@@ -136,7 +136,7 @@ def _wake(ticket: Ticket) -> None:
 
 
 async def _admitted(core: RoutingCore, ticket: Ticket) -> Reservation:
-    """Wait for a queued request to be placed (``admission_max_wait_s`` at most).
+    """Wait for a queued request to be placed (``core.admission_max_wait_s()`` at most).
 
     Raises:
         AdmissionRefused: it waited too long. NoWorkerAvailable: admitted with no worker.
@@ -144,7 +144,7 @@ async def _admitted(core: RoutingCore, ticket: Ticket) -> Reservation:
     fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
     ticket.context = fut
     try:
-        await asyncio.wait_for(fut, core.config.admission_max_wait_s)
+        await asyncio.wait_for(fut, core.admission_max_wait_s())
     except TimeoutError:
         refused = core.withdraw(ticket)
         if refused is not None:

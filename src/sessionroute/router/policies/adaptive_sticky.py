@@ -9,8 +9,8 @@ behind every default are in :class:`AdaptiveStickyConfig` and ``docs/policies.md
    (each session's latest prompt estimate, ``RouteRequest.prompt_tokens``) plus the router's
    in-flight prompt tokens. The session's own estimate is added to its worker's load in the
    same call (a reservation), so a burst of first turns (a GRPO group of 16) spreads instead of
-   landing on the momentarily lightest worker. Workers past their knee (scraped gauges, below)
-   are skipped while another worker is not. Ties go to the highest rendezvous hash of
+   landing on the momentarily lightest worker. Workers past their knee (rule 3) are skipped
+   while another worker is not. Ties go to the highest rendezvous hash of
    (session id, worker), as ``sticky_least_loaded``.
 2. **Stay, unless a gated escape fires.** Later turns stay on their worker. A worker becomes
    *hot* when its scraped gauges show ``kv_usage >= escape_kv`` and ``waiting >=
@@ -25,13 +25,16 @@ behind every default are in :class:`AdaptiveStickyConfig` and ``docs/policies.md
    is a :attr:`~sessionroute.types.DecisionKind.MOVED` decision, counted in
    :attr:`AdaptiveStickyPolicy.moves` and, like other policies' turns moved, in the session
    stats' ``repinned``.
-3. **Admission for new sessions.** A new session's first turn is held in the router core's
-   admission queue while every healthy worker is past its knee: ``kv_usage >= knee_kv`` and
-   ``waiting >= knee_waiting``, or ``knee_kv`` reached and ``knee_burst`` new sessions already
-   placed there since its gauges last changed. It is placed, oldest first, as soon as one
-   worker is below its knee, and placed anyway after ``RouterConfig.admission_max_wait_s``
-   (:attr:`places_at_max_wait`). Turns of running sessions and requests without a session are
-   never held (:meth:`AdaptiveStickyPolicy.admission_applies`).
+3. **Admission for new sessions.** A worker is *past its knee* when its pinned sessions'
+   context tokens reach ``knee_pressure`` times its estimated KV capacity: the working set no
+   longer fits, so the prefix cache evicts sessions between turns and every turn re-prefills.
+   The capacity is learned from the gauges, as a moving average of the router's in-flight
+   tokens that are running (``in_flight_tokens * running / (running + waiting)``) over
+   ``kv_usage``. A new session's first turn is held in the router core's admission queue while
+   every healthy worker would be past its knee with it; it is placed, oldest first, as soon as
+   one is not (a session finishing or going idle frees its context), and placed anyway after
+   ``max_wait_s`` (:attr:`places_at_max_wait`). Turns of running sessions and requests
+   without a session are never held (:meth:`AdaptiveStickyPolicy.admission_applies`).
 
 Without gauges (none scraped yet, or ``scrape_interval_s = None``) rules 2 and 3 never fire and
 the policy is token-balanced sticky placement. Requests without a session go to the worker
@@ -65,6 +68,11 @@ class AdaptiveStickyConfig:
     regimes of ``docs/policies.md`` ("adaptive_sticky"), where the commands are given.
 
     Attributes:
+        count_weight: in [0, 1]; a worker's load counts its sessions at their present
+            context (weight ``1 - count_weight``) and at the mean context of all pinned
+            sessions (``count_weight``): a new session is small now but grows, so pure token
+            balance stacks new sessions on one worker (at 640 in flight: 334 sessions against
+            124, seed 0) and pure count balance ignores long contexts (sticky_least_loaded).
         inflight_weight: weight of the router's in-flight prompt tokens in a worker's load,
             next to its pinned sessions' context tokens (1: a running turn counts twice, once
             as context and once as work in flight).
@@ -80,11 +88,18 @@ class AdaptiveStickyConfig:
             context on their worker move (the cheapest first).
         move_interval_s: minimum seconds between two moves off the same worker.
         session_cooldown_s: a moved session stays at least this long before it may move again.
-        knee_kv: ``kv_usage`` at or above which a worker is near its knee.
-        knee_waiting: a worker at ``knee_kv`` with at least this many waiting is past its
-            knee: new sessions are not placed there while another worker is not.
-        knee_burst: new sessions a worker near its knee takes per gauge refresh.
+        knee_pressure: a worker is past its knee when its pinned sessions' context tokens
+            reach this multiple of its estimated KV capacity (working set over capacity: the
+            prefix cache can no longer keep the sessions that are between turns).
+        capacity_alpha: weight of a new sample in the moving average of a worker's KV
+            capacity estimate (tokens in flight that are running over ``kv_usage``).
+        capacity_min_kv: capacity samples are taken only at this ``kv_usage`` or above
+            (below it the ratio is noise).
         admission: hold new sessions while every worker is past its knee (rule 3).
+        max_wait_s: the longest a held new session waits before it is placed anyway.
+        working_set_idle_s: a session idle this long stops counting in its worker's load
+            (until its next turn): it is likely finished without ``/finish_session``, and its
+            cache is likely evicted (swe-rl tool calls are capped at 180 s).
         session_ttl_s: idle seconds before a session expires (vllm-router default 7200).
         sweep_interval_s: minimum seconds between sweeps run inside ``select`` (60).
         max_sessions: capacity of the session table; the least recently used is evicted.
@@ -93,6 +108,7 @@ class AdaptiveStickyConfig:
         ConfigError: on a value out of range (the message names it).
     """
 
+    count_weight: float = 0.5
     inflight_weight: float = 1.0
     escape_kv: float = 0.9
     escape_waiting: int = 8
@@ -103,10 +119,12 @@ class AdaptiveStickyConfig:
     move_context_factor: float = 1.0
     move_interval_s: float = 0.5
     session_cooldown_s: float = 300.0
-    knee_kv: float = 0.9
-    knee_waiting: int = 1
-    knee_burst: int = 4
+    knee_pressure: float = 0.8
+    capacity_alpha: float = 0.2
+    capacity_min_kv: float = 0.2
     admission: bool = True
+    max_wait_s: float = 600.0
+    working_set_idle_s: float = 300.0
     session_ttl_s: float = 7200.0
     sweep_interval_s: float = 60.0
     max_sessions: int = 1_000_000
@@ -122,7 +140,10 @@ class AdaptiveStickyConfig:
                 raise ConfigError(f"{f.name} must be a finite number, got {v!r}")
             if v < 0:
                 raise ConfigError(f"{f.name} must be >= 0, got {v!r}")
-        for name in ("escape_kv", "cool_kv", "target_kv", "knee_kv"):
+        for name in (
+            "escape_kv", "cool_kv", "target_kv", "capacity_alpha", "capacity_min_kv",
+            "count_weight",
+        ):  # fmt: skip
             if getattr(self, name) > 1:
                 raise ConfigError(f"{name} must be in [0, 1], got {getattr(self, name)!r}")
         if self.cool_kv > self.escape_kv:
@@ -135,11 +156,13 @@ class AdaptiveStickyConfig:
                 f"cool_waiting ({self.cool_waiting}) must be <= escape_waiting "
                 f"({self.escape_waiting})"
             )
-        for name in ("escape_waiting", "cool_waiting", "target_waiting", "knee_waiting"):
+        for name in ("escape_waiting", "cool_waiting", "target_waiting"):
             if not isinstance(getattr(self, name), int):
                 raise ConfigError(f"{name} must be an integer, got {getattr(self, name)!r}")
-        if not isinstance(self.knee_burst, int) or self.knee_burst < 1:
-            raise ConfigError(f"knee_burst must be an integer >= 1, got {self.knee_burst!r}")
+        if not self.knee_pressure > 0:
+            raise ConfigError(f"knee_pressure must be > 0, got {self.knee_pressure!r}")
+        if not self.capacity_alpha > 0:
+            raise ConfigError(f"capacity_alpha must be > 0, got {self.capacity_alpha!r}")
         if not isinstance(self.max_sessions, int) or self.max_sessions < 1:
             raise ConfigError(f"max_sessions must be an integer >= 1, got {self.max_sessions!r}")
         if not self.session_ttl_s > 0:
@@ -147,13 +170,16 @@ class AdaptiveStickyConfig:
 
 
 class _Session:
-    """A pinned session's latest context estimate (tokens) and last move time (seconds)."""
+    """A pinned session: its worker, the context tokens it counts in that worker's load (its
+    latest prompt estimate; 0 while idle past ``working_set_idle_s``), its last turn and its
+    last move (seconds)."""
 
-    __slots__ = ("moved_at", "tokens", "worker")
+    __slots__ = ("last", "moved_at", "tokens", "worker")
 
-    def __init__(self, worker: str, tokens: int) -> None:
+    def __init__(self, worker: str, tokens: int, now: float) -> None:
         self.worker = worker
         self.tokens = tokens
+        self.last = now
         self.moved_at = -math.inf
 
 
@@ -177,7 +203,8 @@ class AdaptiveStickyPolicy(SessionPolicy):
         self._context: dict[str, int] = {}  # worker -> context tokens of its pinned sessions
         self._hot: dict[str, bool] = {}
         self._seen: dict[str, EngineGauges | None] = {}  # worker -> gauges last evaluated
-        self._burst: dict[str, int] = {}  # worker -> new sessions since its gauges changed
+        self._capacity: dict[str, float] = {}  # worker -> estimated KV capacity, tokens
+        self._total = 0  # context tokens over all workers
         self._last_move: dict[str, float] = {}  # worker -> time of the last move off it
         self._moved = DecisionKind.MOVED
         self.moves = 0
@@ -208,6 +235,7 @@ class AdaptiveStickyPolicy(SessionPolicy):
             sess = self._track(sid, worker, request.prompt_tokens)
         else:
             self._resize(sess, request.prompt_tokens)
+            sess.last = now
         if self._is_hot(worker, cluster):
             target = self._escape(sess, worker, now, healthy, cluster)
             if target is not None:
@@ -225,16 +253,13 @@ class AdaptiveStickyPolicy(SessionPolicy):
         self, request: RouteRequest, healthy: tuple[str, ...], cluster: ClusterView
     ) -> str:
         """The least token-loaded worker not past its knee (any, when all are), ties by
-        rendezvous on the session id; counts the placement against the worker's burst."""
+        rendezvous on the session id."""
         for w in healthy:
             self._refresh(w, cluster)
-        open_ = [w for w in healthy if not self._past_knee(w, cluster)]
+        open_ = [w for w in healthy if not self._past_knee(w, request.prompt_tokens)]
         if open_ and len(open_) < len(healthy):
             self.knee_skips += 1
-        candidates = open_ or list(healthy)
-        worker = self._least_loaded(candidates, cluster, request.session_id or "")
-        self._burst[worker] = self._burst.get(worker, 0) + 1
-        return worker
+        return self._least_loaded(open_ or list(healthy), cluster, request.session_id or "")
 
     def place_stateless(
         self, request: RouteRequest, healthy: tuple[str, ...], cluster: ClusterView
@@ -256,14 +281,27 @@ class AdaptiveStickyPolicy(SessionPolicy):
         if not self.admission_applies(request):
             return True
         healthy = cluster.healthy()
-        return not healthy or any(not self._past_knee(w, cluster) for w in healthy)
+        tokens = request.prompt_tokens
+        return not healthy or any(not self._past_knee(w, tokens) for w in healthy)
+
+    def admission_max_wait_s(self) -> float | None:
+        """``max_wait_s``: then the held session is placed anyway (:attr:`places_at_max_wait`)."""
+        return self.cfg.max_wait_s
 
     # -- signals ------------------------------------------------------------------------------
     def load(self, worker: str, cluster: ClusterView) -> float:
-        """Estimated token load of ``worker``: its pinned sessions' context tokens plus
-        ``inflight_weight`` times the router's in-flight prompt tokens."""
-        return self._context.get(worker, 0) + self.cfg.inflight_weight * cluster.in_flight_tokens(
-            worker
+        """Estimated token load of ``worker``: ``(1 - count_weight)`` times its pinned
+        sessions' context tokens plus ``count_weight`` times its pinned sessions counted at the
+        mean context over all workers (what they will grow to), plus ``inflight_weight`` times
+        the router's in-flight prompt tokens."""
+        c = self.cfg
+        table = self.table
+        n = len(table)
+        mean = self._total / n if n else 0.0
+        return (
+            (1.0 - c.count_weight) * self._context.get(worker, 0)
+            + c.count_weight * table.count(worker) * mean
+            + c.inflight_weight * cluster.in_flight_tokens(worker)
         )
 
     def _least_loaded(self, candidates: list[str], cluster: ClusterView, key: str) -> str:
@@ -279,11 +317,18 @@ class AdaptiveStickyPolicy(SessionPolicy):
         if g is self._seen.get(worker, None) and worker in self._seen:
             return g
         self._seen[worker] = g
-        self._burst[worker] = 0
         if g is None:
             self._hot[worker] = False
             return g
         c = self.cfg
+        busy = g.running + g.waiting
+        if g.kv_usage >= c.capacity_min_kv and busy > 0:
+            running_tokens = cluster.in_flight_tokens(worker) * g.running / busy
+            if running_tokens > 0:
+                sample = running_tokens / g.kv_usage
+                old = self._capacity.get(worker)
+                a = c.capacity_alpha
+                self._capacity[worker] = sample if old is None else old + a * (sample - old)
         if self._hot.get(worker, False):
             if g.kv_usage < c.cool_kv or g.waiting < c.cool_waiting:
                 self._hot[worker] = False
@@ -296,16 +341,18 @@ class AdaptiveStickyPolicy(SessionPolicy):
         self._refresh(worker, cluster)
         return self._hot.get(worker, False)
 
-    def _past_knee(self, worker: str, cluster: ClusterView) -> bool:
-        """Gauges at ``knee_kv`` with ``knee_waiting`` waiting, or ``knee_burst`` new sessions
-        placed since they were scraped (pure: reads, never refreshes, state)."""
-        g = cluster.gauges(worker)
-        if g is None or g.kv_usage < self.cfg.knee_kv:
-            return False
-        if g.waiting >= self.cfg.knee_waiting:
-            return True
-        fresh = g is not self._seen.get(worker)
-        return not fresh and self._burst.get(worker, 0) >= self.cfg.knee_burst
+    def _past_knee(self, worker: str, tokens: int = 0) -> bool:
+        """Whether ``worker``'s pinned context (plus ``tokens`` more) reaches ``knee_pressure``
+        times its estimated KV capacity (never before a capacity estimate exists)."""
+        cap = self._capacity.get(worker)
+        return cap is not None and self._context.get(worker, 0) + tokens >= (
+            self.cfg.knee_pressure * cap
+        )
+
+    def pressure(self, worker: str) -> float | None:
+        """Pinned context tokens over estimated KV capacity, or None before an estimate."""
+        cap = self._capacity.get(worker)
+        return None if cap is None else self._context.get(worker, 0) / cap
 
     def _escape(
         self,
@@ -334,6 +381,8 @@ class AdaptiveStickyPolicy(SessionPolicy):
                 continue
             if g.kv_usage >= c.target_kv or g.waiting > c.target_waiting:
                 continue
+            if self._past_knee(t, sess.tokens):
+                continue
             load = self.load(t, cluster)
             if load < best_load:
                 best, best_load = t, load
@@ -344,7 +393,7 @@ class AdaptiveStickyPolicy(SessionPolicy):
         old = self._sessions.get(sid)
         if old is not None:
             self._add(old.worker, -old.tokens)
-        sess = self._sessions[sid] = _Session(worker, tokens)
+        sess = self._sessions[sid] = _Session(worker, tokens, self.clock.now())
         if old is not None:
             sess.moved_at = old.moved_at
         self._add(worker, tokens)
@@ -362,6 +411,7 @@ class AdaptiveStickyPolicy(SessionPolicy):
         sess.moved_at = now
 
     def _add(self, worker: str, tokens: int) -> None:
+        self._total += tokens
         v = self._context.get(worker, 0) + tokens
         if v > 0:
             self._context[worker] = v
@@ -378,19 +428,24 @@ class AdaptiveStickyPolicy(SessionPolicy):
         return super().release_session(session_id)
 
     def sweep(self, now: float) -> int:
-        """Expire idle sessions and forget the context of every session the table dropped
-        (expired, evicted): O(tracked sessions), at most every ``sweep_interval_s``."""
+        """Expire idle sessions, forget the context of every session the table dropped
+        (expired, evicted) and stop counting sessions idle for ``working_set_idle_s``:
+        O(tracked sessions), at most every ``sweep_interval_s``."""
         n = super().sweep(now)
         table = self.table
         for sid in [s for s in self._sessions if s not in table]:
             self._forget(sid)
+        idle = now - self.cfg.working_set_idle_s
+        for sess in self._sessions.values():
+            if sess.last <= idle and sess.tokens:
+                self._resize(sess, 0)  # counted again on its next turn
         return n
 
     def on_worker_removed(self, worker: str, cluster: ClusterView) -> None:
         super().on_worker_removed(worker, cluster)
         for sid in [s for s, v in self._sessions.items() if v.worker == worker]:
             self._forget(sid)
-        for d in (self._hot, self._seen, self._burst, self._last_move):
+        for d in (self._hot, self._seen, self._capacity, self._last_move):
             d.pop(worker, None)
 
     def context_tokens(self) -> dict[str, int]:

@@ -78,6 +78,11 @@ class Policy(ABC):
         change policy state. The default admits everything."""
         return True
 
+    def admission_max_wait_s(self) -> float | None:
+        """The longest a held request waits (seconds), or None for the router's
+        ``RouterConfig.admission_max_wait_s``. Default None."""
+        return None
+
     def admission_applies(self, request: RouteRequest) -> bool:
         """Whether ``request`` is subject to admission at all; False routes it at once, ahead
         of any held requests, without asking :meth:`admit` (e.g. the next turn of a running
