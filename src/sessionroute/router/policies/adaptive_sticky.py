@@ -93,6 +93,8 @@ class AdaptiveStickyConfig:
             prefix cache can no longer keep the sessions that are between turns).
         capacity_alpha: weight of a new sample in the moving average of a worker's KV
             capacity estimate (tokens in flight that are running over ``kv_usage``).
+        final_alpha: weight of a finished session's last context in the moving average of
+            final contexts (the size a new session is projected to grow to).
         capacity_min_kv: capacity samples are taken only at this ``kv_usage`` or above
             (below it the ratio is noise).
         admission: hold new sessions while every worker is past its knee (rule 3).
@@ -119,8 +121,9 @@ class AdaptiveStickyConfig:
     move_context_factor: float = 1.0
     move_interval_s: float = 0.5
     session_cooldown_s: float = 300.0
-    knee_pressure: float = 0.8
+    knee_pressure: float = 1.0
     capacity_alpha: float = 0.2
+    final_alpha: float = 0.02
     capacity_min_kv: float = 0.2
     admission: bool = True
     max_wait_s: float = 600.0
@@ -142,6 +145,7 @@ class AdaptiveStickyConfig:
                 raise ConfigError(f"{f.name} must be >= 0, got {v!r}")
         for name in (
             "escape_kv", "cool_kv", "target_kv", "capacity_alpha", "capacity_min_kv",
+            "final_alpha",
             "count_weight",
         ):  # fmt: skip
             if getattr(self, name) > 1:
@@ -205,6 +209,7 @@ class AdaptiveStickyPolicy(SessionPolicy):
         self._seen: dict[str, EngineGauges | None] = {}  # worker -> gauges last evaluated
         self._capacity: dict[str, float] = {}  # worker -> estimated KV capacity, tokens
         self._total = 0  # context tokens over all workers
+        self._final = 0.0  # moving average of finished sessions' last context, tokens
         self._last_move: dict[str, float] = {}  # worker -> time of the last move off it
         self._moved = DecisionKind.MOVED
         self.moves = 0
@@ -341,18 +346,26 @@ class AdaptiveStickyPolicy(SessionPolicy):
         self._refresh(worker, cluster)
         return self._hot.get(worker, False)
 
+    def projected(self, worker: str, tokens: int = 0, sessions: int = 0) -> float:
+        """The working set ``worker``'s pinned sessions grow to, in tokens: their context now,
+        or their count times the mean final context of finished sessions, whichever is larger
+        (with ``sessions`` more sessions of ``tokens`` more context)."""
+        n = self.table.count(worker) + sessions
+        return max(self._context.get(worker, 0) + tokens, n * self._final)
+
     def _past_knee(self, worker: str, tokens: int = 0) -> bool:
-        """Whether ``worker``'s pinned context (plus ``tokens`` more) reaches ``knee_pressure``
-        times its estimated KV capacity (never before a capacity estimate exists)."""
+        """Whether ``worker``'s projected working set, with one more session of ``tokens``,
+        reaches ``knee_pressure`` times its estimated KV capacity (never before a capacity
+        estimate exists)."""
         cap = self._capacity.get(worker)
-        return cap is not None and self._context.get(worker, 0) + tokens >= (
+        return cap is not None and self.projected(worker, tokens, 1 if tokens else 0) >= (
             self.cfg.knee_pressure * cap
         )
 
     def pressure(self, worker: str) -> float | None:
-        """Pinned context tokens over estimated KV capacity, or None before an estimate."""
+        """Projected working set over estimated KV capacity, or None before an estimate."""
         cap = self._capacity.get(worker)
-        return None if cap is None else self._context.get(worker, 0) / cap
+        return None if cap is None else self.projected(worker) / cap
 
     def _escape(
         self,
@@ -424,6 +437,14 @@ class AdaptiveStickyPolicy(SessionPolicy):
             self._add(sess.worker, -sess.tokens)
 
     def release_session(self, session_id: str) -> bool:
+        """Forget a finished session; its last context feeds the mean final context (a moving
+        average, weight ``final_alpha``)."""
+        sess = self._sessions.get(session_id)
+        if sess is not None and sess.tokens > 0:
+            a = self.cfg.final_alpha
+            self._final = sess.tokens if self._final == 0 else self._final + a * (
+                sess.tokens - self._final
+            )
         self._forget(session_id)
         return super().release_session(session_id)
 
