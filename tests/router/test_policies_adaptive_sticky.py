@@ -367,3 +367,17 @@ def test_expired_and_removed_sessions_leave_the_load() -> None:
 def test_bad_options_are_refused_by_name(options: dict[str, Any]) -> None:
     with pytest.raises(ConfigError, match=next(iter(options))):
         create_policy("adaptive_sticky", options, clock=ManualClock(), seed=0)
+
+
+def test_the_projected_working_set_counts_new_sessions_at_the_mean_final_context() -> None:
+    core, policy, _ = _core(final_alpha=0.5)
+    assert policy.projected(A) == 0
+    for sid, tokens in (("f1", 40_000), ("f2", 20_000)):
+        _turn(core, sid, tokens)
+        core.finish_session(sid)
+    # Finished at 40k, then 20k: the moving average is 40k + 0.5 * (20k - 40k) = 30k.
+    w = _turn(core, "young", 8000).worker
+    assert policy.projected(w) == 30_000  # one session that will grow, not its 8k now
+    assert policy.projected(w, tokens=8000, sessions=1) == 60_000
+    _turn(core, "young", 50_000)
+    assert policy.projected(w) == 50_000  # larger than its projection: its context counts
