@@ -45,11 +45,10 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
 from sessionroute.clock import Clock
-from sessionroute.errors import ConfigError
+from sessionroute.router.policies._adaptive_config import AdaptiveStickyConfig
 from sessionroute.router.policies._rendezvous import rendezvous_winner
 from sessionroute.router.policies._sessions import SessionPolicy
 from sessionroute.router.policies.base import require_healthy
@@ -57,120 +56,6 @@ from sessionroute.router.state.cluster import ClusterView
 from sessionroute.types import Decision, DecisionKind, EngineGauges, RouteRequest
 
 __all__ = ["AdaptiveStickyConfig", "AdaptiveStickyPolicy"]
-
-
-@dataclass(frozen=True, slots=True)
-class AdaptiveStickyConfig:
-    """Options of ``adaptive_sticky`` (fractions of KV capacity, request counts, seconds).
-
-    Every default was chosen on the simulated swe-rl experiment (``examples/default.toml``,
-    3 x glm45air-h200-tp8) at 544 and 640 rollouts in flight, seed 0, and checked on the other
-    regimes of ``docs/policies.md`` ("adaptive_sticky"), where the commands are given.
-
-    Attributes:
-        count_weight: in [0, 1]; a worker's load counts its sessions at their present
-            context (weight ``1 - count_weight``) and at the mean context of all pinned
-            sessions (``count_weight``): a new session is small now but grows, so pure token
-            balance stacks new sessions on one worker (at 640 in flight: 334 sessions against
-            124, seed 0) and pure count balance ignores long contexts (sticky_least_loaded).
-        inflight_weight: weight of the router's in-flight prompt tokens in a worker's load,
-            next to its pinned sessions' context tokens (1: a running turn counts twice, once
-            as context and once as work in flight).
-        escape_kv: ``kv_usage`` at or above which (with ``escape_waiting``) a worker turns
-            hot. 0.9: the issue-18 prototype's gate (6,368 tok/s, 0 timeouts, 68 moves).
-        escape_waiting: waiting requests at or above which (with ``escape_kv``) a worker turns
-            hot (prototype: 8).
-        cool_kv: a hot worker cools when ``kv_usage`` falls below this (hysteresis).
-        cool_waiting: a hot worker cools when fewer requests than this wait.
-        target_kv: a move's target must have ``kv_usage`` below this (prototype: 0.75).
-        target_waiting: a move's target must have at most this many waiting (prototype: 0).
-        move_context_factor: only sessions whose context is at most this times the mean
-            context on their worker move (the cheapest first).
-        move_interval_s: minimum seconds between two moves off the same worker.
-        session_cooldown_s: a moved session stays at least this long before it may move again.
-        knee_pressure: a worker is past its knee when its pinned sessions' context tokens
-            reach this multiple of its estimated KV capacity (working set over capacity: the
-            prefix cache can no longer keep the sessions that are between turns).
-        capacity_alpha: weight of a new sample in the moving average of a worker's KV
-            capacity estimate (tokens in flight that are running over ``kv_usage``).
-        final_alpha: weight of a finished session's last context in the moving average of
-            final contexts (the size a new session is projected to grow to).
-        capacity_min_kv: capacity samples are taken only at this ``kv_usage`` or above
-            (below it the ratio is noise).
-        admission: hold new sessions while every worker is past its knee (rule 3).
-        max_wait_s: the longest a held new session waits before it is placed anyway.
-        working_set_idle_s: a session idle this long stops counting in its worker's load
-            (until its next turn): it is likely finished without ``/finish_session``, and its
-            cache is likely evicted (swe-rl tool calls are capped at 180 s).
-        session_ttl_s: idle seconds before a session expires (vllm-router default 7200).
-        sweep_interval_s: minimum seconds between sweeps run inside ``select`` (60).
-        max_sessions: capacity of the session table; the least recently used is evicted.
-
-    Raises:
-        ConfigError: on a value out of range (the message names it).
-    """
-
-    count_weight: float = 0.5
-    inflight_weight: float = 1.0
-    escape_kv: float = 0.9
-    escape_waiting: int = 8
-    cool_kv: float = 0.85
-    cool_waiting: int = 2
-    target_kv: float = 0.75
-    target_waiting: int = 0
-    move_context_factor: float = 1.0
-    move_interval_s: float = 0.5
-    session_cooldown_s: float = 300.0
-    knee_pressure: float = 1.0
-    capacity_alpha: float = 0.2
-    final_alpha: float = 0.02
-    capacity_min_kv: float = 0.2
-    admission: bool = True
-    max_wait_s: float = 600.0
-    working_set_idle_s: float = 300.0
-    session_ttl_s: float = 7200.0
-    sweep_interval_s: float = 60.0
-    max_sessions: int = 1_000_000
-
-    def __post_init__(self) -> None:
-        for f in fields(self):
-            v = getattr(self, f.name)
-            if f.name == "admission":
-                if not isinstance(v, bool):
-                    raise ConfigError(f"admission must be true or false, got {v!r}")
-                continue
-            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
-                raise ConfigError(f"{f.name} must be a finite number, got {v!r}")
-            if v < 0:
-                raise ConfigError(f"{f.name} must be >= 0, got {v!r}")
-        for name in (
-            "escape_kv", "cool_kv", "target_kv", "capacity_alpha", "capacity_min_kv",
-            "final_alpha",
-            "count_weight",
-        ):  # fmt: skip
-            if getattr(self, name) > 1:
-                raise ConfigError(f"{name} must be in [0, 1], got {getattr(self, name)!r}")
-        if self.cool_kv > self.escape_kv:
-            raise ConfigError(
-                f"cool_kv ({self.cool_kv}) must be <= escape_kv ({self.escape_kv}): "
-                "a hot worker must be able to cool"
-            )
-        if self.cool_waiting > self.escape_waiting:
-            raise ConfigError(
-                f"cool_waiting ({self.cool_waiting}) must be <= escape_waiting "
-                f"({self.escape_waiting})"
-            )
-        for name in ("escape_waiting", "cool_waiting", "target_waiting"):
-            if not isinstance(getattr(self, name), int):
-                raise ConfigError(f"{name} must be an integer, got {getattr(self, name)!r}")
-        if not self.knee_pressure > 0:
-            raise ConfigError(f"knee_pressure must be > 0, got {self.knee_pressure!r}")
-        if not self.capacity_alpha > 0:
-            raise ConfigError(f"capacity_alpha must be > 0, got {self.capacity_alpha!r}")
-        if not isinstance(self.max_sessions, int) or self.max_sessions < 1:
-            raise ConfigError(f"max_sessions must be an integer >= 1, got {self.max_sessions!r}")
-        if not self.session_ttl_s > 0:
-            raise ConfigError(f"session_ttl_s must be > 0, got {self.session_ttl_s!r}")
 
 
 class _Session:
@@ -442,8 +327,8 @@ class AdaptiveStickyPolicy(SessionPolicy):
         sess = self._sessions.get(session_id)
         if sess is not None and sess.tokens > 0:
             a = self.cfg.final_alpha
-            self._final = sess.tokens if self._final == 0 else self._final + a * (
-                sess.tokens - self._final
+            self._final = (
+                sess.tokens if self._final == 0 else self._final + a * (sess.tokens - self._final)
             )
         self._forget(session_id)
         return super().release_session(session_id)
