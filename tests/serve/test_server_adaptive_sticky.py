@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
+from collections.abc import Callable
 
 import aiohttp
 
+from sessionroute.router.policies.adaptive_sticky import AdaptiveStickyPolicy
 from sessionroute.types import EngineGauges
 
 from .backend import FakeBackend
@@ -24,6 +27,13 @@ def _vllm(waiting: int, kv: float) -> str:
     )
 
 
+async def _until(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.005)
+
+
 async def _scraped(router: object, backends: list[FakeBackend], *expected: EngineGauges) -> None:
     """Wait until the router's cluster holds ``expected`` gauges for each backend."""
     cluster = router.router.core.cluster  # type: ignore[attr-defined]
@@ -36,14 +46,13 @@ async def _scraped(router: object, backends: list[FakeBackend], *expected: Engin
 async def test_serve_runs_adaptive_sticky_spread_escape_and_admission(
     backends: list[FakeBackend], make_router: MakeRouter, client: aiohttp.ClientSession
 ) -> None:
-    cool, hot, knee = _vllm(0, 0.5), _vllm(10, 0.95), _vllm(3, 0.95)
+    cool, hot, knee = _vllm(0, 0.5), _vllm(10, 0.95), _vllm(3, 0.95)  # knee: KV in use
     for b in backends:
         b.metrics_text = cool
     router = await make_router(
         [b.url for b in backends],
         policy="adaptive_sticky",
         scrape_interval_secs=0.02,
-        admission_max_wait_secs=0.3,
     )
     await _scraped(router, backends, *[EngineGauges(50, 0, 0.5)] * 3)
     # Six first turns of equal size: two per backend (token load, reserved at selection).
@@ -60,18 +69,33 @@ async def test_serve_runs_adaptive_sticky_spread_escape_and_admission(
     assert (await post_chat(client, router, moved))[0] == 200
     assert len(src.seen) == 2  # the turn did not go to its (hot) home
     assert [b.seen[-1].session for b in backends[1:]].count(moved) == 1
-    # Every backend past its knee: a new session waits at the router and is placed at its
-    # maximum wait, while a running session's turn is not held.
+    # Every backend past its knee. The knee is the projected working set over a capacity
+    # learned from gauges while requests are in flight; a tiny knee_pressure (and a short
+    # maximum wait) make one in-flight request per backend enough.
+    policy = router.router.core.policy
+    assert isinstance(policy, AdaptiveStickyPolicy)
+    policy.cfg = dataclasses.replace(
+        policy.cfg, knee_pressure=0.01, capacity_alpha=1.0, max_wait_s=0.3
+    )
+    hold = asyncio.Event()
     for b in backends:
+        b.hold = hold
         b.metrics_text = knee
     await _scraped(router, backends, *[EngineGauges(50, 3, 0.95)] * 3)
+    busy = [asyncio.create_task(post_chat(client, router, f"s{i}")) for i in range(6)]
+    busy.append(asyncio.create_task(post_chat(client, router, "probe")))  # learns capacities
+    await _until(lambda: sum(len(b.seen) for b in backends) == 14)  # in flight everywhere
     t0 = time.monotonic()
     late = asyncio.create_task(post_chat(client, router, "late"))
-    while len(router.router.core.admission) < 1:
-        await asyncio.sleep(0.005)
-    assert (await post_chat(client, router, "s1"))[0] == 200
-    assert late.done() is False  # s1 went ahead of the held new session
-    assert (await late)[0] == 200 and time.monotonic() - t0 >= 0.3
+    await _until(lambda: len(router.router.core.admission) == 1)  # held at the router
+    busy.append(asyncio.create_task(post_chat(client, router, "s1")))  # a running session
+    await _until(lambda: sum(len(b.seen) for b in backends) == 15)  # s1 went ahead
+    assert "late" not in {s.session for b in backends for s in b.seen}
+    await _until(lambda: len(router.router.core.admission) == 0)  # placed at 0.3 s
+    assert time.monotonic() - t0 >= 0.3
+    hold.set()
+    assert [(await t)[0] for t in busy] == [200] * 8
+    assert (await late)[0] == 200
     async with client.get(router.url + "/metrics") as r:
         text = await r.text()
     assert 'sessionroute_decisions_total{kind="moved"} 1.0' in text

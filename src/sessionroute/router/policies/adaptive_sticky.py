@@ -202,14 +202,29 @@ class AdaptiveStickyPolicy(SessionPolicy):
 
     def _refresh(self, worker: str, cluster: ClusterView) -> EngineGauges | None:
         """The worker's gauges; on a new scrape, re-evaluate its hot flag (hysteresis) and
-        reset its burst count."""
+        sample its KV capacity (also sampled while it has no estimate yet)."""
         g = cluster.gauges(worker)
         if g is self._seen.get(worker, None) and worker in self._seen:
+            if g is not None and worker not in self._capacity:
+                self._sample(worker, g, cluster)
             return g
         self._seen[worker] = g
         if g is None:
             self._hot[worker] = False
             return g
+        self._sample(worker, g, cluster)
+        c = self.cfg
+        if self._hot.get(worker, False):
+            if g.kv_usage < c.cool_kv or g.waiting < c.cool_waiting:
+                self._hot[worker] = False
+        elif g.kv_usage >= c.escape_kv and g.waiting >= c.escape_waiting:
+            self._hot[worker] = True
+            self.hot_episodes += 1
+        return g
+
+    def _sample(self, worker: str, g: EngineGauges, cluster: ClusterView) -> None:
+        """Fold one capacity sample (running in-flight tokens over ``kv_usage``) into the
+        worker's moving average; none below ``capacity_min_kv`` or with nothing in flight."""
         c = self.cfg
         busy = g.running + g.waiting
         if g.kv_usage >= c.capacity_min_kv and busy > 0:
@@ -219,13 +234,6 @@ class AdaptiveStickyPolicy(SessionPolicy):
                 old = self._capacity.get(worker)
                 a = c.capacity_alpha
                 self._capacity[worker] = sample if old is None else old + a * (sample - old)
-        if self._hot.get(worker, False):
-            if g.kv_usage < c.cool_kv or g.waiting < c.cool_waiting:
-                self._hot[worker] = False
-        elif g.kv_usage >= c.escape_kv and g.waiting >= c.escape_waiting:
-            self._hot[worker] = True
-            self.hot_episodes += 1
-        return g
 
     def _is_hot(self, worker: str, cluster: ClusterView) -> bool:
         self._refresh(worker, cluster)
