@@ -5,11 +5,13 @@ re-pin after a failure or removal) with three rules of its own (issue 18; the me
 behind every default are in :class:`AdaptiveStickyConfig` and ``docs/policies.md``):
 
 1. **Placement by token load, with herd protection.** A new session goes to the healthy worker
-   with the least estimated load in tokens: the context tokens of the sessions pinned there
-   (each session's latest prompt estimate, ``RouteRequest.prompt_tokens``) plus the router's
-   in-flight prompt tokens. The session's own estimate is added to its worker's load in the
-   same call (a reservation), so a burst of first turns (a GRPO group of 16) spreads instead of
-   landing on the momentarily lightest worker. Workers past their knee (rule 3) are skipped
+   with the least estimated load in tokens (:meth:`AdaptiveStickyPolicy.load`): the context
+   of the sessions pinned there (each session's latest prompt estimate,
+   ``RouteRequest.prompt_tokens``), half as it is and half as their count times the mean
+   context (``count_weight``), plus the router's in-flight prompt tokens. The session's own
+   estimate is added to its worker's load in the same call (a reservation), so a burst of
+   first turns (a GRPO group of 16) spreads instead of landing on the momentarily lightest
+   worker. Workers past their knee (rule 3) are skipped
    while another worker is not. Ties go to the highest rendezvous hash of
    (session id, worker), as ``sticky_least_loaded``.
 2. **Stay, unless a gated escape fires.** Later turns stay on their worker. A worker becomes
