@@ -55,6 +55,9 @@ class DecisionKind(enum.StrEnum):
     """A known session's worker was unhealthy or removed, so it was placed elsewhere."""
     STATELESS = "stateless"
     """The request carried no session (or the policy keeps no session state)."""
+    MOVED = "moved"
+    """A known session left its healthy worker because the policy moved it off an overloaded
+    one (``adaptive_sticky``'s escape)."""
 
 
 @dataclass(frozen=True, slots=True)

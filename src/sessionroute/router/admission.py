@@ -4,13 +4,17 @@ A policy may hold a request back (:meth:`sessionroute.router.policies.Policy.adm
 False, e.g. every replica is past its KV-cache knee). The request then waits here, in arrival
 order, instead of being sent to a replica that would preempt; it is placed as soon as the
 policy admits it, which the router core checks whenever the verdict may have changed (a request
-completed, a session was released or expired, a worker came back, engine gauges were scraped:
-:meth:`sessionroute.router.RoutingCore.pump`). The queue is scanned oldest first and a ticket
-the policy still holds does not block a later one it admits (a policy that holds one session's
-next turn lets other sessions' turns pass); for a policy whose verdict does not depend on the
-request, that is strict arrival order. A
-request that finds ``admission_max_waiting`` requests already waiting, or waits longer than
-``admission_max_wait_s``, is refused (HTTP 503 live).
+completed, a session was released or expired, a worker came back, engine gauges were scraped,
+any request arrived: :meth:`sessionroute.router.RoutingCore.pump`). The queue is scanned oldest
+first and a ticket the policy still holds does not block a later one it admits (a policy that
+holds one session's next turn lets other sessions' turns pass); for a policy whose verdict does
+not depend on the request, that is strict arrival order. A request that finds
+``admission_max_waiting`` requests already waiting is refused (HTTP 503 live); one that waits
+longer than ``admission_max_wait_s`` is refused too, unless the policy says it is placed anyway
+(:attr:`~sessionroute.router.policies.Policy.places_at_max_wait`). A policy may also exempt
+requests from admission altogether
+(:meth:`~sessionroute.router.policies.Policy.admission_applies`): those are routed at once and
+never wait behind held ones.
 
 Pure and clock-free: the drivers own time. ``serve`` waits on a future that the ticket's
 ``on_ready`` callback completes and withdraws the ticket when its deadline passes
@@ -44,6 +48,7 @@ class Ticket:
         error: set when it was admitted but could not be placed (no worker available).
         waiting: True while it is in the queue.
         context: the driver's own data.
+        since: the router clock's time (seconds) when it started waiting.
     """
 
     request: RouteRequest
@@ -52,6 +57,7 @@ class Ticket:
     error: Exception | None = None
     waiting: bool = True
     context: Any = field(default=None)
+    since: float = 0.0
 
 
 class AdmissionQueue:
@@ -70,6 +76,11 @@ class AdmissionQueue:
         """Requests refused because the queue was full."""
         self.refused_timeout = 0
         """Tickets withdrawn after their deadline."""
+        self.placed_at_deadline = 0
+        """Tickets placed anyway at their deadline (policies that place at the maximum wait;
+        also counted in ``admitted_after_wait``)."""
+        self.wait_s_total = 0.0
+        """Seconds waited by every ticket that left the queue placed (the sum)."""
 
     def __len__(self) -> int:
         return len(self._queue)

@@ -116,21 +116,27 @@ class RoutingCore:
 
         Requests already waiting are placed first when the policy now admits them (its
         verdict may change without a completion: time, gauges), so a new request never
-        overtakes one the policy would place; it passes only those the policy still holds.
+        overtakes one the policy would place; it passes only those the policy still holds. A
+        request exempt from admission
+        (:meth:`~sessionroute.router.policies.Policy.admission_applies`) is routed at once,
+        even while others wait.
 
         Returns:
             The reservation when the policy admits the request now; otherwise a waiting
             :class:`Ticket`, whose ``on_ready`` is called once, later, when it was placed or
             failed. Withdraw a ticket that still waits at its deadline
-            (``admission_max_wait_s``) with :meth:`withdraw`.
+            (:meth:`admission_max_wait_s`) with :meth:`withdraw`.
 
         Raises:
             NoWorkerAvailable: when no worker is available.
             AdmissionRefused: held back with the admission queue full.
         """
+        policy = self.policy
         if len(self.admission):
             self.pump()
-        if self.policy.admit(request, self.cluster):
+        if not policy.admission_applies(request):
+            return self.route(request)
+        if policy.admit(request, self.cluster):
             return self.route(request)
         if not self.admission.has_room():
             self.admission.refused_full += 1
@@ -139,18 +145,39 @@ class RoutingCore:
                 f"({len(self.admission)} of {self.admission.max_waiting} waiting)",
                 "queue_full",
             )
-        ticket = Ticket(request, on_ready)
+        ticket = Ticket(request, on_ready, since=self.clock.now())
         self.admission.push(ticket)
         return ticket
 
+    def admission_max_wait_s(self) -> float:
+        """Seconds a held request may wait: the policy's own maximum
+        (:meth:`~sessionroute.router.policies.Policy.admission_max_wait_s`) when it has one,
+        else ``RouterConfig.admission_max_wait_s``. The drivers set each ticket's deadline
+        from it."""
+        own = self.policy.admission_max_wait_s()
+        return self.config.admission_max_wait_s if own is None else own
+
     def withdraw(self, ticket: Ticket) -> AdmissionRefused | None:
-        """Take a ticket out of the queue at its deadline; returns the error to answer with,
-        or None if it already left the queue (placed or failed)."""
-        if not self.admission.withdraw(ticket):
+        """A ticket's deadline (:meth:`admission_max_wait_s`) passed: take it out of the queue.
+
+        When the policy places at the maximum wait
+        (:attr:`~sessionroute.router.policies.Policy.places_at_max_wait`) it is routed now and
+        its ``on_ready`` called, as when admitted; otherwise it is refused.
+
+        Returns:
+            The error to answer with when refused; None when it was placed now or had already
+            left the queue (placed or failed).
+        """
+        queue = self.admission
+        if not queue.withdraw(ticket):
             return None
-        self.admission.refused_timeout += 1
+        if self.policy.places_at_max_wait:
+            queue.placed_at_deadline += 1
+            self._leave(ticket)
+            return None
+        queue.refused_timeout += 1
         return AdmissionRefused(
-            f"no worker could take the request within {self.config.admission_max_wait_s} s",
+            f"no worker could take the request within {self.admission_max_wait_s()} s",
             "timeout",
         )
 
@@ -180,12 +207,18 @@ class RoutingCore:
             if cluster.healthy() and not admit(ticket.request, cluster):
                 continue
             queue.take(ticket)
-            try:
-                ticket.reservation = self.route(ticket.request)
-                queue.admitted_after_wait += 1
-            except NoWorkerAvailable as exc:
-                ticket.error = exc
-            ticket.on_ready(ticket)
+            self._leave(ticket)
+
+    def _leave(self, ticket: Ticket) -> None:
+        """Route a ticket that left the queue and tell its driver (``on_ready``)."""
+        try:
+            ticket.reservation = self.route(ticket.request)
+            queue = self.admission
+            queue.admitted_after_wait += 1
+            queue.wait_s_total += self.clock.now() - ticket.since
+        except NoWorkerAvailable as exc:
+            ticket.error = exc
+        ticket.on_ready(ticket)
 
     def recheck(self) -> None:
         """Time passed: re-ask the policy about waiting tickets (its verdict may depend on

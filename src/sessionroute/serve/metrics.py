@@ -120,12 +120,18 @@ class _StateCollector(Collector):
             "Requests the policy held back, by how they left the admission queue",
             labels=["outcome"],
         )
-        admission.add_metric(["placed"], queue.admitted_after_wait)
+        admission.add_metric(["placed"], queue.admitted_after_wait - queue.placed_at_deadline)
         admission.add_metric(["refused_full"], queue.refused_full)
         admission.add_metric(["refused_timeout"], queue.refused_timeout)
+        admission.add_metric(["placed_at_deadline"], queue.placed_at_deadline)
+        waited = CounterMetricFamily(
+            "sessionroute_admission_wait_seconds",
+            "Seconds waited in the admission queue by the requests placed from it (sum)",
+        )
+        waited.add_metric([], queue.wait_s_total)
         yield from (
             in_flight, sessions, available, circuit, decisions, released, expired, waiting,
-            admission,
+            admission, waited,
         )  # fmt: skip
 
 

@@ -169,7 +169,7 @@ def _wake(ticket: Ticket) -> None:
 
 
 async def _admitted(core: RoutingCore, ticket: Ticket) -> Reservation:
-    """Wait for a queued request to be placed (``admission_max_wait_s`` at most).
+    """Wait for a queued request to be placed (``core.admission_max_wait_s()`` at most).
 
     Raises:
         AdmissionRefused: it waited too long. NoWorkerAvailable: admitted with no worker.
@@ -177,7 +177,7 @@ async def _admitted(core: RoutingCore, ticket: Ticket) -> Reservation:
     loop = asyncio.get_running_loop()
     fut: asyncio.Future[None] = loop.create_future()
     ticket.context = fut
-    deadline = loop.time() + core.config.admission_max_wait_s
+    deadline = loop.time() + core.admission_max_wait_s()
     try:
         while True:  # re-ask the policy every admission_recheck_s of real time
             every = core.admission_recheck_s

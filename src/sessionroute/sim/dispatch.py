@@ -78,7 +78,7 @@ class Dispatcher:
             placed.context = req
             req.ticket = placed
             req.state = ADMISSION
-            deadline = self.queue.now() + core.config.admission_max_wait_s
+            deadline = self.queue.now() + core.admission_max_wait_s()
             self.queue.push(deadline, PRIO_TIMER, self._admission_deadline, placed)
             self._schedule_recheck()
             return

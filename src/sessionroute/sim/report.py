@@ -64,6 +64,19 @@ def _sessions(sim: Simulation) -> SessionLifecycle:
     return SessionLifecycle(st.new, st.repinned, st.expired, st.released, leaked, held)
 
 
+def _admission(sim: Simulation) -> dict[str, float]:
+    """The router core's admission counters: requests placed after waiting (of them, at their
+    deadline), refused, and the seconds they waited (sum)."""
+    q = sim.core.admission
+    return {
+        "placed_after_wait": q.admitted_after_wait,
+        "placed_at_deadline": q.placed_at_deadline,
+        "refused_full": q.refused_full,
+        "refused_timeout": q.refused_timeout,
+        "wait_s_total": round(q.wait_s_total, 3),
+    }
+
+
 def build_metrics(
     sim: Simulation, workload: dict[str, Any], wall_s: float, events: int = 0
 ) -> dict[str, Any]:
@@ -92,6 +105,8 @@ def build_metrics(
         workload=workload,
         extra={
             **{name: counts[name] for name in _ROUTER_COUNTERS},
+            "router_decisions": {k.value: n for k, n in sim.core.decisions.items()},
+            "admission": _admission(sim),
             "events": events,
             **extra,
         },

@@ -190,6 +190,8 @@ def build_live_metrics(
         extra={
             "sessions_per_replica": [r.extra["sessions"] for r in replicas] if taps else None,
             "requests_failed": rec.counts["requests_failed"],
+            "router_decisions": router.get("decisions") if router else None,
+            "admission": router.get("admission") if router else None,
             "run_seconds": t,
             "errors": list(host.errors),
             "live": live,

@@ -202,7 +202,9 @@ async def router_session_metrics(client: httpx.AsyncClient, info: RouterInfo) ->
 
     Returns:
         ``decisions`` (kind -> count), ``released``, ``expired``, ``active_sessions``
-        (worker URL -> sessions still pinned).
+        (worker URL -> sessions still pinned), ``admission`` (the simulator's admission
+        counters: ``placed_after_wait``, ``placed_at_deadline``, ``refused_full``,
+        ``refused_timeout``, ``wait_s_total``).
     """
     if not info.ours:
         return {}
@@ -212,6 +214,8 @@ async def router_session_metrics(client: httpx.AsyncClient, info: RouterInfo) ->
     except httpx.HTTPError:
         return {}
     out: dict[str, Any] = {"decisions": {}, "active_sessions": {}, "released": 0, "expired": 0}
+    outcomes: dict[str, float] = {}
+    wait_s = 0.0
     for fam in text_string_to_metric_families(r.text):
         for s in fam.samples:
             if s.name == "sessionroute_decisions_total":
@@ -222,4 +226,16 @@ async def router_session_metrics(client: httpx.AsyncClient, info: RouterInfo) ->
                 out["expired"] = int(s.value)
             elif s.name == "sessionroute_active_sessions":
                 out["active_sessions"][s.labels.get("worker", "")] = int(s.value)
+            elif s.name == "sessionroute_admission_total":
+                outcomes[s.labels.get("outcome", "")] = s.value
+            elif s.name == "sessionroute_admission_wait_seconds_total":
+                wait_s = s.value
+    deadline = int(outcomes.get("placed_at_deadline", 0))
+    out["admission"] = {
+        "placed_after_wait": int(outcomes.get("placed", 0)) + deadline,
+        "placed_at_deadline": deadline,
+        "refused_full": int(outcomes.get("refused_full", 0)),
+        "refused_timeout": int(outcomes.get("refused_timeout", 0)),
+        "wait_s_total": round(wait_s, 3),
+    }
     return out

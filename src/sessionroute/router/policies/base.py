@@ -53,6 +53,9 @@ class Policy(ABC):
     """True when the policy pins sessions (so clients should call ``/finish_session``)."""
     needs_content: ClassVar[bool] = False
     """True when ``select`` reads ``request.blocks`` (the live router then parses the body)."""
+    places_at_max_wait: ClassVar[bool] = False
+    """True: a request held longer than ``RouterConfig.admission_max_wait_s`` is placed anyway
+    (the router core routes it at its deadline); False: it is refused (HTTP 503 live)."""
 
     admission_recheck_s: float | None = None
     """Seconds between re-evaluations of waiting tickets by time alone (the drivers call
@@ -80,6 +83,18 @@ class Policy(ABC):
         queue (:mod:`sessionroute.router.admission`) until the policy admits it. Must not
         change policy state. Called for every waiting ticket whenever the queue is pumped, so
         it must be cheap. The default admits everything."""
+        return True
+
+    def admission_max_wait_s(self) -> float | None:
+        """The longest a held request waits (seconds), or None for the router's
+        ``RouterConfig.admission_max_wait_s``. Default None."""
+        return None
+
+    def admission_applies(self, request: RouteRequest) -> bool:
+        """Whether ``request`` is subject to admission at all; False routes it at once, ahead
+        of any held requests, without asking :meth:`admit` (e.g. the next turn of a running
+        session, which a policy must never hold). Must not change policy state. Default:
+        every request is."""
         return True
 
     def on_complete(self, request: RouteRequest, worker: str) -> None:

@@ -51,6 +51,7 @@ BUILTIN_POLICIES: dict[str, str] = {
     "trajectory_admission": (
         "sessionroute.router.policies.trajectory_admission:TrajectoryAdmissionPolicy"
     ),
+    "adaptive_sticky": "sessionroute.router.policies.adaptive_sticky:AdaptiveStickyPolicy",
 }
 """Registry name -> ``module:Class``."""
 

@@ -1,0 +1,139 @@
+"""Options of ``adaptive_sticky`` (:mod:`sessionroute.router.policies.adaptive_sticky`), each
+with the measurement that chose its default."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+from sessionroute.errors import ConfigError
+
+__all__ = ["AdaptiveStickyConfig"]
+
+
+@dataclass(frozen=True, slots=True)
+class AdaptiveStickyConfig:
+    """Options of ``adaptive_sticky`` (fractions of KV capacity, request counts, seconds).
+
+    Measured on the simulated regimes of ``examples/regimes/`` (3 x glm45air-h200-tp8 swe-rl at
+    448 / 544 / 640 rollouts in flight, 2 replicas at 544, the Weka replay), seed 0, output
+    tok/s; ``docs/policies.md`` ("adaptive_sticky: measurements") has the commands. Values
+    marked "not swept" were set once from the reason given and not varied.
+
+    Attributes:
+        count_weight: in [0, 1]; a worker's load counts its sessions at their present
+            context (weight ``1 - count_weight``) and at the mean context of all pinned
+            sessions (``count_weight``): a new session is small now but grows. Pure token
+            balance (0) stacked new sessions on one worker before the projected knee existed
+            (640 in flight: 334 sessions against 124); with it, Weka: 0 -> 13,017 s, 0.5 ->
+            13,663 s, 1 (count balance) -> 17,327 s. 0.5 kept (swe-rl measured with it).
+        inflight_weight: weight of the router's in-flight prompt tokens in a worker's load,
+            next to its pinned sessions' context tokens (1: a running turn counts twice, once
+            as context and once as work in flight). Not swept.
+        escape_kv: ``kv_usage`` at or above which (with ``escape_waiting``) a worker turns
+            hot. 0.9: the issue-18 prototype's gate (6,368 tok/s, 0 timeouts, 68 moves).
+            With admission the escape rarely fires (0 moves at 448 and 544, 11 at 640).
+        escape_waiting: waiting requests at or above which (with ``escape_kv``) a worker turns
+            hot (prototype: 8).
+        cool_kv: a hot worker cools when ``kv_usage`` falls below this (hysteresis; not
+            swept).
+        cool_waiting: a hot worker cools when fewer requests than this wait (not swept).
+        target_kv: a move's target must have ``kv_usage`` below this (prototype: 0.75).
+        target_waiting: a move's target must have at most this many waiting (prototype: 0).
+        move_context_factor: only sessions whose context is at most this times the mean
+            context on their worker move (the cheapest first; not swept).
+        move_interval_s: minimum seconds between two moves off the same worker: about half a
+            gauge scrape (1 s), so a burst of turns cannot empty a worker on stale gauges.
+        session_cooldown_s: a moved session stays at least this long before it may move
+            again (about half a median swe-rl rollout; no ping-pong).
+        knee_pressure: a worker is past its knee when its projected working set reaches this
+            multiple of its estimated KV capacity. Swept at 448 / 640 in flight: 1.0 -> 6,071 /
+            6,141 tok/s; 1.07 -> 6,105 / 6,206; 1.15 -> 6,134 / 5,734; 1.3 -> 6,159 / 4,625
+            (sticky_least_loaded 6,248 / 4,628). Past ~1.1 the 640 regime thrashes again, so
+            1.0 keeps a margin; it costs 448 about 3 % (held sessions wait ~54 s on average).
+        capacity_alpha: weight of a new sample in the moving average of a worker's KV
+            capacity estimate (running in-flight tokens over ``kv_usage``); 0.2 averages over
+            about five scrapes. The estimate reads 5-6 M tokens for a 4.4 M-token replica
+            (shared prefixes count once in the cache, per request at the router);
+            ``knee_pressure`` was swept with this bias in place.
+        final_alpha: weight of a finished session's last context in the moving average of
+            final contexts (the size a new session is projected to grow to); 0.02 averages
+            over about 50 sessions (a few GRPO groups). Not swept.
+        capacity_min_kv: capacity samples are taken only at this ``kv_usage`` or above
+            (below it the ratio is noise). Not swept.
+        admission: hold new sessions while every worker is past its knee (rule 3).
+        max_wait_s: the longest a held new session waits before it is placed anyway. At 640
+            in flight held sessions wait ~250 s on average and a few reach 600 s; the
+            router's 60 s default would let them through into the thrash.
+        working_set_idle_s: a session idle this long stops counting in its worker's load
+            (until its next turn): it is likely finished without ``/finish_session``, and its
+            cache is likely evicted (swe-rl tool calls are capped at 180 s).
+        session_ttl_s: idle seconds before a session expires (vllm-router default 7200).
+        sweep_interval_s: minimum seconds between sweeps run inside ``select`` (60).
+        max_sessions: capacity of the session table; the least recently used is evicted.
+
+    Raises:
+        ConfigError: on a value out of range (the message names it).
+    """
+
+    count_weight: float = 0.5
+    inflight_weight: float = 1.0
+    escape_kv: float = 0.9
+    escape_waiting: int = 8
+    cool_kv: float = 0.85
+    cool_waiting: int = 2
+    target_kv: float = 0.75
+    target_waiting: int = 0
+    move_context_factor: float = 1.0
+    move_interval_s: float = 0.5
+    session_cooldown_s: float = 300.0
+    knee_pressure: float = 1.0
+    capacity_alpha: float = 0.2
+    final_alpha: float = 0.02
+    capacity_min_kv: float = 0.2
+    admission: bool = True
+    max_wait_s: float = 600.0
+    working_set_idle_s: float = 300.0
+    session_ttl_s: float = 7200.0
+    sweep_interval_s: float = 60.0
+    max_sessions: int = 1_000_000
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.name == "admission":
+                if not isinstance(v, bool):
+                    raise ConfigError(f"admission must be true or false, got {v!r}")
+                continue
+            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+                raise ConfigError(f"{f.name} must be a finite number, got {v!r}")
+            if v < 0:
+                raise ConfigError(f"{f.name} must be >= 0, got {v!r}")
+        for name in (
+            "escape_kv", "cool_kv", "target_kv", "capacity_alpha", "capacity_min_kv",
+            "final_alpha",
+            "count_weight",
+        ):  # fmt: skip
+            if getattr(self, name) > 1:
+                raise ConfigError(f"{name} must be in [0, 1], got {getattr(self, name)!r}")
+        if self.cool_kv > self.escape_kv:
+            raise ConfigError(
+                f"cool_kv ({self.cool_kv}) must be <= escape_kv ({self.escape_kv}): "
+                "a hot worker must be able to cool"
+            )
+        if self.cool_waiting > self.escape_waiting:
+            raise ConfigError(
+                f"cool_waiting ({self.cool_waiting}) must be <= escape_waiting "
+                f"({self.escape_waiting})"
+            )
+        for name in ("escape_waiting", "cool_waiting", "target_waiting"):
+            if not isinstance(getattr(self, name), int):
+                raise ConfigError(f"{name} must be an integer, got {getattr(self, name)!r}")
+        if not self.knee_pressure > 0:
+            raise ConfigError(f"knee_pressure must be > 0, got {self.knee_pressure!r}")
+        if not self.capacity_alpha > 0:
+            raise ConfigError(f"capacity_alpha must be > 0, got {self.capacity_alpha!r}")
+        if not isinstance(self.max_sessions, int) or self.max_sessions < 1:
+            raise ConfigError(f"max_sessions must be an integer >= 1, got {self.max_sessions!r}")
+        if not self.session_ttl_s > 0:
+            raise ConfigError(f"session_ttl_s must be > 0, got {self.session_ttl_s!r}")

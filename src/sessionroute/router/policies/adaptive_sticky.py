@@ -1,0 +1,369 @@
+"""``adaptive_sticky``: token-aware sticky placement, a gated overload escape, and admission.
+
+A session-keeping policy (the lifecycle of :class:`~._sessions.SessionPolicy`: TTL, sweeps,
+re-pin after a failure or removal) with three rules of its own (issue 18; the measurements
+behind every default are in :class:`AdaptiveStickyConfig` and ``docs/policies.md``):
+
+1. **Placement by token load, with herd protection.** A new session goes to the healthy worker
+   with the least estimated load in tokens (:meth:`AdaptiveStickyPolicy.load`): the context
+   of the sessions pinned there (each session's latest prompt estimate,
+   ``RouteRequest.prompt_tokens``), half as it is and half as their count times the mean
+   context (``count_weight``), plus the router's in-flight prompt tokens. The session's own
+   estimate is added to its worker's load in the same call (a reservation), so a burst of
+   first turns (a GRPO group of 16) spreads instead of landing on the momentarily lightest
+   worker. Workers past their knee (rule 3) are skipped
+   while another worker is not. Ties go to the highest rendezvous hash of
+   (session id, worker), as ``sticky_least_loaded``.
+2. **Stay, unless a gated escape fires.** Later turns stay on their worker. A worker becomes
+   *hot* when its scraped gauges show ``kv_usage >= escape_kv`` and ``waiting >=
+   escape_waiting``, and stays hot until ``kv_usage < cool_kv`` or ``waiting < cool_waiting``
+   (hysteresis). A turn of a session on a hot worker moves when (a) the session is cheap to
+   move, its context at most ``move_context_factor`` times the mean context on that worker
+   (the shortest contexts move first, re-prefilling the least), (b) the session has not moved
+   in the last ``session_cooldown_s``, (c) no session left that worker in the last
+   ``move_interval_s`` (gauges are ~1 s stale: moves are paced, not herded), and (d) a clearly
+   less loaded target exists: a healthy, not hot worker with ``kv_usage < target_kv`` and at
+   most ``target_waiting`` waiting; the least token-loaded such target wins. A move
+   is a :attr:`~sessionroute.types.DecisionKind.MOVED` decision, counted in
+   :attr:`AdaptiveStickyPolicy.moves` and, like other policies' turns moved, in the session
+   stats' ``repinned``.
+3. **Admission for new sessions.** A worker is *past its knee* when its pinned sessions'
+   context tokens reach ``knee_pressure`` times its estimated KV capacity: the working set no
+   longer fits, so the prefix cache evicts sessions between turns and every turn re-prefills.
+   The capacity is learned from the gauges, as a moving average of the router's in-flight
+   tokens that are running (``in_flight_tokens * running / (running + waiting)``) over
+   ``kv_usage``. A new session's first turn is held in the router core's admission queue while
+   every healthy worker would be past its knee with it; it is placed, oldest first, as soon as
+   one is not (a session finishing or going idle frees its context), and placed anyway after
+   ``max_wait_s`` (:attr:`places_at_max_wait`). Turns of running sessions and requests
+   without a session are never held (:meth:`AdaptiveStickyPolicy.admission_applies`).
+
+Without gauges (none scraped yet, or ``scrape_interval_s = None``) rules 2 and 3 never fire and
+the policy is token-balanced sticky placement. Requests without a session go to the worker
+with the fewest in-flight prompt tokens, ties by rendezvous on the request id.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Any, ClassVar
+
+from sessionroute.clock import Clock
+from sessionroute.router.policies._adaptive_config import AdaptiveStickyConfig
+from sessionroute.router.policies._rendezvous import rendezvous_winner
+from sessionroute.router.policies._sessions import SessionPolicy
+from sessionroute.router.policies.base import require_healthy
+from sessionroute.router.state.cluster import ClusterView
+from sessionroute.types import Decision, DecisionKind, EngineGauges, RouteRequest
+
+__all__ = ["AdaptiveStickyConfig", "AdaptiveStickyPolicy"]
+
+
+class _Session:
+    """A pinned session: its worker, the context tokens it counts in that worker's load (its
+    latest prompt estimate; 0 while idle past ``working_set_idle_s``), its last turn and its
+    last move (seconds)."""
+
+    __slots__ = ("last", "moved_at", "tokens", "worker")
+
+    def __init__(self, worker: str, tokens: int, now: float) -> None:
+        self.worker = worker
+        self.tokens = tokens
+        self.last = now
+        self.moved_at = -math.inf
+
+
+class AdaptiveStickyPolicy(SessionPolicy):
+    """Token-aware sticky placement with a gated escape and admission (module docstring).
+
+    Attributes:
+        moves: turns moved off a hot worker (``moved`` decisions).
+        hot_episodes: times a worker turned hot.
+        knee_skips: new sessions placed away from a worker past its knee (another was not).
+    """
+
+    name: ClassVar[str] = "adaptive_sticky"
+    Config: ClassVar[type[Any] | None] = AdaptiveStickyConfig
+    places_at_max_wait: ClassVar[bool] = True
+
+    def __init__(self, config: Any = None, *, clock: Clock, rng: random.Random) -> None:
+        super().__init__(config, clock=clock, rng=rng)
+        self.cfg: AdaptiveStickyConfig = self.config
+        self._sessions: dict[str, _Session] = {}
+        self._context: dict[str, int] = {}  # worker -> context tokens of its pinned sessions
+        self._hot: dict[str, bool] = {}
+        self._seen: dict[str, EngineGauges | None] = {}  # worker -> gauges last evaluated
+        self._capacity: dict[str, float] = {}  # worker -> estimated KV capacity, tokens
+        self._total = 0  # context tokens over all workers
+        self._final = 0.0  # moving average of finished sessions' last context, tokens
+        self._last_move: dict[str, float] = {}  # worker -> time of the last move off it
+        self._moved = DecisionKind.MOVED
+        self.moves = 0
+        self.hot_episodes = 0
+        self.knee_skips = 0
+
+    # -- the three rules ----------------------------------------------------------------------
+    def select(self, request: RouteRequest, cluster: ClusterView) -> Decision:
+        """Route one request (module docstring); pins, moves and reserves in this call.
+
+        Raises:
+            NoWorkerAvailable: when no worker is healthy.
+        """
+        sid = request.session_id
+        if sid is None:
+            return super().select(request, cluster)
+        healthy = require_healthy(cluster)
+        now = self.clock.now()
+        self._maybe_sweep(now)
+        table = self.table
+        worker = table.lookup(sid, now)
+        if worker is None or not cluster.is_healthy(worker):
+            decision = super().select(request, cluster)  # new or re-pinned: place_new
+            self._track(sid, decision.worker, request.prompt_tokens)
+            return decision
+        sess = self._sessions.get(sid)
+        if sess is None or sess.worker != worker:  # pinned before we tracked it (defensive)
+            sess = self._track(sid, worker, request.prompt_tokens)
+        else:
+            self._resize(sess, request.prompt_tokens)
+            sess.last = now
+        if self._is_hot(worker, cluster):
+            target = self._escape(sess, worker, now, healthy, cluster)
+            if target is not None:
+                table.pin(sid, target, now)
+                self._move(sess, target, now)
+                self._last_move[worker] = now
+                self.moves += 1
+                table.stats.repinned += 1  # a turn moved, as other policies' re-pins
+                return Decision(target, self._moved)
+        table.touch(sid, now)
+        table.stats.sticky += 1
+        return self._sticky(worker)
+
+    def place_new(
+        self, request: RouteRequest, healthy: tuple[str, ...], cluster: ClusterView
+    ) -> str:
+        """The least token-loaded worker not past its knee (any, when all are), ties by
+        rendezvous on the session id."""
+        for w in healthy:
+            self._refresh(w, cluster)
+        open_ = [w for w in healthy if not self._past_knee(w, request.prompt_tokens)]
+        if open_ and len(open_) < len(healthy):
+            self.knee_skips += 1
+        return self._least_loaded(open_ or list(healthy), cluster, request.session_id or "")
+
+    def place_stateless(
+        self, request: RouteRequest, healthy: tuple[str, ...], cluster: ClusterView
+    ) -> str:
+        """The fewest in-flight prompt tokens, ties by rendezvous on the request id."""
+        tokens = cluster.in_flight_tokens
+        best = min(tokens(w) for w in healthy)
+        tied = [w for w in healthy if tokens(w) == best]
+        return tied[0] if len(tied) == 1 else rendezvous_winner(request.request_id or "", tied)
+
+    def admission_applies(self, request: RouteRequest) -> bool:
+        """Only first turns of new sessions are ever held (rule 3)."""
+        sid = request.session_id
+        return self.cfg.admission and sid is not None and sid not in self.table
+
+    def admit(self, request: RouteRequest, cluster: ClusterView) -> bool:
+        """A new session is admitted while some healthy worker is below its knee (or has no
+        gauges); turns of known sessions and stateless requests always are."""
+        if not self.admission_applies(request):
+            return True
+        healthy = cluster.healthy()
+        tokens = request.prompt_tokens
+        return not healthy or any(not self._past_knee(w, tokens) for w in healthy)
+
+    def admission_max_wait_s(self) -> float | None:
+        """``max_wait_s``: then the held session is placed anyway (:attr:`places_at_max_wait`)."""
+        return self.cfg.max_wait_s
+
+    # -- signals ------------------------------------------------------------------------------
+    def load(self, worker: str, cluster: ClusterView) -> float:
+        """Estimated token load of ``worker``: ``(1 - count_weight)`` times its pinned
+        sessions' context tokens plus ``count_weight`` times its pinned sessions counted at the
+        mean context over all workers (what they will grow to), plus ``inflight_weight`` times
+        the router's in-flight prompt tokens."""
+        c = self.cfg
+        table = self.table
+        n = len(table)
+        mean = self._total / n if n else 0.0
+        return (
+            (1.0 - c.count_weight) * self._context.get(worker, 0)
+            + c.count_weight * table.count(worker) * mean
+            + c.inflight_weight * cluster.in_flight_tokens(worker)
+        )
+
+    def _least_loaded(self, candidates: list[str], cluster: ClusterView, key: str) -> str:
+        loads = [self.load(w, cluster) for w in candidates]
+        best = min(loads)
+        tied = [w for w, v in zip(candidates, loads, strict=True) if v == best]
+        return tied[0] if len(tied) == 1 else rendezvous_winner(key, tied)
+
+    def _refresh(self, worker: str, cluster: ClusterView) -> EngineGauges | None:
+        """The worker's gauges; on a new scrape, re-evaluate its hot flag (hysteresis) and
+        sample its KV capacity (also sampled while it has no estimate yet)."""
+        g = cluster.gauges(worker)
+        if g is self._seen.get(worker, None) and worker in self._seen:
+            if g is not None and worker not in self._capacity:
+                self._sample(worker, g, cluster)
+            return g
+        self._seen[worker] = g
+        if g is None:
+            self._hot[worker] = False
+            return g
+        self._sample(worker, g, cluster)
+        c = self.cfg
+        if self._hot.get(worker, False):
+            if g.kv_usage < c.cool_kv or g.waiting < c.cool_waiting:
+                self._hot[worker] = False
+        elif g.kv_usage >= c.escape_kv and g.waiting >= c.escape_waiting:
+            self._hot[worker] = True
+            self.hot_episodes += 1
+        return g
+
+    def _sample(self, worker: str, g: EngineGauges, cluster: ClusterView) -> None:
+        """Fold one capacity sample (running in-flight tokens over ``kv_usage``) into the
+        worker's moving average; none below ``capacity_min_kv`` or with nothing in flight."""
+        c = self.cfg
+        busy = g.running + g.waiting
+        if g.kv_usage >= c.capacity_min_kv and busy > 0:
+            running_tokens = cluster.in_flight_tokens(worker) * g.running / busy
+            if running_tokens > 0:
+                sample = running_tokens / g.kv_usage
+                old = self._capacity.get(worker)
+                a = c.capacity_alpha
+                self._capacity[worker] = sample if old is None else old + a * (sample - old)
+
+    def _is_hot(self, worker: str, cluster: ClusterView) -> bool:
+        self._refresh(worker, cluster)
+        return self._hot.get(worker, False)
+
+    def projected(self, worker: str, tokens: int = 0, sessions: int = 0) -> float:
+        """The working set ``worker``'s pinned sessions grow to, in tokens: their context now,
+        or their count times the mean final context of finished sessions, whichever is larger
+        (with ``sessions`` more sessions of ``tokens`` more context)."""
+        n = self.table.count(worker) + sessions
+        return max(self._context.get(worker, 0) + tokens, n * self._final)
+
+    def _past_knee(self, worker: str, tokens: int = 0) -> bool:
+        """Whether ``worker``'s projected working set, with one more session of ``tokens``,
+        reaches ``knee_pressure`` times its estimated KV capacity (never before a capacity
+        estimate exists)."""
+        cap = self._capacity.get(worker)
+        return cap is not None and self.projected(worker, tokens, 1 if tokens else 0) >= (
+            self.cfg.knee_pressure * cap
+        )
+
+    def pressure(self, worker: str) -> float | None:
+        """Projected working set over estimated KV capacity, or None before an estimate."""
+        cap = self._capacity.get(worker)
+        return None if cap is None else self.projected(worker) / cap
+
+    def _escape(
+        self,
+        sess: _Session,
+        worker: str,
+        now: float,
+        healthy: tuple[str, ...],
+        cluster: ClusterView,
+    ) -> str | None:
+        """The target of a move for ``sess`` off hot ``worker``, or None (stay)."""
+        c = self.cfg
+        if now - self._last_move.get(worker, -math.inf) < c.move_interval_s:
+            return None
+        if now - sess.moved_at < c.session_cooldown_s:
+            return None
+        count = self.table.count(worker)
+        if count and sess.tokens > c.move_context_factor * self._context.get(worker, 0) / count:
+            return None
+        best: str | None = None
+        best_load = math.inf
+        for t in healthy:
+            if t == worker:
+                continue
+            g = self._refresh(t, cluster)
+            if g is None or self._hot.get(t, False):
+                continue
+            if g.kv_usage >= c.target_kv or g.waiting > c.target_waiting:
+                continue
+            if self._past_knee(t, sess.tokens):
+                continue
+            load = self.load(t, cluster)
+            if load < best_load:
+                best, best_load = t, load
+        return best
+
+    # -- context bookkeeping ------------------------------------------------------------------
+    def _track(self, sid: str, worker: str, tokens: int) -> _Session:
+        old = self._sessions.get(sid)
+        if old is not None:
+            self._add(old.worker, -old.tokens)
+        sess = self._sessions[sid] = _Session(worker, tokens, self.clock.now())
+        if old is not None:
+            sess.moved_at = old.moved_at
+        self._add(worker, tokens)
+        return sess
+
+    def _resize(self, sess: _Session, tokens: int) -> None:
+        if tokens != sess.tokens:
+            self._add(sess.worker, tokens - sess.tokens)
+            sess.tokens = tokens
+
+    def _move(self, sess: _Session, target: str, now: float) -> None:
+        self._add(sess.worker, -sess.tokens)
+        self._add(target, sess.tokens)
+        sess.worker = target
+        sess.moved_at = now
+
+    def _add(self, worker: str, tokens: int) -> None:
+        self._total += tokens
+        v = self._context.get(worker, 0) + tokens
+        if v > 0:
+            self._context[worker] = v
+        else:
+            self._context.pop(worker, None)
+
+    def _forget(self, sid: str) -> None:
+        sess = self._sessions.pop(sid, None)
+        if sess is not None:
+            self._add(sess.worker, -sess.tokens)
+
+    def release_session(self, session_id: str) -> bool:
+        """Forget a finished session; its last context feeds the mean final context (a moving
+        average, weight ``final_alpha``)."""
+        sess = self._sessions.get(session_id)
+        if sess is not None and sess.tokens > 0:
+            a = self.cfg.final_alpha
+            self._final = (
+                sess.tokens if self._final == 0 else self._final + a * (sess.tokens - self._final)
+            )
+        self._forget(session_id)
+        return super().release_session(session_id)
+
+    def sweep(self, now: float) -> int:
+        """Expire idle sessions, forget the context of every session the table dropped
+        (expired, evicted) and stop counting sessions idle for ``working_set_idle_s``:
+        O(tracked sessions), at most every ``sweep_interval_s``."""
+        n = super().sweep(now)
+        table = self.table
+        for sid in [s for s in self._sessions if s not in table]:
+            self._forget(sid)
+        idle = now - self.cfg.working_set_idle_s
+        for sess in self._sessions.values():
+            if sess.last <= idle and sess.tokens:
+                self._resize(sess, 0)  # counted again on its next turn
+        return n
+
+    def on_worker_removed(self, worker: str, cluster: ClusterView) -> None:
+        super().on_worker_removed(worker, cluster)
+        for sid in [s for s, v in self._sessions.items() if v.worker == worker]:
+            self._forget(sid)
+        for d in (self._hot, self._seen, self._capacity, self._last_move):
+            d.pop(worker, None)
+
+    def context_tokens(self) -> dict[str, int]:
+        """Worker -> context tokens of its pinned sessions (a copy; for metrics and tests)."""
+        return dict(self._context)
