@@ -343,11 +343,11 @@ class AdaptiveStickyPolicy(SessionPolicy):
         self._forget(session_id)
         return super().release_session(session_id)
 
-    def sweep(self, now: float) -> int:
+    def sweep(self, now: float, limit: int | None = None) -> int:
         """Expire idle sessions, forget the context of every session the table dropped
         (expired, evicted) and stop counting sessions idle for ``working_set_idle_s``:
         O(tracked sessions), at most every ``sweep_interval_s``."""
-        n = super().sweep(now)
+        n = super().sweep(now, limit)
         table = self.table
         for sid in [s for s in self._sessions if s not in table]:
             self._forget(sid)
