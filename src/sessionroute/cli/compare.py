@@ -75,11 +75,16 @@ def register(sub: Any) -> None:
         help="run through real HTTP: replicas and routers of FILE's [live] section "
         "(emulated replicas by default; docs/live.md); arms run one after another",
     )
-    parser.add_argument("--dry-run", action="store_true", help="print each arm's plan and exit")
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print a short plan (workload, replicas, one line per arm) and exit",
+    )
     parser.add_argument(
         "--json",
         action="store_true",
-        help="print results.json on stdout (progress and tables go to stderr)",
+        help="print results.json on stdout (progress and tables go to stderr); with "
+        "--dry-run, the full resolved plan as JSON",
     )
     parser.set_defaults(handler=_run)
 
@@ -186,8 +191,12 @@ def _run(args: argparse.Namespace) -> int:
         err_console.print(f"[red]error:[/red] {exc}", highlight=False)
         return 2
     if args.dry_run:
-        plan = resolved_experiment(spec, arms)
-        print(json.dumps(plan, indent=2))
+        if args.json:
+            print(json.dumps(resolved_experiment(spec, arms), indent=2))
+        else:
+            from sessionroute.experiments.plan import plan_summary
+
+            print(plan_summary(spec, arms))
         return 0
     if args.out is not None:  # a bad --out fails now, not after the whole run
         try:

@@ -21,7 +21,7 @@ import numpy as np
 from matplotlib.ticker import MaxNLocator
 
 from sessionroute.experiments.results import ArmResult, get_path
-from sessionroute.experiments.table import format_value, visible_metrics
+from sessionroute.experiments.table import better, format_value, visible_metrics
 
 __all__ = ["render_plots", "write_report"]
 
@@ -119,8 +119,9 @@ def _table_html(arms: Sequence[ArmResult]) -> str:
         f"<th>{html.escape(a.name)}<br><small>{html.escape(a.policy)}</small></th>" for a in arms
     )
     rows = []
-    base = arms[0].metrics if arms else {}
-    for path, label, higher in visible_metrics(list(arms)):
+    base_arm = arms[0] if arms else None
+    base = base_arm.metrics if base_arm else {}
+    for path, label, direction in visible_metrics(list(arms)):
         values = [get_path(a.metrics, path) for a in arms]
         cells = []
         for i, (arm, v) in enumerate(zip(arms, values, strict=True)):
@@ -129,15 +130,10 @@ def _table_html(arms: Sequence[ArmResult]) -> str:
             if isinstance(ci, list) and len(ci) == 2:
                 cell += f" <small>[{format_value(ci[0])}, {format_value(ci[1])}]</small>"
             b = get_path(base, path)
-            if i and isinstance(v, int | float) and isinstance(b, int | float) and b:
+            if i and isinstance(v, int | float) and isinstance(b, int | float) and b and base_arm:
                 d = (float(v) - float(b)) / abs(float(b)) * 100
-                cls = (
-                    "good"
-                    if (d > 0) == higher and abs(d) >= 0.5
-                    else "bad"
-                    if abs(d) >= 0.5
-                    else ""
-                )
+                verdict = better(arm, base_arm, path, direction)
+                cls = "good" if verdict > 0 else "bad" if verdict < 0 else ""
                 cell += f' <span class="{cls}">({d:+.1f}%)</span>'
             cells.append(f"<td>{cell}</td>")
         rows.append(f"<tr><th>{html.escape(label)}</th>{''.join(cells)}</tr>")
@@ -167,8 +163,10 @@ def write_report(
     parts.append("<h2>Comparison</h2>")
     parts.append(_table_html(arms))
     parts.append(
-        "<p><small>Δ is relative to the first arm; green is better. With repeats, "
-        "cells show mean [95 % interval].</small></p>"
+        "<p><small>Δ is relative to the first arm. With repeats, cells show mean "
+        "[95 % interval]; green/red mark a better/worse value whose interval does not overlap "
+        "the first arm's, on metrics with a clear better direction only (one repeat colours "
+        "nothing).</small></p>"
     )
     for plot_title, png in render_plots(arms):
         parts.append(f"<h2>{html.escape(plot_title)}</h2><img src='data:image/png;base64,{png}'>")

@@ -65,7 +65,11 @@ def _sessions(sim: Simulation) -> SessionLifecycle:
 
 
 def build_metrics(
-    sim: Simulation, workload: dict[str, Any], wall_s: float, events: int = 0
+    sim: Simulation,
+    workload: dict[str, Any],
+    wall_s: float,
+    events: int = 0,
+    timeseries: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Reduce a finished simulation to its metrics dict.
 
@@ -74,6 +78,8 @@ def build_metrics(
         workload: the workload's own counters (merged under ``"workload"``).
         wall_s: wall-clock seconds the run took.
         events: events the queue ran.
+        timeseries: the run's :class:`~sessionroute.sim.sampling.Sampler` rows (for the
+            hit-rate dips); None: none sampled.
     """
     sim.sync_all()
     t = sim.now()
@@ -95,5 +101,6 @@ def build_metrics(
             "events": events,
             **extra,
         },
+        timeseries=timeseries or [],
     )
     return arm_metrics(record)
