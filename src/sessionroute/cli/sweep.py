@@ -8,16 +8,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DEFAULT_POLICIES", "DEFAULT_STEPS", "register"]
+__all__ = ["DEFAULT_STEPS", "register"]
 
-DEFAULT_POLICIES = "consistent_hash,sticky_least_loaded,cache_aware,consistent_hash_bounded_load"
-"""The policies of a sweep without ``--policies``: the two of the public A/B and the two best
-built-ins at the default load (docs/simulator.md, "Sweeps")."""
 
 DEFAULT_STEPS = 8
 """RL steps per run of a sweep of the swe-rl workload without ``--steps`` (a compare runs 20):
-4 x 5 load points in about 5 minutes on 2 cores; the ranking at 8 steps matches 20's at
-the points measured in docs/simulator.md."""
+enough simulated time (~4,500 s) for the one-hour rollout timeout to show, and 16 runs (4 load
+points x 4 policies) within about 5 minutes on 2 cores (measured cost: docs/simulator.md,
+"Sweeps")."""
 
 _EPILOG = """\
 examples:
@@ -56,10 +54,13 @@ def register(sub: Any) -> None:
     parser.add_argument(
         "--values",
         help="comma-separated knob values (default: the knob's range, e.g. "
-        "416,480,544,608,672 rollouts in flight)",
+        "448,544,608,672 rollouts in flight)",
     )
     parser.add_argument(
-        "--policies", default=None, help=f"comma-separated policies (default: {DEFAULT_POLICIES})"
+        "--policies",
+        default=None,
+        help="comma-separated policies (default: the experiment's arms, with their options; "
+        "the default experiment's four)",
     )
     parser.add_argument("--seeds", type=int, default=1, help="seeds per point (default 1)")
     parser.add_argument("--workload", help="replace FILE's workload (as for compare)")
@@ -95,13 +96,15 @@ def _run(args: argparse.Namespace) -> int:
             raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
         if args.steps is None and args.file is None and (args.workload in (None, "swe-rl")):
             args.steps = DEFAULT_STEPS
-        args.policies = args.policies or DEFAULT_POLICIES
         base = experiment_from_args(args).model_dump(exclude_none=True)
         if args.values:
             values = [float(v) for v in args.values.split(",") if v.strip()]
         else:
             values = list(knob.default_values)
-        policies = [p["policy"] for p in base["arms"]]
+        policies = [
+            {"policy": a["policy"], "policy_options": a.get("policy_options", {})}
+            for a in base["arms"]
+        ]
         spec = sweep_experiment(base, knob, values, policies, args.seeds)
         from sessionroute.experiments.spec import resolve_arms
 

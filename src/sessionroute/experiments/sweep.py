@@ -91,7 +91,7 @@ KNOBS: dict[str, Knob] = {
             False,
             ("swe-rl",),
             int,
-            (416, 480, 544, 608, 672),
+            (448, 544, 608, 672),
         ),
         Knob(
             "concurrency",
@@ -138,7 +138,11 @@ def _knob_kind_ok(knob: Knob, kind: str) -> bool:
 
 
 def sweep_experiment(
-    base: dict[str, Any], knob: Knob, values: Sequence[float], policies: Sequence[str], seeds: int
+    base: dict[str, Any],
+    knob: Knob,
+    values: Sequence[float],
+    policies: Sequence[str | dict[str, Any]],
+    seeds: int,
 ) -> ExperimentSpec:
     """The experiment of a sweep: one arm per policy and value, ``seeds`` repeats each.
 
@@ -146,7 +150,8 @@ def sweep_experiment(
         base: an experiment as a dict (its arms are replaced).
         knob: what to vary.
         values: the knob's values (at least 2, distinct).
-        policies: registry names (at least 1).
+        policies: registry names, or arms (``{"policy", "policy_options"}``, at least 1);
+            each arm is named ``<policy>@<value>``, so a policy appears once.
         seeds: repeats per arm (>= 1).
 
     Raises:
@@ -163,6 +168,10 @@ def sweep_experiment(
         raise ConfigError(f"a sweep needs at least 2 distinct values, got {list(values)}")
     if not policies:
         raise ConfigError("a sweep needs at least one policy")
+    chosen = [p if isinstance(p, dict) else {"policy": p} for p in policies]
+    names = [str(p["policy"]) for p in chosen]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"a sweep runs each policy once, got {names}")
     arms = []
     for v in values:
         value = knob.cast(v)
@@ -170,8 +179,15 @@ def sweep_experiment(
             override: dict[str, Any] = {"workload": {"options": {knob.key: value}}}
         else:
             override = {knob.section: {knob.key: value}}
-        for p in policies:
-            arms.append({"name": f"{p}@{value}", "policy": p, "overrides": override})
+        for p in chosen:
+            arms.append(
+                {
+                    "name": f"{p['policy']}@{value}",
+                    "policy": p["policy"],
+                    "policy_options": dict(p.get("policy_options") or {}),
+                    "overrides": override,
+                }
+            )
     data = dict(base)
     data["arms"] = arms
     data["allow_differences"] = sorted({*data.get("allow_differences", []), knob.path})
