@@ -168,7 +168,7 @@ def sweep_experiment(
         raise ConfigError(f"a sweep needs at least 2 distinct values, got {list(values)}")
     if not policies:
         raise ConfigError("a sweep needs at least one policy")
-    chosen = [p if isinstance(p, dict) else {"policy": p} for p in policies]
+    chosen: list[dict[str, Any]] = [p if isinstance(p, dict) else {"policy": p} for p in policies]
     names = [str(p["policy"]) for p in chosen]
     if len(set(names)) != len(names):
         raise ConfigError(f"a sweep runs each policy once, got {names}")
