@@ -39,7 +39,7 @@ def _replica(rep: SimReplica, t: float) -> ReplicaRecord:
         prefix_cache_hits=k["prefix_cache_hits"],
         prefix_cache_queries=k["prefix_cache_queries"],
         preemptions=int(k["num_preemptions"]),
-        busy_fraction=_ratio(k["busy_time_s"], t),
+        busy_fraction=min(1.0, _ratio(k["busy_time_s"], t)),  # float rounding only
         busy_seconds=k["busy_time_s"],
         requests=rep.requests,
         prompt_tokens=rep.prompt_tokens,

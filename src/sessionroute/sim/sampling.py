@@ -79,7 +79,9 @@ class Sampler:
                     "t": t,
                     "replica": rep.index,
                     "url": rep.url,
-                    "busy_fraction": (c["busy_time_s"] - p["busy_time_s"]) / dt,
+                    # exact up to float rounding (busy time is counted up to now only), which
+                    # can leave a saturated interval at 1 + 1e-12: the cap removes that alone
+                    "busy_fraction": min(1.0, (c["busy_time_s"] - p["busy_time_s"]) / dt),
                     "running": running,
                     "waiting": waiting,
                     "kv_usage": kv,
