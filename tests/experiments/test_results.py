@@ -45,3 +45,19 @@ def test_results_document_shape() -> None:
     assert doc["arms"][0]["metrics"]["sessions_per_s"] == 2.0
     assert doc["arms"][0]["repeats"][0]["seed"] == 1
     assert doc["arms"][0]["intervals"] == {}
+
+
+def test_intervals_are_clipped_to_each_metrics_domain() -> None:
+    """Two far-apart repeats: the raw Student-t interval of a hit rate leaves [0, 1] and that
+    of a count goes below 0; the reported ones stay inside the domain."""
+    runs = [
+        {"prefix_cache_hit_rate": 0.8, "preemptions": 0, "ttft_s": {"p50": 0.1}},
+        {"prefix_cache_hit_rate": 0.99, "preemptions": 50, "ttft_s": {"p50": 2.0}},
+    ]
+    _, cis = aggregate_metrics(runs)
+    assert cis["prefix_cache_hit_rate"][1] == 1.0 and cis["prefix_cache_hit_rate"][0] < 0.8
+    assert cis["preemptions"][0] == 0.0 and cis["preemptions"][1] > 50
+    assert cis["ttft_s"]["p50"][0] == 0.0
+    # the raw interval really did leave the domain (the clip is doing the work)
+    _m, _lo, hi = mean_ci95([0.8, 0.99])
+    assert hi > 1.0 and mean_ci95([0.0, 50.0])[1] < 0.0

@@ -218,3 +218,19 @@ def test_a_run_leaves_no_cyclic_garbage_behind_its_requests() -> None:
     assert len(found) > 10
     assert res.metrics["requests_completed"] > 5_000
     assert sum(found[1:]) < 100, found
+
+
+def test_busy_fraction_never_exceeds_one_on_a_saturated_replica() -> None:
+    """One replica, every session at once, sampled every 0.25 s: most samples fall inside a
+    step and the replica is busy throughout; no sample, and not the run's total, reads above
+    1 (the old counter added a step's whole duration at its start: up to 1.85 here)."""
+    spec = toy(
+        replicas={"count": 1},
+        workload={"kind": "toy", "options": {"arrival_rate_per_s": 1000.0, "sessions": 24}},
+        sim={"sample_interval_s": 0.25},
+    )
+    res = run(spec, "round_robin")
+    busy = [float(r["busy_fraction"]) for r in res.timeseries]
+    assert max(busy) <= 1.0
+    assert sum(b > 0.999 for b in busy) > len(busy) // 2  # saturated most of the time
+    assert res.metrics["per_replica"][0]["busy_fraction"] <= 1.0

@@ -150,3 +150,37 @@ def test_trace_lookup_uses_the_environment_then_fails_clearly(tmp_path: Path) ->
 def test_a_directory_given_as_a_trace_is_named_as_such(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="is a directory"):
         resolve_trace(str(tmp_path), env={TRACES_ENV: str(tmp_path)})
+
+
+def test_a_place_reached_two_ways_is_listed_once(tmp_path: Path) -> None:
+    """The environment's directory and a default one can be the same place: the error names
+    each place once."""
+    from sessionroute.workloads.traces import trace_dirs
+
+    same = trace_dirs({})[0]
+    with pytest.raises(ConfigError) as info:
+        resolve_trace("no-such-trace.csv", env={TRACES_ENV: str(same)})
+    msg = str(info.value)
+    listed = msg.split("looked at ", 1)[1].split(")", 1)[0].split(", ")
+    assert len(listed) == len(set(listed)) >= 2
+    assert str((same / "no-such-trace.csv").resolve()) in listed
+
+
+@pytest.mark.parametrize("prefix", ["trace:", ""])
+def test_a_weka_csv_by_absolute_path_replays_with_or_without_trace_prefix(
+    tmp_path: Path, prefix: str
+) -> None:
+    import numpy as np
+
+    from sessionroute.workloads.registry import canonical_kind, workload_config
+
+    path = _weka(tmp_path, GOOD_ROWS)
+    kind = f"{prefix}{path}"
+    assert canonical_kind(kind) == "trace:weka"
+    cfg = workload_config(kind, None, {"concurrency": 2})
+    from sessionroute.workloads.weka_replay import WekaReplay
+
+    workload = cfg.build(np.random.default_rng(0))
+    assert isinstance(workload, WekaReplay)
+    assert workload.trace.path == str(path)
+    assert [len(rows) for rows in workload.trace.sessions.values()] == [3]  # one session, 3 rows

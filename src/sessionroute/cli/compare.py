@@ -11,7 +11,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-__all__ = ["register"]
+__all__ = ["experiment_from_args", "register"]
 
 _EPILOG = """\
 examples:
@@ -70,21 +70,34 @@ def register(sub: Any) -> None:
         ),
     )
     parser.add_argument(
+        "--wandb",
+        metavar="PROJECT",
+        help="log each arm as a Weights & Biases run in PROJECT, one group per experiment "
+        "(offline without an API key; needs pip install 'sessionroute[wandb]')",
+    )
+    parser.add_argument(
         "--live",
         action="store_true",
         help="run through real HTTP: replicas and routers of FILE's [live] section "
         "(emulated replicas by default; docs/live.md); arms run one after another",
     )
-    parser.add_argument("--dry-run", action="store_true", help="print each arm's plan and exit")
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print a short plan (workload, replicas, one line per arm) and exit",
+    )
     parser.add_argument(
         "--json",
         action="store_true",
-        help="print results.json on stdout (progress and tables go to stderr)",
+        help="print results.json on stdout (progress and tables go to stderr); with "
+        "--dry-run, the full resolved plan as JSON",
     )
     parser.set_defaults(handler=_run)
 
 
-def _load(args: argparse.Namespace) -> Any:
+def experiment_from_args(args: argparse.Namespace) -> Any:
+    """The experiment of FILE (or the built-in default) with the command line's changes
+    (``--workload``, ``--policies``, ``--steps``, ``--seed``, ``--repeats``) applied."""
     import tomllib
 
     from sessionroute.experiments.spec import load_experiment, parse_experiment
@@ -118,6 +131,8 @@ def _load(args: argparse.Namespace) -> Any:
         data["run"]["seed"] = args.seed
     if args.repeats is not None:
         data["run"]["repeats"] = args.repeats
+    if getattr(args, "wandb", None):
+        data["wandb"] = {**data.get("wandb", {}), "project": args.wandb}
     if policy_arms is not None:
         data["arms"] = policy_arms
         changed.append(f"--policies {args.policies}")
@@ -166,7 +181,7 @@ def _run(args: argparse.Namespace) -> int:
     err_console = Console(stderr=True)
     out_console = err_console if args.json else Console()
     try:
-        spec = _load(args)
+        spec = experiment_from_args(args)
         jobs = _jobs(args, spec)
     except (SessionRouteError, ValueError) as exc:
         err_console.print(f"[red]error:[/red] {exc}", markup=True, highlight=False)
@@ -186,8 +201,12 @@ def _run(args: argparse.Namespace) -> int:
         err_console.print(f"[red]error:[/red] {exc}", highlight=False)
         return 2
     if args.dry_run:
-        plan = resolved_experiment(spec, arms)
-        print(json.dumps(plan, indent=2))
+        if args.json:
+            print(json.dumps(resolved_experiment(spec, arms), indent=2))
+        else:
+            from sessionroute.experiments.plan import plan_summary
+
+            print(plan_summary(spec, arms))
         return 0
     if args.out is not None:  # a bad --out fails now, not after the whole run
         try:
@@ -217,6 +236,30 @@ def _run(args: argparse.Namespace) -> int:
     out_dir = default_out_dir(spec.name) if args.out is None else Path(args.out)
     paths = write_outputs(output, out_dir)
     print_comparison(output.results, out_console)
+    if spec.wandb.project:
+        from sessionroute.experiments.tracking import log_experiment, resolve_mode
+
+        try:
+            names = log_experiment(
+                spec.wandb,
+                resolved_experiment(spec, output.arms),
+                output.results,
+                [paths["report"], paths["results"]],
+                out_dir,
+            )
+        except SessionRouteError as exc:
+            err_console.print(f"[red]error:[/red] {exc}", highlight=False)
+            return 2
+        out_console.print(
+            f"W&B ({resolve_mode(spec.wandb)}): project {spec.wandb.project}, runs "
+            f"{', '.join(names)}"
+            + (
+                f"; sync with: wandb sync {out_dir / 'wandb'}/offline-run-*"
+                if resolve_mode(spec.wandb) == "offline"
+                else ""
+            ),
+            highlight=False,
+        )
     out_console.print(
         f"wall time {time.monotonic() - t0:.1f} s; report: {paths['report']}  "
         f"results: {paths['results']}",

@@ -7,7 +7,7 @@ from types import TracebackType
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
-__all__ = ["RichReporter"]
+__all__ = ["OverallReporter", "RichReporter"]
 
 
 class RichReporter:
@@ -60,3 +60,67 @@ class _Updater:
         if f - self._last >= 0.005 or f >= 1.0:
             self._last = f
             self._progress.update(self._task, completed=f)
+
+
+class OverallReporter:
+    """Implements the runner's ProgressReporter with one bar for all runs (a sweep's many
+    runs): the mean fraction done, and how many runs have finished."""
+
+    def __init__(self, console: Console, description: str, runs: int) -> None:
+        self._progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TextColumn("{task.percentage:>5.1f}%"),
+            TextColumn("{task.fields[done]}/{task.fields[runs]} runs"),
+            TimeElapsedColumn(),
+            console=console,
+            transient=False,
+        )
+        self._task = self._progress.add_task(description, total=1.0, done=0, runs=runs)
+        self._runs = runs
+        self._fractions: dict[str, float] = {}
+        self._done = 0
+
+    def __enter__(self) -> OverallReporter:
+        self._progress.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._progress.stop()
+
+    def _update(self) -> None:
+        total = sum(self._fractions.values()) / max(1, self._runs)
+        self._progress.update(self._task, completed=min(1.0, total), done=self._done)
+
+    def start_run(self, label: str) -> _Fraction:
+        self._fractions[label] = 0.0
+        return _Fraction(self, label)
+
+    def end_run(self, label: str) -> None:
+        self._fractions[label] = 1.0
+        self._done = sum(1 for f in self._fractions.values() if f >= 1.0)
+        self._update()
+
+    def set_fraction(self, label: str, fraction: float) -> None:
+        """Record ``label``'s fraction done and redraw."""
+        self._fractions[label] = min(1.0, max(0.0, fraction))
+        self._update()
+
+
+class _Fraction:
+    __slots__ = ("_label", "_last", "_owner")
+
+    def __init__(self, owner: OverallReporter, label: str) -> None:
+        self._owner = owner
+        self._label = label
+        self._last = -1.0
+
+    def __call__(self, fraction: float) -> None:
+        if fraction - self._last >= 0.01 or fraction >= 1.0:
+            self._last = fraction
+            self._owner.set_fraction(self._label, fraction)

@@ -1,7 +1,11 @@
 """The self-contained ``report.html``: the comparison table and plots (matplotlib, PNG inline).
 
-Plots: RL step time per step; per-replica busy fraction, running requests, KV usage and hit
-rate over time (one panel per arm); TTFT and session-latency CDFs.
+Plots, each the page's full width with a legend, panels of one figure sharing their axes: RL
+step time per step; rollouts cancelled (timeout or off-policy) over time; per-replica running
+requests, KV usage and prefix-cache hit rate over time (one panel per arm; in the hit-rate
+panels the replica with the lowest hit rate over the run is drawn thick and named); CDFs of
+GRPO group latency, TTFT and session latency. A series that never changes (busy fraction of a
+saturated fleet, say) carries nothing and is not drawn.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import numpy as np
 from matplotlib.ticker import MaxNLocator
 
 from sessionroute.experiments.results import ArmResult, get_path
-from sessionroute.experiments.table import format_value, visible_metrics
+from sessionroute.experiments.table import better, format_value, visible_metrics
 
 __all__ = ["render_plots", "write_report"]
 
@@ -32,6 +36,8 @@ _SERIES = (
     ("hit_rate", "prefix-cache hit rate"),
 )
 
+_WIDTH_IN = 15.0  # figure width (inches): the page's full width at the report's dpi
+
 
 def _png(fig: Any) -> str:
     buf = io.BytesIO()
@@ -40,10 +46,32 @@ def _png(fig: Any) -> str:
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
+def _cancelled_plot(arms: Sequence[ArmResult]) -> str | None:
+    """Rollouts cancelled so far (timeouts and off-policy drops) against simulated time."""
+    runs = [(arm, arm.runs[0].steps) for arm in arms if arm.runs and arm.runs[0].steps]
+    runs = [(a, st) for a, st in runs if any("sessions_cancelled" in s for s in st)]
+    if not runs or not any(s.get("sessions_cancelled") for _, st in runs for s in st):
+        return None
+    fig, ax = plt.subplots(figsize=(_WIDTH_IN, 3.2))
+    for arm, steps in runs:
+        ax.step(
+            [0.0, *(float(s["t"]) for s in steps)],
+            [0, *(int(s.get("sessions_cancelled", 0)) for s in steps)],
+            where="post",
+            label=arm.name,
+        )
+    ax.set_xlabel("time (s)")
+    ax.set_ylabel("rollouts cancelled")
+    ax.set_title("rollouts cancelled so far (timeout or off-policy), at each RL step's end")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    return _png(fig)
+
+
 def _step_plot(arms: Sequence[ArmResult]) -> str | None:
     if not any(arm.runs and arm.runs[0].steps for arm in arms):
         return None
-    fig, ax = plt.subplots(figsize=(8, 3.5))
+    fig, ax = plt.subplots(figsize=(_WIDTH_IN, 3.5))
     for arm in arms:
         steps = arm.runs[0].steps if arm.runs else []
         if steps:
@@ -57,24 +85,63 @@ def _step_plot(arms: Sequence[ArmResult]) -> str | None:
     return _png(fig)
 
 
+def _worst_replica(ts: list[dict[str, Any]]) -> int | None:
+    """The replica with the lowest query-weighted hit rate over the run (None: no queries)."""
+    hits: dict[int, float] = {}
+    queries: dict[int, float] = {}
+    for r in ts:
+        q = r.get("prefix_cache_queries")
+        if r.get("hit_rate") is None or not q:
+            continue
+        i = int(r["replica"])
+        hits[i] = hits.get(i, 0.0) + float(r["hit_rate"]) * float(q)
+        queries[i] = queries.get(i, 0.0) + float(q)
+    return min(queries, key=lambda i: hits[i] / queries[i]) if queries else None
+
+
 def _series_plot(arms: Sequence[ArmResult], key: str, label: str) -> str | None:
     runs = [(arm, arm.runs[0].timeseries) for arm in arms if arm.runs and arm.runs[0].timeseries]
-    if not runs or not any(key in row for _, ts in runs for row in ts):
+    values = [float(r[key]) for _, ts in runs for r in ts if r.get(key) is not None]
+    if not runs or not values:
         return None
+    lo, hi = np.percentile(values, [5, 95]).tolist()
+    if hi - lo <= 0.02 * max(abs(hi), 1e-9):
+        return None  # the same value 90 % of the time (a saturated busy fraction): flat
+    cols = min(len(runs), 3)
+    nrows = -(-len(runs) // cols)
     fig, axes = plt.subplots(
-        1, len(runs), figsize=(4.2 * len(runs), 3.2), sharey=True, squeeze=False
+        nrows,
+        cols,
+        figsize=(_WIDTH_IN, 3.2 * nrows),
+        sharex=True,
+        sharey=True,
+        squeeze=False,
     )
-    for ax, (arm, ts) in zip(axes[0], runs, strict=True):
+    for ax, (arm, ts) in zip(axes.flat, runs, strict=False):
         replicas = sorted({int(r["replica"]) for r in ts})
+        worst = _worst_replica(ts) if key == "hit_rate" else None
         for rep in replicas:
             rows = [r for r in ts if int(r["replica"]) == rep and r.get(key) is not None]
-            ax.plot([r["t"] for r in rows], [r[key] for r in rows], label=f"replica {rep}", lw=1)
+            name = f"replica {rep}" + (" (lowest hit rate)" if rep == worst else "")
+            ax.plot(
+                [r["t"] for r in rows],
+                [r[key] for r in rows],
+                label=name,
+                lw=2.4 if rep == worst else 1,
+                color="crimson" if rep == worst else None,
+                zorder=3 if rep == worst else 2,
+            )
         ax.set_title(arm.name, fontsize=10)
-        ax.set_xlabel("time (s)")
         ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel(label)
-    axes[0][-1].legend(fontsize=7)
-    fig.suptitle(f"{label} per replica over time", y=1.04)
+        ax.legend(fontsize=7)
+    for ax in axes.flat[len(runs) :]:
+        ax.set_visible(False)
+    for ax in axes[-1]:
+        ax.set_xlabel("time (s)")
+    for row in axes:
+        row[0].set_ylabel(label)
+    fig.suptitle(f"{label} per replica over time")
+    fig.tight_layout()
     return _png(fig)
 
 
@@ -83,7 +150,7 @@ def _cdf_plot(arms: Sequence[ArmResult], key: str, label: str) -> str | None:
     data = [(n, v) for n, v in data if v]
     if not data:
         return None
-    fig, ax = plt.subplots(figsize=(6, 3.5))
+    fig, ax = plt.subplots(figsize=(_WIDTH_IN, 3.5))
     for name, values in data:
         xs = np.sort(np.asarray(values, dtype=float))
         ys = np.arange(1, len(xs) + 1) / len(xs)
@@ -103,11 +170,18 @@ def render_plots(arms: Sequence[ArmResult]) -> list[tuple[str, str]]:
     step = _step_plot(arms)
     if step:
         out.append(("RL step time", step))
+    cancelled = _cancelled_plot(arms)
+    if cancelled:
+        out.append(("Rollouts cancelled over time", cancelled))
     for key, label in _SERIES:
         png = _series_plot(arms, key, label)
         if png:
             out.append((label, png))
-    for key, label in (("ttft_s", "TTFT (s)"), ("session_latency_s", "session latency (s)")):
+    for key, label in (
+        ("group_latency_s", "GRPO group latency (s)"),
+        ("ttft_s", "TTFT (s)"),
+        ("session_latency_s", "session latency (s)"),
+    ):
         png = _cdf_plot(arms, key, label)
         if png:
             out.append((label, png))
@@ -119,8 +193,9 @@ def _table_html(arms: Sequence[ArmResult]) -> str:
         f"<th>{html.escape(a.name)}<br><small>{html.escape(a.policy)}</small></th>" for a in arms
     )
     rows = []
-    base = arms[0].metrics if arms else {}
-    for path, label, higher in visible_metrics(list(arms)):
+    base_arm = arms[0] if arms else None
+    base = base_arm.metrics if base_arm else {}
+    for path, label, direction in visible_metrics(list(arms)):
         values = [get_path(a.metrics, path) for a in arms]
         cells = []
         for i, (arm, v) in enumerate(zip(arms, values, strict=True)):
@@ -129,15 +204,10 @@ def _table_html(arms: Sequence[ArmResult]) -> str:
             if isinstance(ci, list) and len(ci) == 2:
                 cell += f" <small>[{format_value(ci[0])}, {format_value(ci[1])}]</small>"
             b = get_path(base, path)
-            if i and isinstance(v, int | float) and isinstance(b, int | float) and b:
+            if i and isinstance(v, int | float) and isinstance(b, int | float) and b and base_arm:
                 d = (float(v) - float(b)) / abs(float(b)) * 100
-                cls = (
-                    "good"
-                    if (d > 0) == higher and abs(d) >= 0.5
-                    else "bad"
-                    if abs(d) >= 0.5
-                    else ""
-                )
+                verdict = better(arm, base_arm, path, direction)
+                cls = "good" if verdict > 0 else "bad" if verdict < 0 else ""
                 cell += f' <span class="{cls}">({d:+.1f}%)</span>'
             cells.append(f"<td>{cell}</td>")
         rows.append(f"<tr><th>{html.escape(label)}</th>{''.join(cells)}</tr>")
@@ -148,7 +218,7 @@ _CSS = """
 body{font-family:system-ui,sans-serif;margin:2em;max-width:1400px;color:#222}
 table{border-collapse:collapse;margin:1em 0}
 td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}
-th:first-child{text-align:left}.good{color:#080}.bad{color:#b00}img{max-width:100%}
+th:first-child{text-align:left}.good{color:#080}.bad{color:#b00}img{width:100%}
 pre{background:#f6f6f6;padding:1em;overflow:auto}
 """
 
@@ -167,8 +237,10 @@ def write_report(
     parts.append("<h2>Comparison</h2>")
     parts.append(_table_html(arms))
     parts.append(
-        "<p><small>Δ is relative to the first arm; green is better. With repeats, "
-        "cells show mean [95 % interval].</small></p>"
+        "<p><small>Δ is relative to the first arm. With repeats, cells show mean "
+        "[95 % interval]; green/red mark a better/worse value whose interval does not overlap "
+        "the first arm's, on metrics with a clear better direction only (one repeat colours "
+        "nothing).</small></p>"
     )
     for plot_title, png in render_plots(arms):
         parts.append(f"<h2>{html.escape(plot_title)}</h2><img src='data:image/png;base64,{png}'>")

@@ -3,7 +3,9 @@
 Schema id ``sessionroute.results/1`` (``shared/WORKLOADS.md``, "What an experiment reports"):
 ``{"schema", "experiment", "arms": [{"name", "policy", "policy_options", "metrics",
 "intervals", "repeats"}]}``. ``metrics`` holds the mean over repeats of every numeric leaf;
-``intervals`` the 95 % confidence interval (Student t) of each numeric leaf when repeats >= 2.
+``intervals`` the 95 % confidence interval (Student t) of each numeric leaf when repeats >= 2,
+clipped to the metric's domain (:func:`metric_domain`: a hit rate or share stays in [0, 1],
+a count or a time never goes below 0).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ __all__ = [
     "aggregate_metrics",
     "get_path",
     "mean_ci95",
+    "metric_domain",
     "results_document",
 ]
 
@@ -96,12 +99,28 @@ def mean_ci95(values: list[float]) -> tuple[float, float, float]:
     return m, m - half, m + half
 
 
+_UNIT_MARKERS = ("hit_rate", "share", "fraction", "kv_usage")
+
+
+def metric_domain(key: str) -> tuple[float, float]:
+    """The values a metric can take, ``(lo, hi)``: [0, 1] for hit rates, shares, fractions and
+    KV usage; [0, inf) for everything else ``results.json`` holds (counts, rates, seconds,
+    CoVs, ratios)."""
+    if any(m in key for m in _UNIT_MARKERS):
+        return 0.0, 1.0
+    return 0.0, math.inf
+
+
 def _is_num(v: Any) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool)
 
 
-def aggregate_metrics(runs: Sequence[Mapping[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Mean of numeric leaves across runs, and their 95 % intervals (K >= 2).
+def aggregate_metrics(
+    runs: Sequence[Mapping[str, Any]], parent: str = ""
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Mean of numeric leaves across runs, and their 95 % intervals (K >= 2) clipped to
+    :func:`metric_domain` of the leaf's key (``parent`` and the key for a nested summary, e.g.
+    ``prefix_cache_hit_rate`` or ``ttft_s.p50``).
 
     Lists of dicts (per-replica rows) are aggregated element-wise; other values are taken
     from the first run.
@@ -121,9 +140,10 @@ def aggregate_metrics(runs: Sequence[Mapping[str, Any]]) -> tuple[dict[str, Any]
             m, lo, hi = mean_ci95(nums)
             means[key] = m if len(runs) > 1 or isinstance(v, float) else v
             if len(runs) > 1:
-                cis[key] = [lo, hi]
+                d_lo, d_hi = metric_domain(f"{parent}{key}")
+                cis[key] = [max(lo, d_lo), min(hi, d_hi)]
         elif isinstance(v, Mapping) and all(isinstance(x, Mapping) for x in vals):
-            sub_m, sub_c = aggregate_metrics(vals)  # type: ignore[arg-type]
+            sub_m, sub_c = aggregate_metrics(vals, f"{parent}{key}.")  # type: ignore[arg-type]
             means[key] = sub_m
             if sub_c:
                 cis[key] = sub_c
@@ -131,7 +151,8 @@ def aggregate_metrics(runs: Sequence[Mapping[str, Any]]) -> tuple[dict[str, Any]
             lists = [x for x in vals if isinstance(x, list) and len(x) == len(v)]
             if len(lists) == len(runs):
                 means[key] = [
-                    aggregate_metrics([lst[i] for lst in lists])[0] for i in range(len(v))
+                    aggregate_metrics([lst[i] for lst in lists], f"{parent}{key}.")[0]
+                    for i in range(len(v))
                 ]
             else:
                 means[key] = v

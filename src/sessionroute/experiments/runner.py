@@ -24,7 +24,14 @@ from sessionroute.experiments.report import write_report
 from sessionroute.experiments.results import ArmResult, RunOutput, results_document
 from sessionroute.experiments.spec import ExperimentSpec, ResolvedArm, resolve_arms
 
-__all__ = ["ArmRunner", "ExperimentOutput", "default_out_dir", "run_experiment", "write_outputs"]
+__all__ = [
+    "ArmRunner",
+    "ExperimentOutput",
+    "clean_toml",
+    "default_out_dir",
+    "run_experiment",
+    "write_outputs",
+]
 
 ProgressFn = Callable[[float], None]
 """Called with the fraction done of the current run, in [0, 1]."""
@@ -163,11 +170,11 @@ def default_out_dir(name: str, now: datetime | None = None) -> Path:
     return Path("runs") / f"{stamp}-{_slug(name)}"
 
 
-def _clean_toml(value: Any) -> Any:
+def clean_toml(value: Any) -> Any:
     if isinstance(value, dict):
-        return {str(k): _clean_toml(v) for k, v in value.items() if v is not None}
+        return {str(k): clean_toml(v) for k, v in value.items() if v is not None}
     if isinstance(value, list):
-        return [_clean_toml(v) for v in value if v is not None]
+        return [clean_toml(v) for v in value if v is not None]
     return value
 
 
@@ -184,7 +191,7 @@ def write_outputs(output: ExperimentOutput, out_dir: Path) -> dict[str, Path]:
         "report": out_dir / "report.html",
     }
     paths["results"].write_text(json.dumps(doc, indent=2, default=_json_default), encoding="utf-8")
-    toml_text = tomli_w.dumps(_clean_toml(resolved_experiment(output.spec, output.arms)))
+    toml_text = tomli_w.dumps(clean_toml(resolved_experiment(output.spec, output.arms)))
     paths["config"].write_text(toml_text, encoding="utf-8")
     _write_rows(paths["timeseries"], output.results, "timeseries")
     _write_rows(paths["steps"], output.results, "steps")

@@ -27,7 +27,7 @@ import os
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -48,6 +48,7 @@ __all__ = [
     "ExperimentSpec",
     "ResolvedArm",
     "RunSpec",
+    "WandbSection",
     "arm_differences",
     "load_experiment",
     "parse_experiment",
@@ -69,6 +70,23 @@ class RunSpec(_Strict):
 
     seed: int = 0
     repeats: int = Field(default=1, ge=1, le=100)
+
+
+class WandbSection(_Strict):
+    """Weights & Biases tracking (``[wandb]``; ``--wandb PROJECT`` sets ``project``).
+
+    Attributes:
+        project: W&B project; None: no tracking.
+        entity: W&B team or user (None: the account's default).
+        group: run group (None: ``<experiment name>-<time>``, one per experiment).
+        mode: ``online``, ``offline`` or None: online when an API key is configured
+            (``WANDB_API_KEY`` or a ``wandb login`` entry in ``~/.netrc``), else offline.
+    """
+
+    project: str | None = None
+    entity: str | None = None
+    group: str | None = None
+    mode: Literal["online", "offline"] | None = None
 
 
 class ArmSpec(_Strict):
@@ -102,6 +120,7 @@ class ExperimentSpec(_Strict):
             the simulator.
         arms: at least one arm.
         allow_differences: dotted keys (e.g. ``router.finish_sessions``) arms may differ in.
+        wandb: experiment tracking (:class:`WandbSection`).
     """
 
     name: str = "experiment"
@@ -115,6 +134,7 @@ class ExperimentSpec(_Strict):
     live: LiveSection = Field(default_factory=LiveSection)
     arms: list[ArmSpec] = Field(min_length=1)
     allow_differences: list[str] = Field(default_factory=list)
+    wandb: WandbSection = Field(default_factory=WandbSection)
 
 
 class ResolvedArm(BaseModel):

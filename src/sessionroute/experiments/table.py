@@ -1,44 +1,67 @@
-"""The comparison table printed at the end of ``sessionroute compare`` (rich)."""
+"""The comparison table printed at the end of ``sessionroute compare`` (rich).
+
+Each metric is a row, each arm a column. A cell is ``mean [lo, hi] (Δ%)``: the 95 % interval
+(Student t, clipped to the metric's domain) when the arm ran two or more repeats, and the change
+against the first arm. A cell is coloured only when the metric has a clear better direction
+(:data:`TABLE_METRICS`) and the two arms' intervals do not overlap; a single repeat colours
+nothing (one seed cannot tell a difference from noise). Latencies whose direction depends on
+the trade-off (ITL, turn latency) and times of the run itself are never coloured. When the
+arms do not fit the console's width the table is printed in parts, each with the first arm for
+reference; no cell or name is ever broken inside a word.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from sessionroute.experiments.results import ArmResult, get_path
 
 __all__ = [
     "TABLE_METRICS",
-    "comparison_table",
+    "better",
+    "comparison_tables",
     "format_value",
     "print_comparison",
+    "repeats_warning",
     "visible_metrics",
 ]
 
-# (metric path, label, higher is better)
-TABLE_METRICS: tuple[tuple[str, str, bool], ...] = (
-    ("sessions_completed", "sessions completed", True),
-    ("sessions_cancelled", "sessions cancelled", False),
-    ("sessions_per_s", "sessions/s", True),
-    ("output_tokens_per_s", "output tokens/s", True),
-    ("prefix_cache_hit_rate", "prefix-cache hit rate", True),
-    ("preemptions", "preemptions", False),
-    ("step_time_s.p50", "RL step time p50 (s)", False),
-    ("step_time_s.max", "RL step time max (s)", False),
-    ("ttft_s.p50", "TTFT p50 (s)", False),
-    ("ttft_s.p99", "TTFT p99 (s)", False),
-    ("itl_s.p50", "ITL p50 (s)", False),
-    ("turn_latency_s.p50", "turn latency p50 (s)", False),
-    ("session_latency_s.p50", "session latency p50 (s)", False),
-    ("load_imbalance_cov", "busy-time CoV", False),
-    ("max_over_mean_busy", "max/mean busy", False),
-    ("sessions_repinned", "re-pins (turns moved)", False),
-    ("sessions_leaked", "sessions leaked", False),
-    ("ideal_hit_rate", "ideal hit rate (infinite cache)", True),
-    ("simulated_seconds", "simulated time (s)", False),
-    ("wall_seconds", "wall time (s)", False),
+# (metric path, label, better direction: +1 higher, -1 lower, 0 no clear direction)
+TABLE_METRICS: tuple[tuple[str, str, int], ...] = (
+    ("output_tokens_per_s", "output tok/s", +1),
+    ("sessions_per_s", "sessions/s", +1),
+    ("sessions_completed", "sessions completed", +1),
+    ("sessions_cancelled", "sessions cancelled", -1),
+    ("rollouts_timed_out", "rollouts timed out", -1),
+    ("rollouts_timed_out_share", "timed-out share", -1),
+    ("step_time_s.p50", "RL step p50 (s)", -1),
+    ("step_time_s.max", "RL step max (s)", -1),
+    ("group_latency_s.p50", "group latency p50 (s)", -1),
+    ("group_latency_s.p90", "group latency p90 (s)", -1),
+    ("group_latency_s.max", "group latency max (s)", -1),
+    ("prefix_cache_hit_rate", "hit rate", +1),
+    ("worst_replica_hit_rate", "worst replica hit", +1),
+    ("worst_window_hit_rate", "worst 10 s hit", +1),
+    ("thrash_share", "thrash share", -1),
+    ("preemptions", "preemptions", -1),
+    ("running_cov", "running CoV", -1),
+    ("output_tokens_cov", "output tokens CoV", -1),
+    ("kv_usage_cov", "KV usage CoV", -1),
+    ("ttft_s.p50", "TTFT p50 (s)", 0),
+    ("ttft_s.p99", "TTFT p99 (s)", -1),
+    ("itl_s.p50", "ITL p50 (s)", 0),
+    ("turn_latency_s.p50", "turn latency p50 (s)", 0),
+    ("session_latency_s.p50", "session latency p50 (s)", 0),
+    ("sessions_repinned", "re-pins", 0),
+    ("sessions_leaked", "sessions leaked", -1),
+    ("ideal_hit_rate", "ideal hit (inf. cache)", 0),
+    ("simulated_seconds", "simulated time (s)", 0),
+    ("wall_seconds", "wall time (s)", 0),
 )
 
 
@@ -64,57 +87,152 @@ def format_value(v: Any) -> str:
     return str(v)
 
 
-def comparison_table(arms: list[ArmResult]) -> Table:
-    """Each metric a row; each arm a column with its delta against the first arm.
-
-    With two or more repeats, cells show ``mean [lo, hi]`` (95 % interval).
-    """
-    first = arms[0].name if arms else ""
-    table = Table(
-        title="sessionroute compare",
-        caption=f"(Δ) is relative to {first}; green is better",
-        show_lines=False,
-    )
-    table.add_column("metric", style="bold", no_wrap=True)
-    for arm in arms:
-        table.add_column(arm.name, justify="right", overflow="fold")
-    base = arms[0].metrics if arms else {}
-    for path, label, higher_better in visible_metrics(arms):
-        values = [get_path(a.metrics, path) for a in arms]
-        row = [label]
-        for i, (arm, v) in enumerate(zip(arms, values, strict=True)):
-            cell = format_value(v)
-            ci = get_path(arm.intervals, path)
-            if isinstance(ci, list) and len(ci) == 2:
-                cell += f" [{format_value(ci[0])}, {format_value(ci[1])}]"
-            b = get_path(base, path)
-            if i > 0 and isinstance(v, int | float) and isinstance(b, int | float) and b:
-                delta = (float(v) - float(b)) / abs(float(b)) * 100.0
-                good = (delta > 0) == higher_better
-                color = (
-                    "green"
-                    if good and abs(delta) >= 0.5
-                    else "red"
-                    if abs(delta) >= 0.5
-                    else "white"
-                )
-                cell += f" [{color}]({delta:+.1f}%)[/{color}]"
-            row.append(cell)
-        table.add_row(*row)
-    return table
+def _interval(arm: ArmResult, path: str) -> tuple[float, float] | None:
+    ci = get_path(arm.intervals, path)
+    if isinstance(ci, list) and len(ci) == 2:
+        return float(ci[0]), float(ci[1])
+    return None
 
 
-def visible_metrics(arms: list[ArmResult]) -> list[tuple[str, str, bool]]:
+def better(arm: ArmResult, base: ArmResult, path: str, direction: int) -> int:
+    """+1 when ``arm`` is better than ``base`` on ``path`` beyond noise, -1 when worse, 0 when
+    the metric has no direction, either arm has no interval (one repeat) or the intervals
+    overlap."""
+    if not direction:
+        return 0
+    a, b = _interval(arm, path), _interval(base, path)
+    if a is None or b is None:
+        return 0
+    if a[0] > b[1]:
+        return direction
+    if a[1] < b[0]:
+        return -direction
+    return 0
+
+
+def _cell(
+    arm: ArmResult, base: ArmResult, path: str, direction: int, first: bool, two_lines: bool
+) -> Text:
+    v = get_path(arm.metrics, path)
+    text = Text(format_value(v))
+    b = get_path(base.metrics, path)
+    if not first and isinstance(v, int | float) and isinstance(b, int | float) and b:
+        delta = (float(v) - float(b)) / abs(float(b)) * 100.0
+        verdict = better(arm, base, path, direction)
+        style = "green" if verdict > 0 else "red" if verdict < 0 else ""
+        text.append(f" ({delta:+.1f}%)", style=style)
+    ci = _interval(arm, path)
+    if ci is not None:
+        sep = "\n" if two_lines else " "
+        text.append(f"{sep}[{format_value(ci[0])}, {format_value(ci[1])}]", style="dim")
+    return text
+
+
+def _width(text: Text) -> int:
+    return max(len(line) for line in text.plain.split("\n"))
+
+
+def _header(name: str, width: int) -> str:
+    """``name`` broken at underscores into lines of at most ``width`` (a part longer than
+    ``width`` stays whole: never broken inside a word)."""
+    lines: list[str] = []
+    for part in name.split("_"):
+        if lines and len(lines[-1]) + 1 + len(part) <= width:
+            lines[-1] += "_" + part
+        else:
+            lines.append(part if not lines else "_" + part)
+    return "\n".join(lines)
+
+
+def visible_metrics(arms: Sequence[ArmResult]) -> list[tuple[str, str, int]]:
     """The rows of :data:`TABLE_METRICS` that have data (RL rows only for RL workloads)."""
     rl = any(get_path(a.metrics, "steps") for a in arms)
     return [
         row
         for row in TABLE_METRICS
-        if (rl or not row[0].startswith("step_time_s"))
+        if (rl or not row[0].startswith(("step_time_s", "group_latency_s", "rollouts_")))
         and any(get_path(a.metrics, row[0]) is not None for a in arms)
     ]
 
 
-def print_comparison(arms: list[ArmResult], console: Console) -> None:
-    """Print :func:`comparison_table` to ``console``."""
-    console.print(comparison_table(arms))
+def comparison_tables(arms: Sequence[ArmResult], width: int = 10_000) -> list[Table]:
+    """The comparison as one table, or several (each with the first arm) when the arms do not
+    fit in ``width`` columns; a narrow table puts each interval under its value."""
+    if not arms:
+        return []
+    base = arms[0]
+    rows = visible_metrics(arms)
+    label_w = max(len("metric"), *(len(lbl) for _, lbl, _ in rows))
+
+    def build(two_lines: bool) -> tuple[dict[str, list[Text]], dict[str, int]]:
+        cells = {
+            a.name: [_cell(a, base, p, d, i == 0, two_lines) for p, _, d in rows]
+            for i, a in enumerate(arms)
+        }
+        widths = {
+            a.name: max(
+                max((_width(c) for c in cells[a.name]), default=1),
+                max(len(p) for p in a.name.split("_")) + 1,
+            )
+            for a in arms
+        }
+        return cells, widths
+
+    cells, widths = build(False)
+    # a rich table with a box: one rule per column plus one, and one space padding each side
+    if 1 + (label_w + 3) + sum(w + 3 for w in widths.values()) > width:
+        cells, widths = build(True)
+    groups: list[list[ArmResult]] = []
+    used = 0
+    for a in arms[1:]:
+        w = widths[a.name] + 3
+        if not groups or used + w > width:
+            groups.append([base])
+            used = 1 + (label_w + 3) + widths[base.name] + 3
+        groups[-1].append(a)
+        used += w
+    if not groups:
+        groups = [[base]]
+    repeats = min(len(a.runs) for a in arms)
+    caption = (
+        f"(Δ) vs {base.name}; green/red: better/worse with 95 % intervals apart"
+        if repeats >= 2
+        else f"(Δ) vs {base.name}; one repeat: no intervals, nothing coloured"
+    )
+    tables = []
+    for k, group in enumerate(groups):
+        title = "sessionroute compare" + (f" ({k + 1}/{len(groups)})" if len(groups) > 1 else "")
+        table = Table(title=title, caption=caption, show_lines=False)
+        table.add_column("metric", style="bold", no_wrap=True, min_width=label_w)
+        for a in group:
+            w = widths[a.name]
+            table.add_column(_header(a.name, w), justify="right", no_wrap=True, min_width=w)
+        for j, (_, label, _) in enumerate(rows):
+            table.add_row(label, *(cells[a.name][j] for a in group))
+        tables.append(table)
+    return tables
+
+
+def repeats_warning(arms: Sequence[ArmResult]) -> str | None:
+    """A warning when arms ran fewer than 3 repeats (None otherwise)."""
+    n = min((len(a.runs) for a in arms), default=0)
+    if n >= 3 or not arms:
+        return None
+    if n == 1:
+        return (
+            "one repeat per arm: no intervals, and differences of a few percent can be seed "
+            "noise; run --repeats 3 (or more) before choosing a policy"
+        )
+    return (
+        "2 repeats per arm: 95 % intervals from 2 runs are wide (Student t quantile 12.7, "
+        "4.3 with 3 runs); run --repeats 3 (or more) before choosing a policy"
+    )
+
+
+def print_comparison(arms: Sequence[ArmResult], console: Console) -> None:
+    """Print :func:`comparison_tables` to ``console`` at its width, then any repeats warning."""
+    for table in comparison_tables(arms, console.width):
+        console.print(table)
+    warning = repeats_warning(arms)
+    if warning:
+        console.print(f"[yellow]warning:[/yellow] {warning}", highlight=False)

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from sessionroute.record.balance import cov_of, hit_dips
 from sessionroute.record.recorder import Recorder, cov, summary
 
 __all__ = ["ArmRecord", "ReplicaRecord", "SessionLifecycle", "arm_metrics"]
@@ -101,6 +102,9 @@ class ArmRecord:
         unmeasured: metric keys the driver cannot measure (reported as None), e.g.
             ``queue_time_s`` or ``ideal_busy_seconds`` for a live arm.
         extra: the driver's own top-level keys, appended as they are.
+        timeseries: per-replica sample rows with ``hit_rate``, ``prefix_cache_queries`` and
+            ``interval_s`` (:func:`~sessionroute.record.balance.hit_dips`); empty when the
+            driver samples no hit rates (then the thrash keys are None).
     """
 
     recorder: Recorder
@@ -115,6 +119,7 @@ class ArmRecord:
     workload: dict[str, Any]
     unmeasured: frozenset[str] = frozenset()
     extra: dict[str, Any] = field(default_factory=dict)
+    timeseries: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _ratio(a: float, b: float) -> float:
@@ -148,13 +153,48 @@ def _busy(replicas: list[ReplicaRecord]) -> list[float]:
     return [r.busy_fraction for r in replicas if r.busy_fraction is not None]
 
 
+def _timeouts(workload: dict[str, Any]) -> tuple[int | None, float | None]:
+    """``(rollouts timed out, their share of rollouts started)`` from an RL workload's
+    counters; None for a workload without rollout timeouts."""
+    n = workload.get("rollouts_timeout")
+    if not isinstance(n, int):
+        return None, None
+    started = workload.get("rollouts_started")
+    return n, _ratio(n, started) if isinstance(started, int) else None
+
+
+def _balance(arm: ArmRecord) -> dict[str, Any]:
+    """The balance and thrash keys (:mod:`sessionroute.record.balance`)."""
+    reps = arm.replicas
+    rates = [_ratio(r.prefix_cache_hits, r.prefix_cache_queries) for r in reps]
+    judged = [h for h, r in zip(rates, reps, strict=True) if r.prefix_cache_queries > 0]
+    dips = hit_dips(arm.timeseries) if arm.timeseries else None
+    return {
+        "running_cov": cov_of([r.mean_running for r in reps]),
+        "output_tokens_cov": cov_of([r.output_tokens for r in reps]),
+        "kv_usage_cov": cov_of([r.kv_usage for r in reps]),
+        "worst_replica_hit_rate": min(judged) if judged else None,
+        "worst_window_hit_rate": dips.worst_window_hit_rate if dips else None,
+        "thrash_replica_seconds": dips.thrash_replica_seconds if dips else None,
+        "thrash_share": dips.thrash_share if dips else None,
+    }
+
+
 def arm_metrics(arm: ArmRecord) -> dict[str, Any]:
     """The ``metrics`` dict of one arm (see the module docstring for units and None).
 
     ``load_imbalance_cov`` and ``max_over_mean_busy`` are over busy seconds when every replica
     has them, else over the measured busy fractions (the same ratios when both exist), and None
-    when no replica has a busy measure. ``ideal_busy_seconds`` is the recorder's
-    ``ideal_work_s`` divided evenly over the replicas.
+    when no replica has a busy measure; they saturate under load (every replica busy all the
+    time), so the table shows ``running_cov``, ``output_tokens_cov`` and ``kv_usage_cov``
+    instead (CoV over replicas of their mean running requests, output tokens and mean KV
+    usage; None when a replica does not report it). ``worst_replica_hit_rate`` is the lowest
+    per-replica hit rate over the run, ``worst_window_hit_rate`` the lowest in any sample
+    interval, ``thrash_replica_seconds`` / ``thrash_share`` the replica-seconds (and their
+    share) below half the fleet's hit rate (:func:`~sessionroute.record.balance.hit_dips`).
+    ``rollouts_timed_out`` and ``rollouts_timed_out_share`` (of rollouts started) come from an
+    RL workload's ``rollouts_timeout`` counter (None for other workloads).
+    ``ideal_busy_seconds`` is the recorder's ``ideal_work_s`` divided evenly over the replicas.
     """
     rec = arm.recorder
     c = rec.all_counts()
@@ -169,6 +209,7 @@ def arm_metrics(arm: ArmRecord) -> dict[str, Any]:
     mean_busy = sum(busy) / len(busy) if busy else 0.0
     s = arm.sessions
     requests = c["requests_completed"]
+    timed_out, timed_out_share = _timeouts(arm.workload)
     out: dict[str, Any] = {
         "sessions_completed": c["sessions_completed"],
         "sessions_cancelled": c["sessions_cancelled"],
@@ -185,7 +226,10 @@ def arm_metrics(arm: ArmRecord) -> dict[str, Any]:
         "steps": len(rec.steps),
         "step_time_s": summary([float(x["step_time_s"]) for x in rec.steps]),
         "group_latency_s": summary(rec.group_latency_s),
+        "rollouts_timed_out": timed_out,
+        "rollouts_timed_out_share": timed_out_share,
         "per_replica": [_replica_metrics(r) for r in arm.replicas],
+        **_balance(arm),
         "load_imbalance_cov": cov(busy) if busy else None,
         "max_over_mean_busy": _ratio(max(busy), mean_busy) if busy else None,
         "sessions_new": s.new if s is not None else None,

@@ -56,7 +56,9 @@ class Recorder:
         queue_s: engine queue time per finished request (simulator only).
         session_latency_s: first turn sent to session end, per ended session.
         group_latency_s: GRPO group admission to its slowest rollout's end.
-        steps: rows ``{"step", "t", "step_time_s"}``.
+        steps: rows ``{"step", "t", "step_time_s", "output_tokens", "sessions_cancelled"}``,
+            the last two cumulative at the step's end (per-step history: throughput and
+            cancelled rollouts over time).
         requests_submitted, requests_completed, prompt_tokens, output_tokens, cached_tokens:
             the per-request counters (plain int fields: a named entry of ``counts`` costs two
             dict lookups per update).
@@ -135,8 +137,16 @@ class Recorder:
         }
 
     def step(self, step: int, t: float, step_time_s: float) -> None:
-        """Record an RL trainer step ending at ``t``."""
-        self.steps.append({"step": step, "t": t, "step_time_s": step_time_s})
+        """Record an RL trainer step ending at ``t`` (with the cumulative counters then)."""
+        self.steps.append(
+            {
+                "step": step,
+                "t": t,
+                "step_time_s": step_time_s,
+                "output_tokens": self.output_tokens,
+                "sessions_cancelled": self.counts["sessions_cancelled"],
+            }
+        )
 
     def samples(self) -> dict[str, list[float]]:
         """Raw distributions for plots (seconds)."""

@@ -253,7 +253,8 @@ class ReplicaCounters:
         iteration_tokens: ``vllm:iteration_tokens_total`` summed, tokens scheduled over all
             steps (prefill + decode, recomputation included).
         steps: engine steps run.
-        busy_time_s: seconds spent in steps.
+        busy_time_s: seconds spent in steps up to the time advanced to (a step in flight
+            counts up to that time only), so it never exceeds the time elapsed.
         requests_finished: ``vllm:request_success``, requests that produced every token.
         num_gpu_blocks: ``vllm:cache_config_info{num_gpu_blocks}``.
         block_size: ``vllm:cache_config_info{block_size}``.

@@ -334,6 +334,12 @@ class Replica:
         """Cumulative counters (vLLM names in :class:`ReplicaCounters`)."""
         self._sync()
         c = self._core
+        # A step's duration is counted when it is planned (at its start); the part of the step
+        # in flight after the time advanced to has not been spent yet.
+        busy = c.busy
+        st = c.inflight
+        if st is not None and not st.k and st.end > self._time:
+            busy -= st.end - max(st.start, self._time)
         return ReplicaCounters(
             prefix_cache_queries=c.n_queries,
             prefix_cache_hits=c.n_hits,
@@ -342,7 +348,7 @@ class Replica:
             generation_tokens=c.n_generation,
             iteration_tokens=c.n_iteration,
             steps=c.n_steps,
-            busy_time_s=c.busy,
+            busy_time_s=busy,
             requests_finished=c.n_finished,
             num_gpu_blocks=c.pool.num_blocks,
             block_size=c.bs,

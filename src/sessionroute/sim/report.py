@@ -39,7 +39,7 @@ def _replica(rep: SimReplica, t: float) -> ReplicaRecord:
         prefix_cache_hits=k["prefix_cache_hits"],
         prefix_cache_queries=k["prefix_cache_queries"],
         preemptions=int(k["num_preemptions"]),
-        busy_fraction=_ratio(k["busy_time_s"], t),
+        busy_fraction=min(1.0, _ratio(k["busy_time_s"], t)),  # float rounding only
         busy_seconds=k["busy_time_s"],
         requests=rep.requests,
         prompt_tokens=rep.prompt_tokens,
@@ -78,7 +78,11 @@ def _admission(sim: Simulation) -> dict[str, float]:
 
 
 def build_metrics(
-    sim: Simulation, workload: dict[str, Any], wall_s: float, events: int = 0
+    sim: Simulation,
+    workload: dict[str, Any],
+    wall_s: float,
+    events: int = 0,
+    timeseries: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Reduce a finished simulation to its metrics dict.
 
@@ -87,6 +91,8 @@ def build_metrics(
         workload: the workload's own counters (merged under ``"workload"``).
         wall_s: wall-clock seconds the run took.
         events: events the queue ran.
+        timeseries: the run's :class:`~sessionroute.sim.sampling.Sampler` rows (for the
+            hit-rate dips); None: none sampled.
     """
     sim.sync_all()
     t = sim.now()
@@ -110,5 +116,6 @@ def build_metrics(
             "events": events,
             **extra,
         },
+        timeseries=timeseries or [],
     )
     return arm_metrics(record)

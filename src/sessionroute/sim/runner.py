@@ -216,7 +216,9 @@ def run_simulation(
     if progress is not None:
         progress(1.0)
     wall_s = max(0.0, wall.now() - t_wall)
-    metrics = build_metrics(sim, workload.summary(), wall_s, events=queue.events_run)
+    metrics = build_metrics(
+        sim, workload.summary(), wall_s, events=queue.events_run, timeseries=sampler.rows
+    )
     resolved = {
         "spec": spec.model_dump(),
         "workload": wcfg.model_dump(),

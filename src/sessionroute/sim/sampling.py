@@ -18,7 +18,8 @@ class Sampler:
     Each row: ``t`` (end of the interval), ``replica`` (index), ``url``, ``busy_fraction``
     (engine busy seconds over the interval), ``running``, ``waiting``, ``kv_usage`` (gauges at
     ``t``), ``hit_rate`` (prefix-cache hits / queries over the interval, None without
-    queries), ``preemptions`` (over the interval), ``active_sessions`` (pinned by the policy).
+    queries), ``prefix_cache_queries`` (tokens queried over the interval), ``interval_s`` (its
+    length), ``preemptions`` (over the interval), ``active_sessions`` (pinned by the policy).
 
     Args:
         sim: the simulation.
@@ -78,11 +79,15 @@ class Sampler:
                     "t": t,
                     "replica": rep.index,
                     "url": rep.url,
-                    "busy_fraction": (c["busy_time_s"] - p["busy_time_s"]) / dt,
+                    # exact up to float rounding (busy time is counted up to now only), which
+                    # can leave a saturated interval at 1 + 1e-12: the cap removes that alone
+                    "busy_fraction": min(1.0, (c["busy_time_s"] - p["busy_time_s"]) / dt),
                     "running": running,
                     "waiting": waiting,
                     "kv_usage": kv,
                     "hit_rate": dh / dq if dq > 0 else None,
+                    "prefix_cache_queries": dq,
+                    "interval_s": dt,
                     "preemptions": int(c["num_preemptions"] - p["num_preemptions"]),
                     "active_sessions": int(sessions.get(rep.url, 0)),
                 }

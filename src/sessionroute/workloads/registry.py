@@ -13,11 +13,12 @@ from pydantic import ValidationError
 from sessionroute.errors import ConfigError
 from sessionroute.workloads.base import WorkloadConfig
 
-__all__ = ["WORKLOAD_KINDS", "default_replicas", "workload_config"]
+__all__ = ["WORKLOAD_KINDS", "canonical_kind", "default_replicas", "workload_config"]
 
 WORKLOAD_KINDS: tuple[str, ...] = ("swe-rl", "toy", "trace:weka", "trace:mooncake")
-"""Built-in workload kinds. A path ending in ``.csv`` (Weka) or ``.jsonl`` (Mooncake) is
-accepted as a trace kind too."""
+"""Built-in workload kinds. A trace file is accepted too: ``trace:PATH`` or a plain ``PATH``
+ending in ``.jsonl`` replays a Mooncake trace; ``trace:PATH`` with any other name, or a plain
+path ending in ``.csv``, replays a Weka-format CSV."""
 
 _DEFAULT_REPLICAS: dict[str, dict[str, Any]] = {
     # 256-token simulated blocks: ~12x faster than 16 on swe-rl, fleet hit rate within 0.005
@@ -40,14 +41,25 @@ _DEFAULT_REPLICAS: dict[str, dict[str, Any]] = {
 def _canonical(kind: str) -> tuple[str, dict[str, Any]]:
     if kind in WORKLOAD_KINDS:
         return kind, {}
-    if kind.endswith(".csv"):
-        return "trace:weka", {"path": kind}
-    if kind.endswith(".jsonl"):
-        return "trace:mooncake", {"path": kind}
+    path = kind.removeprefix("trace:")
+    if path.endswith(".jsonl"):
+        return "trace:mooncake", {"path": path}
+    if path.endswith(".csv") or (kind.startswith("trace:") and path):
+        return "trace:weka", {"path": path}
     raise ConfigError(
         f"unknown workload kind {kind!r}: expected one of {', '.join(WORKLOAD_KINDS)} "
-        "or a path to a .csv (Weka) or .jsonl (Mooncake) trace"
+        "or a trace file: trace:PATH, or a PATH ending in .csv (Weka) or .jsonl (Mooncake)"
     )
+
+
+def canonical_kind(kind: str) -> str:
+    """The built-in kind a workload kind or trace path replays (``trace:weka`` for
+    ``/data/x.csv``).
+
+    Raises:
+        ConfigError: for an unknown kind.
+    """
+    return _canonical(kind)[0]
 
 
 def default_replicas(kind: str) -> dict[str, Any]:

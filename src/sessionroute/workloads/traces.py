@@ -55,16 +55,17 @@ def resolve_trace(name: str, env: Mapping[str, str] | None = None) -> Path:
         return p
     if p.is_dir():
         raise ConfigError(f"trace {name!r} is a directory; give the trace file inside it")
-    looked = [p]
+    looked = [p.resolve()]
     if not p.is_absolute():
         for d in trace_dirs(env):
             cand = d / p
             if cand.is_file():
                 return cand
-            looked.append(cand)
+            if cand.resolve() not in looked:  # the same place reached two ways: listed once
+                looked.append(cand.resolve())
     raise ConfigError(
         f"trace file {name!r} not found (looked at {', '.join(str(x) for x in looked)}); "
-        f"set {TRACES_ENV} to the directory holding it"
+        f"give its path, or set {TRACES_ENV} to the directory holding it"
     )
 
 

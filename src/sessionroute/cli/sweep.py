@@ -1,0 +1,151 @@
+"""``sessionroute sweep``: one load knob x policies x seeds, simulated in parallel."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["DEFAULT_STEPS", "register"]
+
+
+DEFAULT_STEPS = 8
+"""RL steps per run of a sweep of the swe-rl workload without ``--steps`` (a compare runs 20):
+enough simulated time (~4,500 s) for the one-hour rollout timeout to show, and 16 runs (4 load
+points x 4 policies) within about 5 minutes on 2 cores (measured cost: docs/simulator.md,
+"Sweeps")."""
+
+_EPILOG = """\
+examples:
+  sessionroute sweep                                  # rollouts in flight, default workload
+  sessionroute sweep --knob replicas --values 2,3,4 --seeds 2
+  sessionroute sweep --workload trace:weka --knob concurrency --values 32,64,96,128
+  sessionroute sweep --workload trace:mooncake --knob time-scale --values 0.25,0.5,1,2
+"""
+
+
+def register(sub: Any) -> None:
+    from sessionroute.experiments.sweep import KNOBS
+
+    parser = sub.add_parser(
+        "sweep",
+        help="sweep a load knob across policies and seeds (simulated)",
+        description=(
+            "Run FILE's experiment (or the built-in default) at several values of one load\n"
+            "knob, once per policy and seed, in parallel processes. Writes sweep.csv (one row\n"
+            "per run), sweep.json and report.html (output tok/s, RL step time p50/max and\n"
+            "timeouts against load per policy, the knee marked) and prints which policy is\n"
+            "best at each point and which are within noise of it."
+        ),
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("file", nargs="?", metavar="FILE", help="experiment file (TOML)")
+    parser.add_argument(
+        "--knob",
+        choices=sorted(KNOBS),
+        default="inflight",
+        help="inflight: swe-rl rollouts in flight; concurrency: trace:weka (or a Weka-format "
+        "CSV) sessions at once; replicas: replica count; time-scale: trace:mooncake arrival "
+        "time scale (default: inflight)",
+    )
+    parser.add_argument(
+        "--values",
+        help="comma-separated knob values (default: the knob's range, e.g. "
+        "448,544,608,672 rollouts in flight)",
+    )
+    parser.add_argument(
+        "--policies",
+        default=None,
+        help="comma-separated policies (default: the experiment's arms, with their options; "
+        "the default experiment's four)",
+    )
+    parser.add_argument("--seeds", type=int, default=1, help="seeds per point (default 1)")
+    parser.add_argument("--workload", help="replace FILE's workload (as for compare)")
+    parser.add_argument(
+        "--steps",
+        type=int,
+        help=f"RL steps per run (swe-rl; default {DEFAULT_STEPS} unless FILE is given)",
+    )
+    parser.add_argument("--seed", type=int, help="base seed (seed k is seed + k)")
+    parser.add_argument("--out", metavar="DIR", help="output directory (default runs/...)")
+    parser.add_argument(
+        "--jobs", type=int, default=None, help="runs in parallel processes (default: CPU count)"
+    )
+    parser.set_defaults(
+        handler=_run, repeats=None, live=False, dry_run=False, json=False, wandb=None
+    )
+
+
+def _run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from sessionroute.cli.compare import experiment_from_args
+    from sessionroute.errors import SessionRouteError
+    from sessionroute.experiments.sweep import KNOBS, sweep_experiment
+
+    console = Console(stderr=True)
+    out = Console()
+    knob = KNOBS[args.knob]
+    try:
+        if args.seeds < 1:
+            raise ValueError(f"--seeds must be >= 1, got {args.seeds}")
+        if args.jobs is not None and args.jobs < 1:
+            raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
+        if args.steps is None and args.file is None and (args.workload in (None, "swe-rl")):
+            args.steps = DEFAULT_STEPS
+        base = experiment_from_args(args).model_dump(exclude_none=True)
+        if args.values:
+            values = [float(v) for v in args.values.split(",") if v.strip()]
+        else:
+            values = list(knob.default_values)
+        policies = [
+            {"policy": a["policy"], "policy_options": a.get("policy_options", {})}
+            for a in base["arms"]
+        ]
+        spec = sweep_experiment(base, knob, values, policies, args.seeds)
+        from sessionroute.experiments.spec import resolve_arms
+
+        arms = resolve_arms(spec)
+    except (SessionRouteError, ValueError) as exc:
+        console.print(f"[red]error:[/red] {exc}", highlight=False)
+        return 2
+    from sessionroute.experiments.progress import OverallReporter
+    from sessionroute.experiments.runner import (
+        default_out_dir,
+        resolved_experiment,
+        run_experiment,
+    )
+    from sessionroute.experiments.sweep import light_simulate_arm, summarize, write_sweep
+
+    runs = len(arms) * args.seeds
+    jobs = args.jobs or max(1, min(os.cpu_count() or 1, runs))
+    t0 = time.monotonic()
+    try:
+        with OverallReporter(console, f"sweep {knob.name}", runs) as reporter:
+            output = run_experiment(spec, light_simulate_arm, reporter, jobs=jobs)
+    except SessionRouteError as exc:
+        console.print(f"[red]error:[/red] {exc}", highlight=False)
+        return 2
+    import tomli_w
+
+    from sessionroute.experiments.runner import clean_toml
+
+    result = summarize(knob, output.results, output.arms)
+    out_dir = Path(args.out) if args.out else default_out_dir(spec.name)
+    toml_text = tomli_w.dumps(clean_toml(resolved_experiment(spec, output.arms)))
+    paths = write_sweep(result, out_dir, toml_text)
+    if result.knee is not None:
+        out.print(f"knee: {result.knee:g} ({knob.label})", highlight=False)
+    else:
+        out.print("knee: none in this range (throughput scaled with load)", highlight=False)
+    for line in result.verdicts:
+        out.print(line, highlight=False)
+    out.print(
+        f"wall time {time.monotonic() - t0:.1f} s ({runs} runs, {jobs} processes); "
+        f"report: {paths['report']}  csv: {paths['csv']}  json: {paths['json']}",
+        highlight=False,
+    )
+    return 0

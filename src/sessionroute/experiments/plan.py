@@ -1,0 +1,58 @@
+"""The short plan ``sessionroute compare --dry-run`` prints (the full one with ``--json``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sessionroute.experiments.spec import ExperimentSpec, ResolvedArm
+
+__all__ = ["plan_summary"]
+
+
+def _workload(wl: dict[str, Any]) -> str:
+    text = str(wl["kind"])
+    if wl.get("steps") is not None:
+        text += f", {wl['steps']} RL steps"
+    opts = wl.get("options") or {}
+    if opts:
+        text += ", " + ", ".join(f"{k}={v}" for k, v in sorted(opts.items()))
+    return text
+
+
+def _diff(base: dict[str, Any], other: dict[str, Any], prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two settings dicts."""
+    out: list[str] = []
+    for key in sorted(set(base) | set(other)):
+        a, b = base.get(key), other.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += _diff(a, b, f"{prefix}{key}.")
+        elif a != b:
+            out.append(f"{prefix}{key}={b!r}")
+    return out
+
+
+def plan_summary(spec: ExperimentSpec, arms: list[ResolvedArm]) -> str:
+    """A few lines: the experiment, the shared settings, and one line per arm (its policy,
+    options and any setting that differs from the first arm's)."""
+    first = arms[0].settings if arms else {}
+    rep = first.get("replicas", {})
+    run = spec.run
+    seeds = ", ".join(str(run.seed + k) for k in range(run.repeats))
+    lines = [
+        f"experiment {spec.name!r}: {spec.description}" if spec.description else spec.name,
+        f"  workload: {_workload(first.get('workload', {}))}",
+        f"  replicas: {rep.get('count')} x {rep.get('profile')}",
+        f"  repeats:  {run.repeats} per arm (seeds {seeds}); {len(arms) * run.repeats} runs",
+        f"  arms ({len(arms)}):",
+    ]
+    width = max((len(a.name) for a in arms), default=0)
+    for a in arms:
+        line = f"    {a.name:<{width}}  {a.policy}"
+        if a.policy_options:
+            line += " " + ", ".join(f"{k}={v}" for k, v in sorted(a.policy_options.items()))
+        diff = _diff(first, a.settings)
+        if diff:
+            line += f"  [differs: {'; '.join(diff)}]"
+        lines.append(line)
+    lines.append("(--dry-run --json prints the full resolved plan)")
+    return "\n".join(lines)

@@ -1,0 +1,350 @@
+"""``sessionroute sweep``: one load knob x policies x seeds, and where the policies part ways.
+
+A sweep is one experiment whose arms are ``policy @ knob value``: each arm overrides the knob's
+setting (declared in ``allow_differences``), so the runner's matching check still refuses any
+other difference, and every arm of every point runs the same seeds. The result per point and
+policy is the mean and 95 % interval over seeds (:func:`~sessionroute.experiments.results.
+mean_ci95`) of :data:`SWEEP_METRICS`.
+
+The knee is the first point, in order of increasing load, at which the best policy's output
+tokens per second per unit of load fall below :data:`KNEE_EFFICIENCY` of their value at the
+lightest point: past it, more load no longer buys throughput in proportion (the fleet
+saturates, caches thrash, rollouts queue). Load is the knob's value for ``inflight`` and
+``concurrency`` and its inverse for ``replicas`` and ``time-scale``.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sessionroute.errors import ConfigError
+from sessionroute.experiments.results import ArmResult, RunOutput, get_path, mean_ci95
+from sessionroute.experiments.spec import ExperimentSpec, ResolvedArm, parse_experiment
+
+__all__ = [
+    "KNEE_EFFICIENCY",
+    "KNOBS",
+    "SWEEP_METRICS",
+    "Knob",
+    "SweepPoint",
+    "SweepResult",
+    "light_simulate_arm",
+    "summarize",
+    "sweep_experiment",
+    "write_sweep",
+]
+
+KNEE_EFFICIENCY = 0.9
+"""The knee: best output tok/s per unit of load below this fraction of the lightest point's."""
+
+
+@dataclass(frozen=True, slots=True)
+class Knob:
+    """A setting a sweep varies.
+
+    Attributes:
+        name: the ``--knob`` name.
+        section: the experiment section holding it.
+        key: its key there (under ``options`` for a workload option).
+        label: axis label.
+        inverse_load: a larger value means less load (more replicas, slower arrivals).
+        kinds: workload kinds it applies to (empty: any).
+        cast: int or float.
+        default_values: the values swept when ``--values`` is not given (the default
+            workload's knob, or a generic range).
+    """
+
+    name: str
+    section: str
+    key: str
+    label: str
+    inverse_load: bool
+    kinds: tuple[str, ...]
+    cast: type
+    default_values: tuple[float, ...]
+
+    @property
+    def path(self) -> str:
+        """The dotted setting (``allow_differences`` form)."""
+        if self.section == "workload" and self.key != "steps":
+            return f"workload.options.{self.key}"
+        return f"{self.section}.{self.key}"
+
+    def load(self, value: float) -> float:
+        """Load at ``value`` (larger is heavier)."""
+        return 1.0 / value if self.inverse_load else value
+
+
+KNOBS: dict[str, Knob] = {
+    k.name: k
+    for k in (
+        Knob(
+            "inflight",
+            "workload",
+            "inflight_rollouts",
+            "rollouts in flight",
+            False,
+            ("swe-rl",),
+            int,
+            (448, 544, 608, 672),
+        ),
+        Knob(
+            "concurrency",
+            "workload",
+            "concurrency",
+            "sessions in progress (trace concurrency)",
+            False,
+            ("trace:weka",),
+            int,
+            (32, 64, 96, 128),
+        ),
+        Knob("replicas", "replicas", "count", "replicas", True, (), int, (2, 3, 4, 6)),
+        Knob(
+            "time-scale",
+            "workload",
+            "time_scale",
+            "arrival time scale (x recorded times)",
+            True,
+            ("trace:mooncake",),
+            float,
+            (0.25, 0.5, 1.0, 2.0),
+        ),
+    )
+}
+
+SWEEP_METRICS: tuple[tuple[str, str], ...] = (
+    ("output_tokens_per_s", "output tok/s"),
+    ("step_time_s.p50", "RL step time p50 (s)"),
+    ("step_time_s.max", "RL step time max (s)"),
+    ("rollouts_timed_out_share", "rollouts timed out (share)"),
+    ("prefix_cache_hit_rate", "prefix-cache hit rate"),
+    ("worst_window_hit_rate", "worst replica 10 s hit rate"),
+    ("thrash_share", "thrash share"),
+    ("ttft_s.p99", "TTFT p99 (s)"),
+)
+
+
+def _knob_kind_ok(knob: Knob, kind: str) -> bool:
+    """Whether ``knob`` applies to workload ``kind`` (a trace path counts as the kind it
+    replays)."""
+    from sessionroute.workloads.registry import canonical_kind
+
+    return not knob.kinds or canonical_kind(kind) in knob.kinds
+
+
+def sweep_experiment(
+    base: dict[str, Any],
+    knob: Knob,
+    values: Sequence[float],
+    policies: Sequence[str | dict[str, Any]],
+    seeds: int,
+) -> ExperimentSpec:
+    """The experiment of a sweep: one arm per policy and value, ``seeds`` repeats each.
+
+    Args:
+        base: an experiment as a dict (its arms are replaced).
+        knob: what to vary.
+        values: the knob's values (at least 2, distinct).
+        policies: registry names, or arms (``{"policy", "policy_options"}``, at least 1);
+            each arm is named ``<policy>@<value>``, so a policy appears once.
+        seeds: repeats per arm (>= 1).
+
+    Raises:
+        ConfigError: for a knob that does not apply to the workload, too few or repeated
+            values, or what validating the experiment raises.
+    """
+    kind = str(base.get("workload", {}).get("kind", ""))
+    if not _knob_kind_ok(knob, kind):
+        raise ConfigError(
+            f"knob {knob.name!r} applies to workloads {', '.join(knob.kinds)}; this "
+            f"experiment's workload is {kind!r}"
+        )
+    if len(values) < 2 or len(set(values)) != len(values):
+        raise ConfigError(f"a sweep needs at least 2 distinct values, got {list(values)}")
+    if not policies:
+        raise ConfigError("a sweep needs at least one policy")
+    chosen: list[dict[str, Any]] = [p if isinstance(p, dict) else {"policy": p} for p in policies]
+    names = [str(p["policy"]) for p in chosen]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"a sweep runs each policy once, got {names}")
+    arms = []
+    for v in values:
+        value = knob.cast(v)
+        if knob.section == "workload":
+            override: dict[str, Any] = {"workload": {"options": {knob.key: value}}}
+        else:
+            override = {knob.section: {knob.key: value}}
+        for p in chosen:
+            arms.append(
+                {
+                    "name": f"{p['policy']}@{value}",
+                    "policy": p["policy"],
+                    "policy_options": dict(p.get("policy_options") or {}),
+                    "overrides": override,
+                }
+            )
+    data = dict(base)
+    data["arms"] = arms
+    data["allow_differences"] = sorted({*data.get("allow_differences", []), knob.path})
+    data["run"] = {**data.get("run", {}), "repeats": seeds}
+    data["name"] = f"sweep-{knob.name}-{data.get('name', 'experiment')}"
+    return parse_experiment(data, source="<sweep>")
+
+
+def light_simulate_arm(arm: ResolvedArm, seed: int, progress: Callable[[float], None]) -> RunOutput:
+    """Simulate one arm, keeping its metrics and RL steps (a sweep needs no time series or
+    raw samples, which would otherwise travel back from every worker process)."""
+    from sessionroute.experiments.sim_arm import simulate_arm
+
+    out = simulate_arm(arm, seed, progress)
+    out.metrics.pop("per_replica", None)
+    return RunOutput(seed=out.seed, metrics=out.metrics, steps=out.steps)
+
+
+@dataclass(slots=True)
+class SweepPoint:
+    """One policy at one knob value: ``{metric: (mean, lo, hi)}`` over seeds."""
+
+    policy: str
+    value: float
+    stats: dict[str, tuple[float, float, float]]
+    seeds: int
+
+
+@dataclass(slots=True)
+class SweepResult:
+    """A summarized sweep.
+
+    Attributes:
+        knob: what was varied.
+        values: its values, in sweep order.
+        policies: the policies, in arm order.
+        points: one per policy and value.
+        knee: the value at the knee (None: throughput scaled over the whole range).
+        verdicts: one actionable line per value.
+        runs: every run's flat row (the CSV).
+    """
+
+    knob: Knob
+    values: list[float]
+    policies: list[str]
+    points: list[SweepPoint]
+    knee: float | None
+    verdicts: list[str]
+    runs: list[dict[str, Any]]
+
+    def point(self, policy: str, value: float) -> SweepPoint:
+        """The point of ``policy`` at ``value``."""
+        for p in self.points:
+            if p.policy == policy and p.value == value:
+                return p
+        raise KeyError((policy, value))
+
+
+def _value_label(knob: Knob, value: float) -> str:
+    v = f"{value:g}"
+    return {
+        "inflight": f"{v} in flight",
+        "concurrency": f"concurrency {v}",
+        "replicas": f"{v} replicas",
+    }.get(knob.name, f"time scale {v}")
+
+
+def _verdict(knob: Knob, value: float, points: list[SweepPoint]) -> str:
+    key = "output_tokens_per_s"
+    ranked = sorted(points, key=lambda p: -p.stats[key][0])
+    best = ranked[0]
+    m, lo, _hi = best.stats[key]
+    label = _value_label(knob, value)
+    head = f"at {label}: best {best.policy} ({m:,.0f} output tok/s)"
+    if best.seeds < 2:
+        close = [p.policy for p in ranked[1:] if p.stats[key][0] >= 0.98 * m]
+        return head + (f"; within 2 % (one seed, no noise estimate): {', '.join(close) or 'none'}")
+    noise = [p.policy for p in ranked[1:] if p.stats[key][2] >= lo]
+    return head + f"; within noise: {', '.join(noise) or 'none'}"
+
+
+def summarize(knob: Knob, results: list[ArmResult], arms: list[ResolvedArm]) -> SweepResult:
+    """Means, intervals, the knee and the verdicts of a finished sweep."""
+    points: list[SweepPoint] = []
+    runs: list[dict[str, Any]] = []
+    values: list[float] = []
+    policies: list[str] = []
+    for arm, res in zip(arms, results, strict=True):
+        value = float(arm.name.rsplit("@", 1)[1])
+        if value not in values:
+            values.append(value)
+        if arm.policy not in policies:
+            policies.append(arm.policy)
+        stats: dict[str, tuple[float, float, float]] = {}
+        for path, _ in SWEEP_METRICS:
+            nums = [get_path(r.metrics, path) for r in res.runs]
+            if nums and all(isinstance(x, int | float) for x in nums):
+                stats[path] = mean_ci95([float(x) for x in nums])
+        points.append(SweepPoint(arm.policy, value, stats, len(res.runs)))
+        for r in res.runs:
+            row: dict[str, Any] = {knob.name: value, "policy": arm.policy, "seed": r.seed}
+            for path, _ in SWEEP_METRICS:
+                row[path] = get_path(r.metrics, path)
+            runs.append(row)
+    by_load = sorted(values, key=knob.load)
+    best = {
+        v: max(p.stats["output_tokens_per_s"][0] for p in points if p.value == v) for v in values
+    }
+    eff0 = best[by_load[0]] / knob.load(by_load[0])
+    knee = next((v for v in by_load[1:] if best[v] / knob.load(v) < KNEE_EFFICIENCY * eff0), None)
+    verdicts = [_verdict(knob, v, [p for p in points if p.value == v]) for v in values]
+    return SweepResult(knob, values, policies, points, knee, verdicts, runs)
+
+
+def sweep_document(result: SweepResult) -> dict[str, Any]:
+    """The ``sweep.json`` document (schema ``sessionroute.sweep/1``)."""
+    return {
+        "schema": "sessionroute.sweep/1",
+        "knob": {"name": result.knob.name, "setting": result.knob.path},
+        "values": result.values,
+        "policies": result.policies,
+        "knee": result.knee,
+        "knee_rule": (
+            f"first value (by increasing load) where the best output tok/s per unit load is "
+            f"below {KNEE_EFFICIENCY} x the lightest point's"
+        ),
+        "verdicts": result.verdicts,
+        "points": [
+            {
+                "policy": p.policy,
+                "value": p.value,
+                "seeds": p.seeds,
+                "metrics": {
+                    k: {"mean": m, "lo": lo, "hi": hi} for k, (m, lo, hi) in p.stats.items()
+                },
+            }
+            for p in result.points
+        ],
+        "runs": result.runs,
+    }
+
+
+def write_sweep(result: SweepResult, out_dir: Path, experiment_toml: str) -> dict[str, Path]:
+    """Write ``sweep.csv`` (one row per run), ``sweep.json`` and ``report.html``."""
+    from sessionroute.experiments.sweep_report import write_sweep_report
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {
+        "csv": out_dir / "sweep.csv",
+        "json": out_dir / "sweep.json",
+        "report": out_dir / "report.html",
+    }
+    fields = [result.knob.name, "policy", "seed", *(p for p, _ in SWEEP_METRICS)]
+    with paths["csv"].open("w", newline="", encoding="utf-8") as fh:
+        writer = csv.DictWriter(fh, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(result.runs)
+    paths["json"].write_text(json.dumps(sweep_document(result), indent=2), encoding="utf-8")
+    write_sweep_report(paths["report"], result, experiment_toml)
+    return paths

@@ -1,0 +1,82 @@
+"""``sessionroute sweep``: arms per knob value, the knee, the verdicts, the files."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from sessionroute.cli import main
+from sessionroute.errors import ConfigError
+from sessionroute.experiments.results import ArmResult, RunOutput
+from sessionroute.experiments.spec import ResolvedArm
+from sessionroute.experiments.sweep import KNOBS, summarize, sweep_experiment
+
+
+def _arm(policy: str, value: int) -> ResolvedArm:
+    return ResolvedArm(name=f"{policy}@{value}", policy=policy, policy_options={}, settings={})
+
+
+def _result(policy: str, value: int, tok_s: list[float]) -> ArmResult:
+    runs = [RunOutput(seed=i, metrics={"output_tokens_per_s": v}) for i, v in enumerate(tok_s)]
+    return ArmResult(f"{policy}@{value}", policy, {}, runs)
+
+
+def test_knee_is_where_throughput_stops_scaling_with_load() -> None:
+    """Best tok/s per rollout in flight: 10.0 at 100, 10.0 at 200, 8.5 at 300 (< 0.9 x 10)."""
+    knob = KNOBS["inflight"]
+    table = {
+        ("a", 100): [1000.0, 1000.0],
+        ("b", 100): [990.0, 1010.0],
+        ("a", 200): [2000.0, 2000.0],
+        ("b", 200): [1900.0, 1910.0],
+        ("a", 300): [2400.0, 2420.0],
+        ("b", 300): [2550.0, 2550.0],
+    }
+    arms = [_arm(p, v) for p, v in table]
+    results = [_result(p, v, x) for (p, v), x in table.items()]
+    s = summarize(knob, results, arms)
+    assert s.knee == 300.0
+    assert s.values == [100.0, 200.0, 300.0] and s.policies == ["a", "b"]
+    # at 100 the two overlap (b's interval reaches a's); at 200 and 300 they do not
+    assert s.verdicts[0].startswith("at 100 in flight: best") and "within noise: " in s.verdicts[0]
+    assert not s.verdicts[0].endswith("none")
+    assert s.verdicts[1] == "at 200 in flight: best a (2,000 output tok/s); within noise: none"
+    assert s.verdicts[2].startswith("at 300 in flight: best b")
+    assert len(s.runs) == 12
+
+
+def test_a_knob_for_another_workload_is_refused() -> None:
+    base = {"workload": {"kind": "toy"}, "arms": [{"policy": "random"}]}
+    with pytest.raises(ConfigError, match="concurrency"):
+        sweep_experiment(base, KNOBS["concurrency"], [1, 2], ["random"], 1)
+    with pytest.raises(ConfigError, match="2 distinct"):
+        sweep_experiment(base, KNOBS["replicas"], [2, 2], ["random"], 1)
+
+
+def test_sweep_cli_writes_csv_json_and_report(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "sw"
+    rc = main(
+        [
+            "sweep", "--workload", "toy", "--knob", "replicas", "--values", "2,3",
+            "--policies", "consistent_hash,round_robin", "--seeds", "2", "--jobs", "1",
+            "--out", str(out),
+        ]
+    )  # fmt: skip
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "at 2 replicas: best" in printed and "at 3 replicas: best" in printed
+    with (out / "sweep.csv").open() as fh:
+        rows = list(csv.DictReader(fh))
+    assert len(rows) == 2 * 2 * 2  # values x policies x seeds
+    assert {(r["replicas"], r["policy"]) for r in rows} == {
+        (v, p) for v in ("2.0", "3.0") for p in ("consistent_hash", "round_robin")
+    }
+    doc = json.loads((out / "sweep.json").read_text())
+    assert doc["schema"] == "sessionroute.sweep/1" and doc["knob"]["setting"] == "replicas.count"
+    assert len(doc["points"]) == 4 and all(p["seeds"] == 2 for p in doc["points"])
+    assert "data:image/png;base64," in (out / "report.html").read_text()

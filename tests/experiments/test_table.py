@@ -1,0 +1,66 @@
+"""The comparison table: colour only beyond noise, readable at 80 columns."""
+
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+
+from sessionroute.experiments.results import ArmResult, RunOutput
+from sessionroute.experiments.table import better, print_comparison, repeats_warning
+
+
+def _arm(name: str, tok_s: list[float], wall: list[float]) -> ArmResult:
+    runs = [
+        RunOutput(
+            seed=i,
+            metrics={
+                "output_tokens_per_s": v,
+                "prefix_cache_hit_rate": 0.9,
+                "wall_seconds": w,
+                "steps": 0,
+            },
+        )
+        for i, (v, w) in enumerate(zip(tok_s, wall, strict=True))
+    ]
+    return ArmResult(name, name, {}, runs)
+
+
+def test_better_only_when_intervals_separate() -> None:
+    base = _arm("consistent_hash", [100.0, 101.0, 99.0], [1.0, 1.0, 1.0])
+    apart = _arm("a", [120.0, 121.0, 119.0], [1.0, 1.0, 1.0])
+    overlap = _arm("b", [90.0, 130.0, 110.0], [1.0, 1.0, 1.0])
+    single = _arm("c", [150.0], [1.0])
+    assert better(apart, base, "output_tokens_per_s", +1) == 1
+    assert better(base, apart, "output_tokens_per_s", +1) == -1
+    assert better(overlap, base, "output_tokens_per_s", +1) == 0
+    assert better(single, base, "output_tokens_per_s", +1) == 0  # one repeat: no verdict
+    # no clear direction (wall time): never a verdict
+    slow = _arm("d", [100.0, 100.0, 100.0], [9.0, 9.1, 9.2])
+    assert better(slow, base, "wall_seconds", 0) == 0
+
+
+def test_table_at_80_columns_never_breaks_a_word() -> None:
+    names = [
+        "consistent_hash",
+        "sticky_least_loaded",
+        "cache_aware",
+        "consistent_hash_bounded_load",
+        "power_of_two",
+    ]
+    arms = [_arm(n, [100.0 + i, 101.0 + i], [1.0, 2.0]) for i, n in enumerate(names)]
+    buf = io.StringIO()
+    print_comparison(arms, Console(file=buf, width=80, color_system=None))
+    text = buf.getvalue()
+    assert max(len(line) for line in text.splitlines()) <= 80
+    for n in names:
+        for part in n.split("_"):
+            assert part in text  # every word whole somewhere in a header
+    assert "consistent_h\n" not in text and "…" not in text
+    assert "output tok/s" in text
+    assert "2 repeats per arm" in text  # the warning below 3 repeats
+
+
+def test_repeats_warning() -> None:
+    assert repeats_warning([_arm("a", [1.0] * 3, [1.0] * 3)]) is None
+    assert "one repeat" in (repeats_warning([_arm("a", [1.0], [1.0])]) or "")
