@@ -27,6 +27,8 @@ class RouteRequest:
         request_id: the per-request id (for logs and tie-breaks), if any.
         session_header: lower-case name of the header the session id came from; part of the
             ``consistent_hash`` key (``header:<name>:<value>``) for parity with vllm-router.
+        cache_salt: the request's prefix-cache namespace (vLLM's ``cache_salt``), or None;
+            set only for policies that read content.
     """
 
     session_id: str | None = None
@@ -35,6 +37,7 @@ class RouteRequest:
     model: str | None = None
     request_id: str | None = None
     session_header: str = "x-session-id"
+    cache_salt: str | None = None
 
 
 class DecisionKind(enum.StrEnum):

@@ -18,8 +18,9 @@ The scheme of ``vllm/v1/core/kv_cache_utils.py`` (``hash_block_tokens``,
 * events carry ``int.from_bytes(hash, "big") & (2**64 - 1)``, the hash's last 8 bytes
   (``maybe_convert_block_hash``); the router keys on that int too.
 
-``extra_keys`` is None for a plain text request (no LoRA, multimodal input, ``cache_salt`` or
-prompt embeddings); requests with those hash differently in vLLM and are not matched here.
+``extra_keys`` is None for a plain text request, and ``(("cache_salt", salt),)`` on the first
+block of a request with a ``cache_salt``; requests with LoRA adapters, multimodal input or prompt
+embeddings hash differently in vLLM and are not matched here.
 """
 
 from __future__ import annotations
@@ -116,6 +117,7 @@ def block_hashes(
     block_size: int,
     algo: str = "sha256",
     root: bytes | None = None,
+    cache_salt: str | None = None,
 ) -> list[int]:
     """vLLM's block hashes of the full blocks of ``token_ids``, in the events' int form.
 
@@ -124,6 +126,8 @@ def block_hashes(
         block_size: tokens per block (the server's ``--block-size``).
         algo: the server's ``--prefix-caching-hash-algo``.
         root: ``NONE_HASH`` (:func:`none_hash`); computed for ``algo`` without a seed when None.
+        cache_salt: the request's ``cache_salt``: vLLM adds ``(("cache_salt", salt),)`` as the
+            first block's extra keys.
 
     Returns:
         ``len(token_ids) // block_size`` ints (the partial last block has no hash).
@@ -136,9 +140,11 @@ def block_hashes(
     fn = hash_function(algo)
     parent = none_hash(algo) if root is None else root
     out: list[int] = []
+    extra: tuple[Any, ...] | None = (("cache_salt", cache_salt),) if cache_salt else None
     for start in range(0, len(token_ids) - block_size + 1, block_size):
-        parent = fn((parent, tuple(token_ids[start : start + block_size]), None))
+        parent = fn((parent, tuple(token_ids[start : start + block_size]), extra))
         out.append(int.from_bytes(parent[-8:], "big"))
+        extra = None
     return out
 
 
@@ -161,6 +167,6 @@ class BlockHasher:
         self.algo = algo
         self._root = none_hash(algo, seed)
 
-    def hashes(self, token_ids: Sequence[int]) -> list[int]:
+    def hashes(self, token_ids: Sequence[int], cache_salt: str | None = None) -> list[int]:
         """The block hashes of ``token_ids`` (full blocks only), in the events' int form."""
-        return block_hashes(token_ids, self.block_size, self.algo, self._root)
+        return block_hashes(token_ids, self.block_size, self.algo, self._root, cache_salt)

@@ -37,8 +37,15 @@ __all__ = ["Applied", "IndexStats", "KvIndex", "PrefixCacheView"]
 class PrefixCacheView(Protocol):
     """What a policy asks about the replicas' prefix caches."""
 
-    def matched_blocks(self, hashes: Sequence[int], workers: Sequence[str]) -> list[int]:
-        """For each of ``workers``, how many leading blocks of ``hashes`` it holds."""
+    def matched_blocks(
+        self, hashes: Sequence[int], workers: Sequence[str], salt: str | None = None
+    ) -> list[int]:
+        """For each of ``workers``, how many leading blocks of ``hashes`` it holds.
+
+        ``salt`` is the request's ``cache_salt``: a view whose hashes already include it
+        (vLLM's, hence :class:`KvIndex`) ignores it; the simulator's view needs it to pick the
+        replica's cache namespace.
+        """
         ...
 
 
@@ -232,9 +239,12 @@ class KvIndex:
         blocks = self._blocks.get(worker)
         return blocks is not None and h in blocks
 
-    def matched_blocks(self, hashes: Sequence[int], workers: Sequence[str]) -> list[int]:
+    def matched_blocks(
+        self, hashes: Sequence[int], workers: Sequence[str], salt: str | None = None
+    ) -> list[int]:
         """For each of ``workers`` (in order), the number of leading blocks of ``hashes`` it
-        holds (prefix-closed sets assumed, see the module docstring); 0 for untracked ones."""
+        holds (prefix-closed sets assumed, see the module docstring); 0 for untracked ones.
+        ``salt`` is ignored: vLLM's hashes include it."""
         n = len(hashes)
         slot = self._slot
         mask = 0

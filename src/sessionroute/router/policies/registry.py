@@ -41,6 +41,7 @@ BUILTIN_POLICIES: dict[str, str] = {
         "sessionroute.router.policies.consistent_hash_bounded_load:ConsistentHashBoundedLoadPolicy"
     ),
     "cache_aware": "sessionroute.router.policies.cache_aware:CacheAwarePolicy",
+    "kv_aware": "sessionroute.router.policies.kv_aware:KvAwarePolicy",
 }
 """Registry name -> ``module:Class``."""
 
