@@ -94,7 +94,7 @@ async def _stop(task: asyncio.Task[None], pub: zmq.asyncio.Socket) -> None:
 async def test_gap_without_replay_clears_and_relearns(ctx: zmq.asyncio.Context) -> None:
     sub, pub, task = await _subscriber(ctx)
     index = sub.index
-    assert index.matched_blocks([1, 2], ["http://w"]) == [2]
+    assert index.matched_blocks([1, 2], ["http://w"]) == {"http://w": 2}
     await pub.send_multipart(_msg(1, _stored(3)))
     await _until(lambda: index.last_seq("http://w") == 1)
     assert index.size("http://w") == 3

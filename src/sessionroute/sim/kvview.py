@@ -48,15 +48,18 @@ class ReplicaCacheView:
 
     def matched_blocks(
         self, hashes: Sequence[int], workers: Sequence[str], salt: str | None = None
-    ) -> list[int]:
-        """For each of ``workers``, the leading blocks of ``hashes`` its engine caches now
-        (0 while it is down)."""
+    ) -> dict[str, int]:
+        """Worker -> leading blocks of ``hashes`` its engine caches now, for the workers
+        caching at least one (a replica that is down caches nothing)."""
         by_url = self._by_url
         if len(by_url) != len(self._replicas):
             self._by_url = by_url = {r.url: r for r in self._replicas}
-        out: list[int] = []
+        out: dict[str, int] = {}
         for w in workers:
             rep = by_url.get(w)
             engine = rep.engine if rep is not None else None
-            out.append(0 if engine is None else engine.cached_prefix_blocks(hashes, salt))
+            if engine is not None:
+                m = engine.cached_prefix_blocks(hashes, salt)
+                if m:
+                    out[w] = m
         return out

@@ -97,16 +97,22 @@ def test_matching_is_per_worker_and_prefix_based() -> None:
     index.store("b", [10, 11])
     index.store("c", [99])
     index.add_worker("d")
-    assert index.matched_blocks([10, 11, 12, 13, 14], ["a", "b", "c", "d", "e"]) == [4, 2, 0, 0, 0]
-    assert index.matched_blocks([10, 11, 12], ["b", "a"]) == [2, 3]
-    assert index.matched_blocks([], ["a"]) == [0]
+    assert index.matched_blocks([10, 11, 12, 13, 14], ["a", "b", "c", "d", "e"]) == {
+        "a": 4,
+        "b": 2,
+    }
+    assert index.matched_blocks([10, 11, 12], ["b", "a"]) == {"b": 2, "a": 3}
+    assert index.matched_blocks([10, 11, 12], ["b"]) == {"b": 2}  # only the workers asked
+    assert index.matched_blocks([], ["a"]) == {}
     index.remove("a", [12, 13, 777])
-    assert index.matched_blocks([10, 11, 12, 13], ["a"]) == [2]
+    assert index.matched_blocks([10, 11, 12, 13], ["a"]) == {"a": 2}
     assert index.stats["a"].removed == 2
+    workers = ("a", "b")
+    assert index.matched_blocks([10, 11], workers) == {"a": 2, "b": 2}
     index.remove_worker("b")
-    assert index.matched_blocks([10, 11], ["a", "b"]) == [2, 0]
+    assert index.matched_blocks([10, 11], workers) == {"a": 2}  # same tuple: mask refreshed
     index.store("e", [10])  # takes b's freed slot: must not inherit b's blocks
-    assert index.matched_blocks([10, 11], ["e"]) == [1]
+    assert index.matched_blocks([10, 11], ["e"]) == {"e": 1}
 
 
 def test_bound_forgets_the_oldest() -> None:
@@ -139,7 +145,7 @@ def test_matching_equals_a_linear_walk_on_prefix_closed_sets(lengths: list[int],
     for w, k in zip(workers, lengths, strict=True):
         index.add_worker(w)
         index.store(w, range(1000, 1000 + k))
-    expect = [min(k, n) for k in lengths]
+    expect = {w: min(k, n) for w, k in zip(workers, lengths, strict=True) if min(k, n)}
     assert index.matched_blocks(chain, workers) == expect
 
 

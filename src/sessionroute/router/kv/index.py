@@ -39,8 +39,9 @@ class PrefixCacheView(Protocol):
 
     def matched_blocks(
         self, hashes: Sequence[int], workers: Sequence[str], salt: str | None = None
-    ) -> list[int]:
-        """For each of ``workers``, how many leading blocks of ``hashes`` it holds.
+    ) -> dict[str, int]:
+        """How many leading blocks of ``hashes`` each of ``workers`` holds, for the workers
+        holding at least one (the others are absent: usually most of them).
 
         ``salt`` is the request's ``cache_salt``: a view whose hashes already include it
         (vLLM's, hence :class:`KvIndex`) ignores it; the simulator's view needs it to pick the
@@ -100,6 +101,9 @@ class KvIndex:
         self._slot: dict[str, int] = {}
         self._owners: dict[int, int] = {}  # hash -> bitmask of worker slots holding it
         self._seq: dict[str, int] = {}
+        self._names: dict[int, str] = {}  # slot -> worker
+        self._version = 0  # bumped when slots change (invalidates the cached worker mask)
+        self._mask_of: tuple[object, int, int] = ((), -1, 0)
         self.stats: dict[str, IndexStats] = {}
 
     # -- feeding --------------------------------------------------------------------------
@@ -110,6 +114,8 @@ class KvIndex:
         used = set(self._slot.values())
         slot = next(i for i in range(len(used) + 1) if i not in used)
         self._slot[worker] = slot
+        self._names[slot] = worker
+        self._version += 1
         self._blocks[worker] = {}
         self.stats.setdefault(worker, IndexStats())
 
@@ -119,7 +125,8 @@ class KvIndex:
             return
         self.clear(worker, count=False)
         del self._blocks[worker]
-        del self._slot[worker]
+        del self._names[self._slot.pop(worker)]
+        self._version += 1
         self._seq.pop(worker, None)
 
     def workers(self) -> list[str]:
@@ -241,22 +248,31 @@ class KvIndex:
 
     def matched_blocks(
         self, hashes: Sequence[int], workers: Sequence[str], salt: str | None = None
-    ) -> list[int]:
-        """For each of ``workers`` (in order), the number of leading blocks of ``hashes`` it
-        holds (prefix-closed sets assumed, see the module docstring); 0 for untracked ones.
+    ) -> dict[str, int]:
+        """Worker -> number of leading blocks of ``hashes`` it holds, for those of ``workers``
+        holding at least one (prefix-closed sets assumed, see the module docstring).
         ``salt`` is ignored: vLLM's hashes include it."""
         n = len(hashes)
-        slot = self._slot
-        mask = 0
-        for w in workers:
-            s = slot.get(w)
-            if s is not None:
-                mask |= 1 << s
-        lengths: dict[int, int] = {}
+        if not n:
+            return {}
         owners = self._owners
-        if n and mask and owners.get(hashes[0], 0) & mask:
+        first = owners.get(hashes[0], 0)
+        if not first:
+            return {}
+        if workers is self._mask_of[0] and self._mask_of[1] == self._version:
+            mask = self._mask_of[2]
+        else:
+            slot = self._slot
+            mask = 0
+            for w in workers:
+                s = slot.get(w)
+                if s is not None:
+                    mask |= 1 << s
+            self._mask_of = (workers, self._version, mask)
+        lengths: dict[int, int] = {}
+        if first & mask:
             # invariant of each item: every slot in m holds a prefix of length in [lo, hi]
-            stack = [(1, n, owners[hashes[0]] & mask)]
+            stack = [(1, n, first & mask)]
             while stack:
                 lo, hi, m = stack.pop()
                 while lo < hi:
@@ -274,8 +290,5 @@ class KvIndex:
                         low = m & -m
                         lengths[low.bit_length() - 1] = lo
                         m ^= low
-        out: list[int] = []
-        for w in workers:
-            s = slot.get(w)
-            out.append(0 if s is None else lengths.get(s, 0))
-        return out
+        names = self._names
+        return {names[s]: m for s, m in lengths.items()}

@@ -105,34 +105,39 @@ class KvAwarePolicy(Policy):
         healthy = require_healthy(cluster)
         blocks = request.blocks or ()
         n = len(blocks)
-        matched = (
-            self.cache.matched_blocks(blocks, healthy, request.cache_salt)
-            if n
-            else [0] * len(healthy)
-        )
+        held = self.cache.matched_blocks(blocks, healthy, request.cache_salt) if n else {}
         prompt = float(max(request.prompt_tokens, n))
         lam = self._lam
-        best: list[str] = []
-        best_cost = 0.0
-        best_load = 0
-        best_m = 0
-        for w, m in zip(healthy, matched, strict=True):
-            load = cluster.in_flight(w)
-            cost = prompt * (1.0 - m / n if n else 1.0) + lam * load
-            if not best or cost < best_cost or (cost == best_cost and load < best_load):
-                best, best_cost, best_load, best_m = [w], cost, load, m
-            elif cost == best_cost and load == best_load:
-                best.append(w)
-        if len(best) == 1:
-            worker = best[0]
+        in_flight = cluster.in_flight
+        loads = [in_flight(w) for w in healthy]
+        low = min(loads)
+        # candidates: every worker holding part of the prefix, and the least-loaded of the rest
+        # (an unmatched worker costs prompt + lam * load: only the least loaded can win)
+        cands: list[tuple[float, int, str, int]] = [
+            (prompt * (1.0 - m / n) + lam * in_flight(w), in_flight(w), w, m)
+            for w, m in held.items()
+        ]
+        rest = prompt + lam * low
+        if not cands or rest <= min(c[0] for c in cands):
+            cands += [
+                (rest, low, w, 0)
+                for w, load in zip(healthy, loads, strict=True)
+                if load == low and w not in held
+            ]
+        best_cost = min(c[0] for c in cands)
+        tied = [c for c in cands if c[0] == best_cost]
+        if len(tied) > 1:
+            fewest = min(c[1] for c in tied)
+            tied = [c for c in tied if c[1] == fewest]
+        if len(tied) == 1:
+            _, _, worker, m = tied[0]
         else:
             key = request.session_id
             if key is None:
                 key = str(blocks[0]) if n else (request.request_id or "")
-            worker = max(best, key=lambda w: rendezvous_score(key, w))
-            best_m = matched[healthy.index(worker)]
-        self.decisions["cache_hit" if best_m else "no_match"] += 1
-        self.matched_blocks_total += best_m
+            _, _, worker, m = max(tied, key=lambda c: rendezvous_score(key, c[2]))
+        self.decisions["cache_hit" if m else "no_match"] += 1
+        self.matched_blocks_total += m
         return Decision(worker, DecisionKind.STATELESS)
 
     def on_worker_removed(self, worker: str, cluster: ClusterView) -> None:
