@@ -139,3 +139,17 @@ def test_index_replays_the_capture(capture: dict[str, Any]) -> None:
 def test_reencoding_round_trips(capture: dict[str, Any]) -> None:
     for _, _, batch in _frames(capture):
         assert decode_batch(encode_batch(batch)) == batch
+
+
+def test_hash_variants_equal_vllms_own_function() -> None:
+    """Golden hashes from vLLM 0.32.0's ``hash_block_tokens`` itself (run in its venv):
+    sha256 and sha256_cbor, with and without PYTHONHASHSEED, with and without cache_salt."""
+    doc = json.loads((FIXTURES / "vllm_block_hashes.json").read_text())
+    assert len(doc["cases"]) == 8
+    for case in doc["cases"]:
+        hasher = BlockHasher(case["block_size"], case["algo"], case["seed"])
+        got = hasher.hashes(doc["token_ids"], case["salt"])
+        assert got == case["hashes"], case
+    salted = [c["hashes"][0] for c in doc["cases"] if c["salt"]]
+    plain = [c["hashes"][0] for c in doc["cases"] if not c["salt"]]
+    assert not set(salted) & set(plain)
