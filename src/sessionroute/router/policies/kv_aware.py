@@ -109,33 +109,26 @@ class KvAwarePolicy(Policy):
         prompt = float(max(request.prompt_tokens, n))
         lam = self._lam
         in_flight = cluster.in_flight
-        loads = [in_flight(w) for w in healthy]
-        low = min(loads)
-        # candidates: every worker holding part of the prefix, and the least-loaded of the rest
-        # (an unmatched worker costs prompt + lam * load: only the least loaded can win)
-        cands: list[tuple[float, int, str, int]] = [
-            (prompt * (1.0 - m / n) + lam * in_flight(w), in_flight(w), w, m)
-            for w, m in held.items()
-        ]
-        rest = prompt + lam * low
-        if not cands or rest <= min(c[0] for c in cands):
-            cands += [
-                (rest, low, w, 0)
-                for w, load in zip(healthy, loads, strict=True)
-                if load == low and w not in held
-            ]
-        best_cost = min(c[0] for c in cands)
-        tied = [c for c in cands if c[0] == best_cost]
-        if len(tied) > 1:
-            fewest = min(c[1] for c in tied)
-            tied = [c for c in tied if c[1] == fewest]
+        held_get = held.get
+        per_block = prompt / n if n else 0.0
+        best_cost = float("inf")
+        best_load = 0
+        tied: list[tuple[str, int]] = []
+        for w in healthy:
+            load = in_flight(w)
+            m = held_get(w, 0)
+            cost = prompt - per_block * m + lam * load
+            if cost < best_cost or (cost == best_cost and load < best_load):
+                best_cost, best_load, tied = cost, load, [(w, m)]
+            elif cost == best_cost and load == best_load:
+                tied.append((w, m))
         if len(tied) == 1:
-            _, _, worker, m = tied[0]
+            worker, m = tied[0]
         else:
             key = request.session_id
             if key is None:
                 key = str(blocks[0]) if n else (request.request_id or "")
-            _, _, worker, m = max(tied, key=lambda c: rendezvous_score(key, c[2]))
+            worker, m = max(tied, key=lambda c: rendezvous_score(key, c[0]))
         self.decisions["cache_hit" if m else "no_match"] += 1
         self.matched_blocks_total += m
         return Decision(worker, DecisionKind.STATELESS)
