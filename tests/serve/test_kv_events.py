@@ -13,6 +13,7 @@ import pytest
 import zmq
 import zmq.asyncio
 
+from sessionroute.errors import ConfigError
 from sessionroute.router.kv.content import load_kv_content
 from sessionroute.router.kv.events import (
     END_SEQ,
@@ -23,8 +24,9 @@ from sessionroute.router.kv.events import (
     encode_seq,
 )
 from sessionroute.router.kv.index import KvIndex
-from sessionroute.serve.config import KvStreamConfig
+from sessionroute.serve.config import KvStreamConfig, RouterSettings
 from sessionroute.serve.kvevents import KvEventSubscriber
+from sessionroute.serve.router import Router
 
 from .backend import FakeBackend
 from .conftest import MakeRouter
@@ -190,3 +192,32 @@ async def test_kv_aware_routes_to_the_worker_holding_the_prompt(
     assert f'sessionroute_kv_index_blocks{{worker="{holder}"}} {float(len(hashes))}' in text
     assert f'sessionroute_kv_event_batches_total{{worker="{holder}"}} 1.0' in text
     pub.close(0)
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "tcp://127.0.0.1:5557",
+        "http://a:1=nowhere",
+        "http://a:1=tcp://127.0.0.1:5557,replay",
+        "ftp://a=tcp://127.0.0.1:5557",
+    ],
+)
+def test_bad_kv_events_flags_are_named(spec: str) -> None:
+    with pytest.raises(ConfigError, match="kv-events"):
+        RouterSettings.build(kv_events=(spec,))
+
+
+def test_kv_events_need_a_policy_that_reads_them() -> None:
+    s = RouterSettings.build(
+        worker_urls=("http://a:1",),
+        policy="round_robin",
+        kv_events=("http://a:1=tcp://127.0.0.1:5557",),
+    )
+    with pytest.raises(ConfigError, match="does not read KV events"):
+        Router(s)
+    twice = ("http://a:1=tcp://127.0.0.1:1", "http://a:1=tcp://127.0.0.1:2")
+    with pytest.raises(ConfigError, match="twice"):
+        RouterSettings.build(kv_events=twice)
+    with pytest.raises(ConfigError, match="cannot load tokenizer"):
+        Router(RouterSettings.build(policy="kv_aware", kv_tokenizer="/nonexistent"))
