@@ -83,7 +83,7 @@ def test_a_hot_prefix_is_not_sent_everywhere_to_one_worker() -> None:
     policy.index.store("http://a", hot)
     placed = [core.route(_req(hot, 1024)).worker for _ in range(30)]
     counts = {w: placed.count(w) for w in W}
-    # a: 4096 * k vs 1024 + 4096 * k elsewhere: a takes one more than the others at most
+    # a: 1024 * k vs 1024 + 1024 * k elsewhere: a takes one more than the others at most
     assert max(counts.values()) - min(counts.values()) <= 1
     assert counts["http://a"] == max(counts.values())
 
