@@ -160,6 +160,9 @@ def main() -> int:
     ap.add_argument("--turns", type=int, default=4)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--kv-bytes", default="64M")
+    ap.add_argument(
+        "--start-timeout", type=float, default=900.0, help="seconds for the servers to start"
+    )
     ap.add_argument("--min-gap", type=float, default=0.2)
     ap.add_argument("--max-diff", type=float, default=0.05)
     args = ap.parse_args()
@@ -188,7 +191,7 @@ def main() -> int:
             log = open(Path(work) / f"server{i}.log", "wb")  # noqa: SIM115 - lives with the server
             procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT))
         for u in urls:
-            _wait(u + "/health", procs, 600)
+            _wait(u + "/health", procs, args.start_timeout)
         kv = _arm("kv_aware (no session ids)", "kv_aware", False, urls, zmq, args)
         rr = _arm("round_robin (no session ids)", "round_robin", False, urls, zmq, args)
         st = _arm("sticky_least_loaded (session ids)", "sticky_least_loaded", True, urls, zmq,
