@@ -125,7 +125,11 @@ def _arm(
         cmd += ["--kv-tokenizer", args.model, "--kv-block-size", "32"]
         for u, z in zip(urls, zmq, strict=True):
             cmd += ["--kv-events", f"{u}={z}"]
-    router = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env = dict(os.environ)  # this checkout's sessionroute, whatever the interpreter has installed
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH", "")) if p)
+    log = open(Path(args.work) / f"router-{policy}.log", "wb")  # noqa: SIM115 - closed below
+    router = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
         _wait(f"http://127.0.0.1:{port}/health", [router], 60)
         time.sleep(2.0)  # the servers' publishers reconnect to the freshly bound sockets
@@ -146,6 +150,7 @@ def _arm(
             router.wait(20)
         except subprocess.TimeoutExpired:
             router.kill()
+        log.close()
     rate = (h1 - h0) / (q1 - q0) if q1 > q0 else 0.0
     print(f"{name:34} hit rate {rate:.3f}  ({int(h1 - h0)} / {int(q1 - q0)} tokens)", flush=True)
     return rate
@@ -163,10 +168,12 @@ def main() -> int:
     ap.add_argument(
         "--start-timeout", type=float, default=900.0, help="seconds for the servers to start"
     )
+    ap.add_argument("--keep-logs", action="store_true", help="keep the work dir's logs")
     ap.add_argument("--min-gap", type=float, default=0.2)
     ap.add_argument("--max-diff", type=float, default=0.05)
     args = ap.parse_args()
     work = tempfile.mkdtemp(prefix="kvtier-")
+    args.work = work
     procs: list[subprocess.Popen[bytes]] = []
     urls: list[str] = []
     zmq: list[str] = []
@@ -204,7 +211,10 @@ def main() -> int:
                 p.wait(30)
             except subprocess.TimeoutExpired:
                 p.kill()
-        shutil.rmtree(work, ignore_errors=True)
+        if args.keep_logs:
+            print(f"logs kept in {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
     ok = kv - rr >= args.min_gap and abs(kv - st) <= args.max_diff
     print(f"kv_aware - round_robin = {kv - rr:+.3f} (need >= {args.min_gap}); "
           f"kv_aware - sticky = {kv - st:+.3f} (need |.| <= {args.max_diff}): "
