@@ -97,7 +97,7 @@ def _sessions(n: int, turns: int, seed: int) -> list[list[dict[str, Any]]]:
     words = ["alpha", "beta", "gamma", "delta", "omega", "sigma", "kappa", "theta", "zeta"]
     out = []
     for s in range(n):
-        task = " ".join(f"{rng.choice(words)}{rng.randrange(1000)}" for _ in range(80))
+        task = " ".join(f"{rng.choice(words)}{rng.randrange(1000)}" for _ in range(40))
         msgs: list[dict[str, str]] = [
             {"role": "system", "content": system},
             {"role": "user", "content": f"Issue {s}: {task}"},
@@ -106,7 +106,7 @@ def _sessions(n: int, turns: int, seed: int) -> list[list[dict[str, Any]]]:
         for t in range(turns):
             bodies.append({"model": "tiny", "messages": [dict(m) for m in msgs],
                            "max_tokens": 16, "temperature": 0, "ignore_eos": True})  # fmt: skip
-            obs = " ".join(f"{rng.choice(words)}{rng.randrange(1000)}" for _ in range(60))
+            obs = " ".join(f"{rng.choice(words)}{rng.randrange(1000)}" for _ in range(25))
             msgs.append({"role": "assistant", "content": f"step {t}: run the tests"})
             msgs.append({"role": "user", "content": f"Observation {t}: {obs}"})
         out.append(bodies)
