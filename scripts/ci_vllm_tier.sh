@@ -5,7 +5,9 @@
 # wheel; PyPI does not serve it), removes torchvision/torchaudio/torchcodec/triton, builds the
 # tiny model, starts 3 vLLM servers and runs examples/live_vllm_cpu.toml through
 # `sessionroute serve`: sticky_least_loaded must beat random placement on the prefix-cache hit
-# rate the servers' own /metrics report by more than 0.1. Exits 0 with "SKIP: <reason>" when the
+# rate the servers' own /metrics report by more than 0.1; then scripts/kv_aware_vllm_tier.py:
+# kv_aware without session ids, on the servers' KV events, must beat round_robin by >= 0.2 and
+# be within 0.05 of sticky_least_loaded with session ids. Exits 0 with "SKIP: <reason>" when the
 # pinned torch cannot be installed here.
 #
 # Environment: VLLM_VENV (default ${XDG_CACHE_HOME:-~/.cache}/sessionroute/vllm-venv: outside the
@@ -101,4 +103,6 @@ if gap <= float(sys.argv[2]):
     sys.exit(f"vllm tier: FAIL: sticky beats random by {gap:.3f}, need > {sys.argv[2]}")
 print(f"sticky_least_loaded beats random by {gap:.3f} (> {sys.argv[2]})")
 PY
+echo "== kv_aware on real KV events: 3 vLLM servers, kv_aware/round_robin without session ids vs sticky_least_loaded with them"
+"$SR_PYTHON" scripts/kv_aware_vllm_tier.py --model "$WORK/model" --vllm-python "$VENV/bin/python"
 echo "vllm tier: passed in $((SECONDS - T0)) s"

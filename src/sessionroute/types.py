@@ -29,6 +29,8 @@ class RouteRequest:
             ``consistent_hash`` key (``header:<name>:<value>``) for parity with vllm-router.
         stream: the client asked for a streamed answer (``"stream": true``); the live
             router's first-byte timeout applies only to these.
+        cache_salt: the request's prefix-cache namespace (vLLM's ``cache_salt``), or None;
+            set only for policies that read content.
     """
 
     session_id: str | None = None
@@ -38,6 +40,7 @@ class RouteRequest:
     request_id: str | None = None
     session_header: str = "x-session-id"
     stream: bool = False
+    cache_salt: str | None = None
 
 
 class DecisionKind(enum.StrEnum):

@@ -256,4 +256,4 @@ for _name in policy_names():
 def test_every_builtin_policy_has_a_machine() -> None:
     names = {k.removeprefix("TestStateful_") for k in globals() if k.startswith("TestStateful_")}
     assert names == set(policy_names())
-    assert len(names) == 14
+    assert len(names) == 15

@@ -10,7 +10,17 @@ the policy itself), then timed with :func:`time.perf_counter_ns`:
   (``--new`` samples; each is released again, untimed, so the population stays constant).
 
 Requests carry a session id, a prompt-token estimate and a text (a 256-character shared system
-prompt plus a per-session task line), so ``cache_aware`` routes on real prefixes. The clock is
+prompt plus a per-session task line), so ``cache_aware`` routes on real prefixes.
+
+With ``--prompt-tokens N`` requests are long prompts instead: each session's content is ``N /
+16`` chained 16-token block keys (the first 64 shared by every session: a common system
+prompt), its later turns append 64 blocks (1,024 tokens), and each timed sample builds the
+request through the router's own :meth:`~sessionroute.router.requests.RequestBuilder.from_turn`
+(the content step included) before ``route`` + ``complete``. A policy with a KV index
+(``kv_aware``) is fed a ``BlockStored`` for every placed population request, as the replica
+would publish it; its rows also give ``vllm_hash_ms``, the median time to hash ``N`` token ids
+into vLLM's sha256 block hashes (:class:`~sessionroute.router.kv.hashing.BlockHasher`, 16-token
+blocks) -- the live router's extra per-request cost when it computes the hashes itself. The clock is
 a :class:`~sessionroute.clock.ManualClock` that does not move, so no session expires. Garbage
 is collected (and the survivors frozen) before timing each policy.
 """
@@ -55,6 +65,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="policy to run (repeatable; default: every built-in)",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the sampled sessions")
+    parser.add_argument(
+        "--prompt-tokens",
+        type=int,
+        default=0,
+        help="long-prompt mode: tokens per prompt (e.g. 32768; use --sessions 256 or so, "
+        "every session holds N/16 block keys); default: short text prompts",
+    )
 
 
 def _request(i: int, prefix: str = "sess") -> RouteRequest:
@@ -67,6 +84,90 @@ def _request(i: int, prefix: str = "sess") -> RouteRequest:
             16 * BYTES_PER_TOKEN,
         ),
     )
+
+
+_BLOCK = 16
+_SHARED_BLOCKS = 64
+_TURN_BLOCKS = 64
+
+
+def _long_keys(i: int, prompt_tokens: int) -> list[int]:
+    """Chained block keys of session ``i``'s first prompt (a shared prefix, then its own)."""
+    n = prompt_tokens // _BLOCK
+    shared = min(_SHARED_BLOCKS, n)
+    return [(7 << 40) | j for j in range(shared)] + [(i + 1) << 40 | j for j in range(shared, n)]
+
+
+def _timed_turn(core: RoutingCore, sid: str, prompt_tokens: int, keys: list[int], rid: str) -> int:
+    t0 = time.perf_counter_ns()
+    req = core.requests.from_turn(sid, prompt_tokens, keys, _BLOCK, rid)
+    core.complete(core.route(req))
+    return time.perf_counter_ns() - t0
+
+
+def _vllm_hash_ms(prompt_tokens: int, rng: random.Random) -> float:
+    """Median milliseconds to hash ``prompt_tokens`` token ids into vLLM's block hashes."""
+    from sessionroute.router.kv.hashing import BlockHasher
+
+    hasher = BlockHasher(_BLOCK)
+    ids = [rng.randrange(32_000) for _ in range(prompt_tokens)]
+    times = []
+    for _ in range(5):
+        t0 = time.perf_counter_ns()
+        hasher.hashes(ids)
+        times.append(time.perf_counter_ns() - t0)
+    return round(float(np.median(np.asarray(times))) / 1e6, 3)
+
+
+def bench_long_prompts(
+    name: str, workers: int, sessions: int, turns: int, prompt_tokens: int, seed: int = 0
+) -> dict[str, Any]:
+    """Long-prompt mode of :func:`bench_policy` (module docstring); same row, plus
+    ``prompt_tokens`` and, for policies with a KV index, ``vllm_hash_ms``."""
+    urls = [f"http://10.0.{i // 250}.{i % 250 + 1}:8000" for i in range(workers)]
+    core = RoutingCore(
+        create_policy(name, clock=ManualClock(), rng=random.Random(seed)), Cluster(urls)
+    )
+    index = getattr(core.policy, "index", None)
+    total = prompt_tokens + _TURN_BLOCKS * _BLOCK
+    later: list[list[int]] = []
+    for i in range(sessions):
+        keys = _long_keys(i, prompt_tokens)
+        req = core.requests.from_turn(f"sess-{i}", prompt_tokens, keys, _BLOCK, f"p{i}")
+        res = core.route(req)
+        if index is not None:
+            index.store(res.worker, keys)  # the replica's BlockStored for this prompt
+        core.complete(res)
+        later.append(keys + [(i + 1) << 40 | (1 << 39) | j for j in range(_TURN_BLOCKS)])
+    rng = random.Random(seed)
+    sample = [rng.randrange(sessions) for _ in range(turns)]
+    gc.collect()
+    gc.freeze()
+    try:
+        turn_ns = [
+            _timed_turn(core, f"sess-{i}", total, later[i], f"t{k}") for k, i in enumerate(sample)
+        ]
+        fresh = [
+            _timed_turn(
+                core, f"new-{i}", prompt_tokens, _long_keys(sessions + i, prompt_tokens), f"n{i}"
+            )
+            for i in range(min(turns, 200))
+        ]
+    finally:
+        gc.unfreeze()
+    p50, p99 = np.percentile(np.asarray(turn_ns, dtype=np.float64) / 1000.0, [50, 99])
+    row: dict[str, Any] = {
+        "policy": name,
+        "workers": workers,
+        "sessions": sessions,
+        "prompt_tokens": prompt_tokens,
+        "p50_us": round(float(p50), 2),
+        "p99_us": round(float(p99), 2),
+        "new_session_us": round(float(np.median(np.asarray(fresh)) / 1000.0), 2),
+    }
+    if index is not None:
+        row["vllm_hash_ms"] = _vllm_hash_ms(prompt_tokens, rng)
+    return row
 
 
 def _timed(core: RoutingCore, req: RouteRequest) -> int:
@@ -128,6 +229,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         ``{"results": [row, ...]}``, one row per policy (see :func:`bench_policy`).
     """
     names = args.policies or policy_names()
+    if getattr(args, "prompt_tokens", 0) > 0:
+        return {
+            "results": [
+                bench_long_prompts(
+                    name, args.workers, args.sessions, args.turns, args.prompt_tokens, args.seed
+                )
+                for name in names
+            ]
+        }
     return {
         "results": [
             bench_policy(name, args.workers, args.sessions, args.turns, args.new, args.seed)

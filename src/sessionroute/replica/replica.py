@@ -294,6 +294,17 @@ class Replica:
         self._sync()
         return self._core.pool.reset_prefix_cache()
 
+    def cached_prefix_blocks(self, keys: Sequence[int], salt: str | None = None) -> int:
+        """How many leading blocks of the chained ``keys`` the prefix cache holds now (vLLM
+        ``find_longest_cache_hit``, no limit), without changing the engine's state: what a
+        lossless, instant KV-event index of this replica would answer (the simulator's
+        ``kv_aware`` asks it, :mod:`sessionroute.sim.kvview`)."""
+        if not keys:
+            return 0
+        pool = self._core.pool
+        hit: int = pool.lookup(pool.cache_for(salt), key_list(keys), len(keys))[0]
+        return hit
+
     # ------------------------------------------------------------------ gauges and counters
 
     def _sync(self) -> None:

@@ -30,6 +30,7 @@ from sessionroute.errors import AdmissionRefused, NoWorkerAvailable
 from sessionroute.router.admission import AdmissionQueue, Ticket
 from sessionroute.router.config import RouterConfig
 from sessionroute.router.health import CircuitBreaker, WorkerHealth
+from sessionroute.router.kv.content import KvContent
 from sessionroute.router.policies.base import Policy
 from sessionroute.router.requests import RequestBuilder
 from sessionroute.router.retry import RetryPolicy
@@ -71,6 +72,8 @@ class RoutingCore:
         rng: random generator for retry jitter (``random.Random(0)`` when omitted).
         log: when a list, every decision is appended as ``(session_id, worker, kind)``.
         clock: time source of the circuit breakers (the policy's clock when omitted).
+        kv_content: the servers' tokenizer and block-hash scheme for live requests' content
+            (:class:`~sessionroute.router.requests.RequestBuilder`), or None.
     """
 
     def __init__(
@@ -82,13 +85,16 @@ class RoutingCore:
         rng: random.Random | None = None,
         log: list[tuple[str | None, str, str]] | None = None,
         clock: Clock | None = None,
+        kv_content: KvContent | None = None,
     ) -> None:
         self.policy = policy
         self.cluster = cluster
         self.config = config if config is not None else RouterConfig()
         self.clock = clock if clock is not None else policy.clock
         self.log = log
-        self.requests = RequestBuilder(self.config, needs_content=policy.needs_content)
+        self.requests = RequestBuilder(
+            self.config, needs_content=policy.needs_content, kv_content=kv_content
+        )
         self.retry = RetryPolicy(self.config, rng if rng is not None else random.Random(0))
         self.admission = AdmissionQueue(self.config.admission_max_waiting)
         self.health: dict[str, WorkerHealth] = {w: self._new_health(w) for w in cluster.workers()}

@@ -23,12 +23,15 @@ from __future__ import annotations
 import functools
 import hashlib
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sessionroute.errors import MalformedRequest
 from sessionroute.router.config import RouterConfig
 from sessionroute.router.validate import check_session_id, parse_body
 from sessionroute.types import RouteRequest
+
+if TYPE_CHECKING:
+    from sessionroute.router.kv.content import KvContent
 
 __all__ = [
     "BYTES_PER_TOKEN",
@@ -129,11 +132,17 @@ class RequestBuilder:
         config: the router configuration (session headers, content block size).
         needs_content: whether the policy reads :attr:`RouteRequest.blocks`; without it the
             body is never parsed and ``blocks`` is None.
+        kv_content: the servers' tokenizer and block-hash scheme; when given, a live
+            request's ``blocks`` are its vLLM block hashes (:mod:`sessionroute.router.kv`)
+            instead of text keys.
     """
 
-    def __init__(self, config: RouterConfig, *, needs_content: bool) -> None:
+    def __init__(
+        self, config: RouterConfig, *, needs_content: bool, kv_content: KvContent | None = None
+    ) -> None:
         self.config = config
         self.needs_content = needs_content
+        self.kv_content = kv_content
         self.session_names: tuple[tuple[bytes, str], ...] = tuple(
             (n.encode("latin-1"), n) for n in config.session_headers
         )
@@ -189,6 +198,7 @@ class RequestBuilder:
         blocks: list[int] | None = None
         model: str | None = None
         payload: dict[str, Any] = {}
+        salt: str | None = None
         encoding = headers.get(b"content-encoding")
         if encoding is not None and encoding.strip().lower() not in (b"", b"identity"):
             # a compressed body (gzip, ...) goes to the worker as received, unread: the
@@ -201,9 +211,14 @@ class RequestBuilder:
         else:
             payload = parse_body(body[0] if len(body) == 1 else b"".join(body), route)
         if self.needs_content:
-            blocks = text_block_keys(prompt_text(payload), self._block_bytes)
+            if self.kv_content is not None:
+                blocks = self.kv_content.blocks(payload)
+            else:
+                blocks = text_block_keys(prompt_text(payload), self._block_bytes)
             m = payload.get("model")
             model = m if isinstance(m, str) else None
+            s = payload.get("cache_salt") if isinstance(payload, dict) else None
+            salt = s if isinstance(s, str) and s else None
         return RouteRequest(
             session_id=sid,
             prompt_tokens=estimate_prompt_tokens(body_bytes),
@@ -212,6 +227,7 @@ class RequestBuilder:
             request_id=request_id,
             session_header=header,
             stream=payload.get("stream") is True,
+            cache_salt=salt,
         )
 
     def from_turn(
@@ -221,6 +237,7 @@ class RequestBuilder:
         block_keys: Sequence[int],
         kv_block_tokens: int,
         request_id: str,
+        cache_salt: str | None = None,
     ) -> RouteRequest:
         """The policy's view of a simulated turn, as the live router would build it.
 
@@ -233,6 +250,7 @@ class RequestBuilder:
                 ``kv_block_tokens``).
             kv_block_tokens: tokens per KV block of ``block_keys``.
             request_id: the attempt's id.
+            cache_salt: the turn's prefix-cache namespace (kept only for content policies).
         """
         sid, header = self._turn_session(session_id)
         blocks = (
@@ -248,6 +266,7 @@ class RequestBuilder:
             blocks=blocks,
             request_id=request_id,
             session_header=header,
+            cache_salt=cache_salt if self.needs_content else None,
         )
 
     def _session_of_turn(self, session_id: str | None) -> tuple[str | None, str]:

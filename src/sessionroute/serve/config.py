@@ -14,6 +14,7 @@ import argparse
 import json
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -32,11 +33,30 @@ __all__ = [
     "DEFAULTS",
     "DEFAULT_REQUEST_ID_HEADERS",
     "SESSION_TTL_ENV",
+    "KvStreamConfig",
     "RouterSettings",
     "add_arguments",
     "router_flags",
     "settings_from_args",
 ]
+
+
+@dataclass(frozen=True, slots=True)
+class KvStreamConfig:
+    """Where one worker's KV events arrive.
+
+    Attributes:
+        worker: the worker's url (as the router knows it).
+        endpoint: the ZMQ address the router binds for the worker's publisher
+            (``tcp://127.0.0.1:5557``).
+        replay_endpoint: the server's replay socket (``tcp://HOST:PORT``), or None.
+        topic: the publisher's topic (vLLM's default ``""``).
+    """
+
+    worker: str
+    endpoint: str
+    replay_endpoint: str | None = None
+    topic: str = ""
 
 
 class RouterSettings(BaseModel):
@@ -101,6 +121,13 @@ class RouterSettings(BaseModel):
     idle_timeout_secs: float = Field(DEFAULTS["idle_timeout_secs"], gt=0)
     allow_remote_admin: bool = False
     expose_worker_header: bool = False
+    kv_events: tuple[str, ...] = ()
+    kv_tokenizer: str | None = None
+    kv_block_size: int = Field(DEFAULTS["kv_block_size"], ge=1)
+    kv_hash_algo: Literal["sha256", "sha256_cbor", "xxhash", "xxhash_cbor"] = DEFAULTS[
+        "kv_hash_algo"
+    ]
+    kv_hash_seed: str | None = None
 
     @field_validator("worker_urls")
     @classmethod
@@ -118,6 +145,16 @@ class RouterSettings(BaseModel):
         if url is not None and not url.startswith(("redis://", "rediss://", "unix://")):
             raise ValueError("must be a Redis URL: redis://HOST:PORT/DB, rediss://... or unix://")
         return url
+
+    @field_validator("kv_events")
+    @classmethod
+    def _check_kv_events(cls, specs: tuple[str, ...]) -> tuple[str, ...]:
+        kv_streams(specs)
+        return specs
+
+    def kv_streams(self) -> list[KvStreamConfig]:
+        """The ``--kv-events`` streams, one per worker."""
+        return kv_streams(self.kv_events)
 
     @field_validator("session_headers", "request_id_headers")
     @classmethod
@@ -190,6 +227,31 @@ class RouterSettings(BaseModel):
             raise ConfigError("invalid router settings: " + "; ".join(parts)) from None
 
 
+def kv_streams(specs: tuple[str, ...] | list[str]) -> list[KvStreamConfig]:
+    """Parse ``URL=ENDPOINT[,REPLAY]`` specs (``--kv-events``).
+
+    Raises:
+        ValueError: on a malformed spec or a worker named twice (the message has the value).
+    """
+    out: list[KvStreamConfig] = []
+    seen: set[str] = set()
+    for spec in specs:
+        url, sep, rest = spec.partition("=")
+        endpoint, _, replay = rest.partition(",")
+        if not sep or not url.startswith(("http://", "https://")) or "://" not in endpoint:
+            raise ValueError(
+                f"--kv-events wants URL=ENDPOINT[,REPLAY] (e.g. "
+                f"http://127.0.0.1:8000=tcp://127.0.0.1:5557), got {spec!r}"
+            )
+        if replay and "://" not in replay:
+            raise ValueError(f"--kv-events replay address must be a ZMQ address, got {replay!r}")
+        if url in seen:
+            raise ValueError(f"--kv-events names worker {url!r} twice")
+        seen.add(url)
+        out.append(KvStreamConfig(url, endpoint, replay or None))
+    return out
+
+
 def settings_from_args(
     args: argparse.Namespace, environ: Mapping[str, str] | None = None
 ) -> RouterSettings:
@@ -222,8 +284,11 @@ def settings_from_args(
             "worker_urls",
             "session_headers",
             "policy_option",
+            "kv_events",
         )
+        and hasattr(args, name)
     }
+    values["kv_events"] = tuple(getattr(args, "kv_events", None) or ())
     values["session_ttl_secs"] = ttl
     values["worker_urls"] = tuple(args.worker_urls or ())
     values["session_headers"] = tuple(args.session_headers)

@@ -74,6 +74,8 @@ DEFAULTS: dict[str, Any] = {
     "max_connections": 10000,
     "header_timeout_secs": 10.0,
     "idle_timeout_secs": 30.0,
+    "kv_block_size": 16,
+    "kv_hash_algo": "sha256",
 }
 """Defaults of the ``serve`` flags (vllm-router 0.1.17's where the flag is shared)."""
 
@@ -302,6 +304,47 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="log level (default: %(default)s)",
     )
     _add_hardening_arguments(parser)
+    kv = parser.add_argument_group(
+        "kv_aware (sessionroute only)",
+        "The replicas' prefix caches, learned from vLLM's KV cache events (docs/kv_aware.md). "
+        'Start each vLLM server with --kv-events-config \'{"enable_kv_cache_events": true, '
+        '"publisher": "zmq", "endpoint": "tcp://ROUTER_HOST:PORT"}\' (and optionally '
+        '"replay_endpoint": "tcp://*:RPORT"); give the router the same address per worker.',
+    )
+    kv.add_argument(
+        "--kv-events",
+        action="append",
+        default=[],
+        metavar="URL=ENDPOINT[,REPLAY]",
+        help="worker URL, the ZMQ address the router binds for its KV events, and optionally "
+        "the server's replay address (repeatable, one per worker)",
+    )
+    kv.add_argument(
+        "--kv-tokenizer",
+        default=None,
+        metavar="DIR",
+        help="local model directory with the servers' tokenizer.json and chat template: "
+        "requests are tokenized and hashed into vLLM block hashes (without it kv_aware "
+        "matches nothing and routes by load alone)",
+    )
+    kv.add_argument(
+        "--kv-block-size",
+        type=int,
+        default=d["kv_block_size"],
+        help="the servers' --block-size (default: %(default)s)",
+    )
+    kv.add_argument(
+        "--kv-hash-algo",
+        default=d["kv_hash_algo"],
+        choices=["sha256", "sha256_cbor", "xxhash", "xxhash_cbor"],
+        help="the servers' --prefix-caching-hash-algo (default: %(default)s)",
+    )
+    kv.add_argument(
+        "--kv-hash-seed",
+        default=None,
+        metavar="SEED",
+        help="the servers' PYTHONHASHSEED, if they run with one (required for xxhash)",
+    )
     for flag in _UNSUPPORTED_VLLM_ROUTER_FLAGS:
         a(flag, action=_Unsupported, dest="unsupported_" + flag.strip("-").replace("-", "_"))
 

@@ -13,18 +13,21 @@ import inspect
 import logging
 import random
 import string
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
 from sessionroute.clock import Clock, MonotonicClock
+from sessionroute.errors import ConfigError
 from sessionroute.router import RoutingCore, choose_policy
 from sessionroute.router.retry import WorkerLostAction
+from sessionroute.router.kv.index import KvIndex
 from sessionroute.router.state import Cluster
 from sessionroute.router.state.shared import SharedCluster, share_table
 from sessionroute.serve.config import RouterSettings
 from sessionroute.serve.gauges import GaugeScraper
 from sessionroute.serve.health import HealthChecker, probe
+from sessionroute.serve.kvevents import KvEventsCollector, KvEventSubscriber
 from sessionroute.serve.metrics import RouterMetrics
 from sessionroute.serve.upstream import REQUEST_DROP, Exchange, UpstreamPool
 
@@ -84,12 +87,31 @@ class Router:
         )
         policy = choice.build(clock=self.clock, rng=random.Random(self.rng.getrandbits(64)))
         shared = settings.state_url is not None
+        kv_content = None
+        if settings.kv_tokenizer is not None:
+            from sessionroute.router.kv.content import load_kv_content
+
+            kv_content = load_kv_content(
+                settings.kv_tokenizer,
+                settings.kv_block_size,
+                settings.kv_hash_algo,
+                settings.kv_hash_seed,
+            )
         self.core = RoutingCore(
             policy,
             (SharedCluster if shared else Cluster)(settings.worker_urls),
             config,
             rng=random.Random(self.rng.getrandbits(64)),
+            kv_content=kv_content,
         )
+        self.kv_index: KvIndex | None = getattr(policy, "index", None)
+        """The policy's KV index fed by ``--kv-events`` (None for policies without one)."""
+        if settings.kv_events and not isinstance(self.kv_index, KvIndex):
+            raise ConfigError(
+                f"--kv-events given, but policy {settings.policy!r} does not read KV events "
+                "(use kv_aware)"
+            )
+        self.kv_subscribers: list[KvEventSubscriber] = []
         self.workers = self.core.health
         """url -> health record of every worker (the core's)."""
         self.metrics = RouterMetrics(self.core, lambda: self.workers)
@@ -108,6 +130,8 @@ class Router:
                 timeout_s=settings.state_timeout_secs,
             )
             self.metrics.registry.register(StateCollector(self.state))
+        if isinstance(self.kv_index, KvIndex):
+            self.metrics.registry.register(KvEventsCollector(self.kv_index, self.kv_subscribers))
         self.worker_headers: dict[str, str] = (
             {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
         )
@@ -142,6 +166,7 @@ class Router:
         self.gauges: GaugeScraper | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._timers: dict[str, asyncio.TimerHandle] = {}
+        self._zmq: Any = None
 
     # -- lifecycle ------------------------------------------------------------------------
     @property
@@ -184,6 +209,7 @@ class Router:
             asyncio.create_task(self.health.run(), name="sessionroute-health"),
             asyncio.create_task(self._sweep_loop(), name="sessionroute-sweep"),
         ]
+        self._start_kv_subscribers()
         interval = self.core.config.scrape_interval_s
         if interval is not None:
             self.gauges = GaugeScraper(
@@ -194,6 +220,35 @@ class Router:
                 headers=self.worker_headers,
             )
             self._tasks.append(asyncio.create_task(self.gauges.run(), name="sessionroute-gauges"))
+
+    def _start_kv_subscribers(self) -> None:
+        """Bind one ZMQ subscriber per ``--kv-events`` stream and start feeding the index.
+
+        Raises:
+            ConfigError: an endpoint cannot be bound (the message names it).
+        """
+        index = self.kv_index
+        streams = self.settings.kv_streams()
+        if index is None or not streams:
+            if index is not None and self.settings.kv_tokenizer is None:
+                log.warning("kv_aware without --kv-events/--kv-tokenizer routes by load alone")
+            return
+        import zmq
+        import zmq.asyncio
+
+        self._zmq = zmq.asyncio.Context()
+        for stream in streams:
+            sub = KvEventSubscriber(stream, index, self._zmq)
+            try:
+                sub.bind()
+            except zmq.ZMQError as exc:
+                raise ConfigError(
+                    f"--kv-events: cannot bind {stream.endpoint!r} for {stream.worker}: {exc}"
+                ) from None
+            self.kv_subscribers.append(sub)
+            self._tasks.append(
+                asyncio.create_task(sub.run(), name=f"sessionroute-kv-{stream.worker}")
+            )
 
     async def close(self) -> None:
         """Stop background tasks and close the upstream pools."""
@@ -206,6 +261,9 @@ class Router:
         for timer in self._timers.values():
             timer.cancel()
         self._timers.clear()
+        if self._zmq is not None:
+            self._zmq.term()
+            self._zmq = None
         await self.upstream.close()
         if self.state is not None:
             await self.state.close()

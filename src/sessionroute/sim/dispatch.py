@@ -67,6 +67,7 @@ class Dispatcher:
             req.keys,
             self._block_size,
             rid,
+            turn.cache_salt,
         )
         req.rid = rid
         try:

@@ -23,6 +23,7 @@ from sessionroute.router import RoutingCore, choose_policy
 from sessionroute.router.state.cluster import Cluster
 from sessionroute.sim.events import PRIO_FAULT, EventQueue, VirtualClock
 from sessionroute.sim.faults import apply_fault
+from sessionroute.sim.kvview import ReplicaCacheView
 from sessionroute.sim.replicas import SimReplica
 from sessionroute.sim.report import build_metrics
 from sessionroute.sim.sampling import Sampler, Scraper, Sweeper
@@ -191,6 +192,9 @@ def run_simulation(
     sim = Simulation(
         queue, core, replicas, spec.router, rec, url_for, rcfg, fast=spec.sim.fast_engine
     )
+    use_cache = getattr(pol, "use_prefix_cache", None)
+    if callable(use_cache):  # kv_aware and its kin: the replicas' caches stand in for events
+        use_cache(ReplicaCacheView(sim.replicas, rcfg.block_size, spec.router.content_block_tokens))
     workload = wcfg.build(np.random.default_rng(seed))
     n = count
     for f in sorted(spec.faults, key=lambda f: f.at_s):
