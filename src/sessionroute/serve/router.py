@@ -20,8 +20,8 @@ import aiohttp
 from sessionroute.clock import Clock, MonotonicClock
 from sessionroute.errors import ConfigError
 from sessionroute.router import RoutingCore, choose_policy
-from sessionroute.router.retry import WorkerLostAction
 from sessionroute.router.kv.index import KvIndex
+from sessionroute.router.retry import WorkerLostAction
 from sessionroute.router.state import Cluster
 from sessionroute.router.state.shared import SharedCluster, share_table
 from sessionroute.serve.config import RouterSettings
