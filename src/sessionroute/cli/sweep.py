@@ -60,7 +60,7 @@ def register(sub: Any) -> None:
         "--policies",
         default=None,
         help="comma-separated policies (default: the experiment's arms, with their options; "
-        "the default experiment's four)",
+        "the default experiment's five)",
     )
     parser.add_argument("--seeds", type=int, default=1, help="seeds per point (default 1)")
     parser.add_argument("--workload", help="replace FILE's workload (as for compare)")

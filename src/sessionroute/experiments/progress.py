@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from types import TracebackType
+from typing import Self
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
@@ -10,7 +11,25 @@ from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedCo
 __all__ = ["OverallReporter", "RichReporter"]
 
 
-class RichReporter:
+class _Display:
+    """A started-and-stopped ``rich`` progress display (a context manager)."""
+
+    _progress: Progress
+
+    def __enter__(self) -> Self:
+        self._progress.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._progress.stop()
+
+
+class RichReporter(_Display):
     """Implements the runner's ProgressReporter with a bar per arm (on ``console``)."""
 
     def __init__(self, console: Console) -> None:
@@ -23,18 +42,6 @@ class RichReporter:
             transient=False,
         )
         self._tasks: dict[str, TaskID] = {}
-
-    def __enter__(self) -> RichReporter:
-        self._progress.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._progress.stop()
 
     def start_run(self, label: str) -> _Updater:
         task = self._progress.add_task(label, total=1.0)
@@ -62,7 +69,7 @@ class _Updater:
             self._progress.update(self._task, completed=f)
 
 
-class OverallReporter:
+class OverallReporter(_Display):
     """Implements the runner's ProgressReporter with one bar for all runs (a sweep's many
     runs): the mean fraction done, and how many runs have finished."""
 
@@ -80,18 +87,6 @@ class OverallReporter:
         self._runs = runs
         self._fractions: dict[str, float] = {}
         self._done = 0
-
-    def __enter__(self) -> OverallReporter:
-        self._progress.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._progress.stop()
 
     def _update(self) -> None:
         total = sum(self._fractions.values()) / max(1, self._runs)
