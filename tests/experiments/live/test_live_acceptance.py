@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from sessionroute.experiments.live.procs import free_port
 from sessionroute.experiments.live.runner import run_live_experiment
 from sessionroute.experiments.runner import run_experiment, write_outputs
 from sessionroute.experiments.sim_arm import simulate_arm
@@ -26,8 +27,20 @@ from sessionroute.experiments.spec import load_experiment, parse_experiment
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 
 
-def fidelity_experiment(ports: tuple[int, int, int] = (18721, 18722, 18723)) -> dict[str, Any]:
-    """The CI experiment: 3 x toy-8b-h100-tp1 emulated at 5x, 30 toy sessions, 2 arms."""
+def free_ports(n: int = 3) -> tuple[int, ...]:
+    """``n`` distinct loopback ports that were free a moment ago (so two test runs on one
+    machine don't collide on fixed ports)."""
+    ports: set[int] = set()
+    while len(ports) < n:
+        ports.add(free_port())
+    return tuple(sorted(ports))
+
+
+def fidelity_experiment(ports: tuple[int, ...] | None = None) -> dict[str, Any]:
+    """The CI experiment: 3 x toy-8b-h100-tp1 emulated at 5x, 30 toy sessions, 2 arms (on
+    ``ports``, or three free ones)."""
+    if ports is None:
+        ports = free_ports()
     return {
         "name": "live-fidelity",
         "workload": {"kind": "toy", "options": {"sessions": 30}},
@@ -77,7 +90,7 @@ def test_vllm_router_and_sessionroute_place_sessions_alike() -> None:
         pytest.skip("vllm-router is not installed (pip install vllm-router==0.1.17)")
     data = load_experiment(EXAMPLES / "live_side_by_side.toml", env={}).model_dump()
     data["workload"]["options"]["sessions"] = 13
-    data["replicas"]["urls"] = [f"http://127.0.0.1:{p}" for p in (18731, 18732, 18733)]
+    data["replicas"]["urls"] = [f"http://127.0.0.1:{p}" for p in free_ports()]
     data["live"]["time_scale"] = 2.0
     spec = parse_experiment(data, env={})
     out = run_live_experiment(spec)

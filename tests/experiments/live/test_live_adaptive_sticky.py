@@ -19,7 +19,7 @@ from .test_live_acceptance import fidelity_experiment
 
 @pytest.mark.slow
 def test_adaptive_sticky_live_agrees_with_the_simulator() -> None:
-    data = fidelity_experiment((18741, 18742, 18743))
+    data = fidelity_experiment()
     data["name"] = "live-fidelity-adaptive"
     data["arms"] = [{"policy": "adaptive_sticky"}]
     spec = parse_experiment(data, env={})
