@@ -15,7 +15,7 @@ __all__ = ["experiment_from_args", "register"]
 
 _EPILOG = """\
 examples:
-  sessionroute compare                              # the default: simulated swe-rl, 3 arms
+  sessionroute compare                              # the default: simulated swe-rl, 5 arms
   sessionroute compare --steps 5 --policies consistent_hash,sticky_least_loaded
   sessionroute compare --workload trace:weka        # replay Claude Code sessions
   sessionroute compare --workload toy --repeats 3   # small, with 95 % intervals
