@@ -17,6 +17,8 @@ Usage::
 from __future__ import annotations
 
 import asyncio
+import signal
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -119,8 +121,12 @@ class LiveArmRunner:
             self._procs.__exit__(exc_type, exc, tb)
 
     def __call__(self, arm: ResolvedArm, seed: int, progress: Callable[[float], None]) -> RunOutput:
-        """Run ``arm`` once with ``seed`` (its own event loop)."""
-        return asyncio.run(self.run_arm(arm, seed, progress))
+        """Run ``arm`` once with ``seed`` (its own event loop).
+
+        Raises:
+            KeyboardInterrupt: Ctrl-C (SIGINT) arrived during the run.
+        """
+        return asyncio.run(_interruptible(self.run_arm(arm, seed, progress)))
 
     async def run_arm(
         self, arm: ResolvedArm, seed: int, progress: Callable[[float], None] | None = None
@@ -238,3 +244,38 @@ def run_live_experiment(spec: ExperimentSpec, reporter: Any = None) -> Any:
 
     with LiveArmRunner(spec) as runner:
         return run_experiment(spec, runner, reporter, jobs=1)
+
+
+async def _interruptible(coro: Any) -> Any:
+    """Await ``coro``; SIGINT cancels it and always ends in ``KeyboardInterrupt``.
+
+    ``asyncio.run``'s own handler only cancels the main task, and a run whose cancellation was
+    absorbed on the way (a library's cleanup, say) then returned normally: Ctrl-C became a
+    silent, shortened run with exit status 0.
+
+    Raises:
+        KeyboardInterrupt: SIGINT arrived while ``coro`` ran.
+    """
+    task = asyncio.current_task()
+    if threading.current_thread() is not threading.main_thread() or task is None:
+        return await coro
+    loop = asyncio.get_running_loop()
+    interrupted = False
+
+    def on_sigint() -> None:
+        nonlocal interrupted
+        interrupted = True
+        task.cancel()
+
+    loop.add_signal_handler(signal.SIGINT, on_sigint)
+    try:
+        result = await coro
+    except asyncio.CancelledError:
+        if interrupted:
+            raise KeyboardInterrupt from None
+        raise
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)
+    if interrupted:
+        raise KeyboardInterrupt
+    return result
