@@ -20,10 +20,10 @@ import asyncio
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import numpy as np
@@ -49,6 +49,8 @@ from sessionroute.sim import RouterSection, SimSpec
 from sessionroute.workloads.registry import workload_config
 
 __all__ = ["LiveArmRunner", "run_live_experiment"]
+
+T = TypeVar("T")
 
 # [live] keys that may differ between arms sharing replica processes (per-arm choices).
 _PER_ARM_KEYS = frozenset(
@@ -246,7 +248,7 @@ def run_live_experiment(spec: ExperimentSpec, reporter: Any = None) -> Any:
         return run_experiment(spec, runner, reporter, jobs=1)
 
 
-async def _interruptible(coro: Any) -> Any:
+async def _interruptible(coro: Coroutine[Any, Any, T]) -> T:
     """Await ``coro``; SIGINT cancels it and always ends in ``KeyboardInterrupt``.
 
     ``asyncio.run``'s own handler only cancels the main task, and a run whose cancellation was
