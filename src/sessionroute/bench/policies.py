@@ -17,11 +17,12 @@ With ``--prompt-tokens N`` requests are long prompts instead: each session's con
 prompt), its later turns append 64 blocks (1,024 tokens), and each timed sample builds the
 request through the router's own :meth:`~sessionroute.router.requests.RequestBuilder.from_turn`
 (the content step included) before ``route`` + ``complete``. A policy with a KV index
-(``kv_aware``, ``kv_cost``) is fed a ``BlockStored`` for every placed population request, as the replica
-would publish it; its rows also give ``vllm_hash_ms``, the median time to hash ``N`` token ids
-into vLLM's sha256 block hashes (:class:`~sessionroute.router.kv.hashing.BlockHasher`, 16-token
-blocks) -- the live router's extra per-request cost when it computes the hashes itself. The clock is
-a :class:`~sessionroute.clock.ManualClock` that does not move, so no session expires. Garbage
+(``kv_aware``, ``kv_cost``) is fed a ``BlockStored`` for every placed population request, as
+the replica would publish it; its rows also give ``vllm_hash_ms``, the median time to hash
+``N`` token ids into vLLM's sha256 block hashes
+(:class:`~sessionroute.router.kv.hashing.BlockHasher`, 16-token blocks) -- the live router's
+extra per-request cost when it computes the hashes itself. The clock is a
+:class:`~sessionroute.clock.ManualClock` that does not move, so no session expires. Garbage
 is collected (and the survivors frozen) before timing each policy.
 """
 
