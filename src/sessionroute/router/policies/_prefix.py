@@ -2,11 +2,17 @@
 
 :class:`PrefixIndex` is the one interface through which a policy asks "how much of this prompt
 does worker ``w`` already hold?". :class:`ApproxPrefixIndex` answers it from what the router
-itself sent to each worker (one :class:`~sessionroute.router.policies._radix.ApproxRadixTree`
-per worker, as ``cache_aware`` does; sglang's and vllm-router's ``src/tree.rs``); an index fed by
-the engines' KV events (vllm-router ``kv_aware``, issue 21) can replace it behind the same three
-calls. Prompts are the request's chained content-block keys
-(:attr:`sessionroute.types.RouteRequest.blocks`), so a match counts whole content blocks.
+itself sent to each worker (as ``cache_aware``'s radix trees do; sglang's and vllm-router's
+``src/tree.rs``). Prompts are the request's chained content-block keys
+(:attr:`sessionroute.types.RouteRequest.blocks`: key ``i`` identifies the prompt's first
+``i + 1`` blocks), so a worker that was sent key ``i`` was sent the whole prefix up to it, and a
+match counts whole content blocks. That makes an inverted index exact where a radix tree per
+worker would be: one map from block key to the workers holding it (the
+:class:`~sessionroute.router.kv.KvIndex` that KV events feed, here fed by the router's own
+sends), searched by bisection over the prompt for all workers at once. Matching costs
+``O(log(prompt blocks))`` set operations however many workers there are, where one tree per
+worker costs a walk per worker (64 walks at 64 workers). Each worker's set is bounded; past the
+bound its oldest keys go first (a key sent again is not refreshed, unlike an LRU tree).
 
 :class:`InflightPrefill` keeps, per worker, the uncached prompt tokens of the requests a policy
 sent there and that have not completed (llm-d's "in-flight uncached prefill tokens"). The router
@@ -19,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from sessionroute.router.policies._radix import ApproxRadixTree
+from sessionroute.router.kv.index import KvIndex
 from sessionroute.types import RouteRequest
 
 __all__ = [
@@ -58,45 +64,58 @@ class PrefixIndex(Protocol):
 
 
 class ApproxPrefixIndex:
-    """The router's approximate view: one LRU-bounded radix tree of sent prompts per worker.
+    """The router's approximate view: which chained block keys it sent to each worker.
 
     Args:
-        max_blocks: per-worker bound in content blocks (least recently used leaves go first).
+        max_blocks: per-worker bound in content blocks (the oldest keys go first).
     """
 
-    __slots__ = ("_max", "_trees")
+    __slots__ = ("_index",)
 
     def __init__(self, max_blocks: int) -> None:
-        self._max = max_blocks
-        self._trees: dict[str, ApproxRadixTree] = {}
+        self._index = KvIndex(max_blocks)
 
     def match(self, worker: str, blocks: tuple[int, ...]) -> int:
-        tree = self._trees.get(worker)
-        return 0 if tree is None or not blocks else tree.match(blocks)
+        """Leading blocks of ``blocks`` that ``worker`` was sent (bisection on its keys)."""
+        holds = self._index.holds
+        lo, hi = 0, len(blocks)
+        while lo < hi:
+            mid = (lo + hi + 1) >> 1
+            if holds(worker, blocks[mid - 1]):
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def matched(self, workers: Sequence[str], blocks: Sequence[int]) -> dict[str, int]:
+        """Worker -> leading blocks held, for the workers of ``workers`` holding at least one."""
+        return self._index.matched_blocks(blocks, workers) if blocks else {}
 
     def match_all(self, workers: Sequence[str], blocks: tuple[int, ...]) -> list[int]:
         if not blocks:
             return [0] * len(workers)
-        get = self._trees.get
-        return [0 if (t := get(w)) is None else t.match(blocks) for w in workers]
+        held = self._index.matched_blocks(blocks, workers)
+        if not held:
+            return [0] * len(workers)
+        get = held.get
+        return [get(w, 0) for w in workers]
+
+    def holding(self, workers: Sequence[str], blocks: tuple[int, ...], k: int) -> list[str]:
+        """The workers of ``workers`` holding at least the first ``k`` (>= 1) of ``blocks``, in
+        their order (one lookup of block ``k - 1``: the keys are chained)."""
+        return self._index.holders(blocks[k - 1], workers)
 
     def record(self, worker: str, blocks: tuple[int, ...]) -> None:
-        if not blocks:
-            return
-        tree = self._trees.get(worker)
-        if tree is None:
-            tree = self._trees[worker] = ApproxRadixTree()
-        tree.insert(blocks)
-        if tree.size > self._max:
-            tree.evict(self._max)
+        m = self.match(worker, blocks)
+        if m < len(blocks):
+            self._index.store(worker, blocks[m:])
 
     def size(self, worker: str) -> int:
         """Blocks stored for ``worker`` (0 when none)."""
-        tree = self._trees.get(worker)
-        return 0 if tree is None else tree.size
+        return self._index.size(worker)
 
     def forget(self, worker: str) -> None:
-        self._trees.pop(worker, None)
+        self._index.remove_worker(worker)
 
 
 def uncached_tokens(prompt_tokens: int, n_blocks: int, matched: int) -> int:

@@ -31,7 +31,7 @@ Reproduced: the order of the steps; strict ``>`` comparisons; the defaults of SM
 threshold 0.3, spill gate 1.5x and +64 requests, both KV triggers off at 1.0 and the decay
 off at 0), except ``kv_overload_threshold``, set to the 0.9 that SMG's documentation suggests
 as a safety valve (SMG ships it off; set 1.0 to match). Approximated: prefix matches come from
-the router's approximate radix trees in content blocks (SMG's approximate token tree, in
+the router's index of what it sent, in content blocks (SMG's approximate token tree, in
 tokens); a worker's waiting prefill is the waiting-request gauge times the mean uncached
 prompt of the router's requests in flight there (SMG reads ``num_waiting_uncached_tokens``);
 ties of the expected wait go to the least recently chosen. Not reproduced: SMG's

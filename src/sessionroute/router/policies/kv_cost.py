@@ -15,7 +15,7 @@ i.e. Dynamo's "potential prefill blocks" and "potential active blocks" if the re
 prefix caches (:mod:`sessionroute.sim.kvview`, set by the runner through
 :meth:`KvCostPolicy.use_prefix_cache`); live, :attr:`KvCostPolicy.index`, the
 :class:`~sessionroute.router.kv.KvIndex` that ``serve --kv-events`` feeds from vLLM's KV events
-(as ``kv_aware``'s), and without events the router's own approximate radix trees of what it
+(as ``kv_aware``'s), and without events the router's own approximate index of what it
 sent (Dynamo's ``--no-kv-events`` mode predicts the cache from its routing decisions too).
 With ``temperature`` > 0 the worker is sampled instead, with probability proportional to
 ``exp(-cost / (temperature * max cost))`` (softmax over normalised costs), from the injected
@@ -105,7 +105,7 @@ class KvCostConfig:
 
 
 class _ApproxView:
-    """:class:`PrefixCacheView` over the router's own approximate trees (no KV events)."""
+    """:class:`PrefixCacheView` over the router's own approximate index (no KV events)."""
 
     __slots__ = ("tree",)
 
@@ -115,10 +115,7 @@ class _ApproxView:
     def matched_blocks(
         self, hashes: Sequence[int], workers: Sequence[str], salt: str | None = None
     ) -> dict[str, int]:
-        blocks = tuple(hashes)
-        return {
-            w: m for w, m in zip(workers, self.tree.match_all(workers, blocks), strict=True) if m
-        }
+        return self.tree.matched(workers, hashes)
 
 
 class KvCostPolicy(Policy):
@@ -126,7 +123,7 @@ class KvCostPolicy(Policy):
 
     Attributes:
         index: the KV-event index ``serve --kv-events`` feeds; asked once it tracks a worker.
-        approx: the router's approximate trees of what it sent, asked without KV events.
+        approx: the router's approximate index of what it sent, asked without KV events.
         prefill: uncached prompt tokens in flight per worker.
         cache: the view a driver set with :meth:`use_prefix_cache`, or None.
         decisions: requests sent to a worker caching part of their prompt (``"cache_hit"``)
@@ -186,16 +183,18 @@ class KvCostPolicy(Policy):
         weight = self.config.overlap_weight
         pending = self.prefill.totals
         in_tokens = cluster.in_flight_tokens
-        held_get, pending_get = held.get, pending.get
-        return [
-            (
-                weight * (pending_get(w, 0) + uncached_tokens(tokens, n, held_get(w, 0)))
-                + in_tokens(w)
-                + tokens
-            )
-            / per_block
-            for w in candidates
-        ]
+        pending_get = pending.get
+        # every worker: weight * (pending + whole prompt) + active + prompt; a worker caching
+        # m leading blocks prefills tokens * m // n fewer (uncached_tokens(), inlined)
+        base = (weight + 1.0) * tokens
+        work = [weight * pending_get(w, 0) + in_tokens(w) + base for w in candidates]
+        if held:
+            for i, w in enumerate(candidates):
+                m = held.get(w)
+                if m:
+                    work[i] -= weight * (tokens * min(m, n) // n)
+        costs = [x / per_block for x in work]
+        return costs
 
     def select(self, request: RouteRequest, cluster: ClusterView) -> Decision:
         require_healthy(cluster)
