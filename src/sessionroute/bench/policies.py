@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from sessionroute.clock import ManualClock
+from sessionroute.keys import mix64
 from sessionroute.router.core import RoutingCore
 from sessionroute.router.kv import KvIndex
 from sessionroute.router.policies import create_policy, policy_names
@@ -118,10 +119,19 @@ _TURN_BLOCKS = 64
 
 
 def _long_keys(i: int, prompt_tokens: int) -> list[int]:
-    """Chained block keys of session ``i``'s first prompt (a shared prefix, then its own)."""
+    """Chained block keys of session ``i``'s first prompt (a shared prefix, then its own),
+    mixed like real block hashes (:func:`~sessionroute.keys.mix64` of a (session, position)
+    id: unstructured ids would share their low bits and collide in every hash table)."""
     n = prompt_tokens // _BLOCK
     shared = min(_SHARED_BLOCKS, n)
-    return [(7 << 40) | j for j in range(shared)] + [(i + 1) << 40 | j for j in range(shared, n)]
+    return [mix64((7 << 40) | j) for j in range(shared)] + [
+        mix64((i + 1) << 40 | j) for j in range(shared, n)
+    ]
+
+
+def _turn_keys(i: int) -> list[int]:
+    """Keys of the blocks session ``i``'s later turns append (mixed as :func:`_long_keys`)."""
+    return [mix64((i + 1) << 40 | (1 << 39) | j) for j in range(_TURN_BLOCKS)]
 
 
 def _timed_turn(core: RoutingCore, sid: str, prompt_tokens: int, keys: list[int], rid: str) -> int:
@@ -163,7 +173,7 @@ def bench_long_prompts(
         if index is not None:
             index.store(res.worker, keys)  # the replica's BlockStored for this prompt
         core.complete(res)
-        later.append(keys + [(i + 1) << 40 | (1 << 39) | j for j in range(_TURN_BLOCKS)])
+        later.append(keys + _turn_keys(i))
     rng = random.Random(seed)
     sample = [rng.randrange(sessions) for _ in range(turns)]
     gc.collect()
