@@ -1,4 +1,4 @@
-"""The peer policies' approximate prefix index: an inverted index of chained block keys."""
+"""The peer policies' approximate prefix index: one radix tree whose nodes list workers."""
 
 from __future__ import annotations
 
@@ -20,11 +20,15 @@ def test_match_counts_the_leading_blocks_each_worker_was_sent() -> None:
     assert idx.match_all([A, B], (8, 1)) == [0, 0]
 
 
-def test_record_stores_only_the_new_blocks() -> None:
+def test_record_counts_each_block_once_per_worker() -> None:
     idx = ApproxPrefixIndex(1 << 20)
     idx.record(A, (1, 2, 3))
     idx.record(A, (1, 2, 3, 4, 5))  # a later turn: two new blocks
-    assert idx.size(A) == 5 and idx.match(A, (1, 2, 3, 4, 5, 6)) == 5
+    idx.record(B, (1, 2))  # splits the edge A's prompts share
+    idx.record(A, (1, 2, 7))  # leaves inside it
+    assert idx.size(A) == 6 and idx.size(B) == 2
+    assert idx.match(A, (1, 2, 3, 4, 5, 6)) == 5 and idx.match(B, (1, 2, 3)) == 2
+    assert idx.match_all([A, B], (1, 2, 7, 8)) == [3, 2]
 
 
 def test_holding_is_one_lookup_in_the_callers_order() -> None:
@@ -37,13 +41,21 @@ def test_holding_is_one_lookup_in_the_callers_order() -> None:
     assert idx.holding([A, B, C], (1, 2, 3, 4), 4) == [A]
 
 
-def test_bound_drops_the_oldest_keys_and_forget_drops_a_worker() -> None:
-    idx = ApproxPrefixIndex(3)
+def test_bound_drops_the_least_recently_sent_leaves_and_forget_drops_a_worker() -> None:
+    idx = ApproxPrefixIndex(4)
     idx.record(A, (1, 2, 3))
-    idx.record(A, (7, 8))  # over the bound: keys 1 and 2 go
-    assert idx.size(A) == 3 and idx.match(A, (1, 2, 3)) == 0 and idx.match(A, (7, 8)) == 2
+    idx.record(B, (1, 2, 3))
+    idx.record(A, (7, 8))  # over A's bound of 4: its oldest leaf (1, 2, 3) goes, for A only
+    assert idx.size(A) == 2 and idx.match(A, (1, 2, 3)) == 0 and idx.match(A, (7, 8)) == 2
+    assert idx.match(B, (1, 2, 3)) == 3
+    idx.record(A, (7, 8, 9, 10))  # 4 blocks: within the bound
+    idx.record(A, (1, 2))  # 6: the least recently sent leaf (7, 8)'s tail (9, 10) goes first
+    assert idx.size(A) == 4 and idx.match_all([A, B], (7, 8, 9)) == [2, 0]
+    assert idx.match(A, (1, 2, 3)) == 2
     idx.forget(A)
-    assert idx.size(A) == 0 and idx.match_all([A], (7, 8)) == [0]
+    assert idx.size(A) == 0 and idx.match_all([A, B], (1, 2, 3)) == [0, 3]
+    idx.forget(B)
+    assert idx.holding([A, B], (1, 2), 1) == []
 
 
 def test_kv_index_holders() -> None:

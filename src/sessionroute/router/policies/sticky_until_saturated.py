@@ -124,8 +124,8 @@ class StickyUntilSaturatedPolicy(Policy):
         elif not n:
             path = "no_affinity"
         else:
-            # m >= threshold * n  <=>  m >= ceil(threshold * n) for whole blocks m; the keys
-            # are chained, so holding that many is holding block ceil(...) - 1
+            # m >= threshold * n  <=>  m >= ceil(threshold * n) for whole blocks m: the
+            # workers listed on the node covering that depth of the prompt's path
             k = math.ceil(cfg.affinity_threshold * n)
             sticky = list(healthy) if k <= 0 else self.index.holding(healthy, blocks, k)
             if not sticky:
