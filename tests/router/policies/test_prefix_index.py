@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from sessionroute.router.kv import KvIndex
 from sessionroute.router.policies._prefix import ApproxPrefixIndex
 
 A, B, C = "http://a", "http://b", "http://c"
@@ -56,12 +55,3 @@ def test_bound_drops_the_least_recently_sent_leaves_and_forget_drops_a_worker() 
     assert idx.size(A) == 0 and idx.match_all([A, B], (1, 2, 3)) == [0, 3]
     idx.forget(B)
     assert idx.holding([A, B], (1, 2), 1) == []
-
-
-def test_kv_index_holders() -> None:
-    index = KvIndex()
-    index.store(B, [5, 6])
-    index.store(A, [5])
-    assert index.holders(5, [A, B, C]) == [A, B]
-    assert index.holders(6, [A, B, C]) == [B]
-    assert index.holders(7, [A, B]) == []

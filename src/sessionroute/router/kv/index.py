@@ -246,14 +246,6 @@ class KvIndex:
         blocks = self._blocks.get(worker)
         return blocks is not None and h in blocks
 
-    def holders(self, h: int, workers: Sequence[str]) -> list[str]:
-        """The workers of ``workers`` holding block hash ``h``, in their order."""
-        held = self._owners.get(h, 0)
-        if not held:
-            return []
-        slot = self._slot
-        return [w for w in workers if (s := slot.get(w)) is not None and held >> s & 1]
-
     def matched_blocks(
         self, hashes: Sequence[int], workers: Sequence[str], salt: str | None = None
     ) -> dict[str, int]:
