@@ -152,14 +152,16 @@ async def test_gap_is_filled_from_the_replay_socket(ctx: zmq.asyncio.Context) ->
     router.close(0)
 
 
+@pytest.mark.parametrize("policy", ["kv_aware", "kv_cost"])
 async def test_kv_aware_routes_to_the_worker_holding_the_prompt(
-    backends: list[FakeBackend], make_router: MakeRouter, ctx: zmq.asyncio.Context
+    backends: list[FakeBackend], make_router: MakeRouter, ctx: zmq.asyncio.Context, policy: str
 ) -> None:
+    """kv_aware and kv_cost (Dynamo's cost) read the index serve feeds from KV events."""
     urls = [b.url for b in backends]
     endpoints = {u: f"tcp://127.0.0.1:{_port()}" for u in urls}
     router = await make_router(
         urls,
-        policy="kv_aware",
+        policy=policy,
         kv_tokenizer=str(FIXTURES),
         kv_block_size=32,
         kv_events=tuple(f"{u}={e}" for u, e in endpoints.items()),

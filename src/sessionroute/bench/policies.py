@@ -17,11 +17,12 @@ With ``--prompt-tokens N`` requests are long prompts instead: each session's con
 prompt), its later turns append 64 blocks (1,024 tokens), and each timed sample builds the
 request through the router's own :meth:`~sessionroute.router.requests.RequestBuilder.from_turn`
 (the content step included) before ``route`` + ``complete``. A policy with a KV index
-(``kv_aware``) is fed a ``BlockStored`` for every placed population request, as the replica
-would publish it; its rows also give ``vllm_hash_ms``, the median time to hash ``N`` token ids
-into vLLM's sha256 block hashes (:class:`~sessionroute.router.kv.hashing.BlockHasher`, 16-token
-blocks) -- the live router's extra per-request cost when it computes the hashes itself. The clock is
-a :class:`~sessionroute.clock.ManualClock` that does not move, so no session expires. Garbage
+(``kv_aware``, ``kv_cost``) is fed a ``BlockStored`` for every placed population request, as
+the replica would publish it; its rows also give ``vllm_hash_ms``, the median time to hash
+``N`` token ids into vLLM's sha256 block hashes
+(:class:`~sessionroute.router.kv.hashing.BlockHasher`, 16-token blocks) -- the live router's
+extra per-request cost when it computes the hashes itself. The clock is a
+:class:`~sessionroute.clock.ManualClock` that does not move, so no session expires. Garbage
 is collected (and the survivors frozen) before timing each policy.
 """
 
@@ -36,7 +37,9 @@ from typing import Any
 import numpy as np
 
 from sessionroute.clock import ManualClock
+from sessionroute.keys import mix64
 from sessionroute.router.core import RoutingCore
+from sessionroute.router.kv import KvIndex
 from sessionroute.router.policies import create_policy, policy_names
 from sessionroute.router.requests import BYTES_PER_TOKEN, text_block_keys
 from sessionroute.router.state import Cluster
@@ -74,6 +77,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _core(name: str, workers: int, seed: int) -> RoutingCore:
+    """A fresh core with policy ``name`` over ``workers`` workers."""
+    urls = [f"http://10.0.{i // 250}.{i % 250 + 1}:8000" for i in range(workers)]
+    return RoutingCore(
+        create_policy(name, clock=ManualClock(), rng=random.Random(seed)), Cluster(urls)
+    )
+
+
+def _row(
+    name: str, workers: int, sessions: int, turn_ns: list[int], new_ns: list[int]
+) -> dict[str, Any]:
+    """The JSON row of one policy from its timed samples (nanoseconds in, microseconds out,
+    2 decimals)."""
+    p50, p99 = np.percentile(np.asarray(turn_ns, dtype=np.float64) / 1000.0, [50, 99])
+    return {
+        "policy": name,
+        "workers": workers,
+        "sessions": sessions,
+        "p50_us": round(float(p50), 2),
+        "p99_us": round(float(p99), 2),
+        "new_session_us": round(float(np.median(np.asarray(new_ns)) / 1000.0), 2),
+    }
+
+
 def _request(i: int, prefix: str = "sess") -> RouteRequest:
     sid = f"{prefix}-{i}"
     return RouteRequest(
@@ -92,10 +119,19 @@ _TURN_BLOCKS = 64
 
 
 def _long_keys(i: int, prompt_tokens: int) -> list[int]:
-    """Chained block keys of session ``i``'s first prompt (a shared prefix, then its own)."""
+    """Chained block keys of session ``i``'s first prompt (a shared prefix, then its own),
+    mixed like real block hashes (:func:`~sessionroute.keys.mix64` of a (session, position)
+    id: unstructured ids would share their low bits and collide in every hash table)."""
     n = prompt_tokens // _BLOCK
     shared = min(_SHARED_BLOCKS, n)
-    return [(7 << 40) | j for j in range(shared)] + [(i + 1) << 40 | j for j in range(shared, n)]
+    return [mix64((7 << 40) | j) for j in range(shared)] + [
+        mix64((i + 1) << 40 | j) for j in range(shared, n)
+    ]
+
+
+def _turn_keys(i: int) -> list[int]:
+    """Keys of the blocks session ``i``'s later turns append (mixed as :func:`_long_keys`)."""
+    return [mix64((i + 1) << 40 | (1 << 39) | j) for j in range(_TURN_BLOCKS)]
 
 
 def _timed_turn(core: RoutingCore, sid: str, prompt_tokens: int, keys: list[int], rid: str) -> int:
@@ -124,11 +160,10 @@ def bench_long_prompts(
 ) -> dict[str, Any]:
     """Long-prompt mode of :func:`bench_policy` (module docstring); same row, plus
     ``prompt_tokens`` and, for policies with a KV index, ``vllm_hash_ms``."""
-    urls = [f"http://10.0.{i // 250}.{i % 250 + 1}:8000" for i in range(workers)]
-    core = RoutingCore(
-        create_policy(name, clock=ManualClock(), rng=random.Random(seed)), Cluster(urls)
-    )
+    core = _core(name, workers, seed)
     index = getattr(core.policy, "index", None)
+    if not isinstance(index, KvIndex):
+        index = None  # a router-side prefix index learns from routing alone
     total = prompt_tokens + _TURN_BLOCKS * _BLOCK
     later: list[list[int]] = []
     for i in range(sessions):
@@ -138,7 +173,7 @@ def bench_long_prompts(
         if index is not None:
             index.store(res.worker, keys)  # the replica's BlockStored for this prompt
         core.complete(res)
-        later.append(keys + [(i + 1) << 40 | (1 << 39) | j for j in range(_TURN_BLOCKS)])
+        later.append(keys + _turn_keys(i))
     rng = random.Random(seed)
     sample = [rng.randrange(sessions) for _ in range(turns)]
     gc.collect()
@@ -155,16 +190,8 @@ def bench_long_prompts(
         ]
     finally:
         gc.unfreeze()
-    p50, p99 = np.percentile(np.asarray(turn_ns, dtype=np.float64) / 1000.0, [50, 99])
-    row: dict[str, Any] = {
-        "policy": name,
-        "workers": workers,
-        "sessions": sessions,
-        "prompt_tokens": prompt_tokens,
-        "p50_us": round(float(p50), 2),
-        "p99_us": round(float(p99), 2),
-        "new_session_us": round(float(np.median(np.asarray(fresh)) / 1000.0), 2),
-    }
+    row = _row(name, workers, sessions, turn_ns, fresh)
+    row["prompt_tokens"] = prompt_tokens
     if index is not None:
         row["vllm_hash_ms"] = _vllm_hash_ms(prompt_tokens, rng)
     return row
@@ -190,10 +217,7 @@ def bench_policy(
             raise ValueError(f"{key} must be >= 1, got {value}")
     if new < 1:
         raise ValueError(f"new must be >= 1, got {new}")
-    urls = [f"http://10.0.{i // 250}.{i % 250 + 1}:8000" for i in range(workers)]
-    core = RoutingCore(
-        create_policy(name, clock=ManualClock(), rng=random.Random(seed)), Cluster(urls)
-    )
+    core = _core(name, workers, seed)
     population = [_request(i) for i in range(sessions)]
     for req in population:
         core.complete(core.route(req))
@@ -211,15 +235,7 @@ def bench_policy(
                 core.finish_session(req.session_id)
     finally:
         gc.unfreeze()
-    p50, p99 = np.percentile(np.asarray(turn_ns, dtype=np.float64) / 1000.0, [50, 99])
-    return {
-        "policy": name,
-        "workers": workers,
-        "sessions": sessions,
-        "p50_us": round(float(p50), 2),
-        "p99_us": round(float(p99), 2),
-        "new_session_us": round(float(np.median(np.asarray(new_ns)) / 1000.0), 2),
-    }
+    return _row(name, workers, sessions, turn_ns, new_ns)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

@@ -222,8 +222,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         ("max_payload_size", int, "largest request body, bytes"),
         ("prometheus_host", str, "address of the separate metrics listener"),
         ("cache_threshold", float, "cache_aware: prefix-match threshold 0..1"),
-        ("balance_abs_threshold", int, "cache_aware: absolute load imbalance trigger"),
-        ("balance_rel_threshold", float, "cache_aware: relative load imbalance trigger"),
+        (
+            "balance_abs_threshold",
+            int,
+            "cache_aware: absolute imbalance; cache_aware_v2: spill gate",
+        ),
+        (
+            "balance_rel_threshold",
+            float,
+            "cache_aware: relative imbalance; cache_aware_v2: spill gate",
+        ),
         ("shutdown_timeout_secs", float, "seconds in-flight requests get on shutdown"),
         (
             "content_block_tokens",

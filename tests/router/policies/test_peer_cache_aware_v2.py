@@ -1,4 +1,4 @@
-"""``cache_aware_v2`` (SMG): KV overload / spread exits, decayed scores, holders, spill."""
+"""``cache_aware_v2`` (SMG): KV overload / spread exits, affinity group, decay, spill gate."""
 
 from __future__ import annotations
 
@@ -20,23 +20,33 @@ def _decisions(core: RoutingCore) -> dict[str, int]:
     return {k: v for k, v in core.policy.decisions.items() if v}
 
 
-def _warm(core: RoutingCore) -> None:
-    """A holds blocks 0..9 (request completed); B holds nothing; B has one request in flight
-    so that A is the least loaded."""
+@pytest.mark.parametrize(
+    ("threshold", "n_blocks", "expected", "path"),
+    [(0.3, 30, A, "cache_hit"), (0.34, 30, B, "miss"), (0.5, 20, B, "miss")],
+)
+def test_cache_threshold(threshold: float, n_blocks: int, expected: str, path: str) -> None:
+    """A holds 10 blocks. 10 of 30 (0.33) is above 0.3 but not 0.34; 10 of 20 is not above
+    0.5 (strict). A miss goes to the lowest expected wait: both idle, so the least recently
+    chosen, B."""
+    core = make_core("cache_aware_v2", {"cache_threshold": threshold})
     core.complete(core.route(req(range(10))))
-    assert core.cluster.in_flight(A) == 0
-    core.cluster.reserve(B, 10)
+    assert core.route(req(range(n_blocks))).worker == expected
+    assert _decisions(core) == {
+        "miss": 1 + (path == "miss"),
+        **({path: 1} if path != "miss" else {}),
+    }
 
 
 @pytest.mark.parametrize(
-    ("threshold", "expected", "path"), [(0.9, B, "kv_overload"), (0.95, A, "cache_hit")]
+    ("threshold", "expected", "path"),
+    [(0.9, B, "kv_overload"), (0.92, A, "cache_hit"), (1.0, A, "cache_hit")],
 )
 def test_kv_overload_threshold(threshold: float, expected: str, path: str) -> None:
-    """Hottest KV usage 0.92: at 0.9 the request leaves affinity for the least loaded (B after
-    A took one more), at 0.95 it stays on the prefix holder A."""
+    """Hottest KV usage 0.92: above 0.9 affinity is abandoned for the lowest expected wait
+    (B: KV barrier 0.15 * 0.85 / 0.15 = 0.85 s against A's 1.725 s); at 0.92 (strict) or 1.0
+    (SMG's default, off) the request stays on the prefix holder A."""
     core = make_core("cache_aware_v2", {"kv_overload_threshold": threshold})
     core.complete(core.route(req(range(10))))  # A holds the prefix
-    core.cluster.reserve(A, 10)  # A is busier than B
     gauges(core, A, 0.92)
     gauges(core, B, 0.85)
     assert core.route(req(range(12))).worker == expected
@@ -44,75 +54,122 @@ def test_kv_overload_threshold(threshold: float, expected: str, path: str) -> No
 
 
 @pytest.mark.parametrize(
-    ("spread", "expected", "path"), [(0.3, B, "kv_spread"), (0.6, A, "cache_hit")]
+    ("spread", "expected", "path"),
+    [(0.4, B, "kv_spread"), (0.5, A, "cache_hit"), (1.0, A, "cache_hit")],
 )
 def test_kv_spread_threshold(spread: float, expected: str, path: str) -> None:
+    """KV usage 0.7 and 0.2: a spread of 0.5 is above 0.4, not above 0.5 or 1.0 (off)."""
     core = make_core("cache_aware_v2", {"kv_spread_threshold": spread})
     core.complete(core.route(req(range(10))))
-    core.cluster.reserve(A, 10)
     gauges(core, A, 0.7)
-    gauges(core, B, 0.2)  # spread 0.5
+    gauges(core, B, 0.2)
     assert core.route(req(range(12))).worker == expected
     assert _decisions(core).get(path) == 1
 
 
-def test_spread_needs_every_worker_scraped() -> None:
-    core = make_core("cache_aware_v2")
+def test_spread_counts_only_workers_with_gauges() -> None:
+    """Only A reports (0.7): the spread over the reporting workers is 0."""
+    core = make_core("cache_aware_v2", {"kv_spread_threshold": 0.1})
     core.complete(core.route(req(range(10))))
-    core.cluster.reserve(A, 10)
-    gauges(core, A, 0.7)  # B not scraped yet
+    gauges(core, A, 0.7)
     assert core.route(req(range(12))).worker == A
 
 
-@pytest.mark.parametrize(
-    ("decay", "expected", "path"), [(8192.0, A, "cache_hit"), (100.0, B, "smallest_tree")]
-)
-def test_cache_score_decays_with_waiting_prefill(decay: float, expected: str, path: str) -> None:
-    """A holds 10 of 12 blocks (0.83) with 1,000 uncached tokens waiting: the score is
-    0.83 / (1 + 1000/8192) = 0.74 > 0.3 with the default scale, 0.83 / 11 = 0.08 with 100."""
-    core = make_core("cache_aware_v2", {"decay_tokens": decay})
-    core.route(req(range(10), tokens=1000))  # in flight on A: 1,000 uncached tokens
+def test_affinity_group_is_the_holders_of_the_longest_match() -> None:
+    """A holds 10 blocks of the prompt, B 5: only A is a candidate, even while B is idle and A
+    has a request in flight."""
+    core = make_core("cache_aware_v2", workers=(A, B, C))
+    core.complete(core.route(req(range(10))))  # A
+    core.complete(core.route(req([*range(5), 50])))  # B (A's 5 blocks of 6: hit on A)...
+    assert isinstance(core.policy, CacheAwareV2Policy)
+    assert core.policy.index.match(A, tuple(range(10))) == 10
+    core.route(req(range(20, 30)))  # a miss: in flight on the least recently chosen (B or C)
     got = core.route(req(range(12)))
-    assert got.worker == expected
-    assert _decisions(core).get(path) == (2 if path == "smallest_tree" else 1)
+    assert got.worker == A and core.policy.index.match(B, tuple(range(12))) < 10
 
 
-def test_least_loaded_among_prefix_holders() -> None:
-    """Both A and B hold the prefix (B learnt it through a spill): each request for it goes to
-    the less loaded holder; C, without it, gets nothing."""
-    core = make_core("cache_aware_v2", {"spill_abs": 0.0, "spill_rel": 1.0}, workers=(A, B, C))
-    r1 = core.route(req(range(10)))  # smallest tree: A
-    r2 = core.route(req(range(10)))  # holder A, but 1 > mean 0.33: spills to B (least loaded)
+def test_expected_wait_among_holders() -> None:
+    """A and B both hold the prefix (B learnt it through a spill): the holder with the lower
+    expected wait takes each request; C, without the prefix, gets nothing."""
+    core = make_core(
+        "cache_aware_v2",
+        {"balance_abs_threshold": 0.0, "balance_rel_threshold": 1.0},
+        workers=(A, B, C),
+    )
+    r1 = core.route(req(range(10)))  # miss: A
+    r2 = core.route(req(range(10)))  # holder A at 1 > mean 0.33: spills to the least loaded
     assert (r1.worker, r2.worker) == (A, B)
     core.complete(r1)
     core.complete(r2)
-    core.cluster.reserve(A, 0)
-    core.cluster.reserve(A, 0)
-    assert core.route(req(range(12))).worker == B  # holders A (2), B (0)
-    for _ in range(3):
-        core.cluster.reserve(B, 0)
-    assert core.route(req(range(12))).worker == A  # holders A (2), B (4)
-    assert _decisions(core) == {"smallest_tree": 1, "spill": 1, "cache_hit": 2}
+    gauges(core, A, 0.5)
+    gauges(core, B, 0.2)
+    gauges(core, C, 0.0)
+    core.complete(core.route(req([*range(10), 98])))  # B: barrier 0.0375 s vs A's 0.15 s
+    gauges(core, B, 0.8)
+    assert core.route(req([*range(10), 99])).worker == A  # 0.15 s vs B's 0.6 s
+    assert _decisions(core) == {"miss": 1, "spill": 1, "cache_hit": 2}
     assert core.cluster.in_flight(C) == 0
 
 
-def test_hot_prefix_spreads_by_the_imbalance_trigger() -> None:
-    core = make_core("cache_aware_v2", {"balance_abs_threshold": 0, "balance_rel_threshold": 0.0})
+@pytest.mark.parametrize(("decay", "expected"), [(0.0, A), (0.1, B)])
+def test_overlap_decay(decay: float, expected: str) -> None:
+    """A and B hold the prefix; A has 1 request waiting of 1,600 uncached tokens (queued
+    1,600), B none; one request in flight on each (no spill). Without decay the expected wait
+    decides: A 0.8 s (queue) + 0 (KV 0) against B's KV barrier 0.15 * 0.88 / 0.12 = 1.1 s: A.
+    With decay 0.1, A's score is 1 / (1 + 0.1 * 1600 / 192) = 0.55 against B's 1: the group
+    is B alone."""
+    core = make_core(
+        "cache_aware_v2",
+        {"balance_abs_threshold": 0.0, "balance_rel_threshold": 1.0, "overlap_decay": decay},
+    )
     r1 = core.route(req(range(10)))
-    r2 = core.route(req(range(10)))  # imbalance (1 vs 0): least loaded B
+    r2 = core.route(req(range(10)))  # spill: B learns the prefix
     assert (r1.worker, r2.worker) == (A, B)
-    assert _decisions(core) == {"smallest_tree": 1, "imbalance": 1}
+    core.complete(r1)
+    core.complete(r2)
+    r3 = core.route(req(range(200, 210), tokens=1600))  # miss: A (least recently chosen)
+    r4 = core.route(req(range(300, 310)))  # miss: B (fewer in flight); loads now equal
+    assert (r3.worker, r4.worker) == (A, B)
+    gauges(core, A, 0.0, waiting=1)
+    gauges(core, B, 0.88)
+    assert core.route(req(range(12))).worker == expected
 
 
-@pytest.mark.parametrize(("spill_abs", "sixth"), [(2.0, B), (64.0, A)])
-def test_per_request_spill_gate(spill_abs: float, sixth: str) -> None:
+@pytest.mark.parametrize(("balance_abs_threshold", "sixth"), [(2.0, B), (64.0, A)])
+def test_balance_abs_threshold(balance_abs_threshold: float, sixth: str) -> None:
     """Six requests for one prefix held by A: the sixth finds A at 5 in flight, mean 2.5 —
-    over 1.5 x mean (3.75) and, with spill_abs 2, over mean + 2 (4.5): it spills to B."""
-    core = make_core("cache_aware_v2", {"spill_abs": spill_abs})
+    above 1.5 x mean (3.75) and, with an absolute threshold of 2, above mean + 2 (4.5): it
+    spills to B."""
+    core = make_core("cache_aware_v2", {"balance_abs_threshold": balance_abs_threshold})
     got = [core.route(req(range(10))).worker for _ in range(6)]
     assert got == [A, A, A, A, A, sixth]
-    if sixth == B:
-        assert _decisions(core)["spill"] == 1
+    assert _decisions(core).get("spill", 0) == (sixth == B)
+
+
+@pytest.mark.parametrize(("balance_rel_threshold", "second"), [(1.5, B), (3.0, A)])
+def test_balance_rel_threshold(balance_rel_threshold: float, second: str) -> None:
+    """With balance_abs_threshold 0, the second request finds A at 1, mean 0.5: above 1.5 x 0.5, not
+    above 3 x 0.5."""
+    core = make_core(
+        "cache_aware_v2",
+        {"balance_abs_threshold": 0.0, "balance_rel_threshold": balance_rel_threshold},
+    )
+    got = [core.route(req(range(10))).worker for _ in range(2)]
+    assert got == [A, second]
+
+
+def test_spill_avoids_other_unsafe_workers() -> None:
+    """A holds the prefix and is unsafe; B is unsafe too; the spill goes to C."""
+    core = make_core(
+        "cache_aware_v2",
+        {"balance_abs_threshold": 0.0, "balance_rel_threshold": 1.2},
+        workers=(A, B, C),
+    )
+    core.complete(core.route(req(range(10))))  # A holds it
+    for _ in range(3):
+        core.cluster.reserve(A, 10)
+        core.cluster.reserve(B, 10)
+    assert core.route(req(range(10))).worker == C  # mean 2, limit 2.4: A, B at 3
 
 
 @pytest.mark.parametrize(
@@ -121,8 +178,9 @@ def test_per_request_spill_gate(spill_abs: float, sixth: str) -> None:
         {"cache_threshold": 2.0},
         {"kv_overload_threshold": -0.1},
         {"kv_spread_threshold": 1.1},
-        {"spill_rel": -1.0},
-        {"decay_tokens": 0.0},
+        {"balance_rel_threshold": -1.0},
+        {"overlap_decay": -0.1},
+        {"tokens_per_s": 0.0},
         {"max_tree_blocks": 0},
     ],
 )

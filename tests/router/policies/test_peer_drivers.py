@@ -100,7 +100,7 @@ def test_serve_policy_option_flags_reach_the_policy_config() -> None:
     )  # fmt: skip
     assert s.policy_options() == {
         "cache_threshold": 0.4,  # --policy-option wins over the named flag
-        "balance_abs_threshold": 64,
+        "balance_abs_threshold": 64,  # SMG's names for the spill gate
         "balance_rel_threshold": 1.5,
         "kv_overload_threshold": 0.85,
     }

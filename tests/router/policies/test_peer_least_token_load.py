@@ -1,5 +1,5 @@
 """``least_token_load`` (SMG least_load): token work over throughput, since-poll credit, KV
-penalty, waiting cap."""
+barrier, fallbacks without gauges, waiting cap."""
 
 from __future__ import annotations
 
@@ -55,20 +55,45 @@ def test_kv_fill_penalty(penalty: float, expected: list[str]) -> None:
     assert [core.route(req(tokens=500)).worker for _ in range(4)] == expected
 
 
-@pytest.mark.parametrize(("max_kv", "cost"), [(0.99, 0.15 * 99), (0.5, 0.15)])
-def test_kv_usage_is_clamped_before_the_penalty(max_kv: float, cost: float) -> None:
-    core = make_core("least_token_load", {"max_kv": max_kv})
+@pytest.mark.parametrize(("max_kv", "cost"), [(None, 0.15 * 999), (0.99, 0.15 * 99), (0.5, 0.15)])
+def test_kv_usage_is_clamped_before_the_penalty(max_kv: float | None, cost: float) -> None:
+    """SMG clamps k to 0.999 (default): KV usage 1.0 costs 0.15 * 0.999 / 0.001 s."""
+    core = make_core("least_token_load", {} if max_kv is None else {"max_kv": max_kv})
     gauges(core, A, 1.0)
     assert _cost(core, A) == pytest.approx(cost)
 
 
-def test_without_gauges_the_routers_in_flight_tokens_count() -> None:
-    core = make_core("least_token_load", {"tokens_per_s": 1000.0})
-    first = core.route(req(tokens=400))
-    assert first.worker == A and _cost(core, A) == pytest.approx(0.4)
-    assert core.route(req(tokens=10)).worker == B
-    core.complete(first)
-    assert _cost(core, A) == 0.0
+def test_defaults_are_smgs() -> None:
+    """2,000 tok/s fallback throughput: a 1,000-token credit is 0.5 s."""
+    core = make_core("least_token_load")
+    gauges(core, A, 0.0)
+    gauges(core, B, 0.0)
+    assert core.route(req(tokens=1000)).worker == A
+    assert _cost(core, A) == pytest.approx(0.5)
+
+
+def test_without_any_gauges_it_is_join_shortest_queue() -> None:
+    """No worker reports: the score is the in-flight request count, not tokens."""
+    core = make_core("least_token_load")
+    first = core.route(req(tokens=40_000))
+    assert first.worker == A and _cost(core, A) == 1.0
+    second = core.route(req(tokens=10))
+    assert second.worker == B
+    core.complete(second)
+    assert core.route(req(tokens=10)).worker == B  # 1 vs 0 requests, whatever their size
+
+
+@pytest.mark.parametrize(("mean_prefill", "expected"), [(1024, A), (10, B)])
+def test_a_worker_without_gauges_counts_mean_prefill_per_request(
+    mean_prefill: int, expected: str
+) -> None:
+    """B has not reported yet while A has: B's 2 requests count 2 x mean_prefill tokens at the
+    throughput (2 x 1024 / 2000 = 1.02 s, or 0.01 s), against A's KV barrier of 0.15 s."""
+    core = make_core("least_token_load", {"mean_prefill_tokens": mean_prefill})
+    core.cluster.reserve(B, 50)
+    core.cluster.reserve(B, 50)
+    gauges(core, A, 0.5)
+    assert core.route(req(tokens=10)).worker == expected
 
 
 @pytest.mark.parametrize(("b_waiting", "admitted"), [(3, False), (2, True)])
@@ -88,7 +113,13 @@ def test_waiting_cap_holds_requests_when_every_worker_is_at_it(
 
 @pytest.mark.parametrize(
     "bad",
-    [{"tokens_per_s": 0.0}, {"kv_penalty_s": -1.0}, {"max_kv": 1.0}, {"max_waiting": 0}],
+    [
+        {"tokens_per_s": 0.0},
+        {"kv_penalty_s": -1.0},
+        {"max_kv": 1.0},
+        {"mean_prefill_tokens": 0},
+        {"max_waiting": 0},
+    ],
 )
 def test_bad_options_are_named(bad: dict[str, Any]) -> None:
     with pytest.raises(ConfigError, match=next(iter(bad))):

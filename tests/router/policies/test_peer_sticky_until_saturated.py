@@ -40,6 +40,14 @@ def test_affinity_threshold_keeps_only_workers_holding_enough_of_the_prompt(
     }
 
 
+@pytest.mark.parametrize(("n_blocks", "second"), [(10, A), (11, B)])
+def test_affinity_threshold_is_inclusive(n_blocks: int, second: str) -> None:
+    """8 cached blocks of 10 is exactly 0.80 (kept); 8 of 11 (0.73) is not."""
+    core = make_core("sticky_until_saturated", NO_EXPLORE)
+    assert core.route(req(range(8))).worker == A
+    assert core.route(req(range(n_blocks))).worker == second
+
+
 def test_without_affinity_the_fewest_uncached_prefill_tokens_win() -> None:
     core = make_core("sticky_until_saturated", NO_EXPLORE)
     big = core.route(req(range(100, 110), tokens=5000))  # A: 5000 uncached in flight
@@ -66,6 +74,19 @@ def test_ttft_gate_breaks_stickiness_when_the_sticky_worker_is_slower_by_the_mar
     assert core.route(req(range(10), tokens=5000)).worker == A
     got = core.route(req(range(12), tokens=120))
     assert got.worker == expected
+    assert _policy(core).decisions[path] == 1
+
+
+@pytest.mark.parametrize(
+    ("rate", "expected", "path"), [(100.0, B, "saturated"), (1000.0, A, "sticky")]
+)
+def test_prefill_rate_scales_the_ttft_estimate(rate: float, expected: str, path: str) -> None:
+    """The same 4,900-token gap in queued uncached prefill is 49 s at 100 tok/s (over the
+    18 s margin) and 4.9 s at 1,000 tok/s (under it)."""
+    opts = {**NO_EXPLORE, "prefill_tokens_per_s": rate}
+    core = make_core("sticky_until_saturated", opts)
+    assert core.route(req(range(10), tokens=5000)).worker == A
+    assert core.route(req(range(12), tokens=120)).worker == expected
     assert _policy(core).decisions[path] == 1
 
 

@@ -92,23 +92,25 @@ def test_resume_gap_is_hysteresis(gap: float, resumes: bool) -> None:
     assert isinstance(held, Reservation) is resumes
 
 
-@pytest.mark.parametrize("max_pause", [10.0, 1800.0])
-def test_forced_resume_after_the_maximum_pause_by_time_alone(max_pause: float) -> None:
+@pytest.mark.parametrize(("max_pause", "interval"), [(10.0, 5.0), (1800.0, 5.0), (60.0, 20.0)])
+def test_forced_resume_after_the_maximum_pause_by_time_alone(
+    max_pause: float, interval: float
+) -> None:
     """Nothing completes: the driver's recheck, every check_interval_s, admits the held turn
     once it has been paused for max_pause_s."""
     clock = ManualClock()
-    opts = {**CAP, "max_pause_s": max_pause, "check_interval_s": 5.0}
+    opts = {**CAP, "max_pause_s": max_pause, "check_interval_s": interval}
     core = make_core("trajectory_admission", opts, workers=(A,), clock=clock)
-    assert core.admission_recheck_s == 5.0
+    assert core.admission_recheck_s == interval
     _fill_one_worker(core)
     ready: list[Ticket] = []
     held = core.place(req(tokens=200, sid="s2"), ready.append)
     assert isinstance(held, Ticket)
-    for _ in range(int(max_pause // 5.0) - 1):
-        clock.advance(5.0)
+    for _ in range(int(max_pause // interval) - 1):
+        clock.advance(interval)
         core.recheck()
     assert held.waiting
-    clock.advance(5.0)
+    clock.advance(interval)
     core.recheck()
     assert ready == [held] and held.reservation is not None
     assert _policy(core).stats["forced"] == 1

@@ -2,11 +2,15 @@
 
 :class:`PrefixIndex` is the one interface through which a policy asks "how much of this prompt
 does worker ``w`` already hold?". :class:`ApproxPrefixIndex` answers it from what the router
-itself sent to each worker (one :class:`~sessionroute.router.policies._radix.ApproxRadixTree`
-per worker, as ``cache_aware`` does; sglang's and vllm-router's ``src/tree.rs``); an index fed by
-the engines' KV events (vllm-router ``kv_aware``, issue 21) can replace it behind the same three
-calls. Prompts are the request's chained content-block keys
-(:attr:`sessionroute.types.RouteRequest.blocks`), so a match counts whole content blocks.
+itself sent to each worker (as ``cache_aware``'s radix trees do; sglang's and vllm-router's
+``src/tree.rs``), in one radix tree shared by all workers whose nodes list the workers
+("tenants") that were sent them, as SGLang's multi-tenant tree does. Prompts are the request's
+content-block keys (:attr:`sessionroute.types.RouteRequest.blocks`), so a match counts whole
+content blocks. One walk down the tree answers for every worker at once (a worker's match is
+the depth of the deepest node on the prompt's path that lists it), where a tree per worker
+costs a walk per worker; recording a prompt adds a tenant to the nodes on its path (and one
+leaf for its new tail). Each worker's part is bounded: past the bound its least recently sent
+leaves go first.
 
 :class:`InflightPrefill` keeps, per worker, the uncached prompt tokens of the requests a policy
 sent there and that have not completed (llm-d's "in-flight uncached prefill tokens"). The router
@@ -16,10 +20,11 @@ over-estimate while it decodes).
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Protocol
 
-from sessionroute.router.policies._radix import ApproxRadixTree
+from sessionroute.router.policies._radix import common_prefix_len
 from sessionroute.types import RouteRequest
 
 __all__ = [
@@ -57,46 +62,167 @@ class PrefixIndex(Protocol):
         ...
 
 
+class _Node:
+    __slots__ = ("children", "label", "parent", "tenants")
+
+    def __init__(self, label: tuple[int, ...], parent: _Node | None) -> None:
+        self.label = label
+        self.parent = parent
+        self.children: dict[int, _Node] = {}
+        self.tenants: dict[str, None] = {}
+
+
 class ApproxPrefixIndex:
-    """The router's approximate view: one LRU-bounded radix tree of sent prompts per worker.
+    """The router's approximate view: one radix tree of sent prompts, nodes listing workers.
+
+    Invariant: a worker listed on a node is listed on all of its ancestors (it was sent the
+    whole path), so the workers holding at least ``k`` blocks of a prompt are those listed on
+    the node covering depth ``k`` of its path.
 
     Args:
-        max_blocks: per-worker bound in content blocks (least recently used leaves go first).
+        max_blocks: per-worker bound in content blocks (least recently sent leaves go first).
     """
 
-    __slots__ = ("_max", "_trees")
+    __slots__ = ("_lru", "_max", "_root", "_size")
 
     def __init__(self, max_blocks: int) -> None:
         self._max = max_blocks
-        self._trees: dict[str, ApproxRadixTree] = {}
+        self._root = _Node((), None)
+        self._lru: dict[str, OrderedDict[_Node, None]] = {}  # per worker, oldest first
+        self._size: dict[str, int] = {}
+
+    def _path(self, blocks: tuple[int, ...]) -> list[tuple[_Node, int]]:
+        """The nodes the prompt enters, each with the prompt's depth at its end (the last one
+        may be entered part way)."""
+        out: list[tuple[_Node, int]] = []
+        node, pos, n = self._root, 0, len(blocks)
+        while pos < n:
+            child = node.children.get(blocks[pos])
+            if child is None:
+                break
+            label = child.label
+            m = len(label)
+            if blocks[pos : pos + m] == label:
+                pos += m
+                out.append((child, pos))
+                node = child
+                continue
+            out.append((child, pos + common_prefix_len(label, blocks[pos : pos + m])))
+            break
+        return out
 
     def match(self, worker: str, blocks: tuple[int, ...]) -> int:
-        tree = self._trees.get(worker)
-        return 0 if tree is None or not blocks else tree.match(blocks)
+        """Leading blocks of ``blocks`` that ``worker`` was sent."""
+        depth = 0
+        for node, d in self._path(blocks):
+            if worker not in node.tenants:
+                break
+            depth = d
+        return depth
+
+    def matched(self, workers: Sequence[str], blocks: Sequence[int]) -> dict[str, int]:
+        """Worker -> leading blocks it was sent, for the workers of ``workers`` sent at least
+        one."""
+        depth: dict[str, int] = {}
+        for node, d in self._path(tuple(blocks)):
+            for w in node.tenants:
+                depth[w] = d
+        if not depth:
+            return depth
+        wanted = set(workers)
+        return {w: d for w, d in depth.items() if w in wanted}
 
     def match_all(self, workers: Sequence[str], blocks: tuple[int, ...]) -> list[int]:
-        if not blocks:
+        depth: dict[str, int] = {}
+        for node, d in self._path(blocks):
+            for w in node.tenants:
+                depth[w] = d
+        if not depth:
             return [0] * len(workers)
-        get = self._trees.get
-        return [0 if (t := get(w)) is None else t.match(blocks) for w in workers]
+        get = depth.get
+        return [get(w, 0) for w in workers]
+
+    def holding(self, workers: Sequence[str], blocks: tuple[int, ...], k: int) -> list[str]:
+        """The workers of ``workers`` that were sent at least the first ``k`` (>= 1) of
+        ``blocks``, in their order."""
+        for node, d in self._path(blocks):
+            if d >= k:
+                tenants = node.tenants
+                return [w for w in workers if w in tenants]
+        return []
 
     def record(self, worker: str, blocks: tuple[int, ...]) -> None:
+        """``blocks`` were sent to ``worker``: list it on the prompt's path (splitting the edge
+        where the prompt leaves the tree, adding a leaf for the rest) and mark the path most
+        recently sent for it; then trim it to the bound."""
         if not blocks:
             return
-        tree = self._trees.get(worker)
-        if tree is None:
-            tree = self._trees[worker] = ApproxRadixTree()
-        tree.insert(blocks)
-        if tree.size > self._max:
-            tree.evict(self._max)
+        lru = self._lru.get(worker)
+        if lru is None:
+            lru = self._lru[worker] = OrderedDict()
+            self._size[worker] = 0
+        node, pos, n = self._root, 0, len(blocks)
+        path: list[_Node] = []
+        while pos < n:
+            first = blocks[pos]
+            child = node.children.get(first)
+            if child is None:
+                child = _Node(blocks[pos:], node)
+                node.children[first] = child
+                pos = n
+            else:
+                label = child.label
+                m = len(label)
+                seg = blocks[pos : pos + m]
+                if seg != label:  # the prompt leaves the tree inside this edge: split it
+                    k = common_prefix_len(label, seg)
+                    mid = _Node(label[:k], node)
+                    mid.tenants = dict(child.tenants)
+                    child.label = label[k:]
+                    child.parent = mid
+                    mid.children[child.label[0]] = child
+                    node.children[first] = mid
+                    for t in mid.tenants:  # an ancestor is more recent than its descendants
+                        self._lru[t][mid] = None
+                    child = mid
+                    m = k
+                pos += m
+            if worker not in child.tenants:
+                child.tenants[worker] = None
+                self._size[worker] += len(child.label)
+            path.append(child)
+            node = child
+        for nd in reversed(path):  # deepest first: ancestors end up more recent
+            lru[nd] = None
+            lru.move_to_end(nd)
+        if self._size[worker] > self._max:
+            self._evict(worker, self._max)
+
+    def _evict(self, worker: str, limit: int) -> None:
+        """Unlist ``worker`` from its least recently sent leaves until it holds ``limit``."""
+        lru = self._lru[worker]
+        while self._size[worker] > limit and lru:
+            node, _ = lru.popitem(last=False)
+            self._drop(worker, node)
+
+    def _drop(self, worker: str, node: _Node) -> None:
+        del node.tenants[worker]
+        self._size[worker] -= len(node.label)
+        if not node.tenants and not node.children and node.parent is not None:
+            del node.parent.children[node.label[0]]
 
     def size(self, worker: str) -> int:
         """Blocks stored for ``worker`` (0 when none)."""
-        tree = self._trees.get(worker)
-        return 0 if tree is None else tree.size
+        return self._size.get(worker, 0)
 
     def forget(self, worker: str) -> None:
-        self._trees.pop(worker, None)
+        """Unlist ``worker`` everywhere (descendants before ancestors)."""
+        lru = self._lru.pop(worker, None)
+        if lru is None:
+            return
+        for node in lru:
+            self._drop(worker, node)
+        del self._size[worker]
 
 
 def uncached_tokens(prompt_tokens: int, n_blocks: int, matched: int) -> int:

@@ -1,31 +1,47 @@
 """``cache_aware_v2``: SGLang model gateway (SMG) cache-aware routing with engine-pressure exits.
 
 Source: SMG ``cache_aware`` as revised in smg-project/smg PRs #1621, #2117, #2161, #2213, #2341
-(summary in ``shared/POLICIES.md``). ``cache_aware`` (v1) plus what SMG added. For each
-request, over the healthy workers:
+(``model_gateway/src/policies/cache_aware.rs``, approximate-tree mode; summary in
+``shared/POLICIES.md``). For each request, over the healthy workers:
 
-1. **leave affinity on engine pressure**: when the hottest worker's scraped KV usage is at least
-   ``kv_overload_threshold`` (0.9), or the spread of KV usage (max - min) exceeds
-   ``kv_spread_threshold``, or v1's in-flight imbalance holds (``max - min >
-   balance_abs_threshold`` and ``max > min * balance_rel_threshold``), go to the least-loaded
-   worker (in-flight requests);
-2. **decayed cache score**: a worker's score is its matched fraction of the prompt divided by
-   ``1 + waiting / decay_tokens``, where ``waiting`` is the uncached prefill tokens in flight
-   there: a hot prefix on a busy worker counts for less;
-3. **prefix holders, least loaded**: when the best score exceeds ``cache_threshold`` (0.3), the
-   candidates are every worker whose score does; the least loaded of them wins (hot prefixes
-   spread). Otherwise the worker with the smallest tree (most spare cache as the router sees
-   it);
-4. **per-request spill**: if the chosen worker has more than ``spill_rel`` (1.5) times the mean
-   in-flight load and more than mean + ``spill_abs`` (64), the least-loaded worker takes the
-   request instead.
+1. **fleet-wide exit on engine KV pressure**: when the hottest worker's scraped KV usage is
+   above ``kv_overload_threshold``, or the KV-usage spread (max - min over the workers with
+   gauges) is above ``kv_spread_threshold``, affinity is abandoned: the request goes to the
+   lowest expected wait (below) among all healthy workers;
+2. **affinity group**: otherwise the prompt is matched against the per-worker prefix trees; if
+   the longest match covers more than ``cache_threshold`` of the prompt, the candidates are the
+   workers holding that longest match (each scoring 1). With ``overlap_decay`` > 0 a
+   candidate's score is divided by ``1 + overlap_decay * x``, ``x`` its waiting prefill in
+   blocks beyond the least-backlogged candidate's, per block of this request; the group is
+   the candidates with the best score;
+3. **per-request spill gate**: a candidate whose in-flight requests are above
+   ``balance_rel_threshold`` times the fleet mean *and* above the mean plus
+   ``balance_abs_threshold`` is unsafe (SMG's option names; they once set v1's imbalance).
+   The final worker is the lowest expected wait among the safe group members; when every
+   member is unsafe, among the healthy workers that are not (all of them if none is), so a
+   hot prefix gains a second home instead of queueing;
+4. **miss**: a match at or below ``cache_threshold`` goes to the lowest expected wait among
+   all healthy workers.
 
-The prompt is recorded in the chosen worker's tree in every case. Reproduced: the triggers, the
-0.9 KV threshold and the 1.5x / +64 spill gate, least-loaded choice among holders. Guessed: the
-KV-spread threshold (0.3; SMG's default is not in its public description), the decay form
-``1 / (1 + waiting / decay_tokens)`` and its scale (8,192 tokens), and "waiting prefill" taken
-from the router's own in-flight uncached tokens (SMG reads the engines'). Prefix matches come
-from the router's approximate radix trees, in content blocks.
+The expected wait is SMG ``least_load``'s score with its since-poll credit
+(:mod:`~sessionroute.router.policies._expected_wait`), here fed the router's own uncached
+prefill per worker. The prompt is recorded in the chosen worker's tree in every case.
+
+Reproduced: the order of the steps; strict ``>`` comparisons; the defaults of SMG (cache
+threshold 0.3, spill gate 1.5x and +64 requests, both KV triggers off at 1.0 and the decay
+off at 0), except ``kv_overload_threshold``, set to the 0.9 that SMG's documentation suggests
+as a safety valve (SMG ships it off; set 1.0 to match). Approximated: prefix matches come from
+the router's index of what it sent, in content blocks (SMG's approximate token tree, in
+tokens); a worker's waiting prefill is the waiting-request gauge times the mean uncached
+prompt of the router's requests in flight there (SMG reads ``num_waiting_uncached_tokens``);
+ties of the expected wait go to the least recently chosen. Not reproduced: SMG's
+``selection_temperature`` (softmax over the affinity scores; 0 by default), its event-driven
+and hash index modes.
+
+On multi-turn agent RL the KV exits are what matter: a replica serving long agent contexts
+sits at high KV usage by design (vLLM admits work until the cache is full), so an overload
+threshold of 0.9 or a tight spread threshold fires on most requests and turns the policy into
+a pure load balancer, losing the sessions' prefixes (docs/policies.md).
 """
 
 from __future__ import annotations
@@ -36,6 +52,7 @@ from typing import Any, ClassVar
 
 from sessionroute.clock import Clock
 from sessionroute.errors import ConfigError
+from sessionroute.router.policies._expected_wait import ExpectedWait
 from sessionroute.router.policies._prefix import (
     ApproxPrefixIndex,
     InflightPrefill,
@@ -43,7 +60,6 @@ from sessionroute.router.policies._prefix import (
     uncached_tokens,
 )
 from sessionroute.router.policies.base import Policy, require_healthy
-from sessionroute.router.policies.least_loaded import LeastRecentlyChosen
 from sessionroute.router.state.cluster import ClusterView
 from sessionroute.types import Decision, DecisionKind, RouteRequest
 
@@ -55,14 +71,17 @@ class CacheAwareV2Config:
     """Options of ``cache_aware_v2``.
 
     Attributes:
-        cache_threshold: minimum decayed cache score, in [0, 1], to route by prefix.
-        kv_overload_threshold: hottest worker's KV usage, in [0, 1], that leaves affinity.
-        kv_spread_threshold: KV-usage spread (max - min), in [0, 1], that leaves affinity.
-        balance_abs_threshold: in-flight requests; v1's imbalance needs ``max - min`` above it.
-        balance_rel_threshold: v1's imbalance also needs ``max > min * balance_rel_threshold``.
-        spill_rel: per-request spill when the chosen worker is over this times the mean load...
-        spill_abs: ...and over the mean plus this many requests.
-        decay_tokens: waiting uncached prefill tokens that halve a worker's cache score (> 0).
+        cache_threshold: the longest match must cover more than this fraction of the prompt,
+            in [0, 1], to route by affinity.
+        kv_overload_threshold: hottest worker's KV usage above which affinity is abandoned,
+            in [0, 1] (1.0: never).
+        kv_spread_threshold: KV-usage spread (max - min) above which affinity is abandoned,
+            in [0, 1] (1.0: never).
+        balance_rel_threshold: a candidate is unsafe above this times the mean in-flight load...
+        balance_abs_threshold: ...and above the mean plus this many requests.
+        overlap_decay: weight of the waiting-prefill decay of the affinity score (>= 0; 0: off).
+        tokens_per_s: throughput of the expected-wait score (tokens/s).
+        kv_penalty_s: KV barrier weight of the expected-wait score (seconds).
         max_tree_blocks: per-worker bound of the prefix index, in content blocks.
 
     Raises:
@@ -71,12 +90,12 @@ class CacheAwareV2Config:
 
     cache_threshold: float = 0.3
     kv_overload_threshold: float = 0.9
-    kv_spread_threshold: float = 0.3
-    balance_abs_threshold: int = 64
+    kv_spread_threshold: float = 1.0
     balance_rel_threshold: float = 1.5
-    spill_rel: float = 1.5
-    spill_abs: float = 64.0
-    decay_tokens: float = 8192.0
+    balance_abs_threshold: float = 64.0
+    overlap_decay: float = 0.0
+    tokens_per_s: float = 2000.0
+    kv_penalty_s: float = 0.15
     max_tree_blocks: int = 1 << 24
 
     def __post_init__(self) -> None:
@@ -84,12 +103,11 @@ class CacheAwareV2Config:
             v = getattr(self, name)
             if not 0.0 <= v <= 1.0:
                 raise ConfigError(f"{name} must be in [0, 1], got {v!r}")
-        for name in ("balance_abs_threshold", "balance_rel_threshold", "spill_rel", "spill_abs"):
+        for name in ("balance_rel_threshold", "balance_abs_threshold", "overlap_decay"):
             v = getattr(self, name)
             if not v >= 0:
                 raise ConfigError(f"{name} must be >= 0, got {v!r}")
-        if not self.decay_tokens > 0:
-            raise ConfigError(f"decay_tokens must be > 0, got {self.decay_tokens!r}")
+        ExpectedWait(self.tokens_per_s, self.kv_penalty_s, 0.999)
         if self.max_tree_blocks < 1:
             raise ConfigError(f"max_tree_blocks must be >= 1, got {self.max_tree_blocks!r}")
 
@@ -100,9 +118,10 @@ class CacheAwareV2Policy(Policy):
     Attributes:
         index: per-worker approximate prefix index.
         prefill: uncached prefill tokens in flight per worker.
-        decisions: requests by path: ``"kv_overload"``, ``"kv_spread"``, ``"imbalance"``,
-            ``"cache_hit"``, ``"smallest_tree"`` and ``"spill"`` (the spill gate overrode one
-            of the two cache paths).
+        wait: the expected-wait scorer that makes every final choice.
+        decisions: requests by path: ``"kv_overload"``, ``"kv_spread"`` (fleet-wide exits),
+            ``"cache_hit"`` (a safe holder of the longest match), ``"spill"`` (every holder
+            was unsafe) and ``"miss"`` (no match above the threshold).
     """
 
     name: ClassVar[str] = "cache_aware_v2"
@@ -114,81 +133,89 @@ class CacheAwareV2Policy(Policy):
         cfg: CacheAwareV2Config = self.config
         self.index = ApproxPrefixIndex(cfg.max_tree_blocks)
         self.prefill = InflightPrefill()
-        self._picker = LeastRecentlyChosen()
+        self.wait = ExpectedWait(cfg.tokens_per_s, cfg.kv_penalty_s, 0.999)
         self.decisions: dict[str, int] = dict.fromkeys(
-            ("kv_overload", "kv_spread", "imbalance", "cache_hit", "smallest_tree", "spill"), 0
+            ("kv_overload", "kv_spread", "cache_hit", "spill", "miss"), 0
         )
 
     def select(self, request: RouteRequest, cluster: ClusterView) -> Decision:
         healthy = require_healthy(cluster)
         blocks = prompt_blocks(request)
-        in_flight = cluster.in_flight
-        loads = [in_flight(w) for w in healthy]
-        path = self._pressure(healthy, loads, cluster)
-        if path is not None:
-            worker = self._picker.pick(healthy, cluster)
-            matched = self.index.match(worker, blocks)
+        path = self._kv_pressure(healthy, cluster)
+        if path is None:
+            path, candidates = self._affinity(blocks, request.prompt_tokens, healthy, cluster)
         else:
-            path, worker, matched = self._by_cache(blocks, healthy, cluster)
-            if self._spills(in_flight(worker), loads):
-                path = "spill"
-                worker = self._picker.pick(healthy, cluster)
-                matched = self.index.match(worker, blocks)
+            candidates = healthy
+        pending = self.prefill.totals
+        worker = self.wait.pick(candidates, cluster, request.prompt_tokens, pending)
         self.decisions[path] += 1
+        matched = self.index.match(worker, blocks)
         self.prefill.add(
             request, worker, uncached_tokens(request.prompt_tokens, len(blocks), matched)
         )
         self.index.record(worker, blocks)
         return Decision(worker, DecisionKind.STATELESS)
 
-    def _pressure(
-        self, healthy: tuple[str, ...], loads: list[int], cluster: ClusterView
-    ) -> str | None:
-        """Which trigger sends the request to the least-loaded worker, or None."""
+    def _kv_pressure(self, healthy: tuple[str, ...], cluster: ClusterView) -> str | None:
+        """Which fleet-wide KV trigger abandons affinity, or None."""
         cfg: CacheAwareV2Config = self.config
         gauges = cluster.gauges
         kv = [g.kv_usage for w in healthy if (g := gauges(w)) is not None]
-        if kv:
-            hot = max(kv)
-            if hot >= cfg.kv_overload_threshold:
-                return "kv_overload"
-            if len(kv) == len(healthy) and hot - min(kv) > cfg.kv_spread_threshold:
-                return "kv_spread"
-        hi, lo = max(loads), min(loads)
-        if hi - lo > cfg.balance_abs_threshold and hi > lo * cfg.balance_rel_threshold:
-            return "imbalance"
+        if not kv:
+            return None
+        hot = max(kv)
+        if hot > cfg.kv_overload_threshold:
+            return "kv_overload"
+        if hot - min(kv) > cfg.kv_spread_threshold:
+            return "kv_spread"
         return None
 
-    def _by_cache(
-        self, blocks: tuple[int, ...], healthy: tuple[str, ...], cluster: ClusterView
-    ) -> tuple[str, str, int]:
+    def _affinity(
+        self,
+        blocks: tuple[int, ...],
+        prompt_tokens: int,
+        healthy: tuple[str, ...],
+        cluster: ClusterView,
+    ) -> tuple[str, tuple[str, ...] | list[str]]:
+        """The path and the candidates of the final expected-wait choice."""
         cfg: CacheAwareV2Config = self.config
         n = len(blocks)
-        index = self.index
-        if n:
-            matched = index.match_all(healthy, blocks)
-            threshold = cfg.cache_threshold
-            need = threshold * n  # the decayed score is at most the matched fraction
-            if max(matched) > need:
-                pending = self.prefill.totals
-                scale = cfg.decay_tokens
-                holders: list[str] = []
-                for w, m in zip(healthy, matched, strict=True):
-                    if m > need and m / n / (1.0 + pending.get(w, 0) / scale) > threshold:
-                        holders.append(w)
-                if holders:
-                    worker = self._picker.pick(holders, cluster)
-                    return "cache_hit", worker, matched[healthy.index(worker)]
-        sizes = [index.size(w) for w in healthy]
-        smallest = min(sizes)
-        tied = [w for w, s in zip(healthy, sizes, strict=True) if s == smallest]
-        worker = self._picker.pick(tied, cluster)
-        return "smallest_tree", worker, index.match(worker, blocks)
-
-    def _spills(self, load: int, loads: list[int]) -> bool:
-        cfg: CacheAwareV2Config = self.config
+        if not n:
+            return "miss", healthy
+        matched = self.index.match_all(healthy, blocks)
+        best = max(matched)
+        if best <= cfg.cache_threshold * n:
+            return "miss", healthy
+        group = [w for w, m in zip(healthy, matched, strict=True) if m == best]
+        if cfg.overlap_decay > 0 and len(group) > 1:
+            group = self._decayed(group, max(prompt_tokens, n), cluster)
+        in_flight = cluster.in_flight
+        loads = [in_flight(w) for w in healthy]
         mean = sum(loads) / len(loads)
-        return load > cfg.spill_rel * mean and load > mean + cfg.spill_abs
+        limit = max(cfg.balance_rel_threshold * mean, mean + cfg.balance_abs_threshold)
+        safe = [w for w in group if in_flight(w) <= limit]
+        if safe:
+            return "cache_hit", safe
+        others = [w for w, load in zip(healthy, loads, strict=True) if load <= limit]
+        return "spill", others or healthy
+
+    def _decayed(self, group: list[str], prompt_tokens: int, cluster: ClusterView) -> list[str]:
+        """The members of ``group`` with the best decayed score (all score 1 before decay;
+        the excess backlog counts per token of this prompt, i.e. per block per block)."""
+        cfg: CacheAwareV2Config = self.config
+        self.wait.scores(group, cluster, self.prefill.totals)  # fold in new polls
+        backlog = {w: q for w in group if (q := self.wait.queued(w)) is not None}
+        if not backlog:
+            return group
+        floor = min(backlog.values())
+        scores = [
+            1.0 / (1.0 + cfg.overlap_decay * (backlog[w] - floor) / prompt_tokens)
+            if w in backlog
+            else 1.0
+            for w in group
+        ]
+        top = max(scores)
+        return [w for w, s in zip(group, scores, strict=True) if s == top]
 
     def on_complete(self, request: RouteRequest, worker: str) -> None:
         self.prefill.done(request)
@@ -196,3 +223,4 @@ class CacheAwareV2Policy(Policy):
     def on_worker_removed(self, worker: str, cluster: ClusterView) -> None:
         self.index.forget(worker)
         self.prefill.forget(worker)
+        self.wait.forget(worker)

@@ -1,38 +1,59 @@
-"""``kv_cost``: NVIDIA Dynamo's KV router cost: blocks to prefill, weighted, plus decode load.
+"""``kv_cost``: NVIDIA Dynamo's KV router cost: blocks to prefill, weighted, plus active blocks.
 
-Source: the Dynamo KV router (ai-dynamo docs, "KV cache routing"; summary in
+Source: the Dynamo KV router (ai-dynamo docs "KV cache routing", "Router design"; summary in
 ``shared/POLICIES.md``). Each request goes to the healthy worker with the lowest
 
     cost(w) = overlap_weight * prefill_blocks(w) + decode_blocks(w)
 
-where ``prefill_blocks(w)`` is the request's content blocks that ``w`` does not hold (its
-prompt minus the longest cached prefix there) and ``decode_blocks(w)`` the blocks of the
-requests in flight on ``w``. With ``temperature`` > 0 the worker is sampled instead, with
-probability proportional to ``exp(-cost / (temperature * max cost))`` (Dynamo's softmax over
-normalised costs), from the injected rng. Workers whose scraped KV usage is at least
-``busy_kv_threshold`` are left out; when every worker is busy the request is held in the
-router's admission queue (Dynamo answers HTTP 529 there instead).
+    prefill_blocks(w) = (prefill tokens in flight on w + this prompt's tokens not cached on w)
+                        / tokens per block
+    decode_blocks(w)  = (prompt tokens in flight on w + this prompt's tokens) / tokens per block
 
-Reproduced: the cost, ``overlap_weight`` 1.0, lowest cost or temperature sampling, the busy
-threshold. Approximated: the overlap comes from the router's approximate radix trees in both
-drivers (:class:`~sessionroute.router.policies._prefix.ApproxPrefixIndex`), not from the
-replicas' exact cache state (Dynamo reads KV events; an exact index, issue 21, plugs in behind
-:class:`~sessionroute.router.policies._prefix.PrefixIndex`); the decode load is the router's
-in-flight prompt tokens converted to blocks at this request's tokens per block (Dynamo counts
-the worker's active blocks, generated tokens included). Ties go to the least recently chosen.
+i.e. Dynamo's "potential prefill blocks" and "potential active blocks" if the request went to
+``w``. What ``w`` caches is its longest cached prefix of the request's blocks, read from a
+:class:`~sessionroute.router.kv.PrefixCacheView`: in the simulator the replica model's exact
+prefix caches (:mod:`sessionroute.sim.kvview`, set by the runner through
+:meth:`KvCostPolicy.use_prefix_cache`); live, :attr:`KvCostPolicy.index`, the
+:class:`~sessionroute.router.kv.KvIndex` that ``serve --kv-events`` feeds from vLLM's KV events
+(as ``kv_aware``'s), and without events the router's own approximate index of what it
+sent (Dynamo's ``--no-kv-events`` mode predicts the cache from its routing decisions too).
+With ``temperature`` > 0 the worker is sampled instead, with probability proportional to
+``exp(-cost / (temperature * max cost))`` (softmax over normalised costs), from the injected
+rng. Workers whose scraped KV usage is at least ``busy_kv_threshold`` are left out; when every
+worker is busy the request is held in the router's admission queue (Dynamo answers HTTP 529).
+
+Reproduced: the cost and its default ``overlap_weight`` 1.0, lowest cost or temperature
+sampling, the busy threshold, overlap from the engines' reported caches. Approximated: a
+request's uncached prefill counts until it completes (Dynamo drops it at the first token); its
+active blocks are its prompt blocks (Dynamo adds the generated ones as they come and counts a
+block shared by two active requests once); the no-events cache is LRU-bounded, not TTL'd (120 s
+in Dynamo). Ties go to the least recently chosen.
+
+On multi-turn agent RL the decode term is the whole story: a session's next turn saves its
+context's blocks of prefill on its home worker, but every other in-flight context costs as
+many blocks of decode, so the home worker loses the turn as soon as it holds about one context
+more than another worker. Long-context sessions then move almost every turn and re-prefill
+their context elsewhere (docs/policies.md).
 """
 
 from __future__ import annotations
 
 import math
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from sessionroute.clock import Clock
 from sessionroute.errors import ConfigError
+from sessionroute.router.kv.index import KvIndex, PrefixCacheView
 from sessionroute.router.policies._pick import LowestScore
-from sessionroute.router.policies._prefix import ApproxPrefixIndex, PrefixIndex, prompt_blocks
+from sessionroute.router.policies._prefix import (
+    ApproxPrefixIndex,
+    InflightPrefill,
+    prompt_blocks,
+    uncached_tokens,
+)
 from sessionroute.router.policies.base import Policy, require_healthy
 from sessionroute.router.state.cluster import ClusterView
 from sessionroute.types import Decision, DecisionKind, RouteRequest
@@ -48,13 +69,14 @@ class KvCostConfig:
     """Options of ``kv_cost``.
 
     Attributes:
-        overlap_weight: weight of the blocks still to prefill (Dynamo's
+        overlap_weight: weight of the blocks to prefill (Dynamo's
             ``--kv-overlap-score-weight``, default 1.0).
         temperature: 0 picks the lowest cost; above 0 samples by softmax (Dynamo's
             ``--router-temperature``).
         busy_kv_threshold: KV usage, in (0, 1], at which a worker takes no new request (None:
             never busy).
-        max_tree_blocks: per-worker bound of the prefix index, in content blocks.
+        max_tree_blocks: per-worker bound of the no-events prefix index, in content blocks.
+        max_blocks_per_worker: bound of each worker's set in the KV-event index (blocks).
 
     Raises:
         ConfigError: on a value out of range (the message names it).
@@ -64,6 +86,7 @@ class KvCostConfig:
     temperature: float = 0.0
     busy_kv_threshold: float | None = None
     max_tree_blocks: int = 1 << 24
+    max_blocks_per_worker: int = 1 << 20
 
     def __post_init__(self) -> None:
         if not self.overlap_weight >= 0:
@@ -75,10 +98,37 @@ class KvCostConfig:
             raise ConfigError(f"busy_kv_threshold must be in (0, 1] or None, got {b!r}")
         if self.max_tree_blocks < 1:
             raise ConfigError(f"max_tree_blocks must be >= 1, got {self.max_tree_blocks!r}")
+        if self.max_blocks_per_worker < 1:
+            raise ConfigError(
+                f"max_blocks_per_worker must be >= 1, got {self.max_blocks_per_worker!r}"
+            )
+
+
+class _ApproxView:
+    """:class:`PrefixCacheView` over the router's own approximate index (no KV events)."""
+
+    __slots__ = ("tree",)
+
+    def __init__(self, tree: ApproxPrefixIndex) -> None:
+        self.tree = tree
+
+    def matched_blocks(
+        self, hashes: Sequence[int], workers: Sequence[str], salt: str | None = None
+    ) -> dict[str, int]:
+        return self.tree.matched(workers, hashes)
 
 
 class KvCostPolicy(Policy):
-    """Lowest ``overlap_weight * prefill blocks + decode blocks`` (or softmax sampling)."""
+    """Lowest ``overlap_weight * prefill blocks + active blocks`` (or softmax sampling).
+
+    Attributes:
+        index: the KV-event index ``serve --kv-events`` feeds; asked once it tracks a worker.
+        approx: the router's approximate index of what it sent, asked without KV events.
+        prefill: uncached prompt tokens in flight per worker.
+        cache: the view a driver set with :meth:`use_prefix_cache`, or None.
+        decisions: requests sent to a worker caching part of their prompt (``"cache_hit"``)
+            and the others (``"no_match"``).
+    """
 
     name: ClassVar[str] = "kv_cost"
     Config: ClassVar[type[Any] | None] = KvCostConfig
@@ -87,50 +137,85 @@ class KvCostPolicy(Policy):
     def __init__(self, config: Any = None, *, clock: Clock, rng: random.Random) -> None:
         super().__init__(config, clock=clock, rng=rng)
         cfg: KvCostConfig = self.config
-        self.index: PrefixIndex = ApproxPrefixIndex(cfg.max_tree_blocks)
+        self.index = KvIndex(cfg.max_blocks_per_worker)
+        self.approx = ApproxPrefixIndex(cfg.max_tree_blocks)
+        self._approx_view = _ApproxView(self.approx)
+        self.prefill = InflightPrefill()
+        self.cache: PrefixCacheView | None = None
+        self.decisions: dict[str, int] = {"cache_hit": 0, "no_match": 0}
         self._picker = LowestScore()
 
-    def _free(self, cluster: ClusterView) -> list[str]:
+    def use_prefix_cache(self, view: PrefixCacheView) -> None:
+        """Ask ``view`` for cached prefixes (the simulator's replicas)."""
+        self.cache = view
+
+    def _view(self) -> PrefixCacheView:
+        if self.cache is not None:
+            return self.cache
+        return self.index if self.index.workers() else self._approx_view
+
+    def _free(self, cluster: ClusterView) -> tuple[str, ...] | list[str]:
         """Healthy workers below the busy threshold."""
         busy = self.config.busy_kv_threshold
         healthy = cluster.healthy()
         if busy is None:
-            return list(healthy)
+            return healthy
         return [w for w in healthy if (g := cluster.gauges(w)) is None or g.kv_usage < busy]
 
     def admit(self, request: RouteRequest, cluster: ClusterView) -> bool:
         return self.config.busy_kv_threshold is None or bool(self._free(cluster))
 
     def costs(
-        self, request: RouteRequest, candidates: list[str], cluster: ClusterView
+        self,
+        request: RouteRequest,
+        candidates: Sequence[str],
+        cluster: ClusterView,
+        held: dict[str, int] | None = None,
     ) -> list[float]:
-        """The cost of each candidate, in blocks."""
-        weight = self.config.overlap_weight
-        blocks = prompt_blocks(request)
+        """The cost of each candidate, in blocks (``held``: cached leading blocks per worker,
+        asked of the cache view when None)."""
+        blocks = request.blocks or ()
         n = len(blocks)
-        per_block = (
-            request.prompt_tokens / n if n and request.prompt_tokens else _DEFAULT_BLOCK_TOKENS
-        )
-        matched = self.index.match_all(candidates, blocks)
+        tokens = request.prompt_tokens
+        per_block = tokens / n if n and tokens else _DEFAULT_BLOCK_TOKENS
+        if held is None:
+            held = self._view().matched_blocks(blocks, candidates, request.cache_salt) if n else {}
+        weight = self.config.overlap_weight
+        pending = self.prefill.totals
         in_tokens = cluster.in_flight_tokens
-        return [
-            weight * (n - m) + in_tokens(w) / per_block
-            for w, m in zip(candidates, matched, strict=True)
-        ]
+        pending_get = pending.get
+        # every worker: weight * (pending + whole prompt) + active + prompt; a worker caching
+        # m leading blocks prefills tokens * m // n fewer (uncached_tokens(), inlined)
+        base = (weight + 1.0) * tokens
+        work = [weight * pending_get(w, 0) + in_tokens(w) + base for w in candidates]
+        if held:
+            for i, w in enumerate(candidates):
+                m = held.get(w)
+                if m:
+                    work[i] -= weight * (tokens * min(m, n) // n)
+        costs = [x / per_block for x in work]
+        return costs
 
     def select(self, request: RouteRequest, cluster: ClusterView) -> Decision:
         require_healthy(cluster)
-        candidates = self._free(cluster) or list(cluster.healthy())
-        costs = self.costs(request, candidates, cluster)
+        candidates = self._free(cluster) or cluster.healthy()
+        blocks = request.blocks or ()
+        view = self._view()
+        held = view.matched_blocks(blocks, candidates, request.cache_salt) if blocks else {}
+        costs = self.costs(request, candidates, cluster, held)
         t = self.config.temperature
         if t > 0 and len(candidates) > 1:
             worker = self._sample(candidates, costs, t)
         else:
             worker = self._picker.pick(candidates, costs)
-        self.index.record(worker, prompt_blocks(request))
+        m = held.get(worker, 0)
+        self.decisions["cache_hit" if m else "no_match"] += 1
+        self.prefill.add(request, worker, uncached_tokens(request.prompt_tokens, len(blocks), m))
+        if view is self._approx_view and blocks:
+            self.approx.record(worker, prompt_blocks(request))
         return Decision(worker, DecisionKind.STATELESS)
 
-    def _sample(self, candidates: list[str], costs: list[float], temperature: float) -> str:
+    def _sample(self, candidates: Sequence[str], costs: list[float], temperature: float) -> str:
         top = max(costs)
         scale = temperature * (top if top > 0 else 1.0)
         lo = min(costs)
@@ -142,6 +227,11 @@ class KvCostPolicy(Policy):
                 return w
         return candidates[-1]
 
+    def on_complete(self, request: RouteRequest, worker: str) -> None:
+        self.prefill.done(request)
+
     def on_worker_removed(self, worker: str, cluster: ClusterView) -> None:
-        self.index.forget(worker)
+        self.index.remove_worker(worker)
+        self.approx.forget(worker)
+        self.prefill.forget(worker)
         self._picker.forget(worker)

@@ -1,25 +1,30 @@
-"""``least_token_load``: SGLang model gateway (SMG) ``least_load``: least token work, KV penalty.
+"""``least_token_load``: SGLang model gateway (SMG) ``least_load``: least token work, KV barrier.
 
-Source: SMG ``least_load`` (smg-project/smg PRs #1647, #2154, #2193; summary in
-``shared/POLICIES.md``). Each request goes to the healthy worker with the lowest
+Source: SMG ``least_load`` (smg-project/smg PRs #1647, #2154, #2193, ``policies/least_load.rs``;
+summary in ``shared/POLICIES.md``). Each request goes to the healthy worker with the lowest
+expected wait (:mod:`~sessionroute.router.policies._expected_wait`)::
 
-    cost(w) = (queued(w) + since_poll(w)) / tokens_per_s + kv_penalty_s * k / (1 - k)
+    wait(w) = (queued(w) + since_poll(w)) / tokens_per_s + kv_penalty_s * k / (1 - k)
 
-where ``queued(w)`` is the worker's queued prompt tokens at its last metrics poll,
-``since_poll(w)`` the prompt tokens this router dispatched to it since that poll (the
-since-poll credit: without it every request between two polls would herd onto the same
-worker), and ``k`` its scraped KV-cache usage (clamped below 1). Ties go to the least recently
-chosen. With ``max_waiting`` set, a request is held in the router's admission queue while every
-healthy worker reports at least that many waiting requests (SMG's optional per-worker waiting
-cap with a router-side queue).
+``queued(w)``: the worker's waiting uncached prefill tokens at its last poll; ``since_poll(w)``:
+the prompt tokens this router sent it since that poll (the since-poll credit against herding
+between polls); ``k``: its scraped KV usage, clamped to ``max_kv``. Ties go to the least
+recently chosen (SMG: the first). With ``max_waiting`` set, a request is held in the router's
+admission queue while every healthy worker reports at least that many waiting requests (SMG's
+optional per-worker waiting cap with a router-side queue).
 
-Reproduced: the cost, the 0.15 s KV penalty, the since-poll credit and the waiting cap.
-Approximated: the engines here report waiting *requests*, not queued tokens, so ``queued(w)``
-is the waiting count times the mean prompt tokens of the requests this router has in flight
-there, taken at the poll; a poll is a change of the worker's scraped gauges (a scrape that
-reads the same gauges keeps the credit); the throughput is one configured number for every
-worker (SMG reads each worker's). Without gauges (scraping off, or before the first scrape) the
-cost is the router's own in-flight prompt tokens over the throughput.
+Reproduced: the score, its defaults (0.15 s KV weight, 2,000 tok/s fallback throughput, KV
+clamp 0.999, 1,024 mean prefill tokens for a worker without a snapshot), the credit and its
+reset at each poll, the join-shortest-queue fallback when no worker reports, the waiting cap.
+Approximated: see :mod:`~sessionroute.router.policies._expected_wait` (waiting requests times
+the mean in-flight prompt instead of the engine's waiting uncached tokens; one throughput for
+every worker; a poll is a change of the scraped gauges; the router's scrape period, 1 s by
+default, instead of SMG's 10 s poll).
+
+On multi-turn agent RL this policy keeps no affinity at all: a session's next turn goes to the
+least-loaded worker whatever holds its context, so with N replicas about (N - 1) / N of the
+turns re-prefill their whole context elsewhere. It balances load well and loses the prefix
+cache; on the default swe-rl workload it lands with ``least_loaded`` (docs/policies.md).
 """
 
 from __future__ import annotations
@@ -30,10 +35,10 @@ from typing import Any, ClassVar
 
 from sessionroute.clock import Clock
 from sessionroute.errors import ConfigError
-from sessionroute.router.policies._pick import LowestScore
+from sessionroute.router.policies._expected_wait import ExpectedWait
 from sessionroute.router.policies.base import Policy, require_healthy
 from sessionroute.router.state.cluster import ClusterView
-from sessionroute.types import Decision, DecisionKind, EngineGauges, RouteRequest
+from sessionroute.types import Decision, DecisionKind, RouteRequest
 
 __all__ = ["LeastTokenLoadConfig", "LeastTokenLoadPolicy"]
 
@@ -43,60 +48,53 @@ class LeastTokenLoadConfig:
     """Options of ``least_token_load``.
 
     Attributes:
-        tokens_per_s: a worker's prompt throughput (tokens/s) that turns token work into
-            seconds (a guess for an 8xH200 replica).
-        kv_penalty_s: seconds of the KV-fill penalty ``kv_penalty_s * k / (1 - k)``.
-        max_kv: KV usage is clamped to at most this, in (0, 1), before the penalty.
+        tokens_per_s: a worker's throughput (tokens/s) that turns token work into seconds
+            (SMG's ``default_throughput``, used when a worker reports no generation rate).
+        kv_penalty_s: seconds of the KV barrier ``kv_penalty_s * k / (1 - k)`` (SMG's
+            ``kv_pressure_weight``).
+        max_kv: KV usage is clamped to at most this, in (0, 1), before the barrier.
+        mean_prefill_tokens: tokens an in-flight request is worth on a worker without gauges.
         max_waiting: hold requests while every worker reports at least this many waiting
-            requests (None: never hold).
+            requests (None: never hold; SMG's ``max_waiting_requests`` 0).
 
     Raises:
         ConfigError: on a value out of range (the message names it).
     """
 
-    tokens_per_s: float = 20_000.0
+    tokens_per_s: float = 2000.0
     kv_penalty_s: float = 0.15
-    max_kv: float = 0.99
+    max_kv: float = 0.999
+    mean_prefill_tokens: int = 1024
     max_waiting: int | None = None
 
     def __post_init__(self) -> None:
-        if not self.tokens_per_s > 0:
-            raise ConfigError(f"tokens_per_s must be > 0, got {self.tokens_per_s!r}")
-        if not self.kv_penalty_s >= 0:
-            raise ConfigError(f"kv_penalty_s must be >= 0, got {self.kv_penalty_s!r}")
-        if not 0.0 < self.max_kv < 1.0:
-            raise ConfigError(f"max_kv must be in (0, 1), got {self.max_kv!r}")
+        ExpectedWait(self.tokens_per_s, self.kv_penalty_s, self.max_kv, self.mean_prefill_tokens)
         if self.max_waiting is not None and self.max_waiting < 1:
             raise ConfigError(f"max_waiting must be >= 1 or None, got {self.max_waiting!r}")
 
 
 class LeastTokenLoadPolicy(Policy):
-    """Lowest (queued + since-poll tokens) / throughput + KV penalty."""
+    """Lowest (queued + since-poll tokens) / throughput + KV barrier.
+
+    Attributes:
+        wait: the expected-wait scorer (its scores are the policy's costs, in seconds).
+    """
 
     name: ClassVar[str] = "least_token_load"
     Config: ClassVar[type[Any] | None] = LeastTokenLoadConfig
 
     def __init__(self, config: Any = None, *, clock: Clock, rng: random.Random) -> None:
         super().__init__(config, clock=clock, rng=rng)
-        self._polled: dict[str, EngineGauges] = {}  # worker -> the gauges of its last poll
-        self._queued: dict[str, float] = {}  # worker -> queued tokens at that poll
-        self._since: dict[str, int] = {}  # worker -> tokens dispatched since that poll
-        self._picker = LowestScore()
+        cfg: LeastTokenLoadConfig = self.config
+        self.wait = ExpectedWait(
+            cfg.tokens_per_s, cfg.kv_penalty_s, cfg.max_kv, cfg.mean_prefill_tokens
+        )
 
     def cost(self, worker: str, cluster: ClusterView) -> float:
-        """The worker's cost in seconds (folds in a new poll of its gauges first)."""
-        cfg: LeastTokenLoadConfig = self.config
-        g = cluster.gauges(worker)
-        if g is None:
-            return cluster.in_flight_tokens(worker) / cfg.tokens_per_s
-        if self._polled.get(worker) is not g:
-            self._polled[worker] = g
-            n = cluster.in_flight(worker)
-            self._queued[worker] = g.waiting * cluster.in_flight_tokens(worker) / n if n else 0.0
-            self._since[worker] = 0
-        k = min(g.kv_usage, cfg.max_kv)
-        work = self._queued[worker] + self._since[worker]
-        return work / cfg.tokens_per_s + cfg.kv_penalty_s * k / (1.0 - k)
+        """The worker's score among the healthy workers (seconds when any has gauges, else
+        in-flight requests; folds in new polls)."""
+        healthy = cluster.healthy()
+        return self.wait.scores(healthy, cluster)[healthy.index(worker)]
 
     def admit(self, request: RouteRequest, cluster: ClusterView) -> bool:
         cap = self.config.max_waiting
@@ -110,27 +108,8 @@ class LeastTokenLoadPolicy(Policy):
 
     def select(self, request: RouteRequest, cluster: ClusterView) -> Decision:
         healthy = require_healthy(cluster)
-        cfg: LeastTokenLoadConfig = self.config
-        tps, penalty, max_kv = cfg.tokens_per_s, cfg.kv_penalty_s, cfg.max_kv
-        gauges = cluster.gauges
-        in_tokens = cluster.in_flight_tokens
-        polled, queued, since = self._polled, self._queued, self._since
-        costs: list[float] = []
-        for w in healthy:  # :meth:`cost`, inlined for the common cases
-            g = gauges(w)
-            if g is None:
-                costs.append(in_tokens(w) / tps)
-            elif polled.get(w) is not g:
-                costs.append(self.cost(w, cluster))
-            else:
-                k = g.kv_usage if g.kv_usage < max_kv else max_kv
-                costs.append((queued[w] + since[w]) / tps + penalty * k / (1.0 - k))
-        worker = self._picker.pick(healthy, costs)
-        if worker in polled:
-            self._since[worker] += request.prompt_tokens
+        worker = self.wait.pick(healthy, cluster, request.prompt_tokens)
         return Decision(worker, DecisionKind.STATELESS)
 
     def on_worker_removed(self, worker: str, cluster: ClusterView) -> None:
-        for d in (self._polled, self._queued, self._since):
-            d.pop(worker, None)
-        self._picker.forget(worker)
+        self.wait.forget(worker)

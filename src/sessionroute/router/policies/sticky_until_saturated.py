@@ -16,7 +16,7 @@ Source: llm-d's "sticky until saturated" routing (llm-d PR #2071; llm-d-router P
    least recently chosen.
 
 Reproduced: the three stages, the 0.80 threshold, 1 % exploration and the 18 s margin.
-Approximated: the prefix score comes from the router's own radix trees
+Approximated: the prefix score comes from the router's own index of what it sent
 (:class:`~sessionroute.router.policies._prefix.ApproxPrefixIndex`), not llm-d's KV-block
 index; in-flight uncached prefill counts a request until it completes, not until its first
 token; the prefill rate is one configured number for every replica (llm-d measures it), and the
@@ -26,6 +26,7 @@ session ids are not read.
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -37,7 +38,6 @@ from sessionroute.router.policies._pick import LowestScore
 from sessionroute.router.policies._prefix import (
     ApproxPrefixIndex,
     InflightPrefill,
-    PrefixIndex,
     prompt_blocks,
     uncached_tokens,
 )
@@ -104,7 +104,7 @@ class StickyUntilSaturatedPolicy(Policy):
     def __init__(self, config: Any = None, *, clock: Clock, rng: random.Random) -> None:
         super().__init__(config, clock=clock, rng=rng)
         cfg: StickyUntilSaturatedConfig = self.config
-        self.index: PrefixIndex = ApproxPrefixIndex(cfg.max_tree_blocks)
+        self.index = ApproxPrefixIndex(cfg.max_tree_blocks)
         self.prefill = InflightPrefill()
         self._picker = LowestScore()
         self.decisions: dict[str, int] = dict.fromkeys(
@@ -124,9 +124,10 @@ class StickyUntilSaturatedPolicy(Policy):
         elif not n:
             path = "no_affinity"
         else:
-            matched = self.index.match_all(healthy, blocks)
-            need = cfg.affinity_threshold * n
-            sticky = [i for i, m in enumerate(matched) if m >= need]
+            # m >= threshold * n  <=>  m >= ceil(threshold * n) for whole blocks m: the
+            # workers listed on the node covering that depth of the prompt's path
+            k = math.ceil(cfg.affinity_threshold * n)
+            sticky = list(healthy) if k <= 0 else self.index.holding(healthy, blocks, k)
             if not sticky:
                 path = "no_affinity"
             elif len(sticky) == len(healthy):
@@ -134,18 +135,19 @@ class StickyUntilSaturatedPolicy(Policy):
             else:
                 # queued uncached tokens (in flight + this request's) per worker; m <= n, so
                 # this is uncached_tokens() inlined
-                queued = [
-                    pending.get(w, 0) + tokens - tokens * m // n
+                matched = self.index.match_all(healthy, blocks)
+                queued = {
+                    w: pending.get(w, 0) + tokens - tokens * m // n
                     for w, m in zip(healthy, matched, strict=True)
-                ]
-                best_sticky = min(queued[i] for i in sticky)
+                }
+                best_sticky = min(queued[w] for w in sticky)
                 kept = set(sticky)
-                best_other = min(q for i, q in enumerate(queued) if i not in kept)
+                best_other = min(q for w, q in queued.items() if w not in kept)
                 if (best_sticky - best_other) / cfg.prefill_tokens_per_s > cfg.ttft_margin_s:
                     path = "saturated"
                 else:
                     path = "sticky"
-                    candidates = [healthy[i] for i in sticky]
+                    candidates = sticky
         worker = self._picker.pick(candidates, [pending.get(w, 0) for w in candidates])
         self.decisions[path] += 1
         self.prefill.add(
