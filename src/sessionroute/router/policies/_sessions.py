@@ -39,6 +39,8 @@ class SessionPolicy(Policy):
         self.table = SessionTable(self.config.session_ttl_s, self.config.max_sessions)
         self._sweep_interval: float = self.config.sweep_interval_s
         self._last_sweep = clock.now()
+        self._sweep_limit: int | None = None  # most sessions one sweep inside select expires
+        self._sweep_more = False  # the last sweep inside select stopped at its limit
         self._decisions: dict[str, Decision] = {}  # worker -> its (immutable) STICKY decision
 
     def select(self, request: RouteRequest, cluster: ClusterView) -> Decision:
@@ -94,9 +96,19 @@ class SessionPolicy(Policy):
         return True
 
     def _maybe_sweep(self, now: float) -> None:
-        """Sweep if ``sweep_interval_s`` has passed since the last sweep."""
-        if now - self._last_sweep >= self._sweep_interval:
-            self.sweep(now)
+        """Sweep if ``sweep_interval_s`` has passed since the last sweep, or the last one
+        stopped at its limit (:meth:`bound_sweeps`)."""
+        if self._sweep_more or now - self._last_sweep >= self._sweep_interval:
+            limit = self._sweep_limit
+            if limit is None:
+                self.sweep(now)
+            else:
+                self._sweep_more = self.sweep(now, limit) >= limit
+
+    def bound_sweeps(self, limit: int) -> None:
+        """Sweeps inside :meth:`select` expire at most ``limit`` sessions; one that reached it
+        goes on at the next call."""
+        self._sweep_limit = limit
 
     def _sticky(self, worker: str) -> Decision:
         """The cached STICKY decision for ``worker`` (decisions are immutable)."""

@@ -126,6 +126,7 @@ class TrajectoryAdmissionPolicy(SessionPolicy):
         self._on: dict[str, set[str]] = {}  # worker -> sessions homed there
         self._ws: dict[str, int] = {}  # worker -> working set (active sessions' tokens)
         self._busy: dict[str, int] = {}  # session -> requests in flight
+        self._swept = 0  # sessions expired by the chunks of a sweep not finished yet
         self._cap: dict[str, float] = {}  # worker -> estimated KV capacity (tokens)
         self._seen: dict[str, EngineGauges] = {}  # worker -> gauges of the last estimate
         self.paused: dict[str, float] = {}
@@ -267,7 +268,11 @@ class TrajectoryAdmissionPolicy(SessionPolicy):
 
     def sweep(self, now: float, limit: int | None = None) -> int:
         expired = super().sweep(now, limit)
-        if expired:
+        self._swept += expired
+        if limit is not None and expired >= limit:
+            return expired  # a chunk of a larger sweep: the pass below runs after the last
+        if self._swept:
+            self._swept = 0
             worker_of = self.table.worker_of
             for sid in [s for s in self._ctx if worker_of(s) is None and s not in self._busy]:
                 self._forget(sid)
