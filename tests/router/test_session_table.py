@@ -147,3 +147,20 @@ def test_bounded_sweeps_inside_select_expire_a_chunk_per_routing_call() -> None:
         core.complete(core.route(RouteRequest(session_id=f"n{i}", prompt_tokens=1)))
         expired.append(policy.session_stats().expired)
     assert expired == [4, 8, 10, 10]  # 4 a call until none are left, then none
+
+
+def test_the_byte_cap_reaches_the_policies_from_the_router_config_and_serve_flags() -> None:
+    from sessionroute.serve.config import RouterSettings
+
+    settings = RouterSettings.build(session_table_max_bytes=12345)
+    config = settings.router_config()
+    assert config.session_table_max_bytes == 12345
+    assert RouterConfig().session_table_max_bytes == 256 * 1024 * 1024
+    for name in ("sticky_least_loaded", "consistent_hash_bounded_load", "adaptive_sticky"):
+        choice = choose_policy(name, {}, session_table_max_bytes=config.session_table_max_bytes)
+        policy = choice.build(clock=ManualClock(), rng=random.Random(0))
+        assert policy.table.max_bytes == 12345  # type: ignore[attr-defined]
+    own = choose_policy(
+        "sticky_least_loaded", {"session_table_max_bytes": 99}, session_table_max_bytes=5
+    )
+    assert own.build(clock=ManualClock(), rng=random.Random(0)).table.max_bytes == 99  # type: ignore[attr-defined]

@@ -80,6 +80,7 @@ class Router:
             settings.policy,
             settings.policy_options(),
             session_ttl_s=config.session_ttl_s,
+            session_table_max_bytes=config.session_table_max_bytes,
         )
         policy = choice.build(clock=self.clock, rng=random.Random(self.rng.getrandbits(64)))
         policy.bound_sweeps(SWEEP_CHUNK)  # no routing call expires a whole table at once

@@ -138,6 +138,11 @@ class Policy(ABC):
         """Lifecycle counters (all zero for policies without sessions)."""
         return SessionStats()
 
+    def session_table_bytes(self) -> int:
+        """Estimated bytes of the policy's session table
+        (:attr:`~sessionroute.router.state.SessionTable.nbytes`; 0 without one)."""
+        return 0
+
     def worker_of(self, session_id: str) -> str | None:
         """The worker ``session_id`` is pinned to, or None (no side effects)."""
         return None

@@ -36,6 +36,8 @@ held. A held turn also obeys the router's ``admission_max_wait_s``: past it the 
 
 from __future__ import annotations
 
+from sessionroute.router.state.sessions import DEFAULT_MAX_BYTES
+
 import random
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -68,6 +70,8 @@ class TrajectoryAdmissionConfig:
         session_ttl_s: idle seconds before a session expires.
         sweep_interval_s: minimum seconds between sweeps run inside ``select``.
         max_sessions: capacity of the session table.
+        session_table_max_bytes: capacity of the session table in estimated bytes
+            (``SessionTable``'s ``max_bytes``; the router's ``RouterConfig`` gives its own).
 
     Raises:
         ConfigError: on a value out of range (the message names it).
@@ -82,6 +86,7 @@ class TrajectoryAdmissionConfig:
     session_ttl_s: float = 7200.0
     sweep_interval_s: float = 60.0
     max_sessions: int = 1_000_000
+    session_table_max_bytes: int = DEFAULT_MAX_BYTES
 
     def __post_init__(self) -> None:
         if not 0.0 < self.pause_threshold <= 1.0:
