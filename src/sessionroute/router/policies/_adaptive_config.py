@@ -3,12 +3,11 @@ with the measurement that chose its default."""
 
 from __future__ import annotations
 
-from sessionroute.router.state.sessions import DEFAULT_MAX_BYTES
-
 import math
 from dataclasses import dataclass, fields
 
 from sessionroute.errors import ConfigError
+from sessionroute.router.state.sessions import DEFAULT_MAX_BYTES
 
 __all__ = ["AdaptiveStickyConfig"]
 

@@ -25,8 +25,6 @@ Session semantics (a :class:`~sessionroute.router.state.SessionTable`, as in
 
 from __future__ import annotations
 
-from sessionroute.router.state.sessions import DEFAULT_MAX_BYTES
-
 import math
 import random
 from dataclasses import dataclass
@@ -39,6 +37,7 @@ from sessionroute.router.policies._ring import HashRing, KeyHashCache
 from sessionroute.router.policies._sessions import SessionPolicy
 from sessionroute.router.policies.least_loaded import LeastRecentlyChosen
 from sessionroute.router.state.cluster import ClusterView
+from sessionroute.router.state.sessions import DEFAULT_MAX_BYTES
 from sessionroute.types import RouteRequest
 
 __all__ = ["ConsistentHashBoundedLoadConfig", "ConsistentHashBoundedLoadPolicy"]

@@ -18,8 +18,6 @@ of a removed worker are unpinned at once and counted as re-pinned on their next 
 
 from __future__ import annotations
 
-from sessionroute.router.state.sessions import DEFAULT_MAX_BYTES
-
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -28,6 +26,7 @@ from sessionroute.router.policies._rendezvous import rendezvous_winner
 from sessionroute.router.policies._sessions import SessionPolicy
 from sessionroute.router.policies.base import least_loaded_of
 from sessionroute.router.state.cluster import ClusterView
+from sessionroute.router.state.sessions import DEFAULT_MAX_BYTES
 from sessionroute.types import RouteRequest
 
 __all__ = ["StickyLeastLoadedConfig", "StickyLeastLoadedPolicy"]

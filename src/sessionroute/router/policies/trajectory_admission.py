@@ -36,8 +36,6 @@ held. A held turn also obeys the router's ``admission_max_wait_s``: past it the 
 
 from __future__ import annotations
 
-from sessionroute.router.state.sessions import DEFAULT_MAX_BYTES
-
 import random
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -47,6 +45,7 @@ from sessionroute.errors import ConfigError
 from sessionroute.router.policies._pick import LowestScore
 from sessionroute.router.policies._sessions import SessionPolicy
 from sessionroute.router.state.cluster import ClusterView
+from sessionroute.router.state.sessions import DEFAULT_MAX_BYTES
 from sessionroute.types import Decision, EngineGauges, RouteRequest
 
 __all__ = ["TrajectoryAdmissionConfig", "TrajectoryAdmissionPolicy"]
