@@ -74,7 +74,7 @@ async def _router(port: int, workers: list[str]) -> None:
     from sessionroute.serve.runner import start_router
     from sessionroute.types import RouteRequest
 
-    settings = RouterSettings(
+    settings = RouterSettings.build(
         host="127.0.0.1",
         port=port,
         worker_urls=tuple(workers),
