@@ -146,19 +146,17 @@ def print_table(result: dict[str, Any]) -> None:
         return
     t = Table(
         title=f"latency of concurrent requests through a router ({live['concurrency']} in "
-        f"flight): during the work / the 2 s before"
+        f"flight): during the work / the 2 s before / the 1 s after"
     )
     for col in ("event", "work ms", "requests", "p50 ms", "p99 ms", "max ms"):
         t.add_column(col, justify="right")
     for name, row in live["events"].items():
-        d, b = row["during"], row["baseline"]
+        windows = (row["during"], row["baseline"], row["after"])
         t.add_row(
             name,
             f"{row['work_ms']:.1f}",
-            f"{d['requests']} / {b['requests']}",
-            f"{d['p50_ms']:.2f} / {b['p50_ms']:.2f}",
-            f"{d['p99_ms']:.2f} / {b['p99_ms']:.2f}",
-            f"{d['max_ms']:.2f} / {b['max_ms']:.2f}",
-        )
+            *(" / ".join(f"{w[k]:.2f}" if k != "requests" else str(w[k]) for w in windows)
+              for k in ("requests", "p50_ms", "p99_ms", "max_ms")),
+        )  # fmt: skip
     console.print(t)
     console.print(f"requests {live['requests']}, errors {live['errors']}")

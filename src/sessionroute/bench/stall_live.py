@@ -20,7 +20,8 @@ does the bulk work on its event loop and answers with the monotonic times it beg
    it move on their next turn.
 
 Reported per event: its duration, and the latency (p50, p99, max, in milliseconds) of the
-requests in flight at any moment of it, next to the same for the 2 s before it (baseline).
+requests in flight at any moment of it, next to the same for the 2 s before it (baseline) and
+the 1 s after it (``after``: the removed worker's sessions of the load move then).
 Wall-clock figures: run it on an idle machine, and read the baseline row for the noise.
 """
 
@@ -233,11 +234,13 @@ async def _live(args: argparse.Namespace) -> dict[str, Any]:
             t0, t1 = ev["t0"], ev["t1"]
             during = [(e - s) * 1000.0 for s, e in done if s <= t1 and e >= t0]
             before = [(e - s) * 1000.0 for s, e in done if t0 - 2.0 <= s and e < t0]
+            after = [(e - s) * 1000.0 for s, e in done if t1 < s <= t1 + 1.0]
             rows[name] = {
                 "work_ms": round((t1 - t0) * 1000.0, 2),
                 "sessions": ev.get("n"),
                 "during": _stats(during),
                 "baseline": _stats(before),
+                "after": _stats(after),
             }
         return {"errors": errors, "requests": len(done), "events": rows}
     finally:
