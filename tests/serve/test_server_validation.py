@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 
 from .backend import FakeBackend
-from .conftest import MakeRouter, chat
+from .conftest import MakeRouter, chat, post_chat
 from .test_server_http1 import _connect, _response
 
 POLICIES = ["consistent_hash", "sticky_least_loaded", "round_robin", "cache_aware"]
@@ -135,6 +135,29 @@ async def test_session_ids_too_long_or_with_control_characters(
             assert "session id" in message or "header value char" in message
     assert len(backends[0].seen) == 1
     assert len(router.router.core.policy.table) == 1  # type: ignore[attr-defined]
+
+
+async def test_the_session_table_is_bounded_in_bytes_as_well_as_entries(
+    backends: list[FakeBackend], make_router: MakeRouter, client: aiohttp.ClientSession
+) -> None:
+    from sessionroute.router.state.sessions import entry_bytes
+
+    limit = 4 * entry_bytes("y" * 200)  # room for 4 long ids, or more short ones
+    router = await make_router(
+        [backends[0].url], policy="sticky_least_loaded", session_table_max_bytes=limit
+    )
+    table = router.router.core.policy.table  # type: ignore[attr-defined]
+    assert table.max_bytes == limit
+    for i in range(10):
+        status, _ = await post_chat(client, router, f"{i:03d}" + "y" * 197)
+        assert status == 200
+    assert len(table) == 4 and table.nbytes <= limit
+    assert table.worker_of("009" + "y" * 197) is not None  # the most recent ones stay
+    assert table.worker_of("000" + "y" * 197) is None  # the least recently used went first
+    async with client.get(router.url + "/metrics") as r:
+        text = await r.text()
+    assert f"sessionroute_session_table_bytes {float(table.nbytes)}" in text
+    assert "sessionroute_sessions_evicted_total 6.0" in text
 
 
 async def test_a_1mb_header_gets_431_not_a_reset(

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from sessionroute.router.state.sessions import DEFAULT_MAX_BYTES
+
 __all__ = [
     "DEFAULT_SESSION_HEADERS",
     "VLLM_ROUTER_SESSION_HEADERS",
@@ -68,6 +70,11 @@ class RouterConfig(BaseModel):
             refused.
         max_session_id_bytes: longest session id accepted (a longer one is a 400 before
             placement; :mod:`sessionroute.router.validate`).
+        session_table_max_bytes: capacity of the session table in estimated bytes (session
+            id length + :data:`~sessionroute.router.state.sessions.ENTRY_OVERHEAD_BYTES` per
+            entry); past it the least recently used session is evicted, as past the entry cap
+            (``max_sessions``, a policy option); given to every policy whose ``Config`` has
+            ``session_table_max_bytes`` unless the policy's options set it.
         retry_after_send: also retry a request whose connection broke after it was fully
             written to the worker (it may then run twice); off by default, so only requests
             that provably did not reach the worker are retried.
@@ -92,6 +99,7 @@ class RouterConfig(BaseModel):
     admission_max_waiting: int = Field(default=1024, ge=0)
     admission_max_wait_s: float = Field(default=60.0, ge=0)
     max_session_id_bytes: int = Field(default=256, ge=1)
+    session_table_max_bytes: int = Field(default=DEFAULT_MAX_BYTES, ge=1)
     retry_after_send: bool = False
 
     @field_validator("session_headers")

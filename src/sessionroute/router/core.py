@@ -13,7 +13,8 @@ simulator drives it in virtual time; neither makes a routing decision of its own
 * :meth:`RoutingCore.record_success`, :meth:`~RoutingCore.record_failure`,
   :meth:`~RoutingCore.record_unreachable` and :meth:`~RoutingCore.observe_check` keep each
   worker's availability (:mod:`sessionroute.router.health`);
-* :meth:`RoutingCore.finish_session` and :meth:`RoutingCore.sweep` end sessions.
+* :meth:`RoutingCore.finish_session`, :meth:`RoutingCore.sweep` and
+  :meth:`RoutingCore.sweep_chunks` end sessions.
 
 Every decision is counted by kind and, when :attr:`RoutingCore.log` is a list, appended to it
 as ``(session_id, worker, kind)``: the parity test compares the logs of both drivers.
@@ -22,7 +23,7 @@ as ``(session_id, worker, kind)``: the parity test compares the logs of both dri
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from sessionroute.clock import Clock
@@ -37,7 +38,11 @@ from sessionroute.router.retry import RetryPolicy
 from sessionroute.router.state.cluster import Cluster
 from sessionroute.types import DecisionKind, EngineGauges, RouteRequest
 
-__all__ = ["Reservation", "RoutingCore"]
+__all__ = ["SWEEP_CHUNK", "Reservation", "RoutingCore"]
+
+SWEEP_CHUNK = 500
+"""Sessions expired per chunk of :meth:`RoutingCore.sweep_chunks` (about a millisecond of
+work; ``sessionroute bench stall``)."""
 
 
 @dataclass(eq=False, slots=True)
@@ -285,15 +290,32 @@ class RoutingCore:
             self.pump()
         return known
 
-    def sweep(self, now: float, limit: int | None = None) -> int:
-        """Expire idle sessions (at most ``limit``, the oldest first, when given: a driver
-        spreads a large expiry over several event-loop turns); returns how many (expiry may
-        free capacity for waiting requests, so the admission queue is pumped)."""
-        # (a policy written before ``limit`` existed is swept whole)
-        expired = self.policy.sweep(now) if limit is None else self.policy.sweep(now, limit)
-        if expired and len(self.admission):
-            self.pump()
-        return expired
+    def sweep(self, now: float) -> int:
+        """Expire every idle session in one call (the simulator's sweep); returns how many.
+        The same work as :meth:`sweep_chunks` with no chunk limit."""
+        return sum(self.sweep_chunks(now, None))
+
+    def sweep_chunks(self, now: float, chunk: int | None = SWEEP_CHUNK) -> Iterator[int]:
+        """Expire idle sessions at most ``chunk`` at a time, the oldest first; yields how
+        many each chunk expired, the last one yielded being less than ``chunk``.
+
+        A driver on an event loop (``serve``) lets other work run between chunks, so 100,000
+        sessions expiring at once never block it for more than one chunk (about a
+        millisecond, ``sessionroute bench stall``). Expiry may free capacity for waiting
+        requests, so the admission queue is pumped after each chunk that expired any.
+
+        Args:
+            now: the clock time (seconds) the whole sweep expires against.
+            chunk: sessions per chunk (>= 1); None: all in one chunk.
+        """
+        policy = self.policy
+        while True:
+            expired = policy.sweep(now, chunk)
+            if expired and len(self.admission):
+                self.pump()
+            yield expired
+            if chunk is None or expired < chunk:
+                return
 
     # -- workers --------------------------------------------------------------------------
     def add_worker(self, url: str) -> None:
@@ -304,7 +326,11 @@ class RoutingCore:
         self.pump()
 
     def remove_worker(self, url: str) -> None:
-        """Remove a worker (WorkerError if unknown); its sessions re-place on their next turn."""
+        """Remove a worker (WorkerError if unknown); its sessions re-place on their next turn.
+
+        O(1) in the number of sessions for the session-keeping policies
+        (:meth:`~sessionroute.router.state.SessionTable.displace`: their pins go stale and
+        are dropped lazily), so a large worker leaves without stalling the event loop."""
         self.cluster.remove(url)
         self.health.pop(url, None)
         self.policy.on_worker_removed(url, self.cluster)

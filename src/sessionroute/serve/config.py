@@ -114,6 +114,7 @@ class RouterSettings(BaseModel):
     state_lease_secs: float = Field(DEFAULTS["state_lease_secs"], gt=0)
     state_timeout_secs: float = Field(DEFAULTS["state_timeout_secs"], gt=0)
     max_session_id_bytes: int = Field(DEFAULTS["max_session_id_bytes"], ge=1)
+    session_table_max_bytes: int = Field(DEFAULTS["session_table_max_bytes"], ge=1)
     first_byte_timeout_secs: float = Field(DEFAULTS["first_byte_timeout_secs"], ge=0)
     retry_after_send: bool = False
     max_connections: int = Field(DEFAULTS["max_connections"], ge=1)
@@ -188,6 +189,7 @@ class RouterSettings(BaseModel):
             admission_max_waiting=self.admission_max_waiting,
             admission_max_wait_s=self.admission_max_wait_secs,
             max_session_id_bytes=self.max_session_id_bytes,
+            session_table_max_bytes=self.session_table_max_bytes,
             retry_after_send=self.retry_after_send,
         )
 
@@ -339,6 +341,7 @@ def router_flags(config: RouterConfig) -> list[str]:
         "--admission-max-waiting", str(config.admission_max_waiting),
         "--admission-max-wait-secs", repr(config.admission_max_wait_s),
         "--max-session-id-bytes", str(config.max_session_id_bytes),
+        "--session-table-max-bytes", str(config.session_table_max_bytes),
     ]  # fmt: skip
     flags += ["--scrape-interval-secs", repr(config.scrape_interval_s or 0.0)]
     if config.sweep_interval_s is not None:

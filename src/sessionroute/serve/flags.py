@@ -70,6 +70,7 @@ DEFAULTS: dict[str, Any] = {
     "state_lease_secs": 10.0,
     "state_timeout_secs": 0.5,
     "max_session_id_bytes": 256,
+    "session_table_max_bytes": 256 * 1024 * 1024,
     "first_byte_timeout_secs": 0.0,
     "max_connections": 10000,
     "header_timeout_secs": 10.0,
@@ -367,6 +368,14 @@ def _add_hardening_arguments(parser: argparse.ArgumentParser) -> None:
         default=d["max_session_id_bytes"],
         help="longest session id accepted; a longer one, or one with a control character, "
         "is a 400 before placement (default: %(default)s)",
+    )
+    a(
+        "--session-table-max-bytes",
+        type=int,
+        default=d["session_table_max_bytes"],
+        help="capacity of the session table in estimated bytes (each entry: its session "
+        "id's length + 256); past it the least recently used session is evicted, as past "
+        "the entry cap (policy option max_sessions) (default: %(default)s, 256 MiB)",
     )
     a(
         "--first-byte-timeout-secs",

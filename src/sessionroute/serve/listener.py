@@ -105,6 +105,9 @@ class Listener:
                 self._check(conn, sweeps, tick)
 
     def _check(self, conn: Connection, sweeps: int, tick: float) -> None:
+        if conn._bad and conn._linger_timer is not None:
+            return  # lingering after a 400/431 (its own timer ends it): a reset now could
+            # destroy the answer before the client reads it
         progressed = conn.count != conn.seen_count or conn.received != conn.seen_received
         conn.seen_count = conn.count
         conn.seen_received = conn.received

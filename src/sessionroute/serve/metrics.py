@@ -9,7 +9,8 @@ report.
 Exported (all prefixed ``sessionroute_``): ``requests_total{worker,status}``,
 ``in_flight{worker}``, ``active_sessions{worker}``, ``worker_available{worker}``,
 ``decisions_total{kind}`` (new, sticky, repinned, stateless), ``sessions_released_total``,
-``sessions_expired_total``, ``retries_total{worker}``, ``circuit_state{worker}``
+``sessions_expired_total``, ``sessions_evicted_total``, ``session_table_bytes`` (estimated),
+``retries_total{worker}``, ``circuit_state{worker}``
 (0 closed, 1 open, 2 half-open), ``routing_decision_seconds`` and
 ``upstream_seconds{worker}`` (time to upstream response headers) histograms.
 """
@@ -110,6 +111,17 @@ class _StateCollector(Collector):
             "sessionroute_sessions_expired", "Sessions dropped after their idle TTL"
         )
         expired.add_metric([], stats.expired)
+        evicted = CounterMetricFamily(
+            "sessionroute_sessions_evicted",
+            "Sessions dropped because the session table was full (entries or bytes)",
+        )
+        evicted.add_metric([], stats.evicted)
+        table_bytes = GaugeMetricFamily(
+            "sessionroute_session_table_bytes",
+            "Estimated bytes of the session table (id length + a fixed overhead per entry; "
+            "bounded by --session-table-max-bytes)",
+        )
+        table_bytes.add_metric([], core.policy.session_table_bytes())
         queue = core.admission
         waiting = GaugeMetricFamily(
             "sessionroute_admission_waiting", "Requests waiting in the admission queue"
@@ -130,8 +142,8 @@ class _StateCollector(Collector):
         )
         waited.add_metric([], queue.wait_s_total)
         yield from (
-            in_flight, sessions, available, circuit, decisions, released, expired, waiting,
-            admission, waited,
+            in_flight, sessions, available, circuit, decisions, released, expired, evicted,
+            table_bytes, waiting, admission, waited,
         )  # fmt: skip
 
 

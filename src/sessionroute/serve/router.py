@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import logging
 import random
 import string
@@ -20,6 +19,7 @@ import aiohttp
 from sessionroute.clock import Clock, MonotonicClock
 from sessionroute.errors import ConfigError
 from sessionroute.router import RoutingCore, choose_policy
+from sessionroute.router.core import SWEEP_CHUNK
 from sessionroute.router.kv.index import KvIndex
 from sessionroute.router.retry import WorkerLostAction
 from sessionroute.router.state import Cluster
@@ -34,11 +34,7 @@ from sessionroute.serve.upstream import REQUEST_DROP, Exchange, UpstreamPool
 if TYPE_CHECKING:
     from sessionroute.serve.state import RedisState
 
-__all__ = ["SWEEP_CHUNK", "WORKER_KEEPALIVE_S", "Router"]
-
-SWEEP_CHUNK = 500
-"""Sessions expired per event-loop turn by the background sweep (a few milliseconds of work
-at most; `sessionroute bench stall`)."""
+__all__ = ["WORKER_KEEPALIVE_S", "Router"]
 
 log = logging.getLogger("sessionroute.serve")
 
@@ -84,8 +80,10 @@ class Router:
             settings.policy,
             settings.policy_options(),
             session_ttl_s=config.session_ttl_s,
+            session_table_max_bytes=config.session_table_max_bytes,
         )
         policy = choice.build(clock=self.clock, rng=random.Random(self.rng.getrandbits(64)))
+        policy.bound_sweeps(SWEEP_CHUNK)  # no routing call expires a whole table at once
         shared = settings.state_url is not None
         kv_content = None
         if settings.kv_tokenizer is not None:
@@ -281,18 +279,14 @@ class Router:
                 log.info("expired %d idle session(s)", n)
 
     async def sweep_in_chunks(self) -> int:
-        """Expire idle sessions :data:`SWEEP_CHUNK` at a time, letting the event loop serve
-        requests between chunks (100,000 sessions expiring at once would otherwise block it
-        for tens of milliseconds); returns how many expired."""
-        if "limit" not in inspect.signature(self.core.policy.sweep).parameters:
-            return self.core.sweep(self.clock.now())  # a policy without chunked sweeps
+        """Expire idle sessions in the router core's chunks
+        (:meth:`~sessionroute.router.RoutingCore.sweep_chunks`), letting the event loop
+        serve requests between chunks; returns how many expired."""
         total = 0
-        while True:
-            n = self.core.sweep(self.clock.now(), SWEEP_CHUNK)
+        for n in self.core.sweep_chunks(self.clock.now()):
             total += n
-            if n < SWEEP_CHUNK:
-                return total
             await asyncio.sleep(0)
+        return total
 
     # -- worker availability --------------------------------------------------------------
     def refresh(self, url: str) -> None:

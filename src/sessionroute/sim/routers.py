@@ -163,6 +163,9 @@ class RouterFleet(Policy):
                 out[w] = out.get(w, 0) + c
         return out
 
+    def session_table_bytes(self) -> int:
+        return sum(t.nbytes for t in self._tables)
+
     def session_stats(self) -> SessionStats:
         total = SessionStats()
         for t in self._tables:

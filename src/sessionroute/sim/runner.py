@@ -168,7 +168,12 @@ def run_simulation(
 
     clock = VirtualClock()
     queue = EventQueue(clock)
-    choice = choose_policy(policy, policy_options, session_ttl_s=spec.router.session_ttl_s)
+    choice = choose_policy(
+        policy,
+        policy_options,
+        session_ttl_s=spec.router.session_ttl_s,
+        session_table_max_bytes=spec.router.session_table_max_bytes,
+    )
     options = choice.options()
     pol = choice.build(clock=clock, rng=random.Random(seed))
     if spec.sim.routers > 1:

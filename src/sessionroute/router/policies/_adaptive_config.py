@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass, fields
 
 from sessionroute.errors import ConfigError
+from sessionroute.router.state.sessions import DEFAULT_MAX_BYTES
 
 __all__ = ["AdaptiveStickyConfig"]
 
@@ -71,6 +72,8 @@ class AdaptiveStickyConfig:
         session_ttl_s: idle seconds before a session expires (vllm-router default 7200).
         sweep_interval_s: minimum seconds between sweeps run inside ``select`` (60).
         max_sessions: capacity of the session table; the least recently used is evicted.
+        session_table_max_bytes: capacity of the session table in estimated bytes
+            (``SessionTable``'s ``max_bytes``; the router's ``RouterConfig`` gives its own).
 
     Raises:
         ConfigError: on a value out of range (the message names it).
@@ -97,6 +100,7 @@ class AdaptiveStickyConfig:
     session_ttl_s: float = 7200.0
     sweep_interval_s: float = 60.0
     max_sessions: int = 1_000_000
+    session_table_max_bytes: int = DEFAULT_MAX_BYTES
 
     def __post_init__(self) -> None:
         for f in fields(self):

@@ -8,6 +8,7 @@ to the first point ``>= fbi_hash(key)``, wrapping around (vllm-router ``consiste
 from __future__ import annotations
 
 from bisect import bisect_left
+from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Final
 
@@ -24,21 +25,27 @@ class KeyHashCache:
     """Memoizes ``fbi_hash(key)`` (a pure-Python hash of ~25 us) for recurring session keys.
 
     Args:
-        capacity: entries kept; the cache is cleared when it would grow past this.
+        capacity: entries kept; past it the oldest entry is evicted for each new one (O(1),
+            so a full cache never stalls the event loop: clearing a million entries at once
+            took ~30 ms).
     """
 
     __slots__ = ("_cache", "_capacity")
 
     def __init__(self, capacity: int = 1 << 20) -> None:
-        self._cache: dict[str, int] = {}
+        self._cache: OrderedDict[str, int] = OrderedDict()
         self._capacity = capacity
 
+    def __len__(self) -> int:
+        return len(self._cache)
+
     def __call__(self, key: str) -> int:
-        h = self._cache.get(key)
+        cache = self._cache
+        h = cache.get(key)
         if h is None:
-            if len(self._cache) >= self._capacity:
-                self._cache.clear()
-            h = self._cache[key] = fbi_hash(key)
+            if len(cache) >= self._capacity:
+                cache.popitem(last=False)
+            h = cache[key] = fbi_hash(key)
         return h
 
 

@@ -22,7 +22,12 @@ from typing import Any, ClassVar
 from sessionroute.clock import Clock
 from sessionroute.router.policies.base import Policy, require_healthy
 from sessionroute.router.state.cluster import ClusterView
-from sessionroute.router.state.sessions import SessionInfo, SessionStats, SessionTable
+from sessionroute.router.state.sessions import (
+    DEFAULT_MAX_BYTES,
+    SessionInfo,
+    SessionStats,
+    SessionTable,
+)
 from sessionroute.types import Decision, DecisionKind, RouteRequest
 
 __all__ = ["SessionPolicy"]
@@ -30,15 +35,22 @@ __all__ = ["SessionPolicy"]
 
 class SessionPolicy(Policy):
     """A policy that pins sessions. Its ``Config`` must have ``session_ttl_s``,
-    ``sweep_interval_s`` and ``max_sessions``."""
+    ``sweep_interval_s`` and ``max_sessions``, and may have ``session_table_max_bytes``."""
 
     keeps_sessions: ClassVar[bool] = True
 
     def __init__(self, config: Any = None, *, clock: Clock, rng: random.Random) -> None:
         super().__init__(config, clock=clock, rng=rng)
-        self.table = SessionTable(self.config.session_ttl_s, self.config.max_sessions)
+        cfg = self.config
+        self.table = SessionTable(
+            cfg.session_ttl_s,
+            cfg.max_sessions,
+            getattr(cfg, "session_table_max_bytes", DEFAULT_MAX_BYTES),
+        )
         self._sweep_interval: float = self.config.sweep_interval_s
         self._last_sweep = clock.now()
+        self._sweep_limit: int | None = None  # most sessions one sweep inside select expires
+        self._sweep_more = False  # the last sweep inside select stopped at its limit
         self._decisions: dict[str, Decision] = {}  # worker -> its (immutable) STICKY decision
 
     def select(self, request: RouteRequest, cluster: ClusterView) -> Decision:
@@ -94,9 +106,19 @@ class SessionPolicy(Policy):
         return True
 
     def _maybe_sweep(self, now: float) -> None:
-        """Sweep if ``sweep_interval_s`` has passed since the last sweep."""
-        if now - self._last_sweep >= self._sweep_interval:
-            self.sweep(now)
+        """Sweep if ``sweep_interval_s`` has passed since the last sweep, or the last one
+        stopped at its limit (:meth:`bound_sweeps`)."""
+        if self._sweep_more or now - self._last_sweep >= self._sweep_interval:
+            limit = self._sweep_limit
+            if limit is None:
+                self.sweep(now)
+            else:
+                self._sweep_more = self.sweep(now, limit) >= limit
+
+    def bound_sweeps(self, limit: int) -> None:
+        """Sweeps inside :meth:`select` expire at most ``limit`` sessions; one that reached it
+        goes on at the next call."""
+        self._sweep_limit = limit
 
     def _sticky(self, worker: str) -> Decision:
         """The cached STICKY decision for ``worker`` (decisions are immutable)."""
@@ -120,6 +142,9 @@ class SessionPolicy(Policy):
 
     def session_stats(self) -> SessionStats:
         return self.table.stats
+
+    def session_table_bytes(self) -> int:
+        return self.table.nbytes
 
     def worker_of(self, session_id: str) -> str | None:
         return self.table.worker_of(session_id)

@@ -346,8 +346,11 @@ class AdaptiveStickyPolicy(SessionPolicy):
     def sweep(self, now: float, limit: int | None = None) -> int:
         """Expire idle sessions, forget the context of every session the table dropped
         (expired, evicted) and stop counting sessions idle for ``working_set_idle_s``:
-        O(tracked sessions), at most every ``sweep_interval_s``."""
+        O(tracked sessions), at most every ``sweep_interval_s``; a chunked sweep (``limit``)
+        makes that pass once, on its last chunk."""
         n = super().sweep(now, limit)
+        if limit is not None and n >= limit:
+            return n  # a chunk of a larger sweep: the pass below runs once, after the last
         table = self.table
         for sid in [s for s in self._sessions if s not in table]:
             self._forget(sid)

@@ -122,6 +122,14 @@ class Policy(ABC):
         them, the oldest first, when given); returns how many."""
         return 0
 
+    def bound_sweeps(self, limit: int) -> None:
+        """Sweeps that run inside :meth:`select` expire at most ``limit`` sessions each, the
+        rest on the following calls (``serve``: one routing call never expires a whole table
+        at once; its background sweep expires in chunks too,
+        :meth:`sessionroute.router.RoutingCore.sweep_chunks`). The simulator leaves them
+        whole. Default: nothing to bound (no sweeps inside ``select``)."""
+        return None
+
     def session_counts(self) -> Mapping[str, int]:
         """Active sessions per worker (empty for policies without sessions)."""
         return {}
@@ -129,6 +137,11 @@ class Policy(ABC):
     def session_stats(self) -> SessionStats:
         """Lifecycle counters (all zero for policies without sessions)."""
         return SessionStats()
+
+    def session_table_bytes(self) -> int:
+        """Estimated bytes of the policy's session table
+        (:attr:`~sessionroute.router.state.SessionTable.nbytes`; 0 without one)."""
+        return 0
 
     def worker_of(self, session_id: str) -> str | None:
         """The worker ``session_id`` is pinned to, or None (no side effects)."""

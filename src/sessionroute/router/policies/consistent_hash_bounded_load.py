@@ -37,6 +37,7 @@ from sessionroute.router.policies._ring import HashRing, KeyHashCache
 from sessionroute.router.policies._sessions import SessionPolicy
 from sessionroute.router.policies.least_loaded import LeastRecentlyChosen
 from sessionroute.router.state.cluster import ClusterView
+from sessionroute.router.state.sessions import DEFAULT_MAX_BYTES
 from sessionroute.types import RouteRequest
 
 __all__ = ["ConsistentHashBoundedLoadConfig", "ConsistentHashBoundedLoadPolicy"]
@@ -52,6 +53,8 @@ class ConsistentHashBoundedLoadConfig:
         session_ttl_s: idle seconds before a session expires (as ``sticky_least_loaded``).
         sweep_interval_s: minimum seconds between sweeps run inside ``select``.
         max_sessions: capacity of the session table; the least recently used is evicted.
+        session_table_max_bytes: capacity of the session table in estimated bytes
+            (``SessionTable``'s ``max_bytes``; the router's ``RouterConfig`` gives its own).
 
     Raises:
         ConfigError: if ``c`` is not a finite number >= 1 or ``sweep_interval_s < 0``.
@@ -61,6 +64,7 @@ class ConsistentHashBoundedLoadConfig:
     session_ttl_s: float = 7200.0
     sweep_interval_s: float = 60.0
     max_sessions: int = 1_000_000
+    session_table_max_bytes: int = DEFAULT_MAX_BYTES
 
     def __post_init__(self) -> None:
         if (

@@ -197,7 +197,11 @@ def takes_option(cls: type[Policy], option: str) -> bool:
 
 
 def choose_policy(
-    name: str, options: Mapping[str, Any] | None = None, *, session_ttl_s: float | None = None
+    name: str,
+    options: Mapping[str, Any] | None = None,
+    *,
+    session_ttl_s: float | None = None,
+    session_table_max_bytes: int | None = None,
 ) -> PolicyChoice:
     """Resolve a policy name and its options (the CLI and TOML edge).
 
@@ -206,6 +210,8 @@ def choose_policy(
         options: keyword options for the policy's ``Config``.
         session_ttl_s: the router's session TTL (``RouterConfig.session_ttl_s``), given to a
             policy whose ``Config`` has ``session_ttl_s`` unless ``options`` sets it.
+        session_table_max_bytes: the router's byte cap of session tables
+            (``RouterConfig.session_table_max_bytes``), given the same way.
 
     Raises:
         UnknownPolicyError: unknown name. ConfigError: unknown or invalid option.
@@ -214,4 +220,6 @@ def choose_policy(
     opts = dict(options or {})
     if session_ttl_s is not None and takes_option(cls, "session_ttl_s"):
         opts.setdefault("session_ttl_s", session_ttl_s)
+    if session_table_max_bytes is not None and takes_option(cls, "session_table_max_bytes"):
+        opts.setdefault("session_table_max_bytes", session_table_max_bytes)
     return PolicyChoice(cls, make_config(cls, opts))

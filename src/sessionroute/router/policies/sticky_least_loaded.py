@@ -26,6 +26,7 @@ from sessionroute.router.policies._rendezvous import rendezvous_winner
 from sessionroute.router.policies._sessions import SessionPolicy
 from sessionroute.router.policies.base import least_loaded_of
 from sessionroute.router.state.cluster import ClusterView
+from sessionroute.router.state.sessions import DEFAULT_MAX_BYTES
 from sessionroute.types import RouteRequest
 
 __all__ = ["StickyLeastLoadedConfig", "StickyLeastLoadedPolicy"]
@@ -40,11 +41,14 @@ class StickyLeastLoadedConfig:
             ``VLLM_ROUTER_SLL_SESSION_EXPIRATION_IN_S``).
         sweep_interval_s: minimum seconds between sweeps run inside ``select`` (vllm-router: 60).
         max_sessions: capacity of the session table; the least recently used is evicted.
+        session_table_max_bytes: capacity of the session table in estimated bytes
+            (``SessionTable``'s ``max_bytes``; the router's ``RouterConfig`` gives its own).
     """
 
     session_ttl_s: float = 7200.0
     sweep_interval_s: float = 60.0
     max_sessions: int = 1_000_000
+    session_table_max_bytes: int = DEFAULT_MAX_BYTES
 
     def __post_init__(self) -> None:
         if not self.sweep_interval_s >= 0:

@@ -45,6 +45,7 @@ from sessionroute.errors import ConfigError
 from sessionroute.router.policies._pick import LowestScore
 from sessionroute.router.policies._sessions import SessionPolicy
 from sessionroute.router.state.cluster import ClusterView
+from sessionroute.router.state.sessions import DEFAULT_MAX_BYTES
 from sessionroute.types import Decision, EngineGauges, RouteRequest
 
 __all__ = ["TrajectoryAdmissionConfig", "TrajectoryAdmissionPolicy"]
@@ -68,6 +69,8 @@ class TrajectoryAdmissionConfig:
         session_ttl_s: idle seconds before a session expires.
         sweep_interval_s: minimum seconds between sweeps run inside ``select``.
         max_sessions: capacity of the session table.
+        session_table_max_bytes: capacity of the session table in estimated bytes
+            (``SessionTable``'s ``max_bytes``; the router's ``RouterConfig`` gives its own).
 
     Raises:
         ConfigError: on a value out of range (the message names it).
@@ -82,6 +85,7 @@ class TrajectoryAdmissionConfig:
     session_ttl_s: float = 7200.0
     sweep_interval_s: float = 60.0
     max_sessions: int = 1_000_000
+    session_table_max_bytes: int = DEFAULT_MAX_BYTES
 
     def __post_init__(self) -> None:
         if not 0.0 < self.pause_threshold <= 1.0:
@@ -126,6 +130,7 @@ class TrajectoryAdmissionPolicy(SessionPolicy):
         self._on: dict[str, set[str]] = {}  # worker -> sessions homed there
         self._ws: dict[str, int] = {}  # worker -> working set (active sessions' tokens)
         self._busy: dict[str, int] = {}  # session -> requests in flight
+        self._swept = 0  # sessions expired by the chunks of a sweep not finished yet
         self._cap: dict[str, float] = {}  # worker -> estimated KV capacity (tokens)
         self._seen: dict[str, EngineGauges] = {}  # worker -> gauges of the last estimate
         self.paused: dict[str, float] = {}
@@ -267,7 +272,11 @@ class TrajectoryAdmissionPolicy(SessionPolicy):
 
     def sweep(self, now: float, limit: int | None = None) -> int:
         expired = super().sweep(now, limit)
-        if expired:
+        self._swept += expired
+        if limit is not None and expired >= limit:
+            return expired  # a chunk of a larger sweep: the pass below runs after the last
+        if self._swept:
+            self._swept = 0
             worker_of = self.table.worker_of
             for sid in [s for s in self._ctx if worker_of(s) is None and s not in self._busy]:
                 self._forget(sid)

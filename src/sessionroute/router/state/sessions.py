@@ -1,9 +1,15 @@
 """The session table shared by the session-keeping policies.
 
 Maps session id -> (worker, last access time) and keeps per-worker active-session counts, with
-an idle TTL (checked on revisit and by :meth:`SessionTable.sweep`), a capacity bound (the least
-recently used session is evicted when full) and lifecycle counters. Semantics follow
-vllm-router's ``sticky_least_loaded`` (vllm-project/router PR #235), see ``shared/ROUTER.md``.
+an idle TTL (checked on revisit and by :meth:`SessionTable.sweep`), a capacity bound in entries
+and in estimated bytes (the least recently used session is evicted when either is reached) and
+lifecycle counters. Semantics follow vllm-router's ``sticky_least_loaded``
+(vllm-project/router PR #235), see ``shared/ROUTER.md``.
+
+Removing a worker is O(1) (issue 19, no event-loop stalls): its sessions' pins are left in
+place and marked stale by bumping the worker's *epoch*; a stale pin counts nowhere (not in
+``len``, ``counts``, ``in``) and is dropped lazily: on the session's next turn (a re-pin,
+:meth:`SessionTable.take_displaced`), by the TTL sweep (expired) or by eviction.
 """
 
 from __future__ import annotations
@@ -13,20 +19,46 @@ from dataclasses import dataclass
 
 from sessionroute.errors import ConfigError
 
-__all__ = ["SessionInfo", "SessionStats", "SessionTable"]
+__all__ = [
+    "DEFAULT_MAX_BYTES",
+    "ENTRY_OVERHEAD_BYTES",
+    "SessionInfo",
+    "SessionStats",
+    "SessionTable",
+    "entry_bytes",
+]
+
+ENTRY_OVERHEAD_BYTES = 256
+"""Estimated bytes of one table entry besides its session id's characters: the ordered-dict
+slot, the pin object and its floats (~200 bytes, measured with ``tracemalloc`` on CPython 3.11)
+and the id string's header (49 bytes)."""
+
+DEFAULT_MAX_BYTES = 256 * 1024 * 1024
+"""Default byte bound of a session table (256 MiB): about 880,000 sessions with 36-character
+ids, 500,000 with ids at the 256-byte limit (``RouterConfig.max_session_id_bytes``)."""
+
+
+def entry_bytes(session_id: str) -> int:
+    """Estimated memory of one table entry for ``session_id``, in bytes:
+    :data:`ENTRY_OVERHEAD_BYTES` plus its length (an ASCII id; 4 bytes a character otherwise,
+    the most CPython stores per character)."""
+    n = len(session_id)
+    return ENTRY_OVERHEAD_BYTES + (n if session_id.isascii() else 4 * n)
 
 
 class _Pin:
-    """A session's worker, when it was pinned there, its last access time (seconds) and the
-    turns routed there; mutable, one per pinned session."""
+    """A session's worker, when it was pinned there, its last access time (seconds), the turns
+    routed there and the worker's epoch when pinned (stale once the worker is removed);
+    mutable, one per pinned session."""
 
-    __slots__ = ("first", "last", "turns", "worker")
+    __slots__ = ("epoch", "first", "last", "turns", "worker")
 
-    def __init__(self, worker: str, last: float) -> None:
+    def __init__(self, worker: str, last: float, epoch: int = 0) -> None:
         self.worker = worker
         self.first = last
         self.last = last
         self.turns = 1
+        self.epoch = epoch
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,33 +116,76 @@ class SessionTable:
 
     Args:
         ttl_s: idle time in seconds after which a session expires (> 0).
-        max_sessions: capacity; the least recently used session is evicted beyond it (>= 1).
+        max_sessions: capacity in entries; the least recently used entry is evicted beyond it
+            (>= 1).
+        max_bytes: capacity in estimated bytes (:func:`entry_bytes` per entry); the least
+            recently used entry is evicted beyond it, as for ``max_sessions`` (>= 1). Both caps
+            count the entries of a removed worker's sessions until they are dropped (module
+            docstring).
 
     Raises:
         ConfigError: on a non-positive TTL or capacity.
     """
 
-    __slots__ = ("_counts", "_displaced", "_max", "_pins", "stats", "ttl_s")
+    __slots__ = (
+        "_bytes",
+        "_counts",
+        "_epochs",
+        "_max",
+        "_max_bytes",
+        "_pins",
+        "_stale",
+        "stats",
+        "ttl_s",
+    )
 
-    def __init__(self, ttl_s: float = 7200.0, max_sessions: int = 1_000_000) -> None:
+    def __init__(
+        self,
+        ttl_s: float = 7200.0,
+        max_sessions: int = 1_000_000,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+    ) -> None:
         if not ttl_s > 0:
             raise ConfigError(f"session TTL must be > 0 seconds, got {ttl_s!r}")
         if max_sessions < 1:
             raise ConfigError(f"max_sessions must be >= 1, got {max_sessions!r}")
+        if max_bytes < 1:
+            raise ConfigError(f"the session table's byte limit must be >= 1, got {max_bytes!r}")
         self.ttl_s = float(ttl_s)
         self._max = max_sessions
+        self._max_bytes = max_bytes
         # session id -> its pin (worker, last access); ordered by last access (oldest first).
         self._pins: OrderedDict[str, _Pin] = OrderedDict()
         self._counts: dict[str, int] = {}
-        # Sessions unpinned because their worker was removed -> their last access time.
-        self._displaced: dict[str, float] = {}
+        self._bytes = 0  # estimated bytes of every entry of _pins (entry_bytes)
+        # worker -> times it was removed; a pin with an older epoch than its worker's is stale.
+        self._epochs: dict[str, int] = {}
+        self._stale = 0  # stale pins still in _pins
         self.stats = SessionStats()
 
     def __len__(self) -> int:
-        return len(self._pins)
+        """Live sessions (pins of removed workers not included)."""
+        return len(self._pins) - self._stale
 
     def __contains__(self, session_id: object) -> bool:
-        return session_id in self._pins
+        entry = self._pins.get(session_id)  # type: ignore[call-overload]
+        return entry is not None and not self._is_stale(entry)
+
+    @property
+    def max_sessions(self) -> int:
+        """The entry cap."""
+        return self._max
+
+    @property
+    def max_bytes(self) -> int:
+        """The byte cap (estimated bytes, :func:`entry_bytes`)."""
+        return self._max_bytes
+
+    @property
+    def nbytes(self) -> int:
+        """Estimated bytes of the table's entries (:func:`entry_bytes` each), stale ones
+        included: what :attr:`max_bytes` bounds."""
+        return self._bytes
 
     def count(self, worker: str) -> int:
         """Active sessions pinned to ``worker``."""
@@ -120,15 +195,20 @@ class SessionTable:
         """A copy of worker -> active sessions (workers with zero may be absent)."""
         return {w: c for w, c in self._counts.items() if c}
 
+    def _is_stale(self, entry: _Pin) -> bool:
+        """True when ``entry``'s worker was removed after it was pinned there."""
+        epochs = self._epochs
+        return bool(epochs) and entry.epoch != epochs.get(entry.worker, 0)
+
     def worker_of(self, session_id: str) -> str | None:
         """The pinned worker, without touching the access time or checking the TTL."""
         entry = self._pins.get(session_id)
-        return None if entry is None else entry.worker
+        return None if entry is None or self._is_stale(entry) else entry.worker
 
     def info(self, session_id: str) -> SessionInfo | None:
         """The session's pin as :class:`SessionInfo` (no side effects; None if unknown)."""
         entry = self._pins.get(session_id)
-        if entry is None:
+        if entry is None or self._is_stale(entry):
             return None
         return SessionInfo(entry.worker, entry.first, entry.last, entry.turns, self.ttl_s)
 
@@ -136,10 +216,11 @@ class SessionTable:
         """The pinned worker if the session is live (idle < TTL), else None.
 
         An expired session is dropped (its worker's count decremented) and counted as expired.
-        Does not refresh the access time; call :meth:`touch` after routing.
+        A session of a removed worker is None here and left for :meth:`take_displaced`. Does
+        not refresh the access time; call :meth:`touch` after routing.
         """
         entry = self._pins.get(session_id)
-        if entry is None:
+        if entry is None or (self._epochs and self._is_stale(entry)):
             return None
         if now - entry.last >= self.ttl_s:
             self._drop(session_id)
@@ -156,53 +237,57 @@ class SessionTable:
             self._pins.move_to_end(session_id)
 
     def pin(self, session_id: str, worker: str, now: float) -> None:
-        """Pin ``session_id`` to ``worker`` (replacing any old pin), evicting the LRU if full."""
-        self._displaced.pop(session_id, None)
+        """Pin ``session_id`` to ``worker`` (replacing any old pin), evicting least recently
+        used entries while the table is at its entry cap or the new entry would take it past
+        its byte cap (each counted in ``stats.evicted``)."""
         if session_id in self._pins:
             self._drop(session_id)
-        while len(self._pins) >= self._max:
-            oldest = next(iter(self._pins))
-            self._drop(oldest)
-            self.stats.evicted += 1
-        self._pins[session_id] = _Pin(worker, now)
+        self._make_room(entry_bytes(session_id))
+        self._cache_pin(session_id, worker, now)
         self._counts[worker] = self._counts.get(worker, 0) + 1
 
     def unpin(self, session_id: str) -> str | None:
-        """Drop a session without counting it anywhere; returns its worker or None."""
-        if session_id not in self._pins:
+        """Drop a live session without counting it anywhere; returns its worker or None."""
+        entry = self._pins.get(session_id)
+        if entry is None or self._is_stale(entry):
             return None
         return self._drop(session_id)
 
     def release(self, session_id: str) -> bool:
-        """Release a session (idempotent). Returns True if it was pinned."""
-        self._displaced.pop(session_id, None)
-        if session_id not in self._pins:
+        """Release a session (idempotent). Returns True if it was pinned (a session of a
+        removed worker is forgotten, and False)."""
+        entry = self._pins.get(session_id)
+        if entry is None:
             return False
+        stale = self._is_stale(entry)
         self._drop(session_id)
+        if stale:
+            return False
         self.stats.released += 1
         return True
 
     def displace(self, worker: str) -> int:
-        """Unpin every session of a removed ``worker``; returns how many.
+        """Unpin every session of a removed ``worker`` in O(1); returns how many.
 
-        Each is remembered until its TTL runs out, so that :meth:`take_displaced` can report
-        its next turn as a re-pin rather than a new session. O(sessions).
+        Their entries stay, stale (module docstring), until the session's next turn
+        (:meth:`take_displaced` reports it as a re-pin rather than a new session), the TTL
+        sweep (expired) or eviction.
         """
-        moved = [(sid, e.last) for sid, e in self._pins.items() if e.worker == worker]
-        for sid, last in moved:
-            self._drop(sid)
-            self._displaced[sid] = float(last)
-        return len(moved)
+        n = self._counts.pop(worker, 0)
+        self._epochs[worker] = self._epochs.get(worker, 0) + 1
+        self._stale += n
+        return n
 
     def take_displaced(self, session_id: str, now: float) -> bool:
         """True (once) if ``session_id`` was displaced by :meth:`displace` and is still live.
 
-        A displaced session idle for at least the TTL is forgotten and counted as expired.
+        Its entry is dropped; one idle for at least the TTL is counted as expired.
         """
-        last = self._displaced.pop(session_id, None)
-        if last is None:
+        entry = self._pins.get(session_id)
+        if entry is None or not self._is_stale(entry):
             return False
-        if now - last >= self.ttl_s:
+        self._drop(session_id)
+        if now - entry.last >= self.ttl_s:
             self.stats.expired += 1
             return False
         return True
@@ -210,7 +295,7 @@ class SessionTable:
     def sweep(self, now: float, limit: int | None = None) -> int:
         """Expire every session idle for at least the TTL; returns how many expired.
 
-        Displaced sessions (see :meth:`displace`) past the TTL are forgotten too and counted.
+        Displaced sessions (see :meth:`displace`) past the TTL are dropped and counted too.
 
         Args:
             now: the clock time (seconds).
@@ -219,20 +304,11 @@ class SessionTable:
                 all when None. A call that returns less than ``limit`` left none behind.
         """
         cutoff = now - self.ttl_s
-        cap = len(self._pins) + len(self._displaced) if limit is None else limit
+        pins = self._pins
+        cap = len(pins) if limit is None else limit
         n = 0
-        if self._displaced:
-            stale = []
-            for sid, last in self._displaced.items():
-                if last <= cutoff:
-                    stale.append(sid)
-                    if len(stale) >= cap:
-                        break
-            for sid in stale:
-                del self._displaced[sid]
-            n = len(stale)
-        while self._pins and n < cap:
-            sid, entry = next(iter(self._pins.items()))
+        while pins and n < cap:
+            sid, entry = next(iter(pins.items()))
             if entry.last > cutoff:
                 break
             self._drop(sid)
@@ -242,13 +318,45 @@ class SessionTable:
 
     def sessions_on(self, worker: str) -> list[str]:
         """Session ids pinned to ``worker`` (O(sessions); for admin and tests)."""
-        return [sid for sid, e in self._pins.items() if e.worker == worker]
+        stale = self._is_stale
+        return [sid for sid, e in self._pins.items() if e.worker == worker and not stale(e)]
+
+    def _make_room(self, cost: int, *, cache_only: bool = False) -> None:
+        """Evict least recently used entries until one more entry of ``cost`` bytes fits both
+        caps: dropped and counted in ``stats.evicted``, or with ``cache_only`` (a cache of a
+        shared table, :mod:`~sessionroute.router.state.shared`) only removed."""
+        pins = self._pins
+        while pins and (len(pins) >= self._max or self._bytes + cost > self._max_bytes):
+            if cache_only:
+                self._uncache(next(iter(pins)))
+            else:
+                self._drop(next(iter(pins)))
+                self.stats.evicted += 1
+
+    def _cache_pin(self, session_id: str, worker: str, now: float) -> _Pin:
+        """Add an entry (not counted per worker; ``session_id`` must be absent)."""
+        entry = self._pins[session_id] = _Pin(worker, now, self._epochs.get(worker, 0))
+        self._bytes += entry_bytes(session_id)
+        return entry
+
+    def _uncache(self, session_id: str) -> tuple[_Pin, bool]:
+        """Remove an entry, per-worker counts untouched (KeyError if absent); returns it and
+        whether it was stale."""
+        entry = self._pins.pop(session_id)
+        self._bytes -= entry_bytes(session_id)
+        stale = self._is_stale(entry)
+        if stale:
+            self._stale -= 1
+        return entry, stale
 
     def _drop(self, session_id: str) -> str:
-        worker = self._pins.pop(session_id).worker
-        c = self._counts.get(worker, 0) - 1
-        if c > 0:
-            self._counts[worker] = c
-        else:
-            self._counts.pop(worker, None)
+        """Remove an entry and, when live, take it off its worker's count."""
+        entry, stale = self._uncache(session_id)
+        worker = entry.worker
+        if not stale:
+            c = self._counts.get(worker, 0) - 1
+            if c > 0:
+                self._counts[worker] = c
+            else:
+                self._counts.pop(worker, None)
         return worker

@@ -34,7 +34,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from sessionroute.router.state.cluster import Cluster
-from sessionroute.router.state.sessions import SessionTable, _Pin
+from sessionroute.router.state.sessions import DEFAULT_MAX_BYTES, SessionTable, entry_bytes
 
 __all__ = ["SharedCluster", "SharedSessionTable", "share_table"]
 
@@ -50,8 +50,13 @@ class SharedSessionTable(SessionTable):
 
     __slots__ = ("_decided", "version")
 
-    def __init__(self, ttl_s: float = 7200.0, max_sessions: int = 1_000_000) -> None:
-        super().__init__(ttl_s, max_sessions)
+    def __init__(
+        self,
+        ttl_s: float = 7200.0,
+        max_sessions: int = 1_000_000,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+    ) -> None:
+        super().__init__(ttl_s, max_sessions, max_bytes)
         self.version = -1
         self._decided: dict[str, int] = {}
 
@@ -84,15 +89,17 @@ class SharedSessionTable(SessionTable):
         if session_id is not None:
             self._decided.pop(session_id, None)
             cached = self._pins.get(session_id)
+            if cached is not None and self._is_stale(cached):
+                self._uncache(session_id)
+                cached = None
             if worker is None:
                 if cached is not None:
-                    del self._pins[session_id]
+                    self._uncache(session_id)
             elif cached is None or cached.worker != worker:
                 if cached is not None:
-                    del self._pins[session_id]
-                self._evict_for_one()
-                self._pins[session_id] = _Pin(worker, now)
-                self._displaced.pop(session_id, None)
+                    self._uncache(session_id)
+                self._make_room(entry_bytes(session_id), cache_only=True)
+                self._cache_pin(session_id, worker, now)
             else:
                 cached.last = now
                 self._pins.move_to_end(session_id)
@@ -110,13 +117,8 @@ class SharedSessionTable(SessionTable):
 
     def pins(self) -> list[tuple[str, str]]:
         """(session id, worker) of every cached pin, least recently used first."""
-        return [(sid, p.worker) for sid, p in self._pins.items()]
-
-    def _evict_for_one(self) -> None:
-        """Make room in the local cache for one pin (least recently used first); the shared
-        table keeps the evicted pins, so nothing is counted."""
-        while len(self._pins) >= self._max:
-            self._pins.popitem(last=False)
+        stale = self._is_stale
+        return [(sid, p.worker) for sid, p in self._pins.items() if not stale(p)]
 
 
 class SharedCluster(Cluster):
@@ -163,6 +165,6 @@ def share_table(policy: Any) -> SharedSessionTable | None:
     old = getattr(policy, "table", None)
     if not isinstance(old, SessionTable):
         return None
-    table = SharedSessionTable(old.ttl_s, old._max)
+    table = SharedSessionTable(old.ttl_s, old.max_sessions, old.max_bytes)
     policy.table = table
     return table
