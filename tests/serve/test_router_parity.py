@@ -39,7 +39,7 @@ Step = tuple[str, Any]
 SCRIPT: list[Step] = [
     ("burst", [f"s{i}" for i in range(7)]),  # first turns, all in flight at once
     ("turns", [f"s{i}" for i in range(7)]),  # second turns, one by one
-    ("kill", 1),  # worker 1 dies between turns
+    ("kill", "s0"),  # the worker holding s0 dies between turns (so it held a session)
     ("turns", [f"s{i}" for i in range(7)]),  # its sessions are refused, then re-placed
     ("release", ["s2", "s4"]),
     ("turns", ["s7", "s8"]),  # new sessions fill the freed places
@@ -51,6 +51,11 @@ SCRIPT: list[Step] = [
 def _turn(sid: str, n: int) -> Turn:
     prompt = 64 + 16 * n
     return Turn(sid, prompt, 4, list(range(prompt // 16)))
+
+
+def _holder(log: list[tuple[str | None, str, str]], sid: str) -> str:
+    """The worker of ``sid``'s latest decision in ``log``."""
+    return next(w for s, w, _ in reversed(log) if s == sid)
 
 
 def _simulate(urls: list[str], policy: str) -> list[tuple[str | None, str, str]]:
@@ -91,6 +96,9 @@ def _simulate(urls: list[str], policy: str) -> list[tuple[str | None, str, str]]
         for sid in sids:
             core.finish_session(sid)
 
+    def kill(sid: str) -> None:
+        sim.fail_replica(replicas[urls.index(_holder(log, sid))])
+
     t = 0.0
     for kind, arg in SCRIPT:
         t += STEP_S
@@ -101,7 +109,7 @@ def _simulate(urls: list[str], policy: str) -> list[tuple[str | None, str, str]]
                 sim.call_at(t + i, partial(send, sid))
             t += len(arg)
         elif kind == "kill":
-            sim.call_at(t, partial(sim.fail_replica, replicas[arg]))
+            sim.call_at(t, partial(kill, arg))
         elif kind == "release":
             sim.call_at(t, partial(release, arg))
         elif kind == "idle":
@@ -164,7 +172,8 @@ async def _serve(
                     await send(sid)
                     clock.advance(1.0)
             elif kind == "kill":
-                await backends[arg].kill()
+                holder = _holder(log, arg)
+                await next(b for b in backends if b.url == holder).kill()
             elif kind == "release":
                 for sid in arg:
                     async with client.post(
@@ -190,7 +199,7 @@ async def test_the_simulator_and_serve_make_the_same_decisions(policy: str) -> N
             await b.kill()
     assert simulated == served
     # The dead worker's sessions were tried there once (refused), then moved for good.
-    dead = backends[1].url
+    dead = _holder(served[:14], "s0")
     after_kill = served[14:]
     tried = [i for i, (_, w, _) in enumerate(after_kill) if w == dead]
     assert tried, "no session was pinned to the worker that died"
