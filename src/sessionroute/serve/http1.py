@@ -52,6 +52,7 @@ __all__ = [
     "Connection",
     "Handler",
     "HeadTooLarge",
+    "Inline",
     "Request",
 ]
 
@@ -69,9 +70,41 @@ class HeadTooLarge(ValueError):
     """The request head is over :data:`MAX_HEAD_BYTES` or :data:`MAX_HEADERS` (HTTP 431)."""
 
 
-Handler = Callable[["Connection", "Request"], Coroutine[Any, Any, None] | None]
-"""Called once a request's headers are complete: answers it (returns None) or returns the
-coroutine that will (run as a task)."""
+class Inline:
+    """A request answered from callbacks rather than by a coroutine (no task wake-up).
+
+    A handler returns one when it can answer from protocol callbacks alone (the proxy's
+    common case: the body arrives, the request goes out on a pooled connection, the answer
+    comes back in one read). The connection calls :meth:`waiting` when the read that
+    completed the head is parsed and the body is not all there, :meth:`ready` once the body
+    is complete (or will never be: over the size limit, broken framing), and
+    :meth:`client_lost` if the client goes away before the answer ended. When the answer is
+    written later, the handler ends the request with :meth:`Connection.finish_inline`; when
+    it needs to wait after all, it continues on the connection's task with
+    :meth:`Connection.hand_over`.
+    """
+
+    __slots__ = ()
+
+    def ready(self) -> bool:
+        """The body arrived: returns False when the request was answered now, True while the
+        answer is under way."""
+        raise NotImplementedError
+
+    def waiting(self) -> bool:
+        """The head arrived and the read that brought it is parsed, but not all the body:
+        returns False when the request was answered now (without its body: the rest is read
+        and dropped), True to wait for :meth:`ready`."""
+        raise NotImplementedError
+
+    def client_lost(self) -> None:
+        """The client connection closed before the answer ended: release what is held."""
+        raise NotImplementedError
+
+
+Handler = Callable[["Connection", "Request"], Coroutine[Any, Any, None] | Inline | None]
+"""Called once a request's headers are complete: answers it (returns None), returns the
+coroutine that will (run as a task), or an :class:`Inline` that will from callbacks."""
 
 LINGER_S = 10.0
 """After an early answer that closes the connection (a 413, say), seconds the rest of the
@@ -98,6 +131,7 @@ class Request:
     """
 
     __slots__ = (
+        "_ready",
         "_waiter",
         "complete",
         "content_length",
@@ -134,6 +168,7 @@ class Request:
         self.trusted = False
         """Set by the handler: the client may see details (``/health``)."""
         self._waiter: asyncio.Future[None] | None = None
+        self._ready: Callable[[], None] | None = None
 
     async def body(self) -> list[bytes] | None:
         """Wait for the whole body: its pieces, or None when it is over the size limit or its
@@ -144,6 +179,11 @@ class Request:
         return self.parts if self.complete and not self.too_large else None
 
     def _wake(self) -> None:
+        ready = self._ready
+        if ready is not None:  # an Inline handler waits for the body
+            self._ready = None
+            ready()
+            return
         waiter = self._waiter
         if waiter is not None:
             self._waiter = None
@@ -174,6 +214,9 @@ class Connection(ResponseWriter, asyncio.BufferedProtocol):
         self._queue: deque[Request] = deque()
         self._task: asyncio.Task[None] | None = None
         self._pending: Coroutine[Any, Any, None] | None = None
+        self._inline: Inline | None = None
+        self._early: Request | None = None
+        self._feeding = False
         self._wakeup: asyncio.Future[None] | None = None
         loop = listener.loop  # not get_running_loop() per request: it costs a getpid() call
         if loop is None:
@@ -225,6 +268,10 @@ class Connection(ResponseWriter, asyncio.BufferedProtocol):
         task = self._task
         if task is not None and not task.done():
             task.cancel()
+        inline = self._inline
+        if inline is not None:
+            self._inline = None
+            inline.client_lost()
         if self._pending is not None:  # never started: close it (no "never awaited" warning)
             self._pending.close()
             self._pending = None
@@ -239,6 +286,7 @@ class Connection(ResponseWriter, asyncio.BufferedProtocol):
         self.received += nbytes
         if self._in_head:  # a head spanning reads: bound what the parser accumulates
             self._head_bytes += nbytes
+        self._feeding = True
         try:
             self._parser.feed_data(self._listener.read_buffer[:nbytes])
         except httptools.HttpParserUpgrade:
@@ -256,6 +304,19 @@ class Connection(ResponseWriter, asyncio.BufferedProtocol):
         else:
             if self._in_head and self._head_bytes > MAX_HEAD_BYTES:
                 self._bad_request("request line and headers over 64 KiB", 431)
+        self._feeding = False
+        early = self._early
+        if early is not None:  # an Inline request whose head came in this read
+            self._early = None
+            inline = self._inline
+            if (
+                inline is not None
+                and early is self._current
+                and early._ready is not None
+                and not inline.waiting()
+            ):
+                early._ready = None
+                self.finish_inline()
 
     # -- parser callbacks (kept minimal: they run once per header) -------------------------
     def on_message_begin(self) -> None:
@@ -367,6 +428,26 @@ class Connection(ResponseWriter, asyncio.BufferedProtocol):
             self._internal_error()
         if coro is None:
             return False
+        if isinstance(coro, Inline):
+            self._inline = coro
+            if not req.complete and not req.too_large and not req.discard:
+                req._ready = self._inline_ready  # ready() once the body arrived
+                if self._feeding:  # waiting() once the rest of this read is parsed
+                    self._early = req
+                    return True
+                if coro.waiting():
+                    return True
+                req._ready = None
+                self._inline = None
+                return False
+            if coro.ready():
+                return True
+            self._inline = None
+            return False
+        self._schedule(coro)
+        return True
+
+    def _schedule(self, coro: Coroutine[Any, Any, None]) -> None:
         self._pending = coro
         if self._task is None:
             self._task = self._loop.create_task(self._serve())
@@ -375,7 +456,22 @@ class Connection(ResponseWriter, asyncio.BufferedProtocol):
             if waiter is not None:
                 self._wakeup = None
                 waiter.set_result(None)
-        return True
+
+    def _inline_ready(self) -> None:
+        inline = self._inline
+        if inline is not None and not inline.ready() and self._inline is inline:
+            self.finish_inline()
+
+    def finish_inline(self) -> None:
+        """End the request an :class:`Inline` handler answered (starts the next one)."""
+        self._inline = None
+        self._finish()
+
+    def hand_over(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Continue the request of an :class:`Inline` handler with ``coro`` on this
+        connection's task (as if the handler had returned it)."""
+        self._inline = None
+        self._schedule(coro)
 
     @property
     def task(self) -> asyncio.Task[None] | None:
