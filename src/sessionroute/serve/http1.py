@@ -18,8 +18,11 @@ handler when its headers are complete (the body keeps arriving into :class:`Requ
 handler either answers at once (:meth:`Connection.respond`) and returns None, or returns a
 coroutine that writes the response itself (:meth:`Connection.respond`, or
 :meth:`Connection.start_response`, :meth:`Connection.write` and
-:meth:`Connection.end_response`). The connection runs those coroutines one after the other on
-one task of its own, so requests are handled in arrival order (pipelined ones wait).
+:meth:`Connection.end_response`), or an :class:`~sessionroute.serve.request.Inline` that
+answers from callbacks (the proxy's common case: no task wake-up) and may hand the request
+to a coroutine later (:meth:`Connection.hand_over`). The connection runs those coroutines one
+after the other on one task of its own, so requests are handled in arrival order (pipelined
+ones wait). :class:`Request` and :class:`Inline` live in :mod:`sessionroute.serve.request`.
 Keep-alive follows HTTP/1.1 and HTTP/1.0 rules (``httptools.should_keep_alive``). A malformed
 request gets a 400 JSON error and the connection is closed; a body over the limit is reported
 on the :class:`Request` and discarded. When the client goes away, the connection's task is
@@ -40,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 import httptools
 
 from sessionroute.serve.errors import error_response
+from sessionroute.serve.request import MAX_HEAD_BYTES, MAX_HEADERS, HeadTooLarge, Inline, Request
 from sessionroute.serve.wire import ResponseWriter
 
 if TYPE_CHECKING:
@@ -58,50 +62,6 @@ __all__ = [
 
 log = logging.getLogger("sessionroute.serve")
 
-MAX_HEAD_BYTES = 65536
-"""Largest request line plus headers, bytes (a larger head is a 431, as is a head of more
-than :data:`MAX_HEADERS` headers)."""
-
-MAX_HEADERS = 256
-"""Most header fields in one request."""
-
-
-class HeadTooLarge(ValueError):
-    """The request head is over :data:`MAX_HEAD_BYTES` or :data:`MAX_HEADERS` (HTTP 431)."""
-
-
-class Inline:
-    """A request answered from callbacks rather than by a coroutine (no task wake-up).
-
-    A handler returns one when it can answer from protocol callbacks alone (the proxy's
-    common case: the body arrives, the request goes out on a pooled connection, the answer
-    comes back in one read). The connection calls :meth:`waiting` when the read that
-    completed the head is parsed and the body is not all there, :meth:`ready` once the body
-    is complete (or will never be: over the size limit, broken framing), and
-    :meth:`client_lost` if the client goes away before the answer ended. When the answer is
-    written later, the handler ends the request with :meth:`Connection.finish_inline`; when
-    it needs to wait after all, it continues on the connection's task with
-    :meth:`Connection.hand_over`.
-    """
-
-    __slots__ = ()
-
-    def ready(self) -> bool:
-        """The body arrived: returns False when the request was answered now, True while the
-        answer is under way."""
-        raise NotImplementedError
-
-    def waiting(self) -> bool:
-        """The head arrived and the read that brought it is parsed, but not all the body:
-        returns False when the request was answered now (without its body: the rest is read
-        and dropped), True to wait for :meth:`ready`."""
-        raise NotImplementedError
-
-    def client_lost(self) -> None:
-        """The client connection closed before the answer ended: release what is held."""
-        raise NotImplementedError
-
-
 Handler = Callable[["Connection", "Request"], Coroutine[Any, Any, None] | Inline | None]
 """Called once a request's headers are complete: answers it (returns None), returns the
 coroutine that will (run as a task), or an :class:`Inline` that will from callbacks."""
@@ -109,86 +69,6 @@ coroutine that will (run as a task), or an :class:`Inline` that will from callba
 LINGER_S = 10.0
 """After an early answer that closes the connection (a 413, say), seconds the rest of the
 request body is still read and dropped before the connection is closed."""
-
-
-class Request:
-    """One parsed request; the body arrives into :attr:`parts` while the handler runs.
-
-    Attributes:
-        method: ``"GET"``, ``"POST"``, ...
-        target: the request target as sent (``b"/path?query"``).
-        path: its path, decoded as UTF-8 (surrogate escapes).
-        query: its query string, not decoded ("" when none).
-        headers: the header (name, value) pairs as received.
-        lower: lower-case header name -> the first value with that name.
-        content_length: the Content-Length (None when absent: chunked or no body).
-        keep_alive: whether the client lets the connection be reused.
-        http10: HTTP/1.0 request.
-        parts: the body pieces received so far (no copies).
-        size: their total length, bytes.
-        complete: the whole body has arrived.
-        too_large: the body is over the listener's limit (its pieces are dropped).
-    """
-
-    __slots__ = (
-        "_ready",
-        "_waiter",
-        "complete",
-        "content_length",
-        "discard",
-        "headers",
-        "http10",
-        "keep_alive",
-        "lower",
-        "method",
-        "parts",
-        "path",
-        "query",
-        "size",
-        "target",
-        "too_large",
-        "trusted",
-    )
-
-    def __init__(self) -> None:
-        self.method = ""
-        self.target = b""
-        self.path = ""
-        self.query = ""
-        self.headers: list[tuple[bytes, bytes]] = []
-        self.lower: dict[bytes, bytes] = {}
-        self.content_length: int | None = None
-        self.keep_alive = True
-        self.http10 = False
-        self.parts: list[bytes] = []
-        self.size = 0
-        self.complete = False
-        self.too_large = False
-        self.discard = False
-        self.trusted = False
-        """Set by the handler: the client may see details (``/health``)."""
-        self._waiter: asyncio.Future[None] | None = None
-        self._ready: Callable[[], None] | None = None
-
-    async def body(self) -> list[bytes] | None:
-        """Wait for the whole body: its pieces, or None when it is over the size limit or its
-        framing broke (the connection already answered it)."""
-        if not self.complete and not self.too_large:
-            self._waiter = waiter = asyncio.get_running_loop().create_future()
-            await waiter
-        return self.parts if self.complete and not self.too_large else None
-
-    def _wake(self) -> None:
-        ready = self._ready
-        if ready is not None:  # an Inline handler waits for the body
-            self._ready = None
-            ready()
-            return
-        waiter = self._waiter
-        if waiter is not None:
-            self._waiter = None
-            if not waiter.done():
-                waiter.set_result(None)
 
 
 class Connection(ResponseWriter, asyncio.BufferedProtocol):

@@ -3,7 +3,10 @@
 Every routing decision is the router core's (:class:`~sessionroute.router.RoutingCore`): the
 policy's request is built by ``core.requests`` (session id, size estimate, content keys),
 placed by ``core.place`` (admission, select + reserve), and retried by ``core.retry`` and
-``core.retarget``; this module does the I/O around them. The body is read once (as the pieces
+``core.retarget``; this module does the I/O around them for requests that wait (for a
+connection, an admission ticket, a shared session table, a streamed or large answer, a
+retry); the common case runs from protocol callbacks in :mod:`sessionroute.serve.inline`,
+which hands over to the coroutines here where it must wait. The body is read once (as the pieces
 it arrived in), parsed and checked before placement under every policy
 (:mod:`sessionroute.router.validate`: 415, 400, nothing pinned), and forwarded as received,
 never re-serialized. Requests go upstream through
