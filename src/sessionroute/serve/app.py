@@ -30,9 +30,9 @@ from typing import Any
 
 from sessionroute.serve import handlers
 from sessionroute.serve.errors import error_for_exception, error_response
-from sessionroute.serve.http1 import Connection, Request
+from sessionroute.serve.http1 import Connection, Inline, Request
+from sessionroute.serve.inline import proxy_request
 from sessionroute.serve.listener import Listener
-from sessionroute.serve.proxy import proxy_request
 from sessionroute.serve.router import Router
 from sessionroute.serve.wire import Response
 
@@ -96,7 +96,7 @@ class RouterApp:
             return self._key_ok(req)
         return self._remote_admin or conn.peer_is_loopback()
 
-    def __call__(self, conn: Connection, req: Request) -> Coroutine[Any, Any, None] | None:
+    def __call__(self, conn: Connection, req: Request) -> Coroutine[Any, Any, None] | Inline | None:
         """Dispatch one request (headers complete); never raises for anything sent."""
         path = req.path
         if self._key is not None and path not in _OPEN_ROUTES and not self._key_ok(req):

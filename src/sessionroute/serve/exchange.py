@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import httptools
@@ -99,7 +99,11 @@ class WorkerConnection(asyncio.Protocol):
             self.close()
             return
         ex = self.exchange
-        if ex is not None and not ex.status:  # the head is still incomplete
+        if ex is None:
+            return
+        if ex._inline is not None and (ex.complete or ex.status):
+            ex._wake()  # after the whole read: a small response is complete by now
+        elif not ex.status:  # the head is still incomplete
             self._head_bytes += len(data)
             if self._head_bytes > MAX_RESPONSE_HEAD_BYTES:
                 ex._fail(
@@ -152,7 +156,12 @@ class Exchange:
     Args:
         pool: the pool the connection comes from.
         worker: the worker base URL.
-        task: the task that awaits the exchange (the request handler's).
+        task: the task that awaits the exchange (the request handler's); None for one
+            driven by callbacks (``inline``) until :meth:`attach`.
+        inline: called once, instead of waking a task, when the response is complete or
+            only its head arrived (after the read that brought it), when the exchange
+            failed, or when its deadline passed (:attr:`timed_out`); the callback ends the
+            exchange or hands it to a task (:meth:`attach`).
 
     Attributes:
         worker: the worker base URL.
@@ -169,6 +178,7 @@ class Exchange:
         "_conn",
         "_error",
         "_info",
+        "_inline",
         "_parts",
         "_pool",
         "_sink",
@@ -183,15 +193,23 @@ class Exchange:
         "keep_alive",
         "reason",
         "sent_all",
+        "sent_at",
         "status",
         "timed_out",
         "worker",
     )
 
-    def __init__(self, pool: UpstreamPool, worker: str, task: asyncio.Task[Any]) -> None:
+    def __init__(
+        self,
+        pool: UpstreamPool,
+        worker: str,
+        task: asyncio.Task[Any] | None,
+        inline: Callable[[Exchange], None] | None = None,
+    ) -> None:
         self._pool = pool
         self._task = task
-        self._cancelling = task.cancelling()
+        self._inline = inline
+        self._cancelling = task.cancelling() if task is not None else 0
         self._uncancelled = False
         self._conn: WorkerConnection | None = None
         self._error: UpstreamError | None = None
@@ -209,6 +227,7 @@ class Exchange:
         self.keep_alive = False
         self.complete = False
         self.sent_all = False
+        self.sent_at = 0.0
         self.chunks = 0
         pool._inflight[self] = None
 
@@ -223,20 +242,56 @@ class Exchange:
             UpstreamError: the connection broke or the response was malformed.
             asyncio.CancelledError: the owning task was cancelled (see :attr:`timed_out`).
         """
+        conn = self._idle_connection()
+        if conn is None:
+            conn = await self._pool._connect(self._pool._target(self.worker))
+        self._write(conn, parts)
+        return await self.head()
+
+    def send_idle(self, parts: Iterable[bytes]) -> bool:
+        """Send the request on an idle pooled connection, without waiting; False (nothing
+        sent) when there is none. The response head then comes with :meth:`head`, or to
+        the ``inline`` callback.
+
+        Raises:
+            UpstreamError: the connection broke (as :meth:`send`).
+        """
+        conn = self._idle_connection()
+        if conn is None:
+            return False
+        self._write(conn, parts)
+        return True
+
+    async def head(self) -> int:
+        """Wait for the response head of the request sent; returns its status.
+
+        Raises:
+            UpstreamError: the connection broke or the response was malformed.
+            asyncio.CancelledError: as :meth:`send`.
+        """
+        while not self.status:
+            if self._error is not None:
+                raise self._error
+            self._waiter = waiter = self._loop().create_future()
+            await waiter
+        return self.status
+
+    def _idle_connection(self) -> WorkerConnection | None:
+        """The most recently used idle connection to the worker (closed or stale ones are
+        dropped), or None."""
         pool = self._pool
         target = pool._targets.get(self.worker) or pool._target(self.worker)
         idle = target.idle
-        conn = None
         # idle since before `stale` (the keep-alive ago): the worker may be closing it now
         stale = self.deadline - pool.timeout_s - pool.keepalive_s
-        while idle:  # the most recently used first; closed or stale ones are dropped
+        while idle:
             cand, since = idle.pop()
             if not cand.lost and since > stale:
-                conn = cand
-                break
+                return cand
             cand.close()
-        if conn is None:
-            conn = await pool._connect(target)
+        return None
+
+    def _write(self, conn: WorkerConnection, parts: Iterable[bytes]) -> None:
         self._conn = conn
         conn.exchange = self
         transport = conn.transport
@@ -244,14 +299,23 @@ class Exchange:
             raise self._error
         if transport is None or conn.lost:
             raise UpstreamError("the worker closed the connection")
+        self.sent_at = time.perf_counter()
         transport.writelines(parts)
         self.sent_all = not conn.draining
-        while not self.status:
-            if self._error is not None:
-                raise self._error
-            self._waiter = waiter = self._task.get_loop().create_future()
-            await waiter
-        return self.status
+
+    def _loop(self) -> asyncio.AbstractEventLoop:
+        if self._task is None:
+            raise RuntimeError("an inline exchange has no task to wait on (attach one)")
+        return self._task.get_loop()
+
+    def attach(self, task: asyncio.Task[Any]) -> None:
+        """Continue an exchange started by callbacks (``inline``) on ``task``: it is awaited
+        from now on. A deadline that passed in between cancels ``task`` now."""
+        self._inline = None
+        self._task = task
+        self._cancelling = task.cancelling()
+        if self.timed_out:
+            task.cancel()
 
     async def read(self) -> bytes:
         """The whole response body.
@@ -263,7 +327,7 @@ class Exchange:
         while not self.complete:
             if self._error is not None:
                 raise self._error
-            self._waiter = waiter = self._task.get_loop().create_future()
+            self._waiter = waiter = self._loop().create_future()
             await waiter
         return self.body()
 
@@ -290,11 +354,16 @@ class Exchange:
         while not self.complete:
             if self._error is not None:
                 raise self._error
-            self._waiter = waiter = self._task.get_loop().create_future()
+            self._waiter = waiter = self._loop().create_future()
             await waiter
 
     # -- from the connection -------------------------------------------------------------
     def _wake(self) -> None:
+        inline = self._inline
+        if inline is not None:  # driven by callbacks: tell it once (it takes over or ends)
+            self._inline = None
+            inline(self)
+            return
         waiter = self._waiter
         if waiter is not None:
             self._waiter = None
@@ -310,7 +379,8 @@ class Exchange:
             return
         self.status = status
         self.keep_alive = keep_alive
-        self._wake()
+        if self._inline is None:  # an inline one is told after the read (data_received)
+            self._wake()
 
     def _on_body(self, data: bytes) -> None:
         self.chunks += 1
@@ -327,7 +397,8 @@ class Exchange:
             self._info = False
             return
         self.complete = True
-        self._wake()
+        if self._inline is None:
+            self._wake()
 
     def _on_lost(self, exc: BaseException | None) -> None:
         if self.complete:
@@ -387,7 +458,10 @@ class Exchange:
         """Called by the watchdog when the deadline passed: cancel the owning task."""
         if not self.timed_out:
             self.timed_out = True
-            self._task.cancel()
+            if self._inline is not None:
+                self._wake()  # the callback answers the timeout
+            elif self._task is not None:
+                self._task.cancel()  # (without a task yet, attach() cancels it)
 
     def is_timeout(self) -> bool:
         """Call in ``except asyncio.CancelledError``: True when the cancellation is this
@@ -396,7 +470,7 @@ class Exchange:
 
         The same rule as ``asyncio.timeout``.
         """
-        if not self.timed_out:
+        if not self.timed_out or self._task is None:
             return False
         if not self._uncancelled:
             self._uncancelled = True

@@ -18,8 +18,11 @@ handler when its headers are complete (the body keeps arriving into :class:`Requ
 handler either answers at once (:meth:`Connection.respond`) and returns None, or returns a
 coroutine that writes the response itself (:meth:`Connection.respond`, or
 :meth:`Connection.start_response`, :meth:`Connection.write` and
-:meth:`Connection.end_response`). The connection runs those coroutines one after the other on
-one task of its own, so requests are handled in arrival order (pipelined ones wait).
+:meth:`Connection.end_response`), or an :class:`~sessionroute.serve.request.Inline` that
+answers from callbacks (the proxy's common case: no task wake-up) and may hand the request
+to a coroutine later (:meth:`Connection.hand_over`). The connection runs those coroutines one
+after the other on one task of its own, so requests are handled in arrival order (pipelined
+ones wait). :class:`Request` and :class:`Inline` live in :mod:`sessionroute.serve.request`.
 Keep-alive follows HTTP/1.1 and HTTP/1.0 rules (``httptools.should_keep_alive``). A malformed
 request gets a 400 JSON error and the connection is closed; a body over the limit is reported
 on the :class:`Request` and discarded. When the client goes away, the connection's task is
@@ -40,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 import httptools
 
 from sessionroute.serve.errors import error_response
+from sessionroute.serve.request import MAX_HEAD_BYTES, MAX_HEADERS, HeadTooLarge, Inline, Request
 from sessionroute.serve.wire import ResponseWriter
 
 if TYPE_CHECKING:
@@ -52,103 +56,19 @@ __all__ = [
     "Connection",
     "Handler",
     "HeadTooLarge",
+    "Inline",
     "Request",
 ]
 
 log = logging.getLogger("sessionroute.serve")
 
-MAX_HEAD_BYTES = 65536
-"""Largest request line plus headers, bytes (a larger head is a 431, as is a head of more
-than :data:`MAX_HEADERS` headers)."""
-
-MAX_HEADERS = 256
-"""Most header fields in one request."""
-
-
-class HeadTooLarge(ValueError):
-    """The request head is over :data:`MAX_HEAD_BYTES` or :data:`MAX_HEADERS` (HTTP 431)."""
-
-
-Handler = Callable[["Connection", "Request"], Coroutine[Any, Any, None] | None]
-"""Called once a request's headers are complete: answers it (returns None) or returns the
-coroutine that will (run as a task)."""
+Handler = Callable[["Connection", "Request"], Coroutine[Any, Any, None] | Inline | None]
+"""Called once a request's headers are complete: answers it (returns None), returns the
+coroutine that will (run as a task), or an :class:`Inline` that will from callbacks."""
 
 LINGER_S = 10.0
 """After an early answer that closes the connection (a 413, say), seconds the rest of the
 request body is still read and dropped before the connection is closed."""
-
-
-class Request:
-    """One parsed request; the body arrives into :attr:`parts` while the handler runs.
-
-    Attributes:
-        method: ``"GET"``, ``"POST"``, ...
-        target: the request target as sent (``b"/path?query"``).
-        path: its path, decoded as UTF-8 (surrogate escapes).
-        query: its query string, not decoded ("" when none).
-        headers: the header (name, value) pairs as received.
-        lower: lower-case header name -> the first value with that name.
-        content_length: the Content-Length (None when absent: chunked or no body).
-        keep_alive: whether the client lets the connection be reused.
-        http10: HTTP/1.0 request.
-        parts: the body pieces received so far (no copies).
-        size: their total length, bytes.
-        complete: the whole body has arrived.
-        too_large: the body is over the listener's limit (its pieces are dropped).
-    """
-
-    __slots__ = (
-        "_waiter",
-        "complete",
-        "content_length",
-        "discard",
-        "headers",
-        "http10",
-        "keep_alive",
-        "lower",
-        "method",
-        "parts",
-        "path",
-        "query",
-        "size",
-        "target",
-        "too_large",
-        "trusted",
-    )
-
-    def __init__(self) -> None:
-        self.method = ""
-        self.target = b""
-        self.path = ""
-        self.query = ""
-        self.headers: list[tuple[bytes, bytes]] = []
-        self.lower: dict[bytes, bytes] = {}
-        self.content_length: int | None = None
-        self.keep_alive = True
-        self.http10 = False
-        self.parts: list[bytes] = []
-        self.size = 0
-        self.complete = False
-        self.too_large = False
-        self.discard = False
-        self.trusted = False
-        """Set by the handler: the client may see details (``/health``)."""
-        self._waiter: asyncio.Future[None] | None = None
-
-    async def body(self) -> list[bytes] | None:
-        """Wait for the whole body: its pieces, or None when it is over the size limit or its
-        framing broke (the connection already answered it)."""
-        if not self.complete and not self.too_large:
-            self._waiter = waiter = asyncio.get_running_loop().create_future()
-            await waiter
-        return self.parts if self.complete and not self.too_large else None
-
-    def _wake(self) -> None:
-        waiter = self._waiter
-        if waiter is not None:
-            self._waiter = None
-            if not waiter.done():
-                waiter.set_result(None)
 
 
 class Connection(ResponseWriter, asyncio.BufferedProtocol):
@@ -174,6 +94,9 @@ class Connection(ResponseWriter, asyncio.BufferedProtocol):
         self._queue: deque[Request] = deque()
         self._task: asyncio.Task[None] | None = None
         self._pending: Coroutine[Any, Any, None] | None = None
+        self._inline: Inline | None = None
+        self._early: Request | None = None
+        self._feeding = False
         self._wakeup: asyncio.Future[None] | None = None
         loop = listener.loop  # not get_running_loop() per request: it costs a getpid() call
         if loop is None:
@@ -225,6 +148,10 @@ class Connection(ResponseWriter, asyncio.BufferedProtocol):
         task = self._task
         if task is not None and not task.done():
             task.cancel()
+        inline = self._inline
+        if inline is not None:
+            self._inline = None
+            inline.client_lost()
         if self._pending is not None:  # never started: close it (no "never awaited" warning)
             self._pending.close()
             self._pending = None
@@ -239,6 +166,7 @@ class Connection(ResponseWriter, asyncio.BufferedProtocol):
         self.received += nbytes
         if self._in_head:  # a head spanning reads: bound what the parser accumulates
             self._head_bytes += nbytes
+        self._feeding = True
         try:
             self._parser.feed_data(self._listener.read_buffer[:nbytes])
         except httptools.HttpParserUpgrade:
@@ -256,6 +184,19 @@ class Connection(ResponseWriter, asyncio.BufferedProtocol):
         else:
             if self._in_head and self._head_bytes > MAX_HEAD_BYTES:
                 self._bad_request("request line and headers over 64 KiB", 431)
+        self._feeding = False
+        early = self._early
+        if early is not None:  # an Inline request whose head came in this read
+            self._early = None
+            inline = self._inline
+            if (
+                inline is not None
+                and early is self._current
+                and early._ready is not None
+                and not inline.waiting()
+            ):
+                early._ready = None
+                self.finish_inline()
 
     # -- parser callbacks (kept minimal: they run once per header) -------------------------
     def on_message_begin(self) -> None:
@@ -367,6 +308,26 @@ class Connection(ResponseWriter, asyncio.BufferedProtocol):
             self._internal_error()
         if coro is None:
             return False
+        if isinstance(coro, Inline):
+            self._inline = coro
+            if not req.complete and not req.too_large and not req.discard:
+                req._ready = self._inline_ready  # ready() once the body arrived
+                if self._feeding:  # waiting() once the rest of this read is parsed
+                    self._early = req
+                    return True
+                if coro.waiting():
+                    return True
+                req._ready = None
+                self._inline = None
+                return False
+            if coro.ready():
+                return True
+            self._inline = None
+            return False
+        self._schedule(coro)
+        return True
+
+    def _schedule(self, coro: Coroutine[Any, Any, None]) -> None:
         self._pending = coro
         if self._task is None:
             self._task = self._loop.create_task(self._serve())
@@ -375,7 +336,22 @@ class Connection(ResponseWriter, asyncio.BufferedProtocol):
             if waiter is not None:
                 self._wakeup = None
                 waiter.set_result(None)
-        return True
+
+    def _inline_ready(self) -> None:
+        inline = self._inline
+        if inline is not None and not inline.ready() and self._inline is inline:
+            self.finish_inline()
+
+    def finish_inline(self) -> None:
+        """End the request an :class:`Inline` handler answered (starts the next one)."""
+        self._inline = None
+        self._finish()
+
+    def hand_over(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Continue the request of an :class:`Inline` handler with ``coro`` on this
+        connection's task (as if the handler had returned it)."""
+        self._inline = None
+        self._schedule(coro)
 
     @property
     def task(self) -> asyncio.Task[None] | None:

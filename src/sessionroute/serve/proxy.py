@@ -3,7 +3,10 @@
 Every routing decision is the router core's (:class:`~sessionroute.router.RoutingCore`): the
 policy's request is built by ``core.requests`` (session id, size estimate, content keys),
 placed by ``core.place`` (admission, select + reserve), and retried by ``core.retry`` and
-``core.retarget``; this module does the I/O around them. The body is read once (as the pieces
+``core.retarget``; this module does the I/O around them for requests that wait (for a
+connection, an admission ticket, a shared session table, a streamed or large answer, a
+retry); the common case runs from protocol callbacks in :mod:`sessionroute.serve.inline`,
+which hands over to the coroutines here where it must wait. The body is read once (as the pieces
 it arrived in), parsed and checked before placement under every policy
 (:mod:`sessionroute.router.validate`: 415, 400, nothing pinned), and forwarded as received,
 never re-serialized. Requests go upstream through
@@ -26,11 +29,10 @@ import asyncio
 import logging
 import time
 
-from sessionroute.errors import AdmissionRefused, MalformedRequest, NoWorkerAvailable
+from sessionroute.errors import AdmissionRefused, NoWorkerAvailable
 from sessionroute.router.admission import Ticket
 from sessionroute.router.core import Reservation, RoutingCore
 from sessionroute.router.retry import AttemptFailure
-from sessionroute.router.validate import InvalidJSON, UnsupportedMediaType, check_media_type
 from sessionroute.serve.errors import error_for_exception, error_response
 from sessionroute.serve.http1 import Connection, Request
 from sessionroute.serve.router import Router
@@ -41,8 +43,21 @@ from sessionroute.serve.upstream import (
     UpstreamError,
     UpstreamHung,
 )
+from sessionroute.types import RouteRequest
 
-__all__ = ["BUFFER_LIMIT", "HOP_BY_HOP", "proxy_request"]
+__all__ = [
+    "BUFFER_LIMIT",
+    "HOP_BY_HOP",
+    "error",
+    "forward_placed",
+    "header_block",
+    "place_and_forward",
+    "refuse",
+    "response_headers",
+    "timeout_reading",
+    "too_large",
+    "wake_ticket",
+]
 
 log = logging.getLogger("sessionroute.serve")
 
@@ -54,7 +69,7 @@ BUFFER_LIMIT = 256 * 1024
 """Responses with a Content-Length up to this many bytes are relayed in one write."""
 
 
-def _header_block(router: Router, req: Request) -> bytes:
+def header_block(router: Router, req: Request) -> bytes:
     """The client's headers as received, minus the dropped ones, plus the worker credential."""
     known = router.header_fates
     out: list[bytes] = []
@@ -79,9 +94,10 @@ def _header_block_connection(router: Router, req: Request) -> bytes:
     return b"".join(kept) + router.worker_auth
 
 
-def _error(
+def error(
     conn: Connection, status: int, message: str, code: str, rid: bytes, *, keep: bool = True
 ) -> None:
+    """Answer with a JSON error (and the request id)."""
     resp = error_response(status, message, code)
     conn.respond_raw(
         status,
@@ -92,76 +108,68 @@ def _error(
     )
 
 
-async def proxy_request(conn: Connection, req: Request, router: Router) -> None:
-    """Handle one POST to a generation route (see the module docstring).
+async def place_and_forward(
+    conn: Connection,
+    req: Request,
+    router: Router,
+    route_req: RouteRequest,
+    raw_rid: bytes,
+    placed: Reservation | Ticket | None = None,
+) -> None:
+    """Place a validated request (or wait for the admission ticket ``placed``), forward it
+    and release it: the part of :func:`sessionroute.serve.inline.proxy_request` that waits.
 
-    Answers with JSON errors: 415 without a JSON ``Content-Type``, 413 over
-    ``--max-payload-size``, 400 for a body or session id that fails
-    :mod:`sessionroute.router.validate` (checked for every policy, before placement), 503
-    when no worker is available, 502 when every attempt failed to connect, 504 on upstream
-    timeout; upstream error responses pass through.
+    Answers 503 when no worker is available and 429/503 when admission refuses it (see
+    :func:`sessionroute.serve.errors.error_for_exception`).
     """
-    s = router.settings
-    lower = req.lower
-    for name in router.request_id_names:
-        raw_rid = lower.get(name)
-        if raw_rid:
-            rid = raw_rid.decode("utf-8", "replace")  # policies hash it: no lone surrogates
-            break
-    else:
-        rid = router.new_request_id(req.path)
-        raw_rid = rid.encode()
-    if req.too_large:  # a Content-Length over the limit: 413 first, as vllm-router
-        _too_large(conn, req, s.max_payload_size, raw_rid)
-        return
-    ctype = lower.get(b"content-type")
-    if ctype != b"application/json":
-        try:
-            check_media_type(ctype)
-        except UnsupportedMediaType as exc:
-            _error(conn, 415, str(exc), "unsupported_media_type", raw_rid, keep=req.complete)
-            return
-    parts = req.parts if req.complete else await req.body()
-    if parts is None or req.too_large:
-        _too_large(conn, req, s.max_payload_size, raw_rid)
-        return
-    size = req.size
     core = router.core
-    try:
-        route_req = core.requests.from_http(lower, parts, size, rid, req.path)
-    except MalformedRequest as exc:
-        code = "malformed_json" if isinstance(exc, InvalidJSON) else "invalid_request"
-        _error(conn, 400, str(exc), code, raw_rid)
-        return
     t0 = time.perf_counter()
     state = router.state
     try:
-        if state is not None:
-            await state.load(route_req)
-        placed = core.place(route_req, _wake)
+        if placed is None:
+            if state is not None:
+                await state.load(route_req)
+            placed = core.place(route_req, wake_ticket)
         if isinstance(placed, Ticket):
             placed = await _admitted(core, placed)
         if state is not None:
             placed = await state.commit(placed)
     except (NoWorkerAvailable, AdmissionRefused) as exc:
-        resp = error_for_exception(exc)
-        conn.respond_raw(
-            resp.status,
-            None,
-            resp.header_bytes() + b"x-request-id: " + raw_rid + b"\r\n",
-            resp.body,
-        )
+        refuse(conn, exc, raw_rid)
         return
-    reservation = placed
     router.metrics.observe_routing(t0, time.perf_counter())
+    await forward_placed(conn, req, router, placed, raw_rid)
+
+
+async def forward_placed(
+    conn: Connection,
+    req: Request,
+    router: Router,
+    reservation: Reservation,
+    raw_rid: bytes,
+    first: Exchange | None = None,
+) -> None:
+    """Forward a placed request, with retries, relay its answer and release it (exactly
+    once). ``first``: an exchange already sent by the inline path, continued here."""
     holder = [reservation]
     try:
-        await _forward(conn, req, router, holder, parts, size, raw_rid)
+        await _forward(conn, req, router, holder, raw_rid, first)
     finally:
-        core.complete(holder[0])
+        router.core.complete(holder[0])
 
 
-def _wake(ticket: Ticket) -> None:
+def refuse(conn: Connection, exc: NoWorkerAvailable | AdmissionRefused, rid: bytes) -> None:
+    """Answer a request that could not be placed (503, or admission's 429/503)."""
+    resp = error_for_exception(exc)
+    conn.respond_raw(
+        resp.status,
+        None,
+        resp.header_bytes() + b"x-request-id: " + rid + b"\r\n",
+        resp.body,
+    )
+
+
+def wake_ticket(ticket: Ticket) -> None:
     """A ticket left the admission queue: wake the request waiting on it."""
     fut: asyncio.Future[None] = ticket.context
     if not fut.done():
@@ -205,7 +213,7 @@ async def _admitted(core: RoutingCore, ticket: Ticket) -> Reservation:
     return ticket.reservation
 
 
-def _too_large(conn: Connection, req: Request, limit: int, rid: bytes) -> None:
+def too_large(conn: Connection, req: Request, limit: int, rid: bytes) -> None:
     length = req.content_length
     got = f"{length} bytes" if length is not None and length > limit else f"over {limit} bytes"
     resp = error_response(
@@ -227,15 +235,16 @@ async def _forward(
     req: Request,
     router: Router,
     holder: list[Reservation],
-    parts: list[bytes],
-    size: int,
     rid: bytes,
+    first: Exchange | None,
 ) -> None:
+    parts = req.parts
+    size = req.size
     s = router.settings
     core = router.core
     metrics = router.metrics
     pool = router.upstream
-    tail = _header_block(router, req) + b"Content-Length: %d\r\n\r\n" % size
+    tail = b""
     method = req.method
     target = req.target
     retry = core.retry
@@ -245,6 +254,8 @@ async def _forward(
     task = conn.task  # not asyncio.current_task(): it costs a getpid() syscall
     if task is None:
         raise RuntimeError("proxy_request must run in a task")
+    if first is not None:
+        first.attach(task)
     for attempt in range(attempts):
         res = holder[0]
         if attempt:
@@ -259,7 +270,7 @@ async def _forward(
                 if router.state is not None:  # a moved session: tell the shared table
                     res = holder[0] = await router.state.commit(res)
             except NoWorkerAvailable:
-                _error(
+                error(
                     conn,
                     503,
                     f"no worker available (last error: {last_error})",
@@ -268,19 +279,27 @@ async def _forward(
                 )
                 return
         worker = res.worker
-        ex = Exchange(pool, worker, task)
         timer = None
-        if first_byte_s and res.request.stream:  # a hung worker sends no head
+        if first is not None:  # sent by the inline path: wait for its answer here
+            ex = first
+            first = None
+        else:
+            ex = Exchange(pool, worker, task)
+        if first_byte_s and res.request.stream and not ex.status:  # a hung worker sends no head
             timer = task.get_loop().call_later(
                 first_byte_s, ex.hang, f"no response head within {first_byte_s:g} s"
             )
         try:
-            t0 = time.perf_counter()
             try:
-                head = pool.heads.get((worker, method, target)) or pool.request_head(
-                    worker, method, target
-                )
-                status = await ex.send((head + tail, *parts))
+                if ex.sent_at:
+                    status = await ex.head()
+                else:
+                    if not tail:
+                        tail = header_block(router, req) + b"Content-Length: %d\r\n\r\n" % size
+                    head = pool.heads.get((worker, method, target)) or pool.request_head(
+                        worker, method, target
+                    )
+                    status = await ex.send((head + tail, *parts))
             except UpstreamConnectError as exc:
                 last_error = f"{worker}: {type(exc).__name__}: {exc}"
                 router.record_unreachable(worker, last_error)
@@ -296,7 +315,7 @@ async def _forward(
                 if retry.may_retry(failure):
                     continue
                 metrics.count_request(worker, 502)
-                _error(
+                error(
                     conn,
                     502,
                     f"upstream {worker} failed after the request was sent ({exc}); not "
@@ -311,7 +330,7 @@ async def _forward(
                     raise
                 router.record_failure(worker)
                 metrics.count_request(worker, 504)
-                _error(
+                error(
                     conn,
                     504,
                     f"upstream {worker} did not answer within {s.request_timeout_secs} s",
@@ -322,14 +341,14 @@ async def _forward(
             finally:
                 if timer is not None:
                     timer.cancel()
-            metrics.observe_upstream(worker, t0, time.perf_counter())
+            metrics.observe_upstream(worker, ex.sent_at, time.perf_counter())
             if status >= 500:
                 router.record_failure(worker)
             else:
                 router.record_success(worker)
             if retry.retryable(status) and attempt + 1 < attempts:
                 if not await _drain(ex):
-                    _timeout_reading(conn, router, worker, rid)
+                    timeout_reading(conn, router, worker, rid)
                     return
                 last_error = f"{worker}: status {status}"
                 continue
@@ -340,7 +359,7 @@ async def _forward(
         finally:
             ex.close()
     metrics.count_request(holder[0].worker, 502)
-    _error(
+    error(
         conn,
         502,
         f"upstream unreachable after {attempts} attempt(s): {last_error}",
@@ -386,11 +405,11 @@ async def _drain(ex: Exchange) -> bool:
     return True
 
 
-def _timeout_reading(conn: Connection, router: Router, worker: str, rid: bytes) -> None:
+def timeout_reading(conn: Connection, router: Router, worker: str, rid: bytes) -> None:
     """The deadline passed while reading a buffered body: a 504, as for a missing head."""
     router.record_failure(worker)
     router.metrics.count_request(worker, 504)
-    _error(
+    error(
         conn,
         504,
         f"upstream {worker} did not finish its response within "
@@ -400,7 +419,7 @@ def _timeout_reading(conn: Connection, router: Router, worker: str, rid: bytes) 
     )
 
 
-def _response_headers(raw: list[tuple[bytes, bytes]]) -> tuple[bytes, int | None]:
+def response_headers(raw: list[tuple[bytes, bytes]]) -> tuple[bytes, int | None]:
     """The upstream's headers to relay (serialized) and its Content-Length (None if absent)."""
     out: list[bytes] = []
     length: int | None = None
@@ -420,7 +439,7 @@ async def _relay(conn: Connection, router: Router, ex: Exchange, worker: str, ri
     status = ex.status
     metrics = router.metrics
     try:
-        headers, length = _response_headers(ex.headers)
+        headers, length = response_headers(ex.headers)
         headers += b"x-request-id: " + rid + b"\r\n"
         if router.expose_worker:
             headers += b"x-sessionroute-worker: " + worker.encode() + b"\r\n"
@@ -433,7 +452,7 @@ async def _relay(conn: Connection, router: Router, ex: Exchange, worker: str, ri
             except UpstreamError as exc:
                 router.record_failure(worker)
                 metrics.count_request(worker, 502)
-                _error(
+                error(
                     conn,
                     502,
                     f"upstream {worker} failed while sending its response: {exc}",
@@ -444,7 +463,7 @@ async def _relay(conn: Connection, router: Router, ex: Exchange, worker: str, ri
             except asyncio.CancelledError:
                 if not ex.is_timeout():
                     raise
-                _timeout_reading(conn, router, worker, rid)
+                timeout_reading(conn, router, worker, rid)
                 return True
             metrics.count_request(worker, status)
             conn.respond_raw(status, reason, headers, data)

@@ -1,0 +1,238 @@
+"""The entry of a proxied request, and its common case driven from protocol callbacks.
+
+:func:`proxy_request` checks what can be checked from the head (413 by ``Content-Length``,
+415) and returns an :class:`InlineProxy`. Its common case runs with no task and no future:
+
+1. the client's body completes (:meth:`InlineProxy.ready`, from the listener's parser
+   callback): the body is validated and the request built (one parse,
+   :meth:`~sessionroute.router.requests.RequestBuilder.from_http`: 400 before anything is
+   pinned), placed (``core.place``) and written to an idle pooled worker connection;
+2. the worker's answer arrives (:meth:`InlineProxy._answer`, from the worker connection's
+   ``data_received``, after the whole read): a complete, final response of a known length up
+   to :data:`~sessionroute.serve.proxy.BUFFER_LIMIT` is relayed in one write, the exchange and
+   the reservation are released, and the listener goes on to the next request.
+
+A request that must wait is handed to the connection's task
+(:meth:`~sessionroute.serve.http1.Connection.hand_over`) at the point it got to, and
+:mod:`sessionroute.serve.proxy`'s coroutines do the rest exactly as for any request: a shared
+session table (``--state-url``), an admission ticket, a stream with a first-byte timeout, no
+idle connection to the worker (connecting), and, once sent, anything but a complete simple
+answer (a head without its body yet, a streamed or large body, a retryable status, an error,
+a worker given up as hung: retries and relays are theirs). A deadline that passes while the
+exchange is driven by callbacks is answered here with the coroutine's 504, and a client that
+goes away releases the reservation here (counted as 499).
+
+Measured on the project's VM (``sessionroute bench instructions proxy``): the two task
+wake-ups per request (the connection's task for the request, the exchange's future for the
+answer) and the coroutine frames around them were about a sixth of a small request's
+instructions.
+"""
+
+from __future__ import annotations
+
+import time
+
+from sessionroute.errors import AdmissionRefused, MalformedRequest, NoWorkerAvailable
+from sessionroute.router.admission import Ticket
+from sessionroute.router.core import Reservation
+from sessionroute.router.validate import InvalidJSON, UnsupportedMediaType, check_media_type
+from sessionroute.serve.http1 import Connection, Inline, Request
+from sessionroute.serve.proxy import (
+    BUFFER_LIMIT,
+    error,
+    forward_placed,
+    header_block,
+    place_and_forward,
+    refuse,
+    response_headers,
+    too_large,
+    wake_ticket,
+)
+from sessionroute.serve.router import Router
+from sessionroute.serve.upstream import Exchange, UpstreamError
+
+__all__ = ["InlineProxy", "proxy_request"]
+
+
+def proxy_request(conn: Connection, req: Request, router: Router) -> InlineProxy:
+    """Handle one POST to a generation route (headers complete; the body may be arriving).
+
+    Returns the :class:`InlineProxy` that answers it. Without waiting for the body (once
+    the read that brought the head is parsed, as vllm-router): 413 for a ``Content-Length``
+    over ``--max-payload-size``, 415 without a JSON ``Content-Type``. Once the body is
+    complete: 413 for a body over the limit, 400 for a body or session id that fails
+    :mod:`sessionroute.router.validate` (checked for every policy, before placement), 503
+    when no worker is available, 502 when every attempt failed, 504 on upstream timeout;
+    upstream error responses pass through.
+    """
+    lower = req.lower
+    for name in router.request_id_names:
+        raw_rid = lower.get(name)
+        if raw_rid:
+            rid = raw_rid.decode("utf-8", "replace")  # policies hash it: no lone surrogates
+            break
+    else:
+        rid = router.new_request_id(req.path)
+        raw_rid = rid.encode()
+    return InlineProxy(conn, req, router, rid, raw_rid)
+
+
+class InlineProxy(Inline):
+    """One proxied request while protocol callbacks drive it (module docstring).
+
+    Args:
+        conn: the client connection.
+        req: the request (headers complete).
+        router: the router.
+        rid: the request id; raw_rid: as bytes for the ``x-request-id`` header.
+    """
+
+    __slots__ = ("_checked", "_conn", "_ex", "_raw_rid", "_req", "_res", "_rid", "_router")
+
+    def __init__(
+        self, conn: Connection, req: Request, router: Router, rid: str, raw_rid: bytes
+    ) -> None:
+        self._conn = conn
+        self._req = req
+        self._router = router
+        self._rid = rid
+        self._raw_rid = raw_rid
+        self._res: Reservation | None = None
+        self._ex: Exchange | None = None
+        self._checked = False
+
+    def waiting(self) -> bool:
+        """The checks of the head alone: 413 by ``Content-Length``, 415."""
+        self._checked = True
+        conn = self._conn
+        req = self._req
+        if req.too_large:  # a Content-Length over the limit: 413 first, as vllm-router
+            too_large(conn, req, self._router.settings.max_payload_size, self._raw_rid)
+            return False
+        ctype = req.lower.get(b"content-type")
+        if ctype != b"application/json":
+            try:
+                check_media_type(ctype)
+            except UnsupportedMediaType as exc:
+                keep = req.complete
+                error(conn, 415, str(exc), "unsupported_media_type", self._raw_rid, keep=keep)
+                return False
+        return True
+
+    def ready(self) -> bool:
+        """The body is complete (or over the limit, or broken): validate, place, send."""
+        conn = self._conn
+        req = self._req
+        router = self._router
+        raw_rid = self._raw_rid
+        if not self._checked and not self.waiting():
+            return False
+        if not req.complete or req.too_large:  # (a broken body was answered by the listener)
+            too_large(conn, req, router.settings.max_payload_size, raw_rid)
+            return False
+        core = router.core
+        parts = req.parts
+        try:
+            route_req = core.requests.from_http(req.lower, parts, req.size, self._rid, req.path)
+        except MalformedRequest as exc:
+            code = "malformed_json" if isinstance(exc, InvalidJSON) else "invalid_request"
+            error(conn, 400, str(exc), code, raw_rid)
+            return False
+        if router.state is not None or (
+            route_req.stream and router.settings.first_byte_timeout_secs
+        ):
+            conn.hand_over(place_and_forward(conn, req, router, route_req, raw_rid))
+            return True
+        t0 = time.perf_counter()
+        try:
+            placed = core.place(route_req, wake_ticket)
+        except (NoWorkerAvailable, AdmissionRefused) as exc:
+            refuse(conn, exc, raw_rid)
+            return False
+        if isinstance(placed, Ticket):
+            conn.hand_over(place_and_forward(conn, req, router, route_req, raw_rid, placed))
+            return True
+        router.metrics.observe_routing(t0, time.perf_counter())
+        pool = router.upstream
+        worker = placed.worker
+        ex = Exchange(pool, worker, None, self._answer)
+        head = pool.heads.get((worker, req.method, req.target)) or pool.request_head(
+            worker, req.method, req.target
+        )
+        tail = header_block(router, req) + b"Content-Length: %d\r\n\r\n" % req.size
+        try:
+            sent = ex.send_idle((head + tail, *parts))
+        except UpstreamError:  # (an idle connection is checked first: not expected)
+            sent = False
+        if not sent:  # connecting waits: the coroutine does it all
+            ex.close()
+            conn.hand_over(forward_placed(conn, req, router, placed, raw_rid))
+            return True
+        self._res = placed
+        self._ex = ex
+        return True
+
+    def _answer(self, ex: Exchange) -> None:
+        """The exchange's one callback: relay a complete simple answer, else hand over."""
+        router = self._router
+        worker = ex.worker
+        if ex.timed_out:  # the coroutine's 504 for a missing head
+            router.record_failure(worker)
+            router.metrics.count_request(worker, 504)
+            error(
+                self._conn,
+                504,
+                f"upstream {worker} did not answer within {router.settings.request_timeout_secs} s",
+                "upstream_timeout",
+                self._raw_rid,
+            )
+            self._end()
+            return
+        status = ex.status
+        retry = router.core.retry
+        res = self._res
+        if res is None:  # pragma: no cover - an exchange exists only once placed
+            raise RuntimeError("an inline exchange without a reservation")
+        if ex.complete and not (retry.retryable(status) and retry.max_attempts > 1):
+            headers, length = response_headers(ex.headers)
+            if length is not None and length <= BUFFER_LIMIT:
+                metrics = router.metrics
+                metrics.observe_upstream(worker, ex.sent_at, time.perf_counter())
+                if status >= 500:
+                    router.record_failure(worker)
+                else:
+                    router.record_success(worker)
+                headers += b"x-request-id: " + self._raw_rid + b"\r\n"
+                if router.expose_worker:
+                    headers += b"x-sessionroute-worker: " + worker.encode() + b"\r\n"
+                metrics.count_request(worker, status)
+                self._conn.respond_raw(status, ex.reason, headers, ex.body())
+                self._end()
+                return
+        self._ex = self._res = None  # the coroutine owns both now
+        self._conn.hand_over(
+            forward_placed(self._conn, self._req, router, res, self._raw_rid, first=ex)
+        )
+
+    def _end(self) -> None:
+        ex = self._ex
+        if ex is not None:
+            self._ex = None
+            ex.close()
+        res = self._res
+        if res is not None:
+            self._res = None
+            self._router.core.complete(res)
+        self._conn.finish_inline()
+
+    def client_lost(self) -> None:
+        """The client went away: close the exchange (the worker sees it) and release."""
+        ex = self._ex
+        if ex is not None:
+            self._ex = None
+            self._router.metrics.count_request(ex.worker, 499)
+            ex.close()
+        res = self._res
+        if res is not None:
+            self._res = None
+            self._router.core.complete(res)
