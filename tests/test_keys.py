@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sessionroute.keys import GAMMA, MASK64, chain_key, mix64
+from sessionroute.keys import GAMMA, MASK64, chain_key, chain_keys, mix64
 
 
 def test_mix64_gives_splitmix64s_published_outputs() -> None:
@@ -50,3 +50,11 @@ def test_negative_ints_are_their_twos_complement(parent: int, items: list[int]) 
 @given(st.lists(st.tuples(i64s, i64s, i64s), min_size=2, max_size=50, unique=True))
 def test_distinct_contents_get_distinct_keys(contents: list[tuple[int, int, int]]) -> None:
     assert len({chain_key(*c) for c in contents}) == len(contents)
+
+
+def test_chain_keys_is_chain_key_of_each_item() -> None:
+    parent = chain_key(0, 12345)
+    items = [0, 16, 32, -1, 2**70 + 3]
+    assert chain_keys(parent, items) == [chain_key(parent, x) for x in items]
+    assert chain_keys(parent, range(0, 64, 16)) == [chain_key(parent, o) for o in (0, 16, 32, 48)]
+    assert chain_keys(parent, []) == []

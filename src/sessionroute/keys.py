@@ -25,9 +25,10 @@ not (unlike ``hash(str)``, and unlike CPython's tuple hash, which is an implemen
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Final
 
-__all__ = ["GAMMA", "MASK64", "ROOT_KEY", "chain_key", "mix64"]
+__all__ = ["GAMMA", "MASK64", "ROOT_KEY", "chain_key", "chain_keys", "mix64"]
 
 MASK64: Final = (1 << 64) - 1
 """The low 64 bits."""
@@ -74,3 +75,24 @@ def chain_key(parent: int, *items: int) -> int:
         z = ((z ^ (z >> 27)) * _M2) & MASK64
         h = z ^ (z >> 31)
     return h
+
+
+def chain_keys(parent: int, items: Iterable[int]) -> list[int]:
+    """``[chain_key(parent, x) for x in items]`` in one call: the keys of several contents
+    that each follow ``parent`` (a run of full blocks of one segment, keyed by their offsets).
+
+    Args:
+        parent: the key the contents follow.
+        items: one integer per content.
+
+    Returns:
+        One int in ``[0, 2**64)`` per item, in order.
+    """
+    p = parent & MASK64
+    out = []
+    for x in items:
+        z = ((p ^ x) + GAMMA) & MASK64
+        z = ((z ^ (z >> 30)) * _M1) & MASK64
+        z = ((z ^ (z >> 27)) * _M2) & MASK64
+        out.append(z ^ (z >> 31))
+    return out

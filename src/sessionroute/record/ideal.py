@@ -37,7 +37,9 @@ class IdealCache:
 
         ``keys``: the request's chained block keys.
         """
-        seen = self._seen.setdefault(salt, set())
+        seen = self._seen.get(salt)
+        if seen is None:
+            seen = self._seen[salt] = set()
         bs = self.block_size
         n_prompt = min(prompt_len // bs, len(keys))
         # keys[:lo] are seen and keys[hi:n_prompt] are not (seen keys form a prefix). A turn

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final
 
-from sessionroute.keys import ROOT_KEY, chain_key
+from sessionroute.keys import ROOT_KEY, chain_key, chain_keys
 
 __all__ = ["ROOT_KEY", "SHARED_NAMESPACE", "BlockChain", "expand_trace_blocks"]
 
@@ -93,11 +93,12 @@ class BlockChain:
             off = need
         # Full blocks inside one segment: keyed by the key before them (the anchor), the
         # segment and the offset - the same content up to the block's end, as a chain. Each is
-        # chain_key(anchor, segment, o), computed as chain_key(chain_key(anchor, segment), o).
+        # chain_key(anchor, segment, o), computed as chain_key(chain_key(anchor, segment), o),
+        # the whole run in one call.
         end = length - (length - off) % bs
         if off < end:
             run = chain_key(keys[-1] if keys else ROOT_KEY, segment)
-            keys += [chain_key(run, o) for o in range(off, end, bs)]
+            keys += chain_keys(run, range(off, end, bs))
         if end < length:
             self._tail = [segment, end, length - end]
             self._tail_len = length - end

@@ -12,8 +12,6 @@ from __future__ import annotations
 import struct
 from typing import Final
 
-from mypy_extensions import i64
-
 __all__ = [
     "FURC_MAX",
     "FURC_SEED",
@@ -33,46 +31,11 @@ FURC_MAX: Final = (1 << 23) - 1
 _FURC_SHIFT: Final = 23
 _MAX_TRIES: Final = 32
 
-# The 64-bit arithmetic runs on signed 64-bit values (``i64``): compiled by mypyc it is native
-# wrapping machine arithmetic, ~10x faster than Python's big ints; as plain Python, _s64 folds
-# each product back into the signed range. Unsigned right shifts are ``(x >> r) & low bits``.
-
-
-def _signed(u: int) -> i64:
-    """An unsigned 64-bit value as the signed value with the same bits."""
-    return i64(u - (1 << 64) if u >> 63 else u)
-
-
-_MS: Final[i64] = _signed(_M)
-_R_LOW: Final[i64] = (1 << (64 - _R)) - 1  # the bits an unsigned ``x >> 47`` keeps
-_H8S: Final[i64] = _signed((FURC_SEED ^ ((8 * _M) & _MASK)) & _MASK)  # murmur64a's state, 8 B
-_H4S: Final[i64] = _signed((FURC_SEED ^ ((4 * _M) & _MASK)) & _MASK)  # murmur64a's state, 4 B
-_iter_i64 = struct.Struct("<q").iter_unpack
-
-
-def _s64(x: i64) -> i64:
-    """``x`` reduced to a signed 64-bit value (two's complement), the result of a wrapping
-    product; a no-op where ``i64`` arithmetic already wraps (compiled)."""
-    if -2 <= (x >> 62) <= 1:  # in [-2**63, 2**63); no 64-bit literal (mypyc boxes those)
-        return x
-    return i64(((int(x) + (1 << 63)) & _MASK) - (1 << 63))
-
-
-def _murmur_s(data: bytes, seed: int) -> i64:
-    """MurmurHash64A of ``data`` as a signed 64-bit value (see :func:`murmur64a`)."""
-    n = len(data)
-    h = _signed((seed ^ ((n * _M) & _MASK)) & _MASK)
-    nb = n & ~7
-    if nb:
-        for (block,) in _iter_i64(data[:nb]):
-            k = _s64(i64(block) * _MS)
-            k ^= (k >> _R) & _R_LOW
-            h = _s64((h ^ _s64(k * _MS)) * _MS)
-    if n & 7:
-        h = _s64((h ^ i64(int.from_bytes(data[nb:], "little"))) * _MS)
-    h ^= (h >> _R) & _R_LOW
-    h = _s64(h * _MS)
-    return h ^ ((h >> _R) & _R_LOW)
+# The C code's unsigned 64-bit arithmetic, on Python ints: every product is masked back to 64
+# bits (``& _MASK``); shifts and xors of values below 2**64 stay below it.
+_H8: Final = (FURC_SEED ^ ((8 * _M) & _MASK)) & _MASK  # murmur64a's state after 8 bytes' length
+_H4: Final = (FURC_SEED ^ ((4 * _M) & _MASK)) & _MASK  # murmur64a's state after 4 bytes' length
+_iter_u64 = struct.Struct("<Q").iter_unpack
 
 
 def murmur64a(data: bytes, seed: int = FURC_SEED) -> int:
@@ -83,28 +46,40 @@ def murmur64a(data: bytes, seed: int = FURC_SEED) -> int:
     """
     if not 0 <= seed <= _MASK:
         raise ValueError(f"seed must be an unsigned 64-bit int, got {seed!r}")
-    return int(_murmur_s(data, seed)) & _MASK
+    n = len(data)
+    h = seed ^ ((n * _M) & _MASK)
+    nb = n & ~7
+    if nb:
+        for (k,) in _iter_u64(data[:nb]):
+            k = (k * _M) & _MASK
+            k ^= k >> _R
+            h = ((h ^ ((k * _M) & _MASK)) * _M) & _MASK
+    if n & 7:
+        h = ((h ^ int.from_bytes(data[nb:], "little")) * _M) & _MASK
+    h ^= h >> _R
+    h = (h * _M) & _MASK
+    return h ^ (h >> _R)
 
 
-def _rehash(k: i64) -> i64:
-    """``murmur64a(le_u64(k))`` unrolled (mcrouter ``murmur_rehash_64A``), signed values."""
-    k = _s64(k * _MS)
-    k ^= (k >> _R) & _R_LOW
-    h = _s64((_H8S ^ _s64(k * _MS)) * _MS)
-    h ^= (h >> _R) & _R_LOW
-    h = _s64(h * _MS)
-    return h ^ ((h >> _R) & _R_LOW)
+def _rehash(k: int) -> int:
+    """``murmur64a(le_u64(k))`` unrolled (mcrouter ``murmur_rehash_64A``)."""
+    k = (k * _M) & _MASK
+    k ^= k >> _R
+    h = ((_H8 ^ ((k * _M) & _MASK)) * _M) & _MASK
+    h ^= h >> _R
+    h = (h * _M) & _MASK
+    return h ^ (h >> _R)
 
 
 def _furc_generic(data: bytes, m: int) -> int:
     """The literal furc loop (any ``m >= 2``); see :func:`furc`."""
-    blocks = [_murmur_s(data, FURC_SEED)]
+    blocks = [murmur64a(data)]
 
     def bit(i: int) -> int:
         b = i >> 6
         while b >= len(blocks):
             blocks.append(_rehash(blocks[-1]))
-        return int((blocks[b] >> (i & 63)) & 1)
+        return (blocks[b] >> (i & 63)) & 1
 
     d = 0
     while (1 << d) < m:
@@ -132,15 +107,15 @@ def _furc_max(data: bytes) -> int:
     The first try's descent stops at the highest set bit ``d`` of block 0's low 24 bits; the
     number is then 1 followed by the bits at ``d + 23*j`` for ``j = 1 .. d-1``.
     """
-    b = _murmur_s(data, FURC_SEED)
-    d = int(b & 0xFFFFFF).bit_length() - 1
+    b = murmur64a(data)
+    d = (b & 0xFFFFFF).bit_length() - 1
     if d < 0:
         return 0
     if d <= 1:
         return 1
     # bit a of the stream is bit (a & 63) of block a >> 6; blocks are rehashed as needed (one
     # 64-bit int each, not one 576-bit int: shifting that allocated a big int per bit read)
-    blocks: list[i64] = [b]
+    blocks = [b]
     blk = b
     num = 1
     a = d
@@ -150,7 +125,7 @@ def _furc_max(data: bytes) -> int:
         while i >= len(blocks):
             blk = _rehash(blk)
             blocks.append(blk)
-        num = (num << 1) | int((blocks[i] >> (a & 63)) & 1)
+        num = (num << 1) | ((blocks[i] >> (a & 63)) & 1)
     if num < FURC_MAX:
         return num
     return _furc_generic(data, FURC_MAX)
@@ -182,10 +157,11 @@ def fbi_hash(key: str | bytes) -> int:
     Test vectors (``shared/ROUTER.md``): ``fbi_hash("") == 0xc0663e029346e424``,
     ``fbi_hash("abc") == 0xca00380dc6cd9f55``.
     """
-    h = _s64((_H4S ^ i64(_furc_max(key.encode() if isinstance(key, str) else key))) * _MS)
-    h ^= (h >> _R) & _R_LOW
-    h = _s64(h * _MS)
-    return int(h ^ ((h >> _R) & _R_LOW)) & _MASK
+    bucket = _furc_max(key.encode() if isinstance(key, str) else key)
+    h = ((_H4 ^ bucket) * _M) & _MASK  # murmur64a of the bucket's 4 little-endian bytes
+    h ^= h >> _R
+    h = (h * _M) & _MASK
+    return h ^ (h >> _R)
 
 
 def rendezvous_score(session_id: str, worker: str) -> int:
