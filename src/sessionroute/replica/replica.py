@@ -15,6 +15,7 @@ from sessionroute.replica.api import (
     RequestResult,
     key_list,
 )
+from sessionroute.replica.blocks import KVListener
 from sessionroute.replica.core import Core
 from sessionroute.replica.fast import FastCore
 from sessionroute.replica.request import ABORTED, RUNNING, WAITING, Req
@@ -293,6 +294,19 @@ class Replica:
         """Uncache every idle cached block (vLLM ``reset_prefix_cache``); returns how many."""
         self._sync()
         return self._core.pool.reset_prefix_cache()
+
+    def set_kv_listener(self, listener: KVListener | None) -> None:
+        """Report every change of the prefix cache to ``listener`` (None: stop, the default).
+
+        ``listener(stored, keys, salt)`` is called synchronously as the engine caches blocks
+        (``stored`` True: vLLM ``BlockStored``, the newly cached blocks' keys in chain order;
+        blocks whose content was cached already are not re-announced) and evicts or uncaches
+        them (``stored`` False: ``BlockRemoved``), under the request's ``cache_salt``. A block
+        being decoded is announced when the engine next brings its blocks up to date (at the
+        latest when the request finishes), as vLLM announces a block when it fills.
+        Without a listener the engine does one attribute test per cache change.
+        """
+        self._core.pool.kv_listener = listener
 
     def cached_prefix_blocks(self, keys: Sequence[int], salt: str | None = None) -> int:
         """How many leading blocks of the chained ``keys`` the prefix cache holds now (vLLM
