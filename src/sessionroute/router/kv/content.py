@@ -8,12 +8,21 @@ hashes only its new blocks); ``serve --kv-tokenizer DIR`` builds one and the rou
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
+from sessionroute.router.kv.emutokens import EMULATOR_TOKENIZER, EmulatorEncoder
 from sessionroute.router.kv.prefixmemo import PrefixMemo, pack_token_ids
 from sessionroute.router.kv.tokenize import RequestEncoder, load_encoder
 
-__all__ = ["KvContent", "load_kv_content"]
+__all__ = ["KvContent", "TokenEncoder", "load_kv_content"]
+
+
+class TokenEncoder(Protocol):
+    """A request body -> the prompt's token ids as the servers compute them."""
+
+    def token_ids(self, payload: Any) -> list[int] | None:
+        """The token ids, or None when the body has no prompt the encoder understands."""
+        ...
 
 
 class KvContent:
@@ -24,7 +33,7 @@ class KvContent:
         memo: the servers' block size and hash scheme, with the memo of earlier prompts.
     """
 
-    def __init__(self, encoder: RequestEncoder, memo: PrefixMemo) -> None:
+    def __init__(self, encoder: TokenEncoder | RequestEncoder, memo: PrefixMemo) -> None:
         self.encoder = encoder
         self.memo = memo
 
@@ -43,9 +52,12 @@ class KvContent:
 def load_kv_content(
     model_dir: str, block_size: int, algo: str = "sha256", seed: str | None = None
 ) -> KvContent:
-    """A :class:`KvContent` from a local model directory and the servers' settings.
+    """A :class:`KvContent` from a local model directory (or ``"emulator"``: the emulator's
+    tokenizer, :mod:`~sessionroute.router.kv.emutokens`) and the servers' settings.
 
     Raises:
         ConfigError: unreadable tokenizer, bad block size, algo or seed.
     """
+    if model_dir == EMULATOR_TOKENIZER:
+        return KvContent(EmulatorEncoder(), PrefixMemo(block_size, algo, seed))
     return KvContent(load_encoder(model_dir), PrefixMemo(block_size, algo, seed))
