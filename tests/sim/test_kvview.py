@@ -71,3 +71,13 @@ def test_eviction_reaches_the_index() -> None:
     got = SaltedIndexView(index).matched_blocks(a, ["http://r0"])
     assert got.get("http://r0", 0) < 11  # a's blocks were evicted for b's, and the index knows
     assert index.size("http://r0") == len(engine._core.pool.cached_keys(None))
+
+
+def test_salted_view_reads_keys_lazily_and_equals_salting_them_all() -> None:
+    from sessionroute.sim.kvview import _SaltedKeys, salted_keys
+
+    keys = chain_block_keys(list(range(400)), 4)
+    lazy = _SaltedKeys(keys, "v3")
+    assert len(lazy) == len(keys)
+    assert [lazy[i] for i in range(len(keys))] == salted_keys(keys, "v3") == lazy[:]
+    assert salted_keys(keys, "v3") != salted_keys(keys, "v4")

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Sequence
+from typing import overload
 
 from sessionroute.errors import ConfigError
 from sessionroute.router.kv.events import AllBlocksCleared, BlockRemoved, BlockStored
@@ -43,6 +44,29 @@ def salted_keys(keys: Sequence[int], salt: str) -> list[int]:
     return [hash((s, k)) & _MASK64 for k in keys]
 
 
+class _SaltedKeys(Sequence[int]):
+    """:func:`salted_keys` of ``keys``, computed per item as read: the index's binary search
+    reads a few items of a prompt's thousands."""
+
+    __slots__ = ("_keys", "_s")
+
+    def __init__(self, keys: Sequence[int], salt: str) -> None:
+        self._keys = keys
+        self._s = zlib.crc32(salt.encode("utf-8", "surrogatepass"))
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    @overload
+    def __getitem__(self, i: int) -> int: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[int]: ...
+    def __getitem__(self, i: int | slice) -> int | list[int]:
+        if isinstance(i, slice):
+            return [hash((self._s, k)) & _MASK64 for k in self._keys[i]]
+        return hash((self._s, self._keys[i])) & _MASK64
+
+
 class SaltedIndexView:
     """:class:`~sessionroute.router.kv.PrefixCacheView` over a :class:`KvIndex` fed with
     :func:`salted_keys` identities: a salted request's keys are salted the same way.
@@ -59,7 +83,7 @@ class SaltedIndexView:
     ) -> dict[str, int]:
         """:meth:`KvIndex.matched_blocks` of ``hashes`` (salted when ``salt`` is given)."""
         if salt is not None and hashes:
-            hashes = salted_keys(hashes, salt)
+            hashes = _SaltedKeys(hashes, salt)
         return self.index.matched_blocks(hashes, workers)
 
 
