@@ -144,8 +144,8 @@ async def test_kv_aware_without_session_ids_keeps_conversations_on_their_cache()
                             cached.append(data["usage"]["prompt_tokens_details"]["cached_tokens"])
                         msgs += [data["choices"][0]["message"], user(words(30, f"{conv}t{turn}"))]
                         await asyncio.sleep(0.05)  # the events reach the router
-            for conv, ws in workers.items():
-                assert len(set(ws)) == 1, (conv, ws)  # every turn back on its cache, no ids
+            for name, ws in workers.items():
+                assert len(set(ws)) == 1, (name, ws)  # every turn back on its cache, no ids
             assert len({ws[0] for ws in workers.values()}) >= 2  # and spread
             assert min(cached) >= 300
         finally:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from hypothesis import HealthCheck, given, settings
-from tests.replica.test_engine_fast_equals_reference import Workload, workloads
 
 from sessionroute.replica import EngineRequest, Replica
+
+from .test_engine_fast_equals_reference import Workload, workloads
 
 
 class Mirror:
