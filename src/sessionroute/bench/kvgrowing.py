@@ -74,7 +74,9 @@ def bench_kv_growing(
     Returns:
         The ``bench policies`` row (``policy``, ``workers``, ``sessions``, ``prompt_tokens``,
         ``p50_us``, ``p99_us``, ``new_session_us``: the cold first turn, hashing included) plus
-        ``hash_p50_us`` (the memo's share of each sample), ``mean_prompt_tokens``,
+        ``hash_p50_us`` (the memo's share of each sample), ``decide_p50_us`` (the rest: request,
+        ``route``, ``complete``), ``new_blocks_p50`` (blocks hashed per sample),
+        ``mean_prompt_tokens``,
         ``mean_new_tokens``, ``pack_us``, ``cold_ms`` and ``vllm_hash_ms``.
     """
     rng = random.Random(seed)
@@ -97,15 +99,18 @@ def bench_kv_growing(
     total_ns: list[int] = []
     hash_ns: list[int] = []
     lengths = 0
+    new_blocks: list[int] = []
     try:
         for k, i in enumerate(sample):
             ids = prompts[i]
             ids.extend(extra[k])
             data = ids.tobytes()  # the tokenizer's output, packed (untimed, see pack_us)
             lengths += len(ids)
+            hashed = memo.hashed
             t0 = time.perf_counter_ns()
             blocks = memo.hashes(data)
             t1 = time.perf_counter_ns()
+            new_blocks.append(memo.hashed - hashed)
             res = core.route(_request(blocks, len(ids), f"t{k}"))
             core.complete(res)
             t2 = time.perf_counter_ns()
@@ -145,6 +150,10 @@ def bench_kv_growing(
         "p99_us": round(float(p99), 2),
         "new_session_us": round(float(np.median(np.asarray(cold_ns))) / 1000.0, 2),
         "hash_p50_us": round(float(np.median(np.asarray(hash_ns))) / 1000.0, 2),
+        "decide_p50_us": round(
+            float(np.median(np.asarray(total_ns) - np.asarray(hash_ns))) / 1000.0, 2
+        ),
+        "new_blocks_p50": float(np.median(np.asarray(new_blocks))),
         "mean_prompt_tokens": round(lengths / max(1, turns)),
         "mean_new_tokens": round(sum(grow) / max(1, turns)),
         "pack_us": round(float(np.median(np.asarray(pack_ns))) / 1000.0, 2),
