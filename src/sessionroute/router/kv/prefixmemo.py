@@ -25,6 +25,8 @@ leaves are dropped (a dropped prefix is hashed again when it comes back; results
 
 from __future__ import annotations
 
+import hashlib
+import pickle
 from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -98,6 +100,7 @@ class PrefixMemo:
         self.block_size = block_size
         self.max_blocks = max_blocks
         self._fn: Callable[[Any], bytes] = hash_function(algo)
+        self._algo = algo
         self._root_hash = none_hash(algo, seed)
         self._bb = block_size * _ITEM
         self._roots: dict[str | None, _Node] = {}
@@ -188,11 +191,29 @@ class PrefixMemo:
         extra: tuple[Any, ...] | None = (("cache_salt", salt),) if salt else None
         digests: list[bytes] = []
         ints: list[int] = []
-        for start in range(pos // _ITEM, end // _ITEM, bs):
-            parent = fn((parent, tuple(view[start : start + bs]), extra))
+        first = pos // _ITEM
+        if extra is not None:  # the salted first block, then plain ones
+            parent = fn((parent, tuple(view[first : first + bs]), extra))
             digests.append(parent)
             ints.append(int.from_bytes(parent[-8:], "big"))
-            extra = None
+            first += bs
+        stop = end // _ITEM
+        if self._algo == "sha256":  # vLLM's default, inlined (the per-block cost of a turn)
+            sha = hashlib.sha256
+            dumps = pickle.dumps
+            proto = pickle.HIGHEST_PROTOCOL
+            from_bytes = int.from_bytes
+            add_digest = digests.append
+            add_int = ints.append
+            for start in range(first, stop, bs):
+                parent = sha(dumps((parent, tuple(view[start : start + bs]), None), proto)).digest()
+                add_digest(parent)
+                add_int(from_bytes(parent[24:], "big"))
+        else:
+            for start in range(first, stop, bs):
+                parent = fn((parent, tuple(view[start : start + bs]), None))
+                digests.append(parent)
+                ints.append(int.from_bytes(parent[-8:], "big"))
         view.release()
         self.hashed += len(ints)
         out += ints
