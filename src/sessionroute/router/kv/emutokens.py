@@ -1,7 +1,7 @@
 """The emulator's tokenizer on the router (``serve --kv-tokenizer emulator``).
 
 ``sessionroute emulate`` tokenizes with its own word-level hashing tokenizer and chat template
-(:mod:`sessionroute.emulate.tokenizer`), not a Hugging Face model's. A router in front of
+(:mod:`sessionroute.router.kv.wordtokens`), not a Hugging Face model's. A router in front of
 emulated replicas that publish KV events gives ``--kv-tokenizer emulator`` to compute the same
 token ids, hence the same vLLM block hashes, from a request body as the emulator's OpenAI
 endpoints do (``sessionroute.emulate.app``): chat ``messages`` are rendered with the emulator's
@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import json
 from typing import Any
+
+from sessionroute.router.kv.wordtokens import ChatEncoder, HashTokenizer
 
 __all__ = ["EMULATOR_TOKENIZER", "EmulatorEncoder"]
 
@@ -51,8 +53,6 @@ class EmulatorEncoder:
     """
 
     def __init__(self, max_tokens: int = 4_000_000) -> None:
-        from sessionroute.emulate.tokenizer import ChatEncoder, HashTokenizer
-
         self.tokenizer = HashTokenizer()
         self.chat = ChatEncoder(self.tokenizer, max_tokens)
 
