@@ -311,8 +311,8 @@ class Replica:
     def cached_prefix_blocks(self, keys: Sequence[int], salt: str | None = None) -> int:
         """How many leading blocks of the chained ``keys`` the prefix cache holds now (vLLM
         ``find_longest_cache_hit``, no limit), without changing the engine's state: what a
-        lossless, instant KV-event index of this replica would answer (the simulator's
-        ``kv_aware`` asks it, :mod:`sessionroute.sim.kvview`)."""
+        lossless, instant KV-event index of this replica answers (the simulator's ``kv_aware``
+        reads such an index, fed by :meth:`set_kv_listener`; this is the direct answer)."""
         if not keys:
             return 0
         pool = self._core.pool
