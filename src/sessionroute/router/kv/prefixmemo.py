@@ -56,13 +56,13 @@ class _Node:
         self,
         parent: _Node | None,
         key: bytes,
-        edge: bytes,
+        edge: bytearray,
         digests: list[bytes],
         ints: list[int],
     ) -> None:
         self.parent = parent
         self.key = key  # the bytes of this node's first block (its key in parent.children)
-        self.edge = edge  # token bytes of this node's blocks
+        self.edge = edge  # token bytes of this node's blocks (grows in place: a conversation)
         self.digests = digests  # raw hash of each block
         self.ints = ints  # the events' int form of each hash
         self.children: dict[bytes, _Node] = {}
@@ -128,7 +128,7 @@ class PrefixMemo:
         nfull = len(tokens) // bb
         root = self._roots.get(cache_salt)
         if root is None:
-            root = self._roots[cache_salt] = _Node(None, b"", b"", [], [])
+            root = self._roots[cache_salt] = _Node(None, b"", bytearray(), [], [])
         out: list[int] = []
         node = root
         pos = 0
@@ -217,13 +217,13 @@ class PrefixMemo:
         view.release()
         self.hashed += len(ints)
         out += ints
-        edge = tokens[pos:end]
+        edge = bytearray(tokens[pos:end])
         if node.parent is not None and not node.children:  # a leaf: the conversation goes on
-            node.edge += edge
+            node.edge += edge  # in place, amortized: no copy of the conversation so far
             node.digests += digests
             node.ints += ints
         else:
-            leaf = _Node(node, edge[:bb], edge, digests, ints)
+            leaf = _Node(node, bytes(edge[:bb]), edge, digests, ints)
             node.children[leaf.key] = leaf
             self._leaves.pop(id(node), None)
             self._leaves[id(leaf)] = leaf
@@ -239,10 +239,10 @@ class PrefixMemo:
             raise RuntimeError("split of the root")
         upper = _Node(parent, child.key, child.edge[: m * bb], child.digests[:m], child.ints[:m])
         parent.children[child.key] = upper
-        child.edge = child.edge[m * bb :]
+        del child.edge[: m * bb]
         child.digests = child.digests[m:]
         child.ints = child.ints[m:]
-        child.key = child.edge[:bb]
+        child.key = bytes(child.edge[:bb])
         child.parent = upper
         upper.children[child.key] = child
         return upper
