@@ -114,3 +114,23 @@ def test_bodies_are_validated_under_every_policy_and_compressed_ones_pass_unread
     content = RequestBuilder(RouterConfig(), needs_content=True)
     with pytest.raises(MalformedRequest, match="compressed"):
         content.from_http(gz, [b"\x1f\x8b"], 2, "r", "/v1/chat/completions")
+
+
+@given(
+    keys=st.lists(st.integers(0, 2**64 - 1), max_size=40),
+    kv=st.sampled_from([1, 16, 48, 64, 256]),
+    content=st.sampled_from([1, 16, 32, 64, 96, 256, 512]),
+    prompt=st.integers(0, 50 * 256),
+)
+def test_coarsening_any_prompt_length_matches_the_block_by_block_rule(
+    keys: list[int], kv: int, content: int, prompt: int
+) -> None:
+    out = list(coarsen_block_keys(keys, prompt, kv, content))
+    expected: list[int] = []
+    last = -1
+    for j in range(1, prompt // content + 1):
+        i = j * content // kv - 1
+        if i > last and i < len(keys):
+            expected.append(keys[i])
+            last = i
+    assert out == expected

@@ -17,13 +17,12 @@ With ``--prompt-tokens N`` requests are long prompts instead: each session's con
 prompt), its later turns append 64 blocks (1,024 tokens), and each timed sample builds the
 request through the router's own :meth:`~sessionroute.router.requests.RequestBuilder.from_turn`
 (the content step included) before ``route`` + ``complete``. A policy with a KV index
-(``kv_aware``, ``kv_cost``) is fed a ``BlockStored`` for every placed population request, as
-the replica would publish it; its rows also give ``vllm_hash_ms``, the median time to hash
-``N`` token ids into vLLM's sha256 block hashes
-(:class:`~sessionroute.router.kv.hashing.BlockHasher`, 16-token blocks) -- the live router's
-extra per-request cost when it computes the hashes itself. The clock is a
-:class:`~sessionroute.clock.ManualClock` that does not move, so no session expires. Garbage
-is collected (and the survivors frozen) before timing each policy.
+(``kv_aware``, ``kv_cost``) is measured as the live router runs it instead, hashing included
+(:func:`bench_kv_growing`): requests carry token ids and no session id, and each timed sample
+hashes the prompt into vLLM's sha256 block hashes through the router's incremental memo
+(:class:`~sessionroute.router.kv.prefixmemo.PrefixMemo`, 16-token blocks) before ``route`` +
+``complete``. The clock is a :class:`~sessionroute.clock.ManualClock` that does not move, so no
+session expires. Garbage is collected (and the survivors frozen) before timing each policy.
 """
 
 from __future__ import annotations
@@ -36,10 +35,11 @@ from typing import Any
 
 import numpy as np
 
+from sessionroute.bench.kvgrowing import bench_kv_growing
 from sessionroute.clock import ManualClock
 from sessionroute.keys import mix64
 from sessionroute.router.core import RoutingCore
-from sessionroute.router.kv import KvIndex
+from sessionroute.router.kv.index import KvIndex
 from sessionroute.router.policies import create_policy, policy_names
 from sessionroute.router.requests import BYTES_PER_TOKEN, text_block_keys
 from sessionroute.router.state import Cluster
@@ -141,38 +141,21 @@ def _timed_turn(core: RoutingCore, sid: str, prompt_tokens: int, keys: list[int]
     return time.perf_counter_ns() - t0
 
 
-def _vllm_hash_ms(prompt_tokens: int, rng: random.Random) -> float:
-    """Median milliseconds to hash ``prompt_tokens`` token ids into vLLM's block hashes."""
-    from sessionroute.router.kv.hashing import BlockHasher
-
-    hasher = BlockHasher(_BLOCK)
-    ids = [rng.randrange(32_000) for _ in range(prompt_tokens)]
-    times = []
-    for _ in range(5):
-        t0 = time.perf_counter_ns()
-        hasher.hashes(ids)
-        times.append(time.perf_counter_ns() - t0)
-    return round(float(np.median(np.asarray(times))) / 1e6, 3)
-
-
 def bench_long_prompts(
     name: str, workers: int, sessions: int, turns: int, prompt_tokens: int, seed: int = 0
 ) -> dict[str, Any]:
     """Long-prompt mode of :func:`bench_policy` (module docstring); same row, plus
-    ``prompt_tokens`` and, for policies with a KV index, ``vllm_hash_ms``."""
+    ``prompt_tokens``; policies with a KV index are measured by :func:`bench_kv_growing`."""
     core = _core(name, workers, seed)
     index = getattr(core.policy, "index", None)
-    if not isinstance(index, KvIndex):
-        index = None  # a router-side prefix index learns from routing alone
+    if isinstance(index, KvIndex):
+        return bench_kv_growing(core, index, sessions, turns, prompt_tokens, seed)
     total = prompt_tokens + _TURN_BLOCKS * _BLOCK
     later: list[list[int]] = []
     for i in range(sessions):
         keys = _long_keys(i, prompt_tokens)
         req = core.requests.from_turn(f"sess-{i}", prompt_tokens, keys, _BLOCK, f"p{i}")
-        res = core.route(req)
-        if index is not None:
-            index.store(res.worker, keys)  # the replica's BlockStored for this prompt
-        core.complete(res)
+        core.complete(core.route(req))
         later.append(keys + _turn_keys(i))
     rng = random.Random(seed)
     sample = [rng.randrange(sessions) for _ in range(turns)]
@@ -192,8 +175,6 @@ def bench_long_prompts(
         gc.unfreeze()
     row = _row(name, workers, sessions, turn_ns, fresh)
     row["prompt_tokens"] = prompt_tokens
-    if index is not None:
-        row["vllm_hash_ms"] = _vllm_hash_ms(prompt_tokens, rng)
     return row
 
 

@@ -59,6 +59,21 @@ def register(sub: Any) -> None:
         help="wall ms between token progress reads while streaming (default 5)",
     )
     a(
+        "--kv-events-config",
+        default=None,
+        metavar="JSON",
+        help="vLLM's KV cache events config, e.g. "
+        '\'{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://127.0.0.1:5557"}\' '
+        "(the PUB socket connects unless the endpoint has '*'; replica i uses port + i; "
+        "docs/kv_aware.md)",
+    )
+    a(
+        "--prefix-caching-hash-algo",
+        default="sha256",
+        choices=["sha256", "sha256_cbor", "xxhash", "xxhash_cbor"],
+        help="hash of the published block hashes (vLLM's flag; default sha256)",
+    )
+    a(
         "--log-level",
         default="info",
         choices=["debug", "info", "warning", "error"],
@@ -74,6 +89,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
         ConfigError: an invalid value or an unknown profile.
     """
     from sessionroute.emulate import EmulatorSettings
+    from sessionroute.emulate.kvevents import KvEventsConfig
     from sessionroute.errors import ConfigError
     from sessionroute.replica import PROFILES, load_profiles
 
@@ -101,6 +117,10 @@ def settings_from_args(args: argparse.Namespace) -> Any:
         slowdown=args.slowdown,
         default_max_tokens=args.default_max_tokens,
         stream_interval_s=args.stream_interval_ms / 1000.0,
+        kv_events=None
+        if args.kv_events_config is None
+        else KvEventsConfig.from_json(args.kv_events_config),
+        prefix_caching_hash_algo=args.prefix_caching_hash_algo,
     )
 
 

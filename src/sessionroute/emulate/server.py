@@ -66,6 +66,8 @@ class EmulatorHandle:
         """
         await self.runner.cleanup()
         await self.emulator.driver.stop()
+        if self.emulator.kv_publisher is not None:
+            await self.emulator.kv_publisher.close()
 
 
 def _bound_port(runner: web.AppRunner) -> int:
@@ -102,9 +104,13 @@ async def start_emulator(
     await runner.setup()
     try:
         await web.TCPSite(runner, settings.host, port, backlog=1024).start()
+        if emu.kv_publisher is not None:
+            emu.kv_publisher.start()
         emu.driver.start()
     except BaseException:
         await runner.cleanup()
+        if emu.kv_publisher is not None:
+            await emu.kv_publisher.close()
         raise
     return EmulatorHandle(emu, runner, settings.host, _bound_port(runner))
 

@@ -4,6 +4,7 @@ turning of an OpenAI request into an :class:`EngineRequest` plus its generated t
 from __future__ import annotations
 
 import hashlib
+import os
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -11,11 +12,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from sessionroute.emulate.driver import RealTimeEngine
+from sessionroute.emulate.kvevents import BlockTokens, KvEventPublisher
 from sessionroute.emulate.metrics import EmulatorMetrics
 from sessionroute.emulate.protocol import EmulatorRequestError
 from sessionroute.emulate.settings import EmulatorSettings
 from sessionroute.emulate.tokenizer import ChatEncoder, HashTokenizer, filler_pieces
 from sessionroute.replica import EngineRequest, Replica, RequestResult, chain_block_keys
+from sessionroute.router.kv.prefixmemo import PrefixMemo, pack_token_ids
 
 __all__ = ["EmulatedReplica", "Generation", "output_seed"]
 
@@ -85,9 +88,35 @@ class EmulatedReplica:
         )
         self.metrics = EmulatorMetrics(self.replica, self.model, poll=self.driver.poll)
         self._count = 0
+        self.kv_publisher: KvEventPublisher | None = None
+        self._memo: PrefixMemo | None = None
+        self._block_tokens: BlockTokens | None = None
+        kv = settings.kv_events
+        if kv is not None and kv.publishing:
+            # block keys are vLLM's block hashes, so the published events match a router's
+            self._memo = PrefixMemo(
+                self.block_size,
+                settings.prefix_caching_hash_algo,
+                os.environ.get("PYTHONHASHSEED"),
+            )
+            self._block_tokens = BlockTokens(2 * self.replica.num_gpu_blocks)
+            self.kv_publisher = KvEventPublisher(kv, index, self.block_size, self._block_tokens.get)
+            self.replica.set_kv_listener(self.kv_publisher.on_cache_change)
 
     def _finished(self, res: RequestResult) -> None:
         self.metrics.observe(res)
+
+    def _block_keys(self, tokens: list[int], cache_salt: str | None) -> list[int]:
+        """The engine's block keys of ``tokens``: vLLM's block hashes when publishing KV events
+        (incrementally: a conversation's next turn hashes only its new blocks), else the
+        model's cheap chained keys."""
+        memo = self._memo
+        if memo is None:
+            return chain_block_keys(tokens, self.block_size)
+        keys = memo.hashes(pack_token_ids(tokens), cache_salt)
+        if self._block_tokens is not None:
+            self._block_tokens.add(keys, tokens, self.block_size)
+        return keys
 
     def check_model(self, name: str | None) -> str:
         """The served model name for a request's ``model`` (None: the served one).
@@ -176,7 +205,7 @@ class EmulatedReplica:
             request_id=rid,
             prompt_len=p,
             output_len=out,
-            block_keys=chain_block_keys(tokens, self.block_size),
+            block_keys=self._block_keys(tokens, cache_salt),
             cache_salt=cache_salt,
         )
         return Generation(rid, prompt_ids, pieces, req)

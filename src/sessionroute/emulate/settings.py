@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from sessionroute.emulate.kvevents import KvEventsConfig
 from sessionroute.errors import ConfigError
 from sessionroute.replica import PROFILES, ReplicaConfig, StepTimeProfile
 
@@ -36,6 +37,10 @@ class EmulatorSettings:
             the room left under ``max_model_len``), >= 1.
         stream_interval_s: wall seconds between token progress reads while streaming, > 0.
         shutdown_timeout_s: wall seconds in-flight requests get on shutdown, >= 0.
+        kv_events: vLLM's ``--kv-events-config`` (:mod:`sessionroute.emulate.kvevents`); None
+            or not publishing: no events, and block keys are the model's cheap chained keys.
+        prefix_caching_hash_algo: vLLM's ``--prefix-caching-hash-algo`` of the published
+            block hashes (``NONE_HASH`` seeded by ``PYTHONHASHSEED`` when set, as vLLM's).
 
     Raises:
         ConfigError: on an unknown profile name or an out-of-range value (message names it).
@@ -55,6 +60,8 @@ class EmulatorSettings:
     default_max_tokens: int = 16
     stream_interval_s: float = 0.005
     shutdown_timeout_s: float = 1.0
+    kv_events: KvEventsConfig | None = None
+    prefix_caching_hash_algo: str = "sha256"
 
     def __post_init__(self) -> None:
         if isinstance(self.profile, str) and self.profile not in PROFILES:
@@ -74,6 +81,14 @@ class EmulatorSettings:
         if self.model is not None and not self.model:
             raise ConfigError("model name must not be empty")
         self.replica_config()  # validates the engine arguments
+        from sessionroute.router.kv.hashing import hash_function
+
+        hash_function(self.prefix_caching_hash_algo)  # validates the name
+
+    @property
+    def publishes_kv_events(self) -> bool:
+        """Whether the replicas publish KV cache events."""
+        return self.kv_events is not None and self.kv_events.publishing
 
     @property
     def step_profile(self) -> StepTimeProfile:

@@ -22,11 +22,16 @@ path uses (same results, per-block work only for blocks created or evicted).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import islice
 from typing import Any, Final
 
-__all__ = ["BlockPool", "Holder", "KVPool"]
+__all__ = ["BlockPool", "Holder", "KVListener", "KVPool"]
+
+KVListener = Callable[[bool, list[int], str | None], None]
+"""A pool's KV cache event hook: ``(stored, keys, salt)``. ``stored`` True: ``keys`` (chain
+order) entered the prefix cache of ``salt`` (vLLM ``BlockStored``); False: they left it
+(``BlockRemoved``). Called synchronously from the pool's hot path, only when set."""
 
 _ID_BITS: Final = 32
 _ID_MASK: Final = (1 << _ID_BITS) - 1
@@ -76,6 +81,9 @@ class KVPool:
 
     num_blocks: int
     num_free: int
+    kv_listener: KVListener | None
+    """Called with every change of the cached key set when set (:data:`KVListener`); None,
+    the default, costs one attribute test per change."""
 
     def cache_for(self, salt: str | None) -> dict[int, int]:
         """The cache dict of a ``cache_salt``."""
@@ -149,13 +157,21 @@ class BlockPool(KVPool):
         self.owner: list[dict[int, int] | None] = [None] * num_blocks
         self._queue: deque[int] = deque()
         self._caches: dict[str | None, dict[int, int]] = {}
+        self._salt_of: dict[int, str | None] = {}  # id(cache dict) -> its salt (events)
+        self.kv_listener = None
 
     def cache_for(self, salt: str | None) -> dict[int, int]:
         """The cache dict (key -> block) of a ``cache_salt``."""
         cache = self._caches.get(salt)
         if cache is None:
             cache = self._caches[salt] = {}
+            self._salt_of[id(cache)] = salt
         return cache
+
+    def _removed(self, cache: dict[int, int], k: int) -> None:
+        listener = self.kv_listener
+        if listener is not None:
+            listener(False, [k], self._salt_of.get(id(cache)))
 
     @staticmethod
     def hit_blocks(cache: dict[int, int], keys: list[int], limit: int) -> list[int]:
@@ -230,6 +246,8 @@ class BlockPool(KVPool):
             if cache is not None:
                 del cache[key[b]]
                 owner[b] = None
+                if self.kv_listener is not None:
+                    self._removed(cache, key[b])
             ver[b] = v + 1
             ref[b] = 1
             out.append(b)
@@ -288,6 +306,7 @@ class BlockPool(KVPool):
         blocks = r.blocks
         owner = self.owner
         bkey = self.key
+        stored: list[int] | None = [] if self.kv_listener is not None else None
         for i in range(r.nreg, full):
             k = keys[i]
             if k not in cache:
@@ -295,6 +314,11 @@ class BlockPool(KVPool):
                 cache[k] = b
                 owner[b] = cache
                 bkey[b] = k
+                if stored is not None:
+                    stored.append(k)
+        listener = self.kv_listener
+        if listener is not None and stored:
+            listener(True, stored, self._salt_of.get(id(cache)))
 
     def release(self, r: Holder) -> None:
         """:meth:`KVPool.release`."""
@@ -314,6 +338,8 @@ class BlockPool(KVPool):
                 del cache[self.key[b]]
                 owner[b] = None
                 dropped += 1
+                if self.kv_listener is not None:
+                    self._removed(cache, self.key[b])
         return dropped
 
     def cached_keys(self, salt: str | None) -> set[int]:

@@ -144,6 +144,8 @@ class DecoderBlocks:
         if full > r.nkeys:
             full = r.nkeys
         if full > r.nreg:
+            if self.spool.kv_listener is not None:
+                self.spool.emit(True, ext.res, r.nreg, full, [])
             seg.creg = full
             r.nreg = full
 

@@ -15,6 +15,7 @@ from sessionroute.replica.api import (
     RequestResult,
     key_list,
 )
+from sessionroute.replica.blocks import KVListener
 from sessionroute.replica.core import Core
 from sessionroute.replica.fast import FastCore
 from sessionroute.replica.request import ABORTED, RUNNING, WAITING, Req
@@ -294,11 +295,24 @@ class Replica:
         self._sync()
         return self._core.pool.reset_prefix_cache()
 
+    def set_kv_listener(self, listener: KVListener | None) -> None:
+        """Report every change of the prefix cache to ``listener`` (None: stop, the default).
+
+        ``listener(stored, keys, salt)`` is called synchronously as the engine caches blocks
+        (``stored`` True: vLLM ``BlockStored``, the newly cached blocks' keys in chain order;
+        blocks whose content was cached already are not re-announced) and evicts or uncaches
+        them (``stored`` False: ``BlockRemoved``), under the request's ``cache_salt``. A block
+        being decoded is announced when the engine next brings its blocks up to date (at the
+        latest when the request finishes), as vLLM announces a block when it fills.
+        Without a listener the engine does one attribute test per cache change.
+        """
+        self._core.pool.kv_listener = listener
+
     def cached_prefix_blocks(self, keys: Sequence[int], salt: str | None = None) -> int:
         """How many leading blocks of the chained ``keys`` the prefix cache holds now (vLLM
         ``find_longest_cache_hit``, no limit), without changing the engine's state: what a
-        lossless, instant KV-event index of this replica would answer (the simulator's
-        ``kv_aware`` asks it, :mod:`sessionroute.sim.kvview`)."""
+        lossless, instant KV-event index of this replica answers (the simulator's ``kv_aware``
+        reads such an index, fed by :meth:`set_kv_listener`; this is the direct answer)."""
         if not keys:
             return 0
         pool = self._core.pool

@@ -45,6 +45,7 @@ __all__ = [
     "find_run",
     "restart",
     "run_end",
+    "run_keys",
 ]
 
 _SHIFT: Final = 32
@@ -102,6 +103,22 @@ def common_run(a: list[int], i: int, b: list[int], j: int, m: int) -> int:
         else:
             hi = mid - 1
     return lo
+
+
+def run_keys(keys: list[int], a: int, b: int, holes: list[int]) -> list[int]:
+    """``keys[a:b]`` without the positions in ``holes`` (sorted): the keys a segment caches
+    over ``[a, b)`` (for KV cache events)."""
+    if not holes or holes[-1] < a or holes[0] >= b:
+        return keys[a:b]
+    out: list[int] = []
+    q = a
+    for h in holes[bisect_left(holes, a) :]:
+        if h >= b:
+            break
+        out += keys[q:h]
+        q = h + 1
+    out += keys[q:b]
+    return out
 
 
 def add_start(res: _Res, p: int) -> None:

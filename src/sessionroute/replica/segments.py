@@ -158,7 +158,30 @@ class SegmentPool(SegmentStore):
             holes = seg.holes
             if not (holes and holes[-1] == p - 1) and cache.first_start_key(keys, p, full) == full:
                 seg.creg = full
+                if self.kv_listener is not None:
+                    self.emit(True, res, p, full, [])
                 return
+        if self.kv_listener is not None:
+            p0 = p
+            self._register(r, res, p, full, cache, keys, segs)
+            for sg in segs[bisect_right(res.lows, p0) - 1 :]:
+                if sg.lo >= full:
+                    break
+                self.emit(True, res, max(p0, sg.lo), min(full, sg.hi), sg.holes)
+            return
+        self._register(r, res, p, full, cache, keys, segs)
+
+    def _register(
+        self,
+        r: Holder,
+        res: _Res,
+        p: int,
+        full: int,
+        cache: SaltCache,
+        keys: list[int],
+        segs: list[_Seg],
+    ) -> None:
+        """:meth:`register` past its common case."""
         i = bisect_right(res.lows, p) - 1
         seg = segs[i]
         if p > seg.lo:
@@ -272,6 +295,8 @@ class SegmentPool(SegmentStore):
             else:
                 if r.keys[p] in r.cache:
                     seg.holes.append(p)
+                elif self.kv_listener is not None:
+                    self.emit(True, seg.res, p, p + 1, [])
                 seg.creg = p + 1
             r.nreg = p + 1
 
@@ -295,6 +320,8 @@ class SegmentPool(SegmentStore):
             seg = self._fillable_in_place(r, p)
             if seg is None or r.keys[p] in r.cache:
                 return [r, *it]
+            if self.kv_listener is not None:
+                self.emit(True, seg.res, p, p + 1, [])
             seg.creg = p + 1
             r.nreg = p + 1
         return []
@@ -348,6 +375,8 @@ class SegmentPool(SegmentStore):
             top = seg.creg if seg.creg < hi else hi
             if top > lo:
                 dropped += top - lo - len(seg.holes)
+                if self.kv_listener is not None:
+                    self.emit(False, res, lo, top, seg.holes)
                 drop_starts(res, lo, top)
                 seg.creg = lo
                 seg.holes = []

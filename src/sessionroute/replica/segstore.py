@@ -22,7 +22,7 @@ from typing import Final
 
 from sessionroute.replica.blocks import Holder, KVPool
 from sessionroute.replica.intbisect import bisect_left, bisect_right
-from sessionroute.replica.segcache import SaltCache, common_run, drop_starts, restart
+from sessionroute.replica.segcache import SaltCache, common_run, drop_starts, restart, run_keys
 
 __all__ = ["SHIFT", "SegmentStore", "common_run"]
 
@@ -120,6 +120,8 @@ class SegmentStore(KVPool):
         dummy = _Res(-1, [], SaltCache(), None)
         self._head = _Seg(dummy, 0, 0, 0, 0, [], None)  # sentinel of the circular queue
         self.touch: Callable[[_Res], None] = _no_touch
+        self._salt_of: dict[int, str | None] = {}  # id(SaltCache) -> its salt (events)
+        self.kv_listener = None
 
     def cache_for(self, salt: str | None) -> SaltCache:
         """The cache of a ``cache_salt`` (key -> block id of each run start; see
@@ -127,7 +129,17 @@ class SegmentStore(KVPool):
         cache = self._caches.get(salt)
         if cache is None:
             cache = self._caches[salt] = SaltCache()
+            self._salt_of[id(cache)] = salt
         return cache
+
+    def emit(self, stored: bool, res: _Res, a: int, b: int, holes: list[int]) -> None:
+        """Tell the listener that ``res``'s positions ``[a, b)`` except ``holes`` entered
+        (``stored``) or left the cache; callers test ``kv_listener is not None`` first."""
+        listener = self.kv_listener
+        if listener is not None and b > a:
+            keys = run_keys(res.keys, a, b, holes)
+            if keys:
+                listener(stored, keys, self._salt_of.get(id(res.cache)))
 
     # ------------------------------------------------------------ queue and segments
 
@@ -201,6 +213,8 @@ class SegmentStore(KVPool):
             creg = seg.creg
             top = creg if creg < hi else hi
             if top > new_hi:  # evicted blocks leave the cache: only run starts are entries
+                if self.kv_listener is not None:
+                    self.emit(False, res, new_hi, top, seg.holes)
                 st = res.starts
                 if st and st[-1] >= new_hi:
                     drop_starts(res, new_hi, top)

@@ -115,6 +115,13 @@ def coarsen_block_keys(
     full = prompt_tokens // content_block_tokens
     if content_block_tokens == kv_block_tokens:
         return keys if len(keys) == full else keys[:full]
+    if content_block_tokens < kv_block_tokens:
+        # every KV block ending inside the prompt's full content blocks, once: a prefix
+        n = full * content_block_tokens // kv_block_tokens
+        return keys if len(keys) == n else keys[:n]
+    if content_block_tokens % kv_block_tokens == 0:
+        step = content_block_tokens // kv_block_tokens
+        return keys[step - 1 : full * step : step]
     out: list[int] = []
     last = -1
     for j in range(1, full + 1):

@@ -334,7 +334,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="local model directory with the servers' tokenizer.json and chat template: "
         "requests are tokenized and hashed into vLLM block hashes (without it kv_aware "
-        "matches nothing and routes by load alone)",
+        "matches nothing and routes by load alone); 'emulator': the tokenizer of "
+        "sessionroute emulate",
     )
     kv.add_argument(
         "--kv-block-size",

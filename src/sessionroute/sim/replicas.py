@@ -7,6 +7,7 @@ comes back; counters of every incarnation are summed.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 from sessionroute.replica import Replica, ReplicaConfig, ReplicaCounters
@@ -56,6 +57,7 @@ class SimReplica:
         "index",
         "inflight",
         "kv_sum",
+        "on_engine",
         "output_tokens",
         "prompt_tokens",
         "requests",
@@ -73,6 +75,9 @@ class SimReplica:
         self.config = config
         self.fast = fast
         self.engine: Replica | None = Replica(config, fast=fast)
+        self.on_engine: Callable[[SimReplica, bool], None] | None = None
+        """Called with ``(self, True)`` when a new engine starts (restart) and ``(self,
+        False)`` when it is lost (the simulator's KV event feed listens here)."""
         self.drained = False
         self.inflight: dict[str, Any] = {}
         self.wake_t: float | None = None
@@ -106,6 +111,8 @@ class SimReplica:
             return
         self._base = self.counters()
         self.engine = None
+        if self.on_engine is not None:
+            self.on_engine(self, False)
         self.inflight = {}
         self.wake_t = None
         self.wake_token += 1
@@ -114,6 +121,8 @@ class SimReplica:
         """A fresh engine with an empty cache (no-op if up)."""
         if self.engine is None:
             self.engine = Replica(self.config, fast=self.fast)
+            if self.on_engine is not None:
+                self.on_engine(self, True)
 
     def set_slowdown(self, factor: float, now: float) -> None:
         """Multiply every step starting from ``now`` by ``factor`` (1.0: full speed); a

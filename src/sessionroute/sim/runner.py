@@ -20,10 +20,11 @@ from sessionroute.errors import ConfigError
 from sessionroute.record import Recorder
 from sessionroute.replica import PROFILES, ReplicaConfig, StepTimeProfile, load_profiles
 from sessionroute.router import RoutingCore, choose_policy
+from sessionroute.router.kv.index import KvIndex
 from sessionroute.router.state.cluster import Cluster
 from sessionroute.sim.events import PRIO_FAULT, EventQueue, VirtualClock
 from sessionroute.sim.faults import apply_fault
-from sessionroute.sim.kvview import ReplicaCacheView
+from sessionroute.sim.kvview import KvEventFeed, SaltedIndexView
 from sessionroute.sim.replicas import SimReplica
 from sessionroute.sim.report import build_metrics
 from sessionroute.sim.sampling import Sampler, Scraper, Sweeper
@@ -197,9 +198,12 @@ def run_simulation(
     sim = Simulation(
         queue, core, replicas, spec.router, rec, url_for, rcfg, fast=spec.sim.fast_engine
     )
+    index = getattr(pol, "index", None)
     use_cache = getattr(pol, "use_prefix_cache", None)
-    if callable(use_cache):  # kv_aware and its kin: the replicas' caches stand in for events
-        use_cache(ReplicaCacheView(sim.replicas, rcfg.block_size, spec.router.content_block_tokens))
+    if isinstance(index, KvIndex) and callable(use_cache):
+        # kv_aware and its kin: the replicas' KV events feed the policy's own index
+        KvEventFeed(index, rcfg.block_size, spec.router.content_block_tokens).watch(sim.replicas)
+        use_cache(SaltedIndexView(index))
     workload = wcfg.build(np.random.default_rng(seed))
     n = count
     for f in sorted(spec.faults, key=lambda f: f.at_s):

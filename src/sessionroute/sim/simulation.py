@@ -319,6 +319,10 @@ class Simulation(ReplicaWakeups):
         """A new replica with the next index joins the cluster and the router."""
         i = len(self.replicas)
         rep = SimReplica(i, self._url_for(i), self.config, fast=self._fast)
+        hook = self.replicas[0].on_engine if self.replicas else None
+        if hook is not None:  # the KV event feed follows new replicas too
+            rep.on_engine = hook
+            hook(rep, True)
         self.replicas.append(rep)
         self._by_url[rep.url] = rep
         self.core.add_worker(rep.url)

@@ -47,6 +47,33 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
+def free_port_block(n: int, host: str = "127.0.0.1", tries: int = 50) -> int:
+    """The first of ``n`` consecutive TCP ports that were free a moment ago on ``host`` (for
+    endpoints numbered port + index, as vLLM numbers its data-parallel ranks' KV event
+    endpoints).
+
+    Raises:
+        LiveStartError: no such block found in ``tries`` attempts.
+    """
+    for _ in range(tries):
+        base = free_port(host)
+        if base + n - 1 > 65535:
+            continue
+        socks: list[socket.socket] = []
+        try:
+            for p in range(base, base + n):
+                s = socket.socket()
+                socks.append(s)
+                s.bind((host, p))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise LiveStartError(f"no {n} consecutive free ports on {host}")
+
+
 def expand_command(
     template: str, variables: Mapping[str, str], env: Mapping[str, str], where: str
 ) -> list[str]:

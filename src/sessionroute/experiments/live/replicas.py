@@ -12,6 +12,7 @@ shared processes.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import sys
@@ -28,6 +29,7 @@ from sessionroute.experiments.live.procs import (
     StartedProcess,
     expand_command,
     free_port,
+    free_port_block,
     wait_healthy,
 )
 from sessionroute.experiments.live.vllm_cpu import (
@@ -53,6 +55,8 @@ class ReplicaFleet:
         live: the ``[live]`` section.
         settings: an arm's merged settings (``replicas``, ``workload``, ...).
         procs: where started processes are registered (stopped when it closes).
+        kv_events: some arm routes on KV cache events (``kv_aware``): the emulated replicas
+            then publish them (vLLM's ``--kv-events-config``; the router binds).
 
     Attributes:
         urls: replica base URLs (processes and given URLs; in-process emulators get theirs per
@@ -63,11 +67,21 @@ class ReplicaFleet:
             ``live.cache_root`` or the temp dir; removed at the end unless ``keep_cache``).
 
     Raises:
-        ConfigError: for a missing model, command or URL list, or bad engine settings.
+        ConfigError: for a missing model, command or URL list, or bad engine settings, or
+            ``kv_events`` with replicas that are not emulated.
     """
 
-    def __init__(self, live: LiveSection, settings: dict[str, Any], procs: ProcessSet) -> None:
+    def __init__(
+        self,
+        live: LiveSection,
+        settings: dict[str, Any],
+        procs: ProcessSet,
+        *,
+        kv_events: bool = False,
+    ) -> None:
         self.live = live
+        self.kv_events = kv_events
+        self._kv_ports: tuple[int, int] | None = None  # PUB and replay port bases (process)
         self.settings = settings
         self.procs = procs
         spec = SimSpec.from_settings(settings)
@@ -85,6 +99,11 @@ class ReplicaFleet:
             explicit = spec.replicas.block_size
             default = VLLM_CPU_BLOCK_SIZE if live.preset == "vllm-cpu" else VLLM_DEFAULT_BLOCK_SIZE
             self.block_size = explicit or default
+        if kv_events and live.replicas != "emulate":
+            raise ConfigError(
+                "kv_aware in compare --live needs emulated replicas (live.replicas = "
+                '"emulate"); with real vLLM servers run scripts/kv_aware_vllm_tier.py'
+            )
         if live.replicas == "urls" and not live.urls:
             raise ConfigError('live.replicas = "urls" needs live.urls = ["http://...", ...]')
         if live.replicas == "command":
@@ -138,14 +157,52 @@ class ReplicaFleet:
             raise ConfigError(f"replicas.urls must give a port for each of {self.count}: {urls}")
         return [int(p) for p in ports if p is not None]
 
+    def kv_streams(self, workers: list[str]) -> list[str]:
+        """``serve --kv-events`` specs ``URL=ENDPOINT,REPLAY`` of this arm's emulated replicas
+        (``workers[i]`` is replica ``i`` as the router knows it): the router binds
+        ``ENDPOINT``, replica ``i``'s PUB socket connects to it; ``REPLAY`` is the replica's
+        replay socket. Empty unless the fleet publishes KV events."""
+        if self._kv_ports is None:
+            return []
+        pub, replay = self._kv_ports
+        host = self.live.host
+        return [
+            f"{w}=tcp://{host}:{pub + i},tcp://{host}:{replay + i}" for i, w in enumerate(workers)
+        ]
+
+    def _kv_config(self) -> str | None:
+        """The replicas' ``--kv-events-config`` JSON (fresh ports), or None."""
+        if not self.kv_events:
+            return None
+        host = self.live.host
+        self._kv_ports = (free_port_block(self.count, host), free_port_block(self.count, host))
+        pub, replay = self._kv_ports
+        return json.dumps(
+            {
+                "enable_kv_cache_events": True,
+                "publisher": "zmq",
+                "endpoint": f"tcp://{host}:{pub}",
+                "replay_endpoint": f"tcp://{host}:{replay}",
+            }
+        )
+
     @contextlib.asynccontextmanager
-    async def arm_replicas(self, ports: list[int] | None = None) -> AsyncIterator[list[str]]:
+    async def arm_replicas(
+        self, ports: list[int] | None = None, *, kv_events: bool = False
+    ) -> AsyncIterator[list[str]]:
         """The replica URLs for one arm (in-process emulators are started here, fresh, on
-        ``ports`` when given)."""
+        ``ports`` when given, publishing KV events on fresh ports when the arm reads them;
+        emulator processes, shared by the arms, publish for every arm when one reads them)."""
         if self.live.replicas == "emulate" and self.live.emulate_mode == "in-process":
+            import dataclasses
+
             from sessionroute.emulate import start_emulator, stop_all
+            from sessionroute.emulate.kvevents import KvEventsConfig
 
             settings = self._emulator_settings()
+            kv = self._kv_config() if kv_events else None
+            if kv is not None:
+                settings = dataclasses.replace(settings, kv_events=KvEventsConfig.from_json(kv))
             handles = []
             try:
                 for i in range(self.count):
@@ -189,6 +246,9 @@ class ReplicaFleet:
         ]  # fmt: skip
         if r.get("profiles_file"):
             argv += ["--profile-file", str(r["profiles_file"])]
+        kv = self._kv_config()
+        if kv is not None:
+            argv += ["--kv-events-config", kv]
         for flag, value in (
             ("--kv-capacity-tokens", c.kv_capacity_tokens),
             ("--max-num-batched-tokens", c.max_num_batched_tokens),

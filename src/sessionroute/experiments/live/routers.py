@@ -110,6 +110,8 @@ async def start_arm_router(
     worker_urls: list[str],
     procs: ProcessSet,
     log_dir: Path,
+    *,
+    extra_flags: list[str] | None = None,
 ) -> AsyncIterator[RouterInfo]:
     """Start the arm's router, wait until it answers, yield it, stop it.
 
@@ -122,12 +124,17 @@ async def start_arm_router(
         worker_urls: what the router routes to.
         procs: registers router processes.
         log_dir: where router logs go.
+        extra_flags: more ``sessionroute serve`` flags (the KV event streams of a
+            ``kv_aware`` arm); only our router takes them.
 
     Raises:
         ConfigError: unknown options, missing binary or template. LiveStartError: it did not
             come up within ``live.start_timeout_s``.
     """
     ttl = options.get("session_ttl_s", router.session_ttl_s)
+    extra = list(extra_flags or ())
+    if extra and kind not in ("sessionroute", "sessionroute-inprocess"):
+        raise ConfigError(f"live.router {kind!r} cannot take KV event streams (use sessionroute)")
     if kind == "sessionroute-inprocess":
         import argparse
 
@@ -142,7 +149,7 @@ async def start_arm_router(
                 "--host", live.host, "--port", "0", "--log-level", "warning",
                 "--request-timeout-secs", repr(live.request_timeout_s),
                 "--worker-urls", *worker_urls,
-                *router_flags(policy, options, router, ours=True),
+                *router_flags(policy, options, router, ours=True), *extra,
             ]
         )  # fmt: skip
         settings: RouterSettings = settings_from_args(args)
@@ -160,7 +167,7 @@ async def start_arm_router(
             "--host", live.host, "--port", str(port), "--log-level", "warning",
             "--request-timeout-secs", repr(live.request_timeout_s),
             "--worker-urls", *worker_urls,
-            *router_flags(policy, options, router, ours=True),
+            *router_flags(policy, options, router, ours=True), *extra,
         ]  # fmt: skip
         health = live.router_health_path or "/readiness"
     else:

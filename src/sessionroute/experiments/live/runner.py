@@ -45,6 +45,8 @@ from sessionroute.experiments.live.tap import Tap, start_taps
 from sessionroute.experiments.live_section import LiveSection
 from sessionroute.experiments.results import RunOutput
 from sessionroute.experiments.spec import ExperimentSpec, ResolvedArm, resolve_arms
+from sessionroute.router.kv.emutokens import EMULATOR_TOKENIZER
+from sessionroute.router.policies.registry import choose_policy
 from sessionroute.sim import RouterSection, SimSpec
 from sessionroute.workloads.registry import workload_config
 
@@ -93,7 +95,10 @@ class LiveArmRunner:
                         f"arms {self.arms[0].name!r} and {arm.name!r} share replica processes "
                         "but differ in [replicas] or replica keys of [live]"
                     )
-        self.fleet = ReplicaFleet(live, first, self._procs)
+        kv_events = any(
+            choose_policy(arm.policy, arm.policy_options).cls.reads_kv_events for arm in self.arms
+        )
+        self.fleet = ReplicaFleet(live, first, self._procs, kv_events=kv_events)
         self.log_dir: Path = self.fleet.work_dir
 
     @staticmethod
@@ -148,9 +153,10 @@ class LiveArmRunner:
         fleet = self.fleet
         t_wall = time.monotonic()
         ports = fleet.worker_ports
+        reads_kv = choose_policy(arm.policy, arm.policy_options).cls.reads_kv_events
         async with (
             httpx.AsyncClient(timeout=httpx.Timeout(30.0)) as client,
-            fleet.arm_replicas(None if live.placements else ports) as urls,
+            fleet.arm_replicas(None if live.placements else ports, kv_events=reads_kv) as urls,
         ):
             await reset_prefix_caches(client, urls)
             served, limit = await served_model_info(client, urls[0])
@@ -163,9 +169,17 @@ class LiveArmRunner:
                 taps, last = await start_taps(urls, router.session_headers[0], live.host, ports)
                 workers = [t.url for t in taps]
             try:
+                kv_flags: list[str] = []
+                if reads_kv:
+                    kv_flags = [
+                        "--kv-tokenizer", EMULATOR_TOKENIZER,
+                        "--kv-block-size", str(fleet.block_size),
+                    ]  # fmt: skip
+                    for stream in fleet.kv_streams(workers):
+                        kv_flags += ["--kv-events", stream]
                 async with start_arm_router(
                     live.router, live, arm.policy, arm.policy_options, router, workers,
-                    self._procs, self.log_dir,
+                    self._procs, self.log_dir, extra_flags=kv_flags,
                 ) as info:  # fmt: skip
                     host = LiveHost(
                         router_url=info.url,

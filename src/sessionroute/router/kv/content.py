@@ -1,18 +1,28 @@
 """A request body -> its vLLM block hashes (``RouteRequest.blocks`` for ``kv_aware`` live).
 
 :class:`KvContent` joins the servers' tokenizer (:class:`~.tokenize.RequestEncoder`) and hash
-scheme (:class:`~.hashing.BlockHasher`); ``serve --kv-tokenizer DIR`` builds one and the
-router's :class:`~sessionroute.router.requests.RequestBuilder` uses it instead of the text keys.
+scheme, hashed incrementally (:class:`~.prefixmemo.PrefixMemo`: a conversation's next turn
+hashes only its new blocks); ``serve --kv-tokenizer DIR`` builds one and the router's
+:class:`~sessionroute.router.requests.RequestBuilder` uses it instead of the text keys.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
-from sessionroute.router.kv.hashing import BlockHasher
+from sessionroute.router.kv.emutokens import EMULATOR_TOKENIZER, EmulatorEncoder
+from sessionroute.router.kv.prefixmemo import PrefixMemo, pack_token_ids
 from sessionroute.router.kv.tokenize import RequestEncoder, load_encoder
 
-__all__ = ["KvContent", "load_kv_content"]
+__all__ = ["KvContent", "TokenEncoder", "load_kv_content"]
+
+
+class TokenEncoder(Protocol):
+    """A request body -> the prompt's token ids as the servers compute them."""
+
+    def token_ids(self, payload: Any) -> list[int] | None:
+        """The token ids, or None when the body has no prompt the encoder understands."""
+        ...
 
 
 class KvContent:
@@ -20,12 +30,12 @@ class KvContent:
 
     Args:
         encoder: the servers' tokenizer and chat template.
-        hasher: the servers' block size and hash scheme.
+        memo: the servers' block size and hash scheme, with the memo of earlier prompts.
     """
 
-    def __init__(self, encoder: RequestEncoder, hasher: BlockHasher) -> None:
+    def __init__(self, encoder: TokenEncoder | RequestEncoder, memo: PrefixMemo) -> None:
         self.encoder = encoder
-        self.hasher = hasher
+        self.memo = memo
 
     def blocks(self, payload: Any) -> list[int]:
         """The body's block hashes (empty when it has no prompt the encoder understands);
@@ -34,15 +44,20 @@ class KvContent:
         if not ids:
             return []
         salt = payload.get("cache_salt") if isinstance(payload, dict) else None
-        return self.hasher.hashes(ids, salt if isinstance(salt, str) and salt else None)
+        return self.memo.hashes(
+            pack_token_ids(ids), salt if isinstance(salt, str) and salt else None
+        )
 
 
 def load_kv_content(
     model_dir: str, block_size: int, algo: str = "sha256", seed: str | None = None
 ) -> KvContent:
-    """A :class:`KvContent` from a local model directory and the servers' settings.
+    """A :class:`KvContent` from a local model directory (or ``"emulator"``: the emulator's
+    tokenizer, :mod:`~sessionroute.router.kv.emutokens`) and the servers' settings.
 
     Raises:
         ConfigError: unreadable tokenizer, bad block size, algo or seed.
     """
-    return KvContent(load_encoder(model_dir), BlockHasher(block_size, algo, seed))
+    if model_dir == EMULATOR_TOKENIZER:
+        return KvContent(EmulatorEncoder(), PrefixMemo(block_size, algo, seed))
+    return KvContent(load_encoder(model_dir), PrefixMemo(block_size, algo, seed))

@@ -53,6 +53,9 @@ class Policy(ABC):
     """True when the policy pins sessions (so clients should call ``/finish_session``)."""
     needs_content: ClassVar[bool] = False
     """True when ``select`` reads ``request.blocks`` (the live router then parses the body)."""
+    reads_kv_events: ClassVar[bool] = False
+    """True when the policy routes on the replicas' KV cache events (``kv_aware``): drivers then
+    feed its ``index`` (``serve --kv-events``, the simulator's replica events)."""
     places_at_max_wait: ClassVar[bool] = False
     """True: a request held longer than ``RouterConfig.admission_max_wait_s`` is placed anyway
     (the router core routes it at its deadline); False: it is refused (HTTP 503 live)."""

@@ -4,10 +4,11 @@ Where ``cache_aware`` guesses each worker's cache from what the router sent it, 
 asks a :class:`~sessionroute.router.kv.PrefixCacheView` built from the replicas' own KV cache
 events (vllm-router ``kv_aware``, PR #130; NVIDIA Dynamo's KV router): live, the
 :class:`~sessionroute.router.kv.KvIndex` that ``serve``'s ZMQ subscribers feed with vLLM's
-``BlockStored`` / ``BlockRemoved`` / ``AllBlocksCleared``; in the simulator, the simulated
-replicas' caches (:mod:`sessionroute.sim.kvview`). The request's content
-(:attr:`RouteRequest.blocks`) is its block hashes in the replicas' own scheme: vLLM's, computed
-from the servers' tokenizer (``serve --kv-tokenizer``), or the simulated replicas' block keys.
+``BlockStored`` / ``BlockRemoved`` / ``AllBlocksCleared``; in the simulator, the same index fed
+with the same events by the simulated replicas (:mod:`sessionroute.sim.kvview`). The request's
+content (:attr:`RouteRequest.blocks`) is its block hashes in the replicas' own scheme: vLLM's,
+computed from the servers' tokenizer (``serve --kv-tokenizer``), or the simulated replicas'
+block keys.
 
 The rule (one cost per healthy worker, lowest wins; Dynamo's cost form, in tokens)::
 
@@ -90,6 +91,7 @@ class KvAwarePolicy(Policy):
     name: ClassVar[str] = "kv_aware"
     Config: ClassVar[type[Any] | None] = KvAwareConfig
     needs_content: ClassVar[bool] = True
+    reads_kv_events: ClassVar[bool] = True
 
     def __init__(self, config: Any = None, *, clock: Clock, rng: random.Random) -> None:
         super().__init__(config, clock=clock, rng=rng)
@@ -101,7 +103,7 @@ class KvAwarePolicy(Policy):
         self.matched_blocks_total = 0
 
     def use_prefix_cache(self, view: PrefixCacheView) -> None:
-        """Ask ``view`` instead of the event-fed index (the simulator's replicas)."""
+        """Ask ``view`` instead of :attr:`index` (the simulator's salted view of the index)."""
         self.cache = view
 
     def select(self, request: RouteRequest, cluster: ClusterView) -> Decision:
