@@ -100,6 +100,7 @@ class AdaptiveStickyPolicy(SessionPolicy):
         self._last_move: dict[str, float] = {}  # worker -> time of the last move off it
         self._moved = DecisionKind.MOVED
         self.moves = 0
+        self.overflow_moves = 0
         self.hot_episodes = 0
         self.knee_skips = 0
 
@@ -128,13 +129,16 @@ class AdaptiveStickyPolicy(SessionPolicy):
         else:
             self._resize(sess, request.prompt_tokens)
             sess.last = now
-        if self._is_hot(worker, cluster):
+        hot = self._is_hot(worker, cluster)
+        if hot or self._overflowing(worker, cluster):
             target = self._escape(sess, worker, now, healthy, cluster)
             if target is not None:
                 table.pin(sid, target, now)
                 self._move(sess, target, now)
                 self._last_move[worker] = now
                 self.moves += 1
+                if not hot:
+                    self.overflow_moves += 1
                 table.stats.repinned += 1  # a turn moved, as other policies' re-pins
                 return Decision(target, self._moved)
         table.touch(sid, now)
@@ -255,6 +259,20 @@ class AdaptiveStickyPolicy(SessionPolicy):
         cap = self._capacity.get(worker)
         return cap is not None and self.projected(worker, tokens, 1 if tokens else 0) >= (
             self.cfg.knee_pressure * cap
+        )
+
+    def _overflowing(self, worker: str, cluster: ClusterView) -> bool:
+        """Whether ``worker``'s pinned sessions' context tokens now reach ``overflow_pressure``
+        times its estimated KV capacity while its gauges show at least ``overflow_waiting``
+        requests waiting (never before a capacity estimate and gauges exist)."""
+        cap = self._capacity.get(worker)
+        g = cluster.gauges(worker)
+        c = self.cfg
+        return (
+            cap is not None
+            and g is not None
+            and g.waiting >= c.overflow_waiting
+            and self._context.get(worker, 0) >= c.overflow_pressure * cap
         )
 
     def pressure(self, worker: str) -> float | None:
