@@ -52,10 +52,18 @@ class AdaptiveStickyConfig:
             (sticky_least_loaded 6,248 / 4,628). Past ~1.1 the 640 regime thrashes again, so
             1.0 keeps a margin; it costs 448 about 3 % (held sessions wait ~54 s on average).
         overflow_pressure: a worker whose pinned sessions' present context tokens reach this
-            multiple of its estimated KV capacity *overflows*: its cache cannot hold its
-            sessions between turns, so their turns re-prefill anyway and moving one costs
-            little. A turn on an overflowing worker may move as on a hot one (same conditions
-            (a)-(d)). TODO measurement.
+            multiple of its estimated KV capacity, with ``overflow_waiting`` requests waiting,
+            *overflows*: its cache cannot hold its sessions between turns, so their turns
+            re-prefill anyway and moving one costs little. A turn on an overflowing worker may
+            move as on a hot one (same conditions (a)-(d)). Weka seed 0, simulated s (no
+            overflow rule: 15,742; CHWBL 1.25: 12,635): 0.8 -> 13,339 (380 moves), 0.9 ->
+            14,313, 1.0 -> 18,160 without the waiting condition; with ``overflow_waiting`` 4:
+            0.8 -> 13,110, 0.9 -> 12,543 (60 moves). Without the waiting condition 0.8 moved
+            2,540 sessions at 544 in flight and cost 3 % (6,344 tok/s). The Weka makespan is
+            one long session's latency, so single values are noisy (docs/policies.md).
+        overflow_waiting: requests waiting (scraped gauge) at or above which an overflowing
+            worker's turns may move: re-prefills queue up on a worker whose cache thrashes,
+            not on one that merely holds much context. 4 (2 at 0.8: Weka 13,689 s).
         capacity_alpha: weight of a new sample in the moving average of a worker's KV
             capacity estimate (running in-flight tokens over ``kv_usage``); 0.2 averages over
             about five scrapes. The estimate reads 5-6 M tokens for a 4.4 M-token replica
