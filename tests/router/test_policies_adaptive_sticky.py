@@ -357,6 +357,7 @@ def test_expired_and_removed_sessions_leave_the_load() -> None:
         {"cool_waiting": 9},
         {"escape_waiting": 2.5},
         {"knee_pressure": 0.0},
+        {"overflow_pressure": 0.0},
         {"capacity_alpha": 1.5},
         {"move_interval_s": -1.0},
         {"target_kv": float("nan")},
@@ -381,3 +382,60 @@ def test_the_projected_working_set_counts_new_sessions_at_the_mean_final_context
     assert policy.projected(w, tokens=8000, sessions=1) == 60_000
     _turn(core, "young", 50_000)
     assert policy.projected(w) == 50_000  # larger than its projection: its context counts
+
+
+# -- rule 2b: a worker whose working set overflows its KV capacity ------------------------
+
+
+def _overflow_setup(
+    other_kv: float, overflow_waiting: int = 0
+) -> tuple[RoutingCore, AdaptiveStickyPolicy, str, str]:
+    """Two workers, s0 pinned on ``home`` (capacity estimate 20000 tokens), s1 on ``other``
+    (capacity 8000 / ``other_kv``), 8000 context tokens each, no worker hot."""
+    core, policy, _ = _core(
+        workers=(A, B),
+        capacity_alpha=1.0,
+        move_interval_s=0.0,
+        overflow_pressure=0.8,
+        overflow_waiting=overflow_waiting,
+    )
+    held = [core.route(_req(f"s{i}")) for i in range(2)]
+    home, other = held[0].worker, held[1].worker
+    key = {A: "a", B: "b"}
+    _gauges(core, **{key[home]: EngineGauges(1, 0, 0.4), key[other]: EngineGauges(1, 0, other_kv)})
+    probe = core.route(_req("probe", 1))  # a new session: every worker's gauges are read
+    core.complete(probe)
+    core.finish_session("probe")
+    for r in held:
+        core.complete(r)
+    assert policy.pressure(home) == 8000 / 20_000
+    return core, policy, home, other
+
+
+def test_a_turn_on_an_overflowing_worker_moves_to_a_worker_with_room() -> None:
+    core, policy, _home, other = _overflow_setup(other_kv=0.2)  # other: capacity 40000
+    assert _turn(core, "s0", 15_000).kind is DecisionKind.STICKY  # 15000 < 0.8 x 20000
+    res = _turn(core, "s0", 16_000)  # 16000 >= 0.8 x 20000: home overflows
+    assert (res.kind, res.worker) == (DecisionKind.MOVED, other)
+    assert policy.moves == 1 and policy.overflow_moves == 1 and policy.hot_episodes == 0
+    assert policy.context_tokens() == {other: 24_000}
+    assert _turn(core, "s0", 17_000).kind is DecisionKind.STICKY  # other: 25000 < 32000
+
+
+def test_no_overflow_move_onto_a_worker_that_would_pass_its_knee() -> None:
+    core, policy, home, _other = _overflow_setup(other_kv=0.4)  # other: capacity 20000
+    res = _turn(core, "s0", 16_000)  # home overflows, but 8000 + 16000 >= 20000 on other
+    assert (res.kind, res.worker) == (DecisionKind.STICKY, home)
+    assert policy.moves == 0 and policy.overflow_moves == 0
+
+
+def test_an_overflow_move_needs_requests_waiting_on_the_overflowing_worker() -> None:
+    core, policy, home, other = _overflow_setup(other_kv=0.2, overflow_waiting=4)
+    key = {A: "a", B: "b"}
+    assert _turn(core, "s0", 16_000).kind is DecisionKind.STICKY  # waiting 0 < 4
+    _gauges(core, **{key[home]: EngineGauges(1, 3, 0.4)})
+    assert _turn(core, "s0", 16_000).kind is DecisionKind.STICKY  # 3 < 4
+    _gauges(core, **{key[home]: EngineGauges(1, 4, 0.4)})
+    res = _turn(core, "s0", 16_000)
+    assert (res.kind, res.worker) == (DecisionKind.MOVED, other)
+    assert policy.overflow_moves == 1 and policy.hot_episodes == 0

@@ -52,6 +52,19 @@ class AdaptiveStickyConfig:
             6,141 tok/s; 1.07 -> 6,105 / 6,206; 1.15 -> 6,134 / 5,734; 1.3 -> 6,159 / 4,625
             (sticky_least_loaded 6,248 / 4,628). Past ~1.1 the 640 regime thrashes again, so
             1.0 keeps a margin; it costs 448 about 3 % (held sessions wait ~54 s on average).
+        overflow_pressure: a worker whose pinned sessions' present context tokens reach this
+            multiple of its estimated KV capacity, with ``overflow_waiting`` requests waiting,
+            *overflows*: its cache cannot hold its sessions between turns, so their turns
+            re-prefill anyway and moving one costs little. A turn on an overflowing worker may
+            move as on a hot one (same conditions (a)-(d)). Weka seed 0, simulated s (no
+            overflow rule: 15,742; CHWBL 1.25: 12,635): 0.8 -> 13,339 (380 moves), 0.9 ->
+            14,313, 1.0 -> 18,160 without the waiting condition; with ``overflow_waiting`` 4:
+            0.8 -> 13,110, 0.9 -> 12,543 (60 moves). Without the waiting condition 0.8 moved
+            2,540 sessions at 544 in flight and cost 3 % (6,344 tok/s). The Weka makespan is
+            one long session's latency, so single values are noisy (docs/policies.md).
+        overflow_waiting: requests waiting (scraped gauge) at or above which an overflowing
+            worker's turns may move: re-prefills queue up on a worker whose cache thrashes,
+            not on one that merely holds much context. 4 (2 at 0.8: Weka 13,689 s).
         capacity_alpha: weight of a new sample in the moving average of a worker's KV
             capacity estimate (running in-flight tokens over ``kv_usage``); 0.2 averages over
             about five scrapes. The estimate reads 5-6 M tokens for a 4.4 M-token replica
@@ -91,6 +104,8 @@ class AdaptiveStickyConfig:
     move_interval_s: float = 0.5
     session_cooldown_s: float = 300.0
     knee_pressure: float = 1.0
+    overflow_pressure: float = 0.9
+    overflow_waiting: int = 4
     capacity_alpha: float = 0.2
     final_alpha: float = 0.02
     capacity_min_kv: float = 0.2
@@ -130,11 +145,13 @@ class AdaptiveStickyConfig:
                 f"cool_waiting ({self.cool_waiting}) must be <= escape_waiting "
                 f"({self.escape_waiting})"
             )
-        for name in ("escape_waiting", "cool_waiting", "target_waiting"):
+        for name in ("escape_waiting", "cool_waiting", "target_waiting", "overflow_waiting"):
             if not isinstance(getattr(self, name), int):
                 raise ConfigError(f"{name} must be an integer, got {getattr(self, name)!r}")
         if not self.knee_pressure > 0:
             raise ConfigError(f"knee_pressure must be > 0, got {self.knee_pressure!r}")
+        if not self.overflow_pressure > 0:
+            raise ConfigError(f"overflow_pressure must be > 0, got {self.overflow_pressure!r}")
         if not self.capacity_alpha > 0:
             raise ConfigError(f"capacity_alpha must be > 0, got {self.capacity_alpha!r}")
         if not isinstance(self.max_sessions, int) or self.max_sessions < 1:

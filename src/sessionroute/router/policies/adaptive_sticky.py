@@ -23,10 +23,17 @@ behind every default are in :class:`AdaptiveStickyConfig` and ``docs/policies.md
    in the last ``session_cooldown_s``, (c) no session left that worker in the last
    ``move_interval_s`` (gauges are ~1 s stale: moves are paced, not herded), and (d) a clearly
    less loaded target exists: a healthy, not hot worker with ``kv_usage < target_kv`` and at
-   most ``target_waiting`` waiting; the least token-loaded such target wins. A move
-   is a :attr:`~sessionroute.types.DecisionKind.MOVED` decision, counted in
-   :attr:`AdaptiveStickyPolicy.moves` and, like other policies' turns moved, in the session
-   stats' ``repinned``.
+   most ``target_waiting`` waiting, and room under its knee (rule 3) with the session; the
+   least token-loaded such target wins. The same move is allowed off a worker that
+   *overflows*: its pinned sessions' present context reaches ``overflow_pressure`` times its
+   estimated KV capacity while at least ``overflow_waiting`` requests wait there. Its cache
+   cannot hold its sessions between turns, so their turns re-prefill anyway and a move costs
+   little; this is what rebalances sessions left behind when others finish (a trace's tail),
+   where the gauges' KV gate rarely fires. A move is a
+   :attr:`~sessionroute.types.DecisionKind.MOVED` decision, counted in
+   :attr:`AdaptiveStickyPolicy.moves` (those off an overflowing, not hot, worker also in
+   :attr:`AdaptiveStickyPolicy.overflow_moves`) and, like other policies' turns moved, in the
+   session stats' ``repinned``.
 3. **Admission for new sessions.** A worker is *past its knee* when its pinned sessions'
    context tokens reach ``knee_pressure`` times its estimated KV capacity: the working set no
    longer fits, so the prefix cache evicts sessions between turns and every turn re-prefills.
@@ -78,7 +85,8 @@ class AdaptiveStickyPolicy(SessionPolicy):
     """Token-aware sticky placement with a gated escape and admission (module docstring).
 
     Attributes:
-        moves: turns moved off a hot worker (``moved`` decisions).
+        moves: turns moved off a hot or overflowing worker (``moved`` decisions).
+        overflow_moves: of those, turns moved off an overflowing worker that was not hot.
         hot_episodes: times a worker turned hot.
         knee_skips: new sessions placed away from a worker past its knee (another was not).
     """
@@ -100,6 +108,7 @@ class AdaptiveStickyPolicy(SessionPolicy):
         self._last_move: dict[str, float] = {}  # worker -> time of the last move off it
         self._moved = DecisionKind.MOVED
         self.moves = 0
+        self.overflow_moves = 0
         self.hot_episodes = 0
         self.knee_skips = 0
 
@@ -128,13 +137,16 @@ class AdaptiveStickyPolicy(SessionPolicy):
         else:
             self._resize(sess, request.prompt_tokens)
             sess.last = now
-        if self._is_hot(worker, cluster):
+        hot = self._is_hot(worker, cluster)
+        if hot or self._overflowing(worker, cluster):
             target = self._escape(sess, worker, now, healthy, cluster)
             if target is not None:
                 table.pin(sid, target, now)
                 self._move(sess, target, now)
                 self._last_move[worker] = now
                 self.moves += 1
+                if not hot:
+                    self.overflow_moves += 1
                 table.stats.repinned += 1  # a turn moved, as other policies' re-pins
                 return Decision(target, self._moved)
         table.touch(sid, now)
@@ -255,6 +267,20 @@ class AdaptiveStickyPolicy(SessionPolicy):
         cap = self._capacity.get(worker)
         return cap is not None and self.projected(worker, tokens, 1 if tokens else 0) >= (
             self.cfg.knee_pressure * cap
+        )
+
+    def _overflowing(self, worker: str, cluster: ClusterView) -> bool:
+        """Whether ``worker``'s pinned sessions' context tokens now reach ``overflow_pressure``
+        times its estimated KV capacity while its gauges show at least ``overflow_waiting``
+        requests waiting (never before a capacity estimate and gauges exist)."""
+        cap = self._capacity.get(worker)
+        g = cluster.gauges(worker)
+        c = self.cfg
+        return (
+            cap is not None
+            and g is not None
+            and g.waiting >= c.overflow_waiting
+            and self._context.get(worker, 0) >= c.overflow_pressure * cap
         )
 
     def pressure(self, worker: str) -> float | None:
