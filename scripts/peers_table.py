@@ -85,6 +85,7 @@ class Tables:
         self.rows: dict[str, dict[str, list[dict[str, float | None]]]] = defaultdict(
             lambda: defaultdict(list)
         )
+        self.arm_seeds: dict[tuple[str, str], list[int]] = defaultdict(list)
         self.seeds: dict[str, set[int]] = defaultdict(set)
         self.trace: dict[str, bool] = {}
         self.order: list[str] = []
@@ -98,7 +99,9 @@ class Tables:
                 self.order.append(arm["name"])
             for rep in arm["repeats"]:
                 self.rows[regime][arm["name"]].append(_row(rep["metrics"]))
-                self.seeds[regime].add(int(rep["seed"]) if seed is None else seed)
+                s = int(rep["seed"]) if seed is None else seed
+                self.seeds[regime].add(s)
+                self.arm_seeds[(regime, arm["name"])].append(s)
 
     def regimes(self) -> list[str]:
         known = [r for r in REGIMES if r in self.rows]
@@ -108,7 +111,7 @@ class Tables:
         for regime in self.regimes():
             trace = self.trace[regime]
             print(f"\n{regime}, seeds {sorted(self.seeds[regime])}\n")
-            head = ["policy", "output tok/s"]
+            head = ["policy", "seeds", "output tok/s"]
             if trace:
                 head.append("sim seconds (lower is better)")
             head += ["step p50 (s)", "step max (s)", "timeouts", "worst-replica hit"]
@@ -121,7 +124,8 @@ class Tables:
                 rows = self.rows[regime].get(name)
                 if not rows:
                     continue
-                cols = [_fmt([r["out_tok_s"] for r in rows], 0)]
+                seeds = ",".join(map(str, sorted(self.arm_seeds[(regime, name)])))
+                cols = [seeds, _fmt([r["out_tok_s"] for r in rows], 0)]
                 if trace:
                     cols.append(_fmt([r["sim_s"] for r in rows], 0))
                 cols += [
