@@ -7,10 +7,15 @@ sessions wait at the router (the escape is exercised by the router and serve tes
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from sessionroute.clock import ManualClock
+from sessionroute.router.policies.adaptive_sticky import AdaptiveStickyPolicy
+from sessionroute.router.policies.base import Policy
+from sessionroute.router.state.cluster import ClusterView
 from sessionroute.sim import SimSpec, run_simulation
+from sessionroute.types import RouteRequest
 
 SPEC = SimSpec.model_validate(
     {
@@ -43,3 +48,29 @@ def test_adaptive_sticky_in_the_simulator_moves_and_admits_and_loses_nothing() -
     assert m["workload"]["rollouts_timeout"] == 0
     sll = _run("sticky_least_loaded")
     assert sll["admission"]["placed_after_wait"] == 0 and sll["router_decisions"]["moved"] == 0
+
+
+class CheckedAdaptiveSticky(AdaptiveStickyPolicy):
+    """``adaptive_sticky`` whose closed-form :meth:`first_admitted` is checked, at every pump,
+    against asking :meth:`admit` for each waiting request (the contract's default)."""
+
+    checked = 0
+    held = 0
+
+    def first_admitted(self, requests: Sequence[RouteRequest], cluster: ClusterView) -> int | None:
+        fast = super().first_admitted(requests, cluster)
+        slow = Policy.first_admitted(self, requests, cluster)
+        assert fast == slow, (fast, slow, [r.prompt_tokens for r in requests])
+        type(self).checked += 1
+        type(self).held += fast is None
+        return fast
+
+
+def test_the_closed_form_admission_agrees_with_admit_on_every_pump() -> None:
+    m = run_simulation(
+        SPEC, f"{__name__}:CheckedAdaptiveSticky", seed=0, wall_clock=ManualClock()
+    ).metrics
+    assert CheckedAdaptiveSticky.checked > 100 and CheckedAdaptiveSticky.held > 10
+    builtin = _run("adaptive_sticky")
+    differ = [k for k in builtin if k not in ("policy", "wall_seconds") and m[k] != builtin[k]]
+    assert differ == []

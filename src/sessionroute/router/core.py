@@ -210,15 +210,21 @@ class RoutingCore:
         queue = self.admission
         if not len(queue):
             return
-        admit = self.policy.admit
+        first_admitted = self.policy.first_admitted
         cluster = self.cluster
-        for ticket in queue.tickets():
-            if not ticket.waiting:  # withdrawn by an on_ready callback of this pump
-                continue
-            if cluster.healthy() and not admit(ticket.request, cluster):
-                continue
+        pending = queue.tickets()
+        while pending:
+            if cluster.healthy():
+                i = first_admitted([t.request for t in pending], cluster)
+                if i is None:
+                    return
+            else:
+                i = 0  # no healthy worker: the ticket fails at placement (NoWorkerAvailable)
+            ticket = pending[i]
             queue.take(ticket)
             self._leave(ticket)
+            # those before it stay held; skip tickets withdrawn by an on_ready callback
+            pending = [t for t in pending[i + 1 :] if t.waiting]
 
     def _leave(self, ticket: Ticket) -> None:
         """Route a ticket that left the queue and tell its driver (``on_ready``)."""

@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from sessionroute.clock import Clock
@@ -187,6 +188,51 @@ class AdaptiveStickyPolicy(SessionPolicy):
         healthy = cluster.healthy()
         tokens = request.prompt_tokens
         return not healthy or any(not self._past_knee(w, tokens) for w in healthy)
+
+    def first_admitted(self, requests: Sequence[RouteRequest], cluster: ClusterView) -> int | None:
+        """:meth:`admit` for a queue of requests, in closed form: a worker takes one more
+        session of ``t > 0`` tokens unless it is past its knee with it (:meth:`_past_knee`),
+        i.e. while ``n * final < knee`` and ``context + t < knee``, where ``n`` counts the
+        session, ``knee = knee_pressure * capacity``, and ``context + t`` is an int, so it is
+        below ``knee`` exactly when ``t < ceil(knee) - context``. The largest such bound over
+        the healthy workers is computed once; each request is then one comparison. Same
+        answers as :meth:`admit` (``tests/router/test_policies_adaptive_sticky.py``)."""
+        healthy = cluster.healthy()
+        if not healthy:
+            return 0 if requests else None
+        limit = self._admit_limit(healthy)
+        applies = self.admission_applies
+        for i, request in enumerate(requests):
+            t = request.prompt_tokens
+            if not applies(request) or (limit is None and t > 0):
+                return i
+            if t <= 0:
+                if self.admit(request, cluster):
+                    return i
+            elif limit is not None and t < limit:
+                return i
+        return None
+
+    def _admit_limit(self, healthy: Sequence[str]) -> int | None:
+        """The bound of :meth:`first_admitted`: a first turn of ``t > 0`` tokens is admitted
+        exactly when ``t`` is below it; None when some healthy worker has no capacity estimate
+        (it is never past its knee)."""
+        kp = self.cfg.knee_pressure
+        count = self.table.count
+        final = self._final
+        context = self._context
+        best: int | None = None
+        for w in healthy:
+            cap = self._capacity.get(w)
+            if cap is None:
+                return None
+            knee = kp * cap
+            if (count(w) + 1) * final >= knee:
+                continue
+            bound = math.ceil(knee) - context.get(w, 0)
+            if best is None or bound > best:
+                best = bound
+        return 0 if best is None else best
 
     def admission_max_wait_s(self) -> float | None:
         """``max_wait_s``: then the held session is placed anyway (:attr:`places_at_max_wait`)."""

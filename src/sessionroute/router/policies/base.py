@@ -88,6 +88,17 @@ class Policy(ABC):
         it must be cheap. The default admits everything."""
         return True
 
+    def first_admitted(self, requests: Sequence[RouteRequest], cluster: ClusterView) -> int | None:
+        """The index of the first of ``requests`` that :meth:`admit` admits now, or None when
+        it holds them all. The router core's pump asks this once per placement instead of
+        :meth:`admit` once per waiting ticket. The default asks :meth:`admit` for each, in
+        order; a policy whose verdict has a cheap closed form may answer faster, and must give
+        the same answer. Must not change policy state."""
+        for i, request in enumerate(requests):
+            if self.admit(request, cluster):
+                return i
+        return None
+
     def admission_max_wait_s(self) -> float | None:
         """The longest a held request waits (seconds), or None for the router's
         ``RouterConfig.admission_max_wait_s``. Default None."""
