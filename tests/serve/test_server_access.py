@@ -122,8 +122,10 @@ async def test_connection_cap_and_slow_clients_are_closed_and_counted() -> None:
     listener = Listener(
         handle,
         max_body=1 << 20,
-        keepalive_s=0.6,
-        header_timeout_s=0.4,
+        # limits long enough that the first four connections are all open at once on a
+        # loaded machine (a header timeout firing before the fourth connects frees a slot)
+        keepalive_s=2.0,
+        header_timeout_s=1.5,
         max_connections=3,
         on_closed=closed.append,
     )
@@ -138,7 +140,7 @@ async def test_connection_cap_and_slow_clients_are_closed_and_counted() -> None:
         assert await asyncio.wait_for(over[0].read(), 5) == b""
         assert closed == ["connection_limit"]
         slowloris[1].write(b"GET / HTTP/1.1\r\n")
-        for _ in range(20):  # 1 s of trickle, past the 0.4 s head limit
+        for _ in range(80):  # up to 4 s of trickle, past the 1.5 s head limit
             await asyncio.sleep(0.05)
             if slowloris[0].at_eof() or slowloris[1].is_closing():
                 break
