@@ -67,6 +67,7 @@ class CheckedAdaptiveSticky(AdaptiveStickyPolicy):
 
 
 def test_the_closed_form_admission_agrees_with_admit_on_every_pump() -> None:
+    CheckedAdaptiveSticky.checked = CheckedAdaptiveSticky.held = 0
     m = run_simulation(
         SPEC, f"{__name__}:CheckedAdaptiveSticky", seed=0, wall_clock=ManualClock()
     ).metrics

@@ -196,7 +196,7 @@ class AdaptiveStickyPolicy(SessionPolicy):
         session, ``knee = knee_pressure * capacity``, and ``context + t`` is an int, so it is
         below ``knee`` exactly when ``t < ceil(knee) - context``. The largest such bound over
         the healthy workers is computed once; each request is then one comparison. Same
-        answers as :meth:`admit` (``tests/router/test_policies_adaptive_sticky.py``)."""
+        answers as :meth:`admit` (``tests/sim/test_sim_adaptive_sticky.py``)."""
         healthy = cluster.healthy()
         if not healthy:
             return 0 if requests else None
@@ -204,12 +204,10 @@ class AdaptiveStickyPolicy(SessionPolicy):
         applies = self.admission_applies
         for i, request in enumerate(requests):
             t = request.prompt_tokens
-            if not applies(request) or (limit is None and t > 0):
-                return i
-            if t <= 0:
+            if t <= 0:  # projected without a session (`_past_knee`): no closed form, ask
                 if self.admit(request, cluster):
                     return i
-            elif limit is not None and t < limit:
+            elif not applies(request) or limit is None or t < limit:
                 return i
         return None
 
