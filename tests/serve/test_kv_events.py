@@ -117,7 +117,13 @@ async def test_gap_without_replay_clears_and_relearns(ctx: zmq.asyncio.Context) 
     await _stop(task, pub)
 
 
-async def test_gap_is_filled_from_the_replay_socket(ctx: zmq.asyncio.Context) -> None:
+@pytest.mark.parametrize("topic_frame", [True, False], ids=["vllm-with-topic", "without-topic"])
+async def test_gap_is_filled_from_the_replay_socket(
+    ctx: zmq.asyncio.Context, topic_frame: bool
+) -> None:
+    # vLLM's replay replies carry the topic since it added that frame (["", topic, seq, payload]
+    # at the DEALER); older vLLM, SGLang and the emulator send ["", seq, payload]
+    topic = [b""] if topic_frame else []
     replay_addr = f"tcp://127.0.0.1:{_port()}"
     router = ctx.socket(zmq.ROUTER)  # vLLM's replay socket: a ROUTER the server binds
     router.setsockopt(zmq.LINGER, 0)
@@ -132,9 +138,9 @@ async def test_gap_is_filled_from_the_replay_socket(ctx: zmq.asyncio.Context) ->
             for seq, ev in buffered.items():
                 if seq >= requests[-1]:
                     await router.send_multipart(
-                        [client, b"", b"", encode_seq(seq), encode_batch(ev)]
+                        [client, b"", *topic, encode_seq(seq), encode_batch(ev)]
                     )
-            await router.send_multipart([client, b"", b"", encode_seq(END_SEQ), b""])
+            await router.send_multipart([client, b"", *topic, encode_seq(END_SEQ), b""])
 
     replay_task = asyncio.create_task(serve_replay())
     sub, pub, task = await _subscriber(ctx, replay_addr)

@@ -12,7 +12,9 @@ Sequence numbers (``vllm/distributed/kv_events.py``: one per batch, from 0):
 * a jump ahead (batches lost, e.g. past the socket's high-water mark): a **gap**. With a replay
   endpoint (the server's ``"replay_endpoint"``, a ROUTER socket it binds), the missed batches
   are fetched from it (a DEALER sends the first missing ``seq``; the server answers with its
-  buffered batches from there, then ``seq = -1``) and applied in order; without one, or when the
+  buffered batches from there, then ``seq = -1``; each reply is ``["", seq, payload]`` from
+  older vLLM and SGLang, ``["", topic, seq, payload]`` from vLLM since it added the topic
+  frame, and both are read) and applied in order; without one, or when the
   replay does not cover the gap within ``replay_timeout_s``, the worker's set is cleared and
   relearned from the events that follow (vLLM re-announces reused blocks as ``BlockStored``);
 * ``seq == 0`` after later numbers (not a repeated 0): the publisher restarted (its engine's
@@ -173,10 +175,16 @@ class KvEventSubscriber:
             await sock.send_multipart([b"", encode_seq(start)])
             while True:
                 frames = await asyncio.wait_for(sock.recv_multipart(), self.replay_timeout_s)
-                if len(frames) != 4:
-                    log.warning("KV replay from %s: %d frames, expected 4", worker, len(frames))
+                # ["", seq, payload] (vLLM before the topic frame, SGLang) or
+                # ["", topic, seq, payload] (vLLM since): the seq and payload are the last two
+                if len(frames) not in (3, 4) or frames[0]:
+                    log.warning(
+                        "KV replay from %s: %d frames, expected 3 or 4 after an empty delimiter",
+                        worker,
+                        len(frames),
+                    )
                     return
-                seq = decode_seq(frames[2])
+                seq = decode_seq(frames[-2])
                 if seq == END_SEQ:
                     return
                 if seq >= until:
@@ -184,7 +192,7 @@ class KvEventSubscriber:
                 last = self.index.last_seq(worker)
                 if last is not None and seq != last + 1 and seq > last:
                     return  # the server's buffer no longer holds what is missing
-                self.index.apply(worker, seq, decode_batch(frames[3]))
+                self.index.apply(worker, seq, decode_batch(frames[-1]))
         except (TimeoutError, MalformedEvent, zmq.ZMQError) as exc:
             log.warning("KV replay from %s (%s) failed: %s", worker, endpoint, exc)
         finally:
