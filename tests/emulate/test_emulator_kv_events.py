@@ -21,7 +21,10 @@ from sessionroute.emulate.kvevents import KvEventsConfig, offset_endpoint_port
 from sessionroute.errors import ConfigError
 from sessionroute.router.kv.content import load_kv_content
 from sessionroute.router.kv.events import decode_batch, decode_seq, encode_seq
+from sessionroute.router.kv.index import KvIndex
 from sessionroute.serve import RouterSettings, start_router
+from sessionroute.serve.config import KvStreamConfig
+from sessionroute.serve.kvevents import KvEventSubscriber
 
 
 def _port() -> int:
@@ -92,13 +95,65 @@ async def test_frames_are_vllms_and_hashes_match_the_routers() -> None:
         dealer.connect(replay)
         await dealer.send_multipart([b"", encode_seq(0)])
         first = await asyncio.wait_for(dealer.recv_multipart(), 5.0)
-        assert decode_seq(first[1]) == 0 and first[2] == frames[2]
-        while decode_seq((await asyncio.wait_for(dealer.recv_multipart(), 5.0))[1]) != -1:
-            pass
+        # vLLM 0.32's replay reply: ["", topic, seq, payload]; the end marker ["", "", -1, ""]
+        assert first[:2] == [b"", frames[0]] and decode_seq(first[2]) == 0
+        assert first[3] == frames[2]
+        while True:
+            reply = await asyncio.wait_for(dealer.recv_multipart(), 5.0)
+            assert len(reply) == 4
+            if decode_seq(reply[2]) == -1:
+                assert reply[1] == reply[3] == b""
+                break
         dealer.close(0)
     finally:
         await stop_all([h])
         sub.close(0)
+        ctx.destroy(linger=0)
+
+
+async def test_a_late_subscriber_replays_what_the_emulator_published_before_it() -> None:
+    """The router's subscriber and the emulator's replay socket agree on the reply frames: the
+    batches published before the router's SUB socket was bound (lost on the PUB socket, as with
+    a router that starts after its servers) are fetched from the replay socket."""
+    ctx = zmq.asyncio.Context()
+    endpoint, replay = f"tcp://127.0.0.1:{_port()}", f"tcp://127.0.0.1:{_port()}"
+    h = await start_emulator(dataclasses.replace(FAST, kv_events=_kv(endpoint, replay)))
+    index = KvIndex()
+    sub = KvEventSubscriber(KvStreamConfig(h.url, endpoint, replay), index, ctx)
+    task: asyncio.Task[None] | None = None
+    bodies = [
+        {
+            "model": MODEL,
+            "messages": [{"role": "system", "content": words(200, f"s{i}-")}, user("go")],
+            "max_tokens": 4,
+        }
+        for i in range(2)
+    ]
+    blocks = [load_kv_content("emulator", 16).blocks(b) for b in bodies]
+    try:
+        async with httpx.AsyncClient() as client:
+            r = await client.post(h.url + "/v1/chat/completions", json=bodies[0])
+            assert r.status_code == 200  # its events went to no subscriber
+            sub.bind()
+            task = asyncio.create_task(sub.run())
+            await asyncio.sleep(0.3)  # the PUB socket reconnects to the bound SUB socket
+            r = await client.post(h.url + "/v1/chat/completions", json=bodies[1])
+            assert r.status_code == 200
+        for _ in range(100):
+            if all(index.holds(h.url, x) for bs in blocks for x in bs):
+                break
+            await asyncio.sleep(0.05)
+        assert len(blocks[0]) >= 12
+        assert [sum(index.holds(h.url, x) for x in bs) for bs in blocks] == [
+            len(bs) for bs in blocks
+        ]
+        assert index.last_seq(h.url) is not None and sub.decode_errors == 0
+    finally:
+        if task is not None:
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        await stop_all([h])
         ctx.destroy(linger=0)
 
 

@@ -121,8 +121,8 @@ async def test_gap_without_replay_clears_and_relearns(ctx: zmq.asyncio.Context) 
 async def test_gap_is_filled_from_the_replay_socket(
     ctx: zmq.asyncio.Context, topic_frame: bool
 ) -> None:
-    # vLLM's replay replies carry the topic since it added that frame (["", topic, seq, payload]
-    # at the DEALER); older vLLM, SGLang and the emulator send ["", seq, payload]
+    # vLLM 0.32's replay replies carry the topic (["", topic, seq, payload] at the DEALER);
+    # older vLLM and SGLang send ["", seq, payload]
     topic = [b""] if topic_frame else []
     replay_addr = f"tcp://127.0.0.1:{_port()}"
     router = ctx.socket(zmq.ROUTER)  # vLLM's replay socket: a ROUTER the server binds

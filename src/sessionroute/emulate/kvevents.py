@@ -15,7 +15,9 @@
   with map-form events (:func:`sessionroute.router.kv.events.encode_batch`); the last
   ``buffer_steps`` batches are kept for replay;
 * the replay socket (a ROUTER bound at ``replay_endpoint``) answers ``[start_seq]`` with
-  ``[seq, payload]`` for every buffered batch from ``start_seq`` on, then ``[-1, b""]``.
+  ``[topic, seq, payload]`` for every buffered batch from ``start_seq`` on, then
+  ``[b"", -1, b""]`` (after the empty delimiter a DEALER sees; ``_service_replay`` of
+  vLLM 0.32; older vLLM sent no topic frame).
 
 The events are the engine's own (:meth:`sessionroute.replica.Replica.set_kv_listener`): every
 block the replica model caches is a ``BlockStored`` (its vLLM block hash, computed from the
@@ -285,8 +287,10 @@ class KvEventPublisher:
                 first = int.from_bytes(start, "big")
                 for seq, payload in list(self._buffer):
                     if seq >= first:
-                        await sock.send_multipart([client, b"", encode_seq(seq), payload])
-                await sock.send_multipart([client, b"", encode_seq(END_SEQ), b""])
+                        await sock.send_multipart(
+                            [client, b"", self._topic, encode_seq(seq), payload]
+                        )
+                await sock.send_multipart([client, b"", b"", encode_seq(END_SEQ), b""])
         finally:
             sock.close(0)
 

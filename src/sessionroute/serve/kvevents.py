@@ -175,8 +175,8 @@ class KvEventSubscriber:
             await sock.send_multipart([b"", encode_seq(start)])
             while True:
                 frames = await asyncio.wait_for(sock.recv_multipart(), self.replay_timeout_s)
-                # ["", seq, payload] (vLLM before the topic frame, SGLang) or
-                # ["", topic, seq, payload] (vLLM since): the seq and payload are the last two
+                # ["", seq, payload] (older vLLM, SGLang) or ["", topic, seq, payload] (vLLM
+                # 0.32, the emulator): the seq and payload are the last two
                 if len(frames) not in (3, 4) or frames[0]:
                     log.warning(
                         "KV replay from %s: %d frames, expected 3 or 4 after an empty delimiter",
