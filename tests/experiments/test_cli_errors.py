@@ -144,3 +144,35 @@ def test_command_line_changes_are_noted_in_the_description(
     assert main(["compare", "--steps", "2", "--policies", "random", "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "(changed on the command line: --steps 2, --policies random)" in out
+
+
+def test_unknown_replica_profile_fails_the_dry_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    exp = tmp_path / "x.toml"
+    exp.write_text(
+        'name = "x"\n[workload]\nkind = "swe-rl"\nsteps = 2\n'
+        '[replicas]\ncount = 3\nprofile = "nope"\n[[arms]]\npolicy = "consistent_hash"\n',
+        encoding="utf-8",
+    )
+    rc = main(["compare", str(exp), "--dry-run"])
+    err = " ".join(capsys.readouterr().err.split())
+    assert rc == 2
+    assert "unknown replica profile 'nope'" in err and "glm45air-h200-tp8" in err
+
+
+def test_empty_policies_is_an_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["compare", "--policies", " , ", "--dry-run"]) == 2
+    assert "--policies needs at least one policy name" in capsys.readouterr().err
+
+
+def test_policies_says_which_file_options_it_drops(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["compare", "--policies", "consistent_hash_bounded_load,adaptive_sticky", "--dry-run"]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    err = " ".join(captured.err.split())
+    # the default experiment's bounded-load arm has c = 1.05; --policies runs the default c
+    assert "consistent_hash_bounded_load runs with its default options" in err
+    assert "(c = 1.05)" in err
+    assert "c=1.05" not in captured.out  # the plan's arm line shows no option
+    assert "1 run" not in captured.out and "2 runs" in captured.out

@@ -198,3 +198,15 @@ def test_router_flags_give_back_the_same_router_config(config: RouterConfig) -> 
     worlds."""
     args = _parse("--worker-urls", "http://a:1", *router_flags(config))
     assert settings_from_args(args, environ={}).router_config() == config  # type: ignore[arg-type]
+
+
+def test_help_lists_every_built_in_policy(capsys: pytest.CaptureFixture[str]) -> None:
+    from sessionroute.router.policies.registry import policy_names
+
+    with pytest.raises(SystemExit) as exc:
+        main(["serve", "--help"])
+    assert exc.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps the help
+    listed = text.split("--policy POLICY routing policy:")[1].split("(default")[0]
+    assert set(policy_names()) <= set(listed.replace(",", " ").split())
+    assert {"adaptive_sticky", "kv_aware"} <= set(listed.replace(",", " ").split())

@@ -103,7 +103,7 @@ def experiment_from_args(args: argparse.Namespace) -> Any:
     from sessionroute.experiments.spec import load_experiment, parse_experiment
 
     policy_arms: list[dict[str, Any]] | None = None
-    if args.policies:
+    if args.policies is not None:
         names = [p.strip() for p in args.policies.split(",") if p.strip()]
         if not names:
             raise ValueError("--policies needs at least one policy name")
@@ -134,6 +134,7 @@ def experiment_from_args(args: argparse.Namespace) -> Any:
     if getattr(args, "wandb", None):
         data["wandb"] = {**data.get("wandb", {}), "project": args.wandb}
     if policy_arms is not None:
+        _note_dropped_options(data["arms"], policy_arms)
         data["arms"] = policy_arms
         changed.append(f"--policies {args.policies}")
     if changed and data.get("description"):
@@ -141,19 +142,42 @@ def experiment_from_args(args: argparse.Namespace) -> Any:
     return parse_experiment(data, source=args.file or "<built-in default>")
 
 
-def _check_workloads(arms: list[Any]) -> None:
-    """Build each arm's workload once, so that a malformed trace fails (naming file, line and
-    field) before any arm runs, ``--dry-run`` included.
+def _note_dropped_options(
+    file_arms: list[dict[str, Any]], policy_arms: list[dict[str, Any]]
+) -> None:
+    """Say on stderr which of the replaced arms' policy options ``--policies`` does not keep
+    (its arms run each policy with its defaults)."""
+    named = {a["policy"] for a in policy_arms}
+    for arm in file_arms:
+        options = arm.get("policy_options") or {}
+        if arm["policy"] in named and options:
+            shown = ", ".join(f"{k} = {v!r}" for k, v in options.items())
+            print(
+                f"note: --policies replaces the experiment's arms: {arm['policy']} runs with its "
+                f"default options, not the file's arm {arm.get('name') or arm['policy']!r} "
+                f"({shown}); write the options in an experiment file to keep them",
+                file=sys.stderr,
+            )
+
+
+def _check_arms(arms: list[Any]) -> None:
+    """Resolve each arm's replicas and build its workload once, so that an unknown replica
+    profile or a malformed trace fails (naming file, line and field) before any arm runs,
+    ``--dry-run`` included.
 
     Raises:
-        SessionRouteError: what building the workload raises (``TraceFormatError``, ...).
+        SessionRouteError: what resolving the replicas or building the workload raises
+            (``ConfigError``, ``TraceFormatError``, ...).
     """
     import numpy as np
 
+    from sessionroute.sim import SimSpec
+    from sessionroute.sim.runner import replica_config
     from sessionroute.workloads.registry import workload_config
 
     seen: set[str] = set()
     for arm in arms:
+        replica_config(SimSpec.from_settings(arm.settings))
         wl = arm.settings["workload"]
         key = json.dumps(wl, sort_keys=True, default=str)
         if key not in seen:
@@ -196,7 +220,7 @@ def _run(args: argparse.Namespace) -> int:
 
     try:
         arms = resolve_arms(spec)
-        _check_workloads(arms)
+        _check_arms(arms)
     except (SessionRouteError, ValueError) as exc:
         err_console.print(f"[red]error:[/red] {exc}", highlight=False)
         return 2

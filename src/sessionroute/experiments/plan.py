@@ -38,11 +38,12 @@ def plan_summary(spec: ExperimentSpec, arms: list[ResolvedArm]) -> str:
     rep = first.get("replicas", {})
     run = spec.run
     seeds = ", ".join(str(run.seed + k) for k in range(run.repeats))
+    n_runs = len(arms) * run.repeats
     lines = [
         f"experiment {spec.name!r}: {spec.description}" if spec.description else spec.name,
         f"  workload: {_workload(first.get('workload', {}))}",
         f"  replicas: {rep.get('count')} x {rep.get('profile')}",
-        f"  repeats:  {run.repeats} per arm (seeds {seeds}); {len(arms) * run.repeats} runs",
+        f"  repeats:  {run.repeats} per arm (seeds {seeds}); {n_runs} run{'s' * (n_runs != 1)}",
         f"  arms ({len(arms)}):",
     ]
     width = max((len(a.name) for a in arms), default=0)

@@ -14,6 +14,7 @@ import argparse
 from typing import Any
 
 from sessionroute.router.config import DEFAULT_SESSION_HEADERS
+from sessionroute.router.policies.registry import policy_names
 
 __all__ = [
     "DEFAULTS",
@@ -157,10 +158,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a(
         "--policy",
         default=d["policy"],
-        help="routing policy: round_robin, random, power_of_two, cache_aware, consistent_hash, "
-        "sticky_least_loaded, least_loaded, consistent_hash_bounded_load, "
-        "sticky_until_saturated, cache_aware_v2, least_token_load, kv_cost, "
-        "trajectory_admission, or package.module:Class (default: %(default)s)",
+        help=f"routing policy: {', '.join(policy_names())}, or package.module:Class "
+        "(default: %(default)s)",
     )
     a(
         "--policy-option",
