@@ -439,3 +439,36 @@ def test_an_overflow_move_needs_requests_waiting_on_the_overflowing_worker() -> 
     res = _turn(core, "s0", 16_000)
     assert (res.kind, res.worker) == (DecisionKind.MOVED, other)
     assert policy.overflow_moves == 1 and policy.hot_episodes == 0
+
+
+def test_a_chunked_sweep_stops_counting_idle_sessions_a_chunk_at_a_time() -> None:
+    clock = ManualClock()
+    core, policy, _ = _core(clock=clock, working_set_idle_s=300.0, sweep_interval_s=60.0)
+    for i in range(10):
+        _turn(core, f"s{i}", 1000)
+    whole = sum(policy.context_tokens().values())
+    clock.advance(301.0)
+    chunks = core.sweep_chunks(clock.now(), 4)
+    assert next(chunks) == 0 and policy.sweep_pending()  # nothing expired; 4 went idle
+    assert sum(policy.context_tokens().values()) == whole - 4000
+    assert list(chunks) == [0, 0]  # the core goes on while the policy has work left: 4, 2
+    assert policy.context_tokens() == {} and not policy.sweep_pending()
+    assert all(policy.worker_of(f"s{i}") is not None for i in range(10))  # still pinned
+
+
+def test_removing_a_worker_is_o1_its_sessions_leave_the_load_and_move_on_their_next_turn() -> None:
+    core, policy, _ = _core(workers=(A, B))
+    sids = [f"s{i}" for i in range(6)]
+    for sid in sids:
+        _turn(core, sid, 1000)
+    on_a = [s for s in sids if policy.worker_of(s) == A]
+    assert on_a and policy.context_tokens()[A] == 1000 * len(on_a)
+    core.remove_worker(A)
+    assert A not in policy.context_tokens()
+    assert policy.context_tokens() == {B: 1000 * (len(sids) - len(on_a))}
+    assert len(policy._ledger) == len(sids)  # the removed worker's entries stay, stale
+    res = _turn(core, on_a[0], 1200)
+    assert (res.worker, res.kind) == (B, DecisionKind.REPINNED)
+    assert policy.context_tokens() == {B: 1000 * (len(sids) - len(on_a)) + 1200}
+    assert policy.release_session(on_a[1]) is False  # a stale session: forgotten, not counted
+    assert len(policy._ledger) == len(sids) - 1

@@ -164,3 +164,42 @@ def test_the_byte_cap_reaches_the_policies_from_the_router_config_and_serve_flag
         "sticky_least_loaded", {"session_table_max_bytes": 99}, session_table_max_bytes=5
     )
     assert own.build(clock=ManualClock(), rng=random.Random(0)).table.max_bytes == 99  # type: ignore[attr-defined]
+
+
+def test_on_drop_hears_what_the_table_drops_by_itself_and_nothing_its_caller_asks() -> None:
+    table = SessionTable(ttl_s=10.0, max_sessions=3)
+    dropped: list[str] = []
+    table.on_drop = dropped.append
+    table.pin("a", "w", 0.0)
+    table.pin("b", "w", 1.0)
+    table.pin("c", "w", 2.0)
+    table.pin("a", "w2", 3.0)  # a pin over an old pin: asked for
+    table.unpin("b")
+    table.release("c")
+    assert dropped == []
+    table.pin("d", "w", 4.0)
+    table.pin("e", "w", 5.0)
+    table.pin("f", "w", 6.0)  # over the entry cap: the least recently used ("a") is evicted
+    assert dropped == ["a"] and table.stats.evicted == 1
+    assert table.lookup("d", 14.5) is None  # expired on its revisit
+    assert dropped == ["a", "d"]
+    table.displace("w")
+    assert table.take_displaced("e", 15.5) is False  # expired, but the caller took it
+    assert table.sweep(16.5) == 1 and dropped == ["a", "d", "f"]  # f: stale, past the TTL
+
+
+def test_a_shared_tables_cache_says_what_it_drops() -> None:
+    from sessionroute.router.state.shared import SharedSessionTable
+
+    table = SharedSessionTable(ttl_s=100.0)
+    dropped: list[str] = []
+    table.on_drop = dropped.append
+    table.load("s", "w1", {"w1": 1}, 1, 0.0)
+    table.load("s", "w1", {"w1": 1}, 2, 1.0)  # the same pin: kept
+    assert dropped == [] and table.worker_of("s") == "w1"
+    table.load("s", "w2", {"w2": 1}, 3, 2.0)  # another router moved it
+    assert dropped == ["s"] and table.worker_of("s") == "w2"
+    table.load("s", None, {}, 4, 3.0)  # the shared table no longer has it
+    assert dropped == ["s", "s"] and table.worker_of("s") is None
+    table.load("s", None, {}, 5, 4.0)  # nothing cached: nothing to drop
+    assert dropped == ["s", "s"]

@@ -2,7 +2,8 @@
 work (issue 19, item 7).
 
 What it does, in process and without I/O (the routing core is what runs on the event loop):
-a ``sticky_least_loaded`` routing core on a manual clock pins ``--sessions`` sessions (default
+a routing core with ``--policy`` (``sticky_least_loaded`` by default; any session-keeping
+policy, e.g. ``adaptive_sticky``) on a manual clock pins ``--sessions`` sessions (default
 100,000) over 4 workers, the clock moves past their TTL, and the expiry runs (1) as one sweep,
 as before issue 19, and (2) as the live router's background sweep runs it now, in the chunks
 of :meth:`~sessionroute.router.RoutingCore.sweep_chunks` (:data:`~sessionroute.router.core.
@@ -43,15 +44,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "the work runs (two backends and a router as processes)",
     )
     a("--concurrency", type=int, default=8, help="--live: requests in flight (8)")
+    a(
+        "--policy",
+        default="sticky_least_loaded",
+        help="the routing policy (default sticky_least_loaded; e.g. adaptive_sticky)",
+    )
 
 
-def _core(workers: list[str]) -> Any:
+def _core(workers: list[str], policy_name: str) -> Any:
     from sessionroute.clock import ManualClock
     from sessionroute.router import RoutingCore, choose_policy
     from sessionroute.router.state import Cluster
 
     clock = ManualClock()
-    policy = choose_policy("sticky_least_loaded", {}, session_ttl_s=60.0).build(
+    policy = choose_policy(policy_name, {}, session_ttl_s=60.0).build(
         clock=clock, rng=random.Random(0)
     )
     return RoutingCore(policy, Cluster(workers), rng=random.Random(0)), clock
@@ -64,14 +70,14 @@ def _fill(core: Any, n: int, prefix: str) -> None:
         core.complete(core.route(RouteRequest(session_id=f"{prefix}{i}", prompt_tokens=100)))
 
 
-def _once(sessions: int, removed: int) -> dict[str, float]:
+def _once(sessions: int, removed: int, policy: str) -> dict[str, float]:
     from sessionroute.router.core import SWEEP_CHUNK
     from sessionroute.types import RouteRequest
 
     workers = [f"http://w{i}:8000" for i in range(4)]
     out: dict[str, float] = {}
     for mode in ("one_pass", "chunked"):
-        core, clock = _core(workers)
+        core, clock = _core(workers, policy)
         _fill(core, sessions, "s")
         clock.advance(120.0)
         longest = 0.0
@@ -83,7 +89,7 @@ def _once(sessions: int, removed: int) -> dict[str, float]:
             if n is None:
                 break
         out[f"expire_{mode}_ms"] = longest * 1000.0
-    core, clock = _core(workers[:1])
+    core, clock = _core(workers[:1], policy)
     _fill(core, removed, "r")
     core.add_worker(workers[1])
     t0 = time.thread_time()
@@ -101,10 +107,11 @@ def _once(sessions: int, removed: int) -> dict[str, float]:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Run the measurement (module docstring); returns the result document."""
-    runs = [_once(args.sessions, args.removed) for _ in range(args.repeat)]
+    runs = [_once(args.sessions, args.removed, args.policy) for _ in range(args.repeat)]
     keys = runs[0].keys()
     result: dict[str, Any] = {
         "benchmark": "stall",
+        "policy": args.policy,
         "sessions": args.sessions,
         "removed": args.removed,
         "repeat": args.repeat,
@@ -126,7 +133,9 @@ def print_table(result: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"longest event-loop block, median of {result['repeat']} runs")
+    table = Table(
+        title=f"longest event-loop block ({result['policy']}), median of {result['repeat']} runs"
+    )
     table.add_column("bulk work")
     table.add_column("ms", justify="right")
     table.add_column("min-max", justify="right")

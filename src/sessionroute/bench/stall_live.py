@@ -3,7 +3,8 @@ while bulk session work runs on its event loop (issue 19, item 7: p99 under 10 m
 sessions expire or a worker with 50k sessions is removed).
 
 What it does: two zero-delay backends (:mod:`sessionroute.bench.backend`) and one router
-(``sticky_least_loaded``, the same :func:`~sessionroute.serve.runner.start_router` that
+(``--policy``, ``sticky_least_loaded`` by default; the same
+:func:`~sessionroute.serve.runner.start_router` that
 ``sessionroute serve`` runs, with uvloop) run as their own processes. A closed-loop aiohttp
 client keeps ``--concurrency`` requests in flight, each client its own session, and records
 every request's send time and latency. Meanwhile the router process, told over its stdin,
@@ -60,17 +61,17 @@ class _ShiftClock:
         return time.monotonic() + self.shift
 
 
-def router_main(port: int, workers: list[str]) -> None:
+def router_main(port: int, workers: list[str], policy: str = "sticky_least_loaded") -> None:
     """The router process: serve on ``port`` and run the bulk work told on stdin (one JSON
     command a line: ``{"op": "fill", "n": N, "prefix": P, "only": URL | null}``, ``{"op":
     "expire", "chunked": bool}``, ``{"op": "remove", "url": URL}``), answering each with one
     JSON line on stdout (``t0``/``t1``: monotonic seconds of the work)."""
     import uvloop
 
-    uvloop.run(_router(port, workers))
+    uvloop.run(_router(port, workers, policy))
 
 
-async def _router(port: int, workers: list[str]) -> None:
+async def _router(port: int, workers: list[str], policy: str) -> None:
     from sessionroute.serve.config import RouterSettings
     from sessionroute.serve.runner import start_router
     from sessionroute.types import RouteRequest
@@ -79,7 +80,7 @@ async def _router(port: int, workers: list[str]) -> None:
         host="127.0.0.1",
         port=port,
         worker_urls=tuple(workers),
-        policy="sticky_least_loaded",
+        policy=policy,
         session_ttl_secs=_TTL_S,
         session_sweep_interval_secs=_TTL_S,  # the bench sweeps when it says so
         log_level="warning",
@@ -182,7 +183,7 @@ async def _live(args: argparse.Namespace) -> dict[str, Any]:
         rport = free_port()
         code = (
             "from sessionroute.bench.stall_live import router_main; "
-            f"router_main({rport}, {[a, b]!r})"
+            f"router_main({rport}, {[a, b]!r}, {args.policy!r})"
         )
         router = await asyncio.create_subprocess_exec(
             sys.executable, "-c", code, stdin=asyncio.subprocess.PIPE,

@@ -320,7 +320,7 @@ class RoutingCore:
             if expired and len(self.admission):
                 self.pump()
             yield expired
-            if chunk is None or expired < chunk:
+            if chunk is None or (expired < chunk and not policy.sweep_pending()):
                 return
 
     # -- workers --------------------------------------------------------------------------

@@ -154,6 +154,9 @@ class RouterFleet(Policy):
     def sweep(self, now: float, limit: int | None = None) -> int:
         return sum(p.sweep(now, limit) for p in self.policies)
 
+    def sweep_pending(self) -> bool:
+        return any(p.sweep_pending() for p in self.policies)
+
     def session_counts(self) -> Mapping[str, int]:
         """Pins held per worker, summed over the routers' tables (a session pinned by two
         routers with local state counts twice: both hold it)."""

@@ -174,3 +174,32 @@ def test_sessions_are_pinned_and_counted() -> None:
     _turn(core, "y", 10)
     assert dict(_policy(core).session_counts()) == {A: 1, B: 1}
     assert _policy(core).worker_of("x") == A and gauges is not None
+
+
+def test_a_session_that_expires_in_flight_is_forgotten_when_its_turn_completes() -> None:
+    clock = ManualClock()
+    opts = {**CAP, "session_ttl_s": 10.0}
+    core = make_core("trajectory_admission", opts, workers=(A,), clock=clock)
+    _turn(core, "idle", 300)
+    slow = _turn(core, "slow", 200, done=False)
+    clock.advance(11.0)
+    assert core.sweep(clock.now()) == 2  # both past the TTL; "slow" still has a turn running
+    p = _policy(core)
+    assert "idle" not in p._ctx and "slow" in p._ctx
+    core.complete(slow)
+    assert "slow" not in p._ctx and p.fill(A, core.cluster) == 0.0
+
+
+def test_removing_a_worker_drops_its_working_set_at_once_and_its_sessions_move_on() -> None:
+    core = make_core("trajectory_admission", CAP, workers=(A, B))
+    for i in range(6):
+        _turn(core, f"s{i}", 100)
+    p = _policy(core)
+    on_a = [f"s{i}" for i in range(6) if p.worker_of(f"s{i}") == A]
+    assert on_a and p.fill(A, core.cluster) == pytest.approx(0.1 * len(on_a))
+    core.remove_worker(A)
+    assert A not in p._ws and A not in p._on  # O(1): the sessions' entries are not visited
+    res = _turn(core, on_a[0], 150)
+    assert res.worker == B and p.fill(B, core.cluster) == pytest.approx(
+        0.1 * (6 - len(on_a)) + 0.15
+    )

@@ -113,7 +113,7 @@ class SessionPolicy(Policy):
             if limit is None:
                 self.sweep(now)
             else:
-                self._sweep_more = self.sweep(now, limit) >= limit
+                self._sweep_more = self.sweep(now, limit) >= limit or self.sweep_pending()
 
     def bound_sweeps(self, limit: int) -> None:
         """Sweeps inside :meth:`select` expire at most ``limit`` sessions; one that reached it

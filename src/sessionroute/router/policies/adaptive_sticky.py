@@ -59,6 +59,7 @@ from typing import Any, ClassVar
 
 from sessionroute.clock import Clock
 from sessionroute.router.policies._adaptive_config import AdaptiveStickyConfig
+from sessionroute.router.policies._context_ledger import ContextLedger, LedgerEntry
 from sessionroute.router.policies._rendezvous import rendezvous_winner
 from sessionroute.router.policies._sessions import SessionPolicy
 from sessionroute.router.policies.base import require_healthy
@@ -66,20 +67,6 @@ from sessionroute.router.state.cluster import ClusterView
 from sessionroute.types import Decision, DecisionKind, EngineGauges, RouteRequest
 
 __all__ = ["AdaptiveStickyConfig", "AdaptiveStickyPolicy"]
-
-
-class _Session:
-    """A pinned session: its worker, the context tokens it counts in that worker's load (its
-    latest prompt estimate; 0 while idle past ``working_set_idle_s``), its last turn and its
-    last move (seconds)."""
-
-    __slots__ = ("last", "moved_at", "tokens", "worker")
-
-    def __init__(self, worker: str, tokens: int, now: float) -> None:
-        self.worker = worker
-        self.tokens = tokens
-        self.last = now
-        self.moved_at = -math.inf
 
 
 class AdaptiveStickyPolicy(SessionPolicy):
@@ -99,12 +86,14 @@ class AdaptiveStickyPolicy(SessionPolicy):
     def __init__(self, config: Any = None, *, clock: Clock, rng: random.Random) -> None:
         super().__init__(config, clock=clock, rng=rng)
         self.cfg: AdaptiveStickyConfig = self.config
-        self._sessions: dict[str, _Session] = {}
-        self._context: dict[str, int] = {}  # worker -> context tokens of its pinned sessions
+        # pinned sessions' context tokens per worker; the table tells it what it drops itself
+        self._ledger = ContextLedger()
+        self._context = self._ledger.context  # read-only alias: worker -> context tokens
+        self.table.on_drop = self._ledger.forget
+        self._idle_more = False  # the last limited sweep left idle sessions still counted
         self._hot: dict[str, bool] = {}
         self._seen: dict[str, EngineGauges | None] = {}  # worker -> gauges last evaluated
         self._capacity: dict[str, float] = {}  # worker -> estimated KV capacity, tokens
-        self._total = 0  # context tokens over all workers
         self._final = 0.0  # moving average of finished sessions' last context, tokens
         self._last_move: dict[str, float] = {}  # worker -> time of the last move off it
         self._moved = DecisionKind.MOVED
@@ -128,22 +117,22 @@ class AdaptiveStickyPolicy(SessionPolicy):
         self._maybe_sweep(now)
         table = self.table
         worker = table.lookup(sid, now)
+        ledger = self._ledger
         if worker is None or not cluster.is_healthy(worker):
             decision = super().select(request, cluster)  # new or re-pinned: place_new
-            self._track(sid, decision.worker, request.prompt_tokens)
+            ledger.track(sid, decision.worker, request.prompt_tokens, now)
             return decision
-        sess = self._sessions.get(sid)
+        sess = ledger.get(sid)
         if sess is None or sess.worker != worker:  # pinned before we tracked it (defensive)
-            sess = self._track(sid, worker, request.prompt_tokens)
+            sess = ledger.track(sid, worker, request.prompt_tokens, now)
         else:
-            self._resize(sess, request.prompt_tokens)
-            sess.last = now
+            ledger.turn(sid, sess, request.prompt_tokens, now)
         hot = self._is_hot(worker, cluster)
         if hot or self._overflowing(worker, cluster):
             target = self._escape(sess, worker, now, healthy, cluster)
             if target is not None:
                 table.pin(sid, target, now)
-                self._move(sess, target, now)
+                ledger.move(sess, target, now)
                 self._last_move[worker] = now
                 self.moves += 1
                 if not hot:
@@ -245,7 +234,7 @@ class AdaptiveStickyPolicy(SessionPolicy):
         c = self.cfg
         table = self.table
         n = len(table)
-        mean = self._total / n if n else 0.0
+        mean = self._ledger.total / n if n else 0.0
         return (
             (1.0 - c.count_weight) * self._context.get(worker, 0)
             + c.count_weight * table.count(worker) * mean
@@ -334,7 +323,7 @@ class AdaptiveStickyPolicy(SessionPolicy):
 
     def _escape(
         self,
-        sess: _Session,
+        sess: LedgerEntry,
         worker: str,
         now: float,
         healthy: tuple[str, ...],
@@ -366,74 +355,34 @@ class AdaptiveStickyPolicy(SessionPolicy):
                 best, best_load = t, load
         return best
 
-    # -- context bookkeeping ------------------------------------------------------------------
-    def _track(self, sid: str, worker: str, tokens: int) -> _Session:
-        old = self._sessions.get(sid)
-        if old is not None:
-            self._add(old.worker, -old.tokens)
-        sess = self._sessions[sid] = _Session(worker, tokens, self.clock.now())
-        if old is not None:
-            sess.moved_at = old.moved_at
-        self._add(worker, tokens)
-        return sess
-
-    def _resize(self, sess: _Session, tokens: int) -> None:
-        if tokens != sess.tokens:
-            self._add(sess.worker, tokens - sess.tokens)
-            sess.tokens = tokens
-
-    def _move(self, sess: _Session, target: str, now: float) -> None:
-        self._add(sess.worker, -sess.tokens)
-        self._add(target, sess.tokens)
-        sess.worker = target
-        sess.moved_at = now
-
-    def _add(self, worker: str, tokens: int) -> None:
-        self._total += tokens
-        v = self._context.get(worker, 0) + tokens
-        if v > 0:
-            self._context[worker] = v
-        else:
-            self._context.pop(worker, None)
-
-    def _forget(self, sid: str) -> None:
-        sess = self._sessions.pop(sid, None)
-        if sess is not None:
-            self._add(sess.worker, -sess.tokens)
-
     def release_session(self, session_id: str) -> bool:
         """Forget a finished session; its last context feeds the mean final context (a moving
         average, weight ``final_alpha``)."""
-        sess = self._sessions.get(session_id)
+        sess = self._ledger.get(session_id)
         if sess is not None and sess.tokens > 0:
             a = self.cfg.final_alpha
             self._final = (
                 sess.tokens if self._final == 0 else self._final + a * (sess.tokens - self._final)
             )
-        self._forget(session_id)
+        self._ledger.forget(session_id)
         return super().release_session(session_id)
 
     def sweep(self, now: float, limit: int | None = None) -> int:
-        """Expire idle sessions, forget the context of every session the table dropped
-        (expired, evicted) and stop counting sessions idle for ``working_set_idle_s``:
-        O(tracked sessions), at most every ``sweep_interval_s``; a chunked sweep (``limit``)
-        makes that pass once, on its last chunk."""
+        """Expire idle sessions (the table drops them and tells the ledger, ``on_drop``) and
+        stop counting sessions idle for ``working_set_idle_s`` (counted again on their next
+        turn): work in proportion to the sessions concerned, at most ``limit`` of each per
+        call (:meth:`sweep_pending` says when idle ones are left)."""
         n = super().sweep(now, limit)
-        if limit is not None and n >= limit:
-            return n  # a chunk of a larger sweep: the pass below runs once, after the last
-        table = self.table
-        for sid in [s for s in self._sessions if s not in table]:
-            self._forget(sid)
-        idle = now - self.cfg.working_set_idle_s
-        for sess in self._sessions.values():
-            if sess.last <= idle and sess.tokens:
-                self._resize(sess, 0)  # counted again on its next turn
+        self._idle_more = self._ledger.idle_pass(now - self.cfg.working_set_idle_s, limit)
         return n
 
+    def sweep_pending(self) -> bool:
+        return self._idle_more
+
     def on_worker_removed(self, worker: str, cluster: ClusterView) -> None:
+        """O(1): the table's pins and the ledger's entries of ``worker`` go stale."""
         super().on_worker_removed(worker, cluster)
-        for sid in [s for s, v in self._sessions.items() if v.worker == worker]:
-            self._forget(sid)
+        self._ledger.remove_worker(worker)
         for d in (self._hot, self._seen, self._capacity, self._last_move):
             d.pop(worker, None)
 

@@ -136,6 +136,12 @@ class Policy(ABC):
         them, the oldest first, when given); returns how many."""
         return 0
 
+    def sweep_pending(self) -> bool:
+        """Whether the last :meth:`sweep` with a ``limit`` left bookkeeping of the policy's
+        own for another call, though it expired fewer than ``limit`` sessions (a chunked
+        sweep goes on while either holds). Default: False."""
+        return False
+
     def bound_sweeps(self, limit: int) -> None:
         """Sweeps that run inside :meth:`select` expire at most ``limit`` sessions each, the
         rest on the following calls (``serve``: one routing call never expires a whole table

@@ -130,12 +130,12 @@ class TrajectoryAdmissionPolicy(SessionPolicy):
         self._on: dict[str, set[str]] = {}  # worker -> sessions homed there
         self._ws: dict[str, int] = {}  # worker -> working set (active sessions' tokens)
         self._busy: dict[str, int] = {}  # session -> requests in flight
-        self._swept = 0  # sessions expired by the chunks of a sweep not finished yet
         self._cap: dict[str, float] = {}  # worker -> estimated KV capacity (tokens)
         self._seen: dict[str, EngineGauges] = {}  # worker -> gauges of the last estimate
         self.paused: dict[str, float] = {}
         self.stats: dict[str, int] = {"paused": 0, "resumed": 0, "forced": 0}
         self._picker = LowestScore()
+        self.table.on_drop = self._dropped  # expired or evicted: forget (unless in flight)
 
     # -- signals --------------------------------------------------------------------------
     def capacity(self, worker: str, cluster: ClusterView) -> float | None:
@@ -226,6 +226,8 @@ class TrajectoryAdmissionPolicy(SessionPolicy):
             self._busy[sid] = n
         else:
             self._busy.pop(sid, None)
+            if self.table.worker_of(sid) is None:  # its pin went while it was in flight
+                self._forget(sid)
 
     def _maybe_pause(self, worker: str, cluster: ClusterView) -> None:
         """Pause between-turn sessions on ``worker``, smallest first, when it is over the
@@ -270,22 +272,18 @@ class TrajectoryAdmissionPolicy(SessionPolicy):
         self._forget(session_id)
         return known
 
-    def sweep(self, now: float, limit: int | None = None) -> int:
-        expired = super().sweep(now, limit)
-        self._swept += expired
-        if limit is not None and expired >= limit:
-            return expired  # a chunk of a larger sweep: the pass below runs after the last
-        if self._swept:
-            self._swept = 0
-            worker_of = self.table.worker_of
-            for sid in [s for s in self._ctx if worker_of(s) is None and s not in self._busy]:
-                self._forget(sid)
-        return expired
+    def _dropped(self, sid: str) -> None:
+        """The session table dropped ``sid`` (expired, evicted): forget it, unless a request
+        of it is in flight (then when that completes, :meth:`on_complete`)."""
+        if sid not in self._busy:
+            self._forget(sid)
 
     def on_worker_removed(self, worker: str, cluster: ClusterView) -> None:
+        """O(1): the worker's working set goes; its sessions' homes point at a worker that is
+        no longer there (not healthy: their held turns are admitted, and their next turn
+        re-places them)."""
         super().on_worker_removed(worker, cluster)
-        for sid in list(self._on.pop(worker, ())):
-            self._home.pop(sid, None)
+        self._on.pop(worker, None)
         self._ws.pop(worker, None)
         self._cap.pop(worker, None)
         self._seen.pop(worker, None)

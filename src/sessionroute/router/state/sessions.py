@@ -10,11 +10,17 @@ Removing a worker is O(1) (issue 19, no event-loop stalls): its sessions' pins a
 place and marked stale by bumping the worker's *epoch*; a stale pin counts nowhere (not in
 ``len``, ``counts``, ``in``) and is dropped lazily: on the session's next turn (a re-pin,
 :meth:`SessionTable.take_displaced`), by the TTL sweep (expired) or by eviction.
+
+A policy that keeps its own per-session state beside the table (``adaptive_sticky``,
+``trajectory_admission``) sets :attr:`SessionTable.on_drop` to hear of every entry the table
+drops by itself (expired, evicted, dropped from a shared table's cache), so it forgets exactly
+those sessions instead of scanning its state for them.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from sessionroute.errors import ConfigError
@@ -123,6 +129,12 @@ class SessionTable:
             count the entries of a removed worker's sessions until they are dropped (module
             docstring).
 
+    Attributes:
+        on_drop: called with the id of every entry the table drops by itself: expired
+            (:meth:`sweep`, :meth:`lookup`), evicted (the caps), or dropped from a shared
+            table's cache; not for what its caller asks (:meth:`pin` over an old pin,
+            :meth:`unpin`, :meth:`release`, :meth:`take_displaced`). None: nobody listens.
+
     Raises:
         ConfigError: on a non-positive TTL or capacity.
     """
@@ -135,6 +147,7 @@ class SessionTable:
         "_max_bytes",
         "_pins",
         "_stale",
+        "on_drop",
         "stats",
         "ttl_s",
     )
@@ -162,6 +175,7 @@ class SessionTable:
         self._epochs: dict[str, int] = {}
         self._stale = 0  # stale pins still in _pins
         self.stats = SessionStats()
+        self.on_drop: Callable[[str], object] | None = None
 
     def __len__(self) -> int:
         """Live sessions (pins of removed workers not included)."""
@@ -225,6 +239,8 @@ class SessionTable:
         if now - entry.last >= self.ttl_s:
             self._drop(session_id)
             self.stats.expired += 1
+            if self.on_drop is not None:
+                self.on_drop(session_id)
             return None
         return entry.worker
 
@@ -306,12 +322,15 @@ class SessionTable:
         cutoff = now - self.ttl_s
         pins = self._pins
         cap = len(pins) if limit is None else limit
+        on_drop = self.on_drop
         n = 0
         while pins and n < cap:
             sid, entry = next(iter(pins.items()))
             if entry.last > cutoff:
                 break
             self._drop(sid)
+            if on_drop is not None:
+                on_drop(sid)
             n += 1
         self.stats.expired += n
         return n
@@ -327,11 +346,14 @@ class SessionTable:
         shared table, :mod:`~sessionroute.router.state.shared`) only removed."""
         pins = self._pins
         while pins and (len(pins) >= self._max or self._bytes + cost > self._max_bytes):
+            sid = next(iter(pins))
             if cache_only:
-                self._uncache(next(iter(pins)))
+                self._uncache(sid)
             else:
-                self._drop(next(iter(pins)))
+                self._drop(sid)
                 self.stats.evicted += 1
+            if self.on_drop is not None:
+                self.on_drop(sid)
 
     def _cache_pin(self, session_id: str, worker: str, now: float) -> _Pin:
         """Add an entry (not counted per worker; ``session_id`` must be absent)."""

@@ -89,18 +89,17 @@ class SharedSessionTable(SessionTable):
         if session_id is not None:
             self._decided.pop(session_id, None)
             cached = self._pins.get(session_id)
-            if cached is not None and self._is_stale(cached):
+            if cached is not None and (
+                self._is_stale(cached) or worker is None or cached.worker != worker
+            ):
                 self._uncache(session_id)
                 cached = None
-            if worker is None:
-                if cached is not None:
-                    self._uncache(session_id)
-            elif cached is None or cached.worker != worker:
-                if cached is not None:
-                    self._uncache(session_id)
+                if self.on_drop is not None:
+                    self.on_drop(session_id)
+            if worker is not None and cached is None:
                 self._make_room(entry_bytes(session_id), cache_only=True)
                 self._cache_pin(session_id, worker, now)
-            else:
+            elif cached is not None:
                 cached.last = now
                 self._pins.move_to_end(session_id)
         self._counts = {w: c for w, c in counts.items() if c > 0}
@@ -166,5 +165,6 @@ def share_table(policy: Any) -> SharedSessionTable | None:
     if not isinstance(old, SessionTable):
         return None
     table = SharedSessionTable(old.ttl_s, old.max_sessions, old.max_bytes)
+    table.on_drop = old.on_drop
     policy.table = table
     return table
