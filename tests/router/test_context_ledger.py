@@ -67,15 +67,21 @@ def test_sums_match_a_recount_of_the_live_entries(seq: list[tuple]) -> None:  # 
             ledger.remove_worker(op[1])
             shadow = {s: v for s, v in shadow.items() if v[0] != op[1]}
         elif op[0] == "idle":
+            # a limited pass visits at most `limit` entries (stale and zero-token ones too), so
+            # which sessions it stops counting is checked by its properties, not predicted
             _, back, limit = op
             before = now - back
-            idle = sorted((last[s], s) for s, v in shadow.items() if v[1] and last[s] <= before)
             more = ledger.idle_pass(before, limit)
-            n = len(idle) if limit is None else min(limit, len(idle))
-            for _, sid in idle[:n]:  # the oldest turns first
-                shadow[sid] = (shadow[sid][0], 0)
-            if limit is not None and len(idle) > limit:
-                assert more
+            counted = [s for s, v in shadow.items() if v[1]]
+            zeroed = [s for s in counted if (e := ledger.get(s)) is not None and e.tokens == 0]
+            assert all(last[s] <= before for s in zeroed)  # only idle sessions stop counting
+            assert limit is None or len(zeroed) <= limit
+            for s in zeroed:
+                shadow[s] = (shadow[s][0], 0)
+            left = [s for s, v in shadow.items() if v[1] and last[s] <= before]
+            if limit is None or not more:
+                assert left == []  # a pass that says it is done left no idle session counted
+            assert all(last[t] >= last[s] for s in zeroed for t in left)  # oldest first
         else:
             now += op[1]
         recount = _recount(ledger, shadow)
