@@ -176,3 +176,21 @@ def test_policies_says_which_file_options_it_drops(capsys: pytest.CaptureFixture
     assert "(c = 1.05)" in err
     assert "c=1.05" not in captured.out  # the plan's arm line shows no option
     assert "1 run" not in captured.out and "2 runs" in captured.out
+
+
+def test_an_arms_bar_counts_time_from_its_first_progress_not_while_it_waits() -> None:
+    import time
+
+    from rich.console import Console
+
+    from sessionroute.experiments.progress import RichReporter
+
+    reporter = RichReporter(Console(file=None, quiet=True))
+    update = reporter.start_run("queued arm")
+    time.sleep(0.5)  # waiting for a free process slot
+    task = reporter._progress.tasks[0]
+    assert task.elapsed is None  # not started
+    update(0.0)
+    update(0.5)
+    reporter.end_run("queued arm")
+    assert task.finished and task.finished_time is not None and task.finished_time < 0.5

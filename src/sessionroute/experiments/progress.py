@@ -44,13 +44,15 @@ class RichReporter(_Display):
         self._tasks: dict[str, TaskID] = {}
 
     def start_run(self, label: str) -> _Updater:
-        task = self._progress.add_task(label, total=1.0)
+        # the bar's clock starts with the run's first progress, not while it waits for a slot
+        task = self._progress.add_task(label, total=1.0, start=False)
         self._tasks[label] = task
         return _Updater(self._progress, task)
 
     def end_run(self, label: str) -> None:
         task = self._tasks.get(label)
         if task is not None:
+            self._progress.start_task(task)  # (no-op when already started)
             self._progress.update(task, completed=1.0)
 
 
@@ -64,6 +66,8 @@ class _Updater:
 
     def __call__(self, fraction: float) -> None:
         f = min(1.0, max(0.0, fraction))
+        if self._last < 0.0:
+            self._progress.start_task(self._task)
         if f - self._last >= 0.005 or f >= 1.0:
             self._last = f
             self._progress.update(self._task, completed=f)
