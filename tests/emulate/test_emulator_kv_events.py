@@ -19,6 +19,7 @@ from test_emulator_support import FAST, MODEL, user, words
 from sessionroute.emulate import start_emulator, stop_all
 from sessionroute.emulate.kvevents import KvEventsConfig, offset_endpoint_port
 from sessionroute.errors import ConfigError
+from sessionroute.experiments.live.procs import free_port_block
 from sessionroute.router.kv.content import load_kv_content
 from sessionroute.router.kv.events import decode_batch, decode_seq, encode_seq
 from sessionroute.router.kv.index import KvIndex
@@ -158,13 +159,15 @@ async def test_a_late_subscriber_replays_what_the_emulator_published_before_it()
 
 
 async def test_kv_aware_without_session_ids_keeps_conversations_on_their_cache() -> None:
-    endpoints = [f"tcp://127.0.0.1:{_port()}" for _ in range(3)]
+    # replica i publishes on the configured port + i (vLLM's data-parallel offset), so the
+    # three share one base endpoint and the router binds base + i for worker i
+    base = free_port_block(3)
+    kv = _kv(f"tcp://127.0.0.1:{base}")
+    endpoints = [offset_endpoint_port(f"tcp://127.0.0.1:{base}", i) for i in range(3)]
     handles = []
     try:
-        for i, ep in enumerate(endpoints):
-            handles.append(
-                await start_emulator(dataclasses.replace(FAST, kv_events=_kv(ep)), index=i)
-            )
+        for i in range(3):
+            handles.append(await start_emulator(dataclasses.replace(FAST, kv_events=kv), index=i))
         settings = RouterSettings.build(
             port=0,
             worker_urls=tuple(h.url for h in handles),
@@ -201,8 +204,11 @@ async def test_kv_aware_without_session_ids_keeps_conversations_on_their_cache()
                         await asyncio.sleep(0.05)  # the events reach the router
             for name, ws in workers.items():
                 assert len(set(ws)) == 1, (name, ws)  # every turn back on its cache, no ids
-            assert len({ws[0] for ws in workers.values()}) >= 2  # and spread
+            served = {ws[0] for ws in workers.values()}
+            assert len(served) >= 2  # and spread
             assert min(cached) >= 300
+            index = router.router.core.policy.index  # type: ignore[attr-defined]
+            assert all(index.size(w) > 0 for w in served)  # each replica's events reached it
         finally:
             await router.stop()
     finally:
