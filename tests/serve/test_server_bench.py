@@ -23,17 +23,19 @@ def test_bench_proxy_smoke() -> None:
             "--targets",
             "direct",
             "sessionroute",
+            "floor",
             "--repeat",
             "2",
         ]
     )
     result = proxy.run(args)
     rows = {r["target"]: r for r in result["rows"]}
-    assert set(rows) == {"direct", "sessionroute"}
+    assert set(rows) == {"direct", "sessionroute", "floor"}  # the floor relays without error
     assert all(r["errors"] == 0 and r["requests"] > 0 for r in rows.values())
     assert all(r["repeats"] == 2 for r in rows.values())
     assert rows["direct"]["router_cpu_us_per_req"] is None
     assert rows["sessionroute"]["router_cpu_us_per_req"] > 0
+    assert rows["floor"]["router_cpu_us_per_req"] > 0
     assert rows["direct"]["backend_cpu_us_per_req"] > 0
     assert "added_p50_ms" in rows["sessionroute"]
     proxy.print_table(result)

@@ -2,7 +2,9 @@
 
 One run measures the same closed-loop load (an aiohttp client with keep-alive; ``C`` workers
 each sending the next request as soon as the previous answer arrived) against the backend
-directly, through ``sessionroute serve`` and through ``vllm-router`` when it is installed,
+directly, through ``sessionroute serve`` and through ``vllm-router`` when it is installed
+(and, with ``--targets ... floor``, through :mod:`sessionroute.bench.floor_proxy`, the least a
+parsing Python proxy does),
 for each body size and concurrency. Each router runs as its own process with
 ``--policy consistent_hash`` (by default) and ``--log-level warning``, and requests carry an
 ``x-session-id`` header (64 distinct sessions). Reported per row: requests per second,
@@ -52,8 +54,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--targets",
         nargs="+",
         default=["direct", "sessionroute", "vllm-router"],
-        choices=["direct", "sessionroute", "vllm-router"],
-        help="what to measure (vllm-router is skipped when not installed)",
+        choices=["direct", "sessionroute", "vllm-router", "floor"],
+        help="what to measure (vllm-router is skipped when not installed; 'floor': a minimal "
+        "parsing proxy for scale, sessionroute.bench.floor_proxy)",
     )
     parser.add_argument("--policy", default="consistent_hash", help="policy of both routers")
     parser.add_argument(
@@ -204,7 +207,7 @@ def _median_rows(raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 max(r["router_cpu_us_per_req"] for r in rs),
             ]
         rows.append(row)
-    order = {"direct": 0, "sessionroute": 1, "sessionroute+redis": 2, "vllm-router": 3}
+    order = {"direct": 0, "sessionroute": 1, "sessionroute+redis": 2, "vllm-router": 3, "floor": 4}
     rows.sort(key=lambda r: (order[r["target"]], r["body_bytes"], r["concurrency"]))
     direct = {(r["body_bytes"], r["concurrency"]): r for r in rows if r["target"] == "direct"}
     for r in rows:
@@ -276,7 +279,10 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
             port = free_port()
             common = ["--host", "127.0.0.1", "--port", str(port), "--policy", args.policy]
             common += ["--worker-urls", backend_url, "--log-level", "warning"]
-            if target.startswith("sessionroute"):
+            if target == "floor":
+                code = "from sessionroute.bench.floor_proxy import floor_main; "
+                cmd = [sys.executable, "-c", code + f"floor_main({port}, {bport})"]
+            elif target.startswith("sessionroute"):
                 cmd = [sys.executable, "-m", "sessionroute.cli", "serve", *common]
                 if target == "sessionroute+redis":
                     prefix = f"bench-{os.getpid()}-{port}"
