@@ -4,9 +4,10 @@ A reference for the router's overhead, not a router: uvloop and httptools parse 
 GET is answered 200 at once (the bench's readiness probe), a POST's body is parsed as JSON
 (``pydantic_core.from_json``, as the router does) and checked to be an object with ``model``
 and a ``messages`` list (else 400), and the request is relayed over a pool of keep-alive
-connections to the one backend, with its headers (hop-by-hop ones aside) and a request id
-added to the answer. No limits, timeouts, retries, auth, metrics, session table or policy:
-what ``sessionroute serve`` costs above this is the price of those (``docs/benchmarks.md``).
+connections to the one backend (503 when every one is busy), with its headers (hop-by-hop
+ones aside) and a request id added to the answer. No limits, timeouts, retries, auth,
+metrics, session table or policy: what ``sessionroute serve`` costs above this is the price
+of those (``docs/benchmarks.md``).
 """
 
 from __future__ import annotations
@@ -109,8 +110,11 @@ class _Client(asyncio.Protocol):
             ok = isinstance(doc, dict) and "model" in doc and isinstance(doc.get("messages"), list)
         except ValueError:
             ok = False
-        if not ok or not self.pool:
+        if not ok:
             self.transport.write(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n")
+            return
+        if not self.pool:  # more requests in flight than pooled connections
+            self.transport.write(b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\n\r\n")
             return
         self.counter[0] += 1
         self.request_id = b"floor-%d" % self.counter[0]

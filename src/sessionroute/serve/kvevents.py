@@ -13,8 +13,8 @@ Sequence numbers (``vllm/distributed/kv_events.py``: one per batch, from 0):
   endpoint (the server's ``"replay_endpoint"``, a ROUTER socket it binds), the missed batches
   are fetched from it (a DEALER sends the first missing ``seq``; the server answers with its
   buffered batches from there, then ``seq = -1``; each reply is ``["", seq, payload]`` from
-  older vLLM and SGLang, ``["", topic, seq, payload]`` from vLLM since it added the topic
-  frame, and both are read) and applied in order; without one, or when the
+  older vLLM and SGLang, ``["", topic, seq, payload]`` from vLLM 0.32 and the emulator, and
+  both are read) and applied in order; without one, or when the
   replay does not cover the gap within ``replay_timeout_s``, the worker's set is cleared and
   relearned from the events that follow (vLLM re-announces reused blocks as ``BlockStored``);
 * ``seq == 0`` after later numbers (not a repeated 0): the publisher restarted (its engine's
