@@ -16,7 +16,9 @@ imports and set-up cancel out. ``proxy`` runs ``bench proxy``'s zero-delay backe
 ``sessionroute serve --policy consistent_hash`` under callgrind, sends a warm-up, zeroes the
 counters (``callgrind_control -z``), sends ``--requests`` requests from a closed-loop aiohttp
 client at ``--concurrency`` (keep-alive, 64 session ids), dumps the counters
-(``callgrind_control -d``) and divides. Each measures the code on ``sys.path``: run it against
+(``callgrind_control -d``) and divides (``--router floor`` counts the minimal proxy of
+:mod:`sessionroute.bench.floor_proxy` instead, for scale; ``--keep FILE`` keeps the dump for
+``callgrind_annotate``). Each measures the code on ``sys.path``: run it against
 another checkout with ``PYTHONPATH=/path/to/checkout/src``.
 """
 
@@ -65,6 +67,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=int, default=200, help="proxy: requests before zeroing")
     parser.add_argument("--concurrency", type=int, default=1, help="proxy: closed-loop workers")
     parser.add_argument("--body-bytes", type=int, default=0, help="proxy: 0 is a small chat body")
+    parser.add_argument(
+        "--router",
+        choices=["sessionroute", "floor"],
+        default="sessionroute",
+        help="proxy: what runs under callgrind: 'sessionroute serve' or the minimal parsing "
+        "proxy of 'bench proxy --targets floor' (sessionroute.bench.floor_proxy), for scale",
+    )
+    parser.add_argument(
+        "--keep",
+        metavar="FILE",
+        help="proxy: copy the callgrind dump of the measured requests to FILE "
+        "(for callgrind_annotate)",
+    )
 
 
 def _total(path: str) -> int:
@@ -138,11 +153,15 @@ async def _proxy(args: argparse.Namespace, out_dir: str) -> dict[str, Any]:
          f"from sessionroute.bench.backend import backend_main; backend_main({bport})"]
     )  # fmt: skip
     out = os.path.join(out_dir, "callgrind.out")
+    if args.router == "floor":
+        code = "from sessionroute.bench.floor_proxy import floor_main; floor_main(%d, %d)"
+        served = ["-c", code % (rport, bport)]
+    else:
+        served = ["-m", "sessionroute.cli", "serve", "--host", "127.0.0.1", "--port", str(rport),
+                  "--policy", "consistent_hash", "--worker-urls", f"http://127.0.0.1:{bport}",
+                  "--log-level", "warning"]  # fmt: skip
     router = subprocess.Popen(
-        ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable, "-m",
-         "sessionroute.cli", "serve", "--host", "127.0.0.1", "--port", str(rport), "--policy",
-         "consistent_hash", "--worker-urls", f"http://127.0.0.1:{bport}", "--log-level",
-         "warning"],
+        ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable, *served],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )  # fmt: skip
@@ -169,8 +188,11 @@ async def _proxy(args: argparse.Namespace, out_dir: str) -> dict[str, Any]:
         router.wait()
         backend.wait()
     dumps = sorted(f for f in glob.glob(out + "*") if f != out)
+    if args.keep:
+        shutil.copyfile(dumps[-1], args.keep)
     return {
         "target": "proxy",
+        "router": args.router,
         "instructions_per_request": _total(dumps[-1]) / args.requests,
         "requests": args.requests,
         "concurrency": args.concurrency,
