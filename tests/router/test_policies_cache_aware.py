@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from typing import Any
 
 import pytest
@@ -208,6 +209,32 @@ def test_cache_aware_empty_content_removed_worker_and_flags() -> None:
     assert "http://w2" not in policy.tree_sizes()
     assert CacheAwarePolicy.needs_content is True
     assert CacheAwarePolicy.keeps_sessions is False
+
+
+def test_a_removed_workers_tree_is_taken_apart_in_the_chunks_of_the_routers_sweep() -> None:
+    core = _core(urls=W[:1])
+    policy = _policy(core)
+    for i in range(30):
+        _go(core, f"{SYSTEM}task {i}")
+    core.add_worker(W[1])
+    core.remove_worker(W[0])  # O(1): the tree waits for the sweep
+    assert policy.sweep_pending() and W[0] not in policy.tree_sizes()
+    gc.disable()
+    try:
+        gc.collect()
+        chunks = list(core.sweep_chunks(0.0, 10))
+        assert gc.collect() == 0  # every node was freed as it was removed: no cycles left
+    finally:
+        gc.enable()
+    assert len(chunks) > 1 and not policy.sweep_pending()  # bounded chunks (31 nodes), then done
+
+
+def test_radix_tree_drain_removes_oldest_first_within_the_limit() -> None:
+    t = ApproxRadixTree()
+    for k in ("abc", "abd", "x"):
+        t.insert(_keys(k))
+    assert t.drain(2) == 2 and t.match(_keys("x")) == 1 and t.match(_keys("abd")) == 2
+    assert t.drain() == 2 and len(t) == 0 and t.size == 0
 
 
 @pytest.mark.parametrize(

@@ -10,11 +10,15 @@ of :meth:`~sessionroute.router.RoutingCore.sweep_chunks` (:data:`~sessionroute.r
 SWEEP_CHUNK` sessions) with the event loop free between chunks. Then ``--removed`` sessions
 (default 50,000) are pinned to one worker and that worker is removed (O(1): its pins go stale
 and each moves on its session's next turn; ``replace_turn_ms`` is the longest such turn over
-all of them). Reported: the longest single blocking call of each, in
-milliseconds of the thread's CPU time (``time.thread_time``: on a shared machine, wall time
-would add whatever other processes take meanwhile), with the median of ``--repeat`` runs; a
-concurrent request waits that long for the event loop, so it bounds what the work adds to
-request latency on an idle machine (the issue's target: p99 under 10 ms).
+all of them). For a policy that indexes prompt content (``needs_content``: ``cache_aware``,
+``cache_aware_v2``, ...) every session's prompt carries :data:`CONTENT_BLOCKS` keys of its
+own, so the removed worker's index holds that many entries per session; what the removal
+leaves for the background sweep (those entries) is measured as that sweep runs it, in chunks
+(``remove_tidy_ms``). Reported: the longest single blocking call of each, in milliseconds of
+the thread's CPU time (``time.thread_time``: on a shared machine, wall time would add whatever
+other processes take meanwhile), with the median of ``--repeat`` runs; a concurrent request
+waits that long for the event loop, so it bounds what the work adds to request latency on an
+idle machine (the issue's target: p99 under 10 ms).
 
 ``--live`` measures that target itself, the latency of concurrent requests through a real
 router while the same work runs (:mod:`sessionroute.bench.stall_live`).
@@ -63,16 +67,29 @@ def _core(workers: list[str], policy_name: str) -> Any:
     return RoutingCore(policy, Cluster(workers), rng=random.Random(0)), clock
 
 
-def _fill(core: Any, n: int, prefix: str) -> None:
+CONTENT_BLOCKS = 8
+"""Content blocks per session's prompt, for policies that index content (``needs_content``):
+each session's prompt has its own chain of keys, so a worker's index holds
+``CONTENT_BLOCKS`` entries per session placed on it."""
+
+
+def _request(core: Any, session_id: str, number: int) -> Any:
+    """Session ``session_id``'s turn; with its own content keys when the policy reads them."""
     from sessionroute.types import RouteRequest
 
+    blocks = None
+    if core.policy.needs_content:
+        blocks = [(number << 8) | j for j in range(CONTENT_BLOCKS)]
+    return RouteRequest(session_id=session_id, prompt_tokens=100, blocks=blocks)
+
+
+def _fill(core: Any, n: int, prefix: str) -> None:
     for i in range(n):
-        core.complete(core.route(RouteRequest(session_id=f"{prefix}{i}", prompt_tokens=100)))
+        core.complete(core.route(_request(core, f"{prefix}{i}", i)))
 
 
 def _once(sessions: int, removed: int, policy: str) -> dict[str, float]:
     from sessionroute.router.core import SWEEP_CHUNK
-    from sessionroute.types import RouteRequest
 
     workers = [f"http://w{i}:8000" for i in range(4)]
     out: dict[str, float] = {}
@@ -95,9 +112,18 @@ def _once(sessions: int, removed: int, policy: str) -> dict[str, float]:
     t0 = time.thread_time()
     core.remove_worker(workers[0])
     out["remove_worker_ms"] = (time.thread_time() - t0) * 1000.0
+    longest = 0.0  # what the removal left for the background sweep (a policy's index entries)
+    chunks = core.sweep_chunks(clock.now(), SWEEP_CHUNK)
+    while True:
+        t0 = time.thread_time()
+        n = next(chunks, None)
+        longest = max(longest, time.thread_time() - t0)
+        if n is None:
+            break
+    out["remove_tidy_ms"] = longest * 1000.0
     longest = 0.0
     for i in range(removed):  # every displaced session's next turn re-places it
-        req = RouteRequest(session_id=f"r{i}", prompt_tokens=100)
+        req = _request(core, f"r{i}", i)
         t0 = time.thread_time()
         core.complete(core.route(req))
         longest = max(longest, time.thread_time() - t0)
@@ -143,6 +169,7 @@ def print_table(result: dict[str, Any]) -> None:
         "expire_one_pass_ms": f"{result['sessions']:,} sessions expire, one sweep",
         "expire_chunked_ms": f"{result['sessions']:,} sessions expire, chunked (serve)",
         "remove_worker_ms": f"remove a worker with {result['removed']:,} sessions",
+        "remove_tidy_ms": "the next sweep after it, chunked (serve)",
         "replace_turn_ms": "the next turn of one of its sessions (re-placed)",
     }
     for key, label in names.items():

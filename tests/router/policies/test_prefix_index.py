@@ -1,8 +1,20 @@
-"""The peer policies' approximate prefix index: one radix tree whose nodes list workers."""
+"""The peer policies' approximate prefix index: one radix tree whose nodes list workers;
+removed workers' entries leave it in the router's chunked sweep."""
 
 from __future__ import annotations
 
+import random
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sessionroute.clock import ManualClock
+from sessionroute.router import RoutingCore, choose_policy
 from sessionroute.router.policies._prefix import ApproxPrefixIndex
+from sessionroute.router.state import Cluster
+from sessionroute.types import RouteRequest
 
 A, B, C = "http://a", "http://b", "http://c"
 
@@ -55,3 +67,150 @@ def test_bound_drops_the_least_recently_sent_leaves_and_forget_drops_a_worker() 
     assert idx.size(A) == 0 and idx.match_all([A, B], (1, 2, 3)) == [0, 3]
     idx.forget(B)
     assert idx.holding([A, B], (1, 2), 1) == []
+
+
+def test_forget_is_immediate_for_lookups_and_tidy_drops_the_entries_in_steps() -> None:
+    idx = ApproxPrefixIndex(1 << 20)
+    for i in range(10):
+        idx.record(A, (i, 100 + i, 200 + i))
+    idx.record(B, (0, 100))
+    idx.forget(A)
+    assert idx.pending and idx.size(A) == 0
+    # (the policies ask about the cluster's workers: A is not among them any more)
+    assert idx.match_all([B], (0, 100, 200)) == [2]
+    assert idx.holding([B], (3, 103), 1) == []
+    assert idx.tidy(4) == 4 and idx.pending  # bounded: the rest is left for the next call
+    assert idx.tidy() == 7 and not idx.pending  # 10 leaves and the edge B split off
+    assert idx.match_all([A, B], (0, 100, 200)) == [0, 2]
+    idx.forget(B)
+    idx.tidy()
+    assert idx._root.children == {}  # nothing of either worker is left in the tree
+
+
+def test_a_worker_back_before_its_entries_are_tidied_holds_only_what_it_is_sent_again() -> None:
+    idx = ApproxPrefixIndex(1 << 20)
+    idx.record(A, (1, 2, 3))
+    idx.record(B, (1, 2, 3, 4))
+    idx.forget(A)
+    assert idx.match(A, (1, 2, 3)) == 0  # A came back (same URL): nothing of before counts
+    idx.forget(B)
+    idx.record(B, (1, 2))
+    assert idx.match_all([A, B], (1, 2, 3, 4)) == [0, 2]
+    idx.record(C, (1, 2, 3, 9))  # splits an edge that retired entries were still on
+    idx.tidy()
+    assert idx.match_all([A, B, C], (1, 2, 3, 9)) == [0, 2, 4]
+    assert idx.size(B) == 2 and idx.size(C) == 4
+
+
+_PROMPTS = st.lists(st.integers(0, 3), min_size=1, max_size=5).map(tuple)
+_OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("record"), st.sampled_from([A, B, C]), _PROMPTS),
+        st.tuples(st.just("forget"), st.sampled_from([A, B, C]), st.just(())),
+        st.tuples(st.just("tidy"), st.integers(0, 6), st.just(())),
+        st.tuples(st.just("ask"), st.booleans(), _PROMPTS),
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_OPS)
+def test_lazy_forgetting_answers_as_a_list_of_the_prompts_each_worker_was_sent(
+    ops: list[tuple[Any, Any, tuple[int, ...]]],
+) -> None:
+    """Whatever the tidying has got to, every answer equals a recount over the prompts sent
+    to each worker since it was last forgotten (no bound: nothing is evicted)."""
+    idx = ApproxPrefixIndex(1 << 20)
+    sent: dict[str, list[tuple[int, ...]]] = {A: [], B: [], C: []}
+
+    def held(worker: str, prompt: tuple[int, ...]) -> int:
+        best = 0
+        for p in sent[worker]:
+            n = 0
+            while n < min(len(p), len(prompt)) and p[n] == prompt[n]:
+                n += 1
+            best = max(best, n)
+        return best
+
+    for op, arg, prompt in ops:
+        if op == "record":
+            idx.record(arg, prompt)
+            sent[arg].append(prompt)
+        elif op == "forget":
+            idx.forget(arg)
+            sent[arg] = []
+        elif op == "tidy":
+            idx.tidy(arg)
+        else:  # ask about every worker, or only those sent something (the live ones)
+            workers = [A, B, C] if arg else [w for w in (A, B, C) if sent[w]]
+            assert idx.match_all(workers, prompt) == [held(w, prompt) for w in workers]
+    for w in (A, B, C):
+        idx.forget(w)
+    idx.tidy()
+    assert not idx.pending and idx._root.children == {}
+
+
+def _check_structure(idx: ApproxPrefixIndex) -> None:
+    """Every listed worker is listed on all ancestors; each worker's order holds exactly the
+    nodes listing it, descendants before ancestors; no node is left empty and childless."""
+    orders = {**idx._lru, **idx._retired}
+    listed: dict[str, set[int]] = {w: set() for w in orders}
+    stack = list(idx._root.children.values())
+    while stack:
+        node = stack.pop()
+        assert node.tenants or node.children
+        for t in node.tenants:
+            listed[t].add(id(node))
+            parent = node.parent
+            assert parent is idx._root or (parent is not None and t in parent.tenants)
+        stack.extend(node.children.values())
+    for w, order in orders.items():
+        assert {id(n) for n in order} == listed[w]
+        position = {id(n): i for i, n in enumerate(order)}
+        for n in order:
+            up = n.parent
+            while up is not None and up is not idx._root:
+                assert position[id(up)] > position[id(n)]
+                up = up.parent
+
+
+@pytest.mark.parametrize("bound", [4, 1 << 20])
+@settings(max_examples=300, deadline=None)
+@given(ops=_OPS)
+def test_the_tree_stays_well_formed(
+    bound: int, ops: list[tuple[Any, Any, tuple[int, ...]]]
+) -> None:
+    idx = ApproxPrefixIndex(bound)
+    for op, arg, prompt in ops:
+        if op == "record":
+            idx.record(arg, prompt)
+        elif op == "forget":
+            idx.forget(arg)
+        elif op == "tidy":
+            idx.tidy(arg)
+        else:
+            idx.match_all([A, B, C] if arg else [A], prompt)
+        _check_structure(idx)
+        assert all(idx.size(w) <= bound for w in (A, B, C))
+
+
+@pytest.mark.parametrize("policy", ["sticky_until_saturated", "cache_aware_v2", "kv_cost"])
+def test_a_removed_workers_index_entries_leave_in_the_chunks_of_the_routers_sweep(
+    policy: str,
+) -> None:
+    clock = ManualClock()
+    built = choose_policy(policy, {}).build(clock=clock, rng=random.Random(0))
+    core = RoutingCore(built, Cluster([A]), rng=random.Random(0))
+    for i in range(20):
+        req = RouteRequest(session_id=f"s{i}", prompt_tokens=64, blocks=[i, 100 + i, 200 + i])
+        core.complete(core.route(req))
+    core.add_worker(B)
+    core.remove_worker(A)  # O(1): the index keeps A's entries for the sweep
+    assert built.sweep_pending()
+    chunks = list(core.sweep_chunks(clock.now(), 7))
+    assert len(chunks) > 1 and not built.sweep_pending()  # several bounded chunks, then done
+    index = getattr(built, "approx" if policy == "kv_cost" else "index")
+    assert isinstance(index, ApproxPrefixIndex) and index._root.children == {}
+    again = RouteRequest(session_id="s0", prompt_tokens=64, blocks=[0, 100, 200])
+    assert core.route(again).worker == B

@@ -10,7 +10,10 @@ content blocks. One walk down the tree answers for every worker at once (a worke
 the depth of the deepest node on the prompt's path that lists it), where a tree per worker
 costs a walk per worker; recording a prompt adds a tenant to the nodes on its path (and one
 leaf for its new tail). Each worker's part is bounded: past the bound its least recently sent
-leaves go first.
+leaves go first. A removed worker stops counting at once; its entries leave the tree in
+bounded steps (:meth:`ApproxPrefixIndex.tidy`, run by the policy's chunked sweep), so removing
+a worker that was sent 50,000 prompts does not block the event loop (``sessionroute bench
+stall --policy cache_aware_v2``).
 
 :class:`InflightPrefill` keeps, per worker, the uncached prompt tokens of the requests a policy
 sent there and that have not completed (llm-d's "in-flight uncached prefill tokens"). The router
@@ -79,17 +82,33 @@ class ApproxPrefixIndex:
     whole path), so the workers holding at least ``k`` blocks of a prompt are those listed on
     the node covering depth ``k`` of its path.
 
+    A worker that was :meth:`forget`-ten may stay listed on nodes until :meth:`tidy` drops
+    it ("retired"); every lookup and :meth:`record` first settles a retired worker it is
+    asked about (one that came back before its entries were dropped), so answers are exact
+    whenever the tidying runs.
+
     Args:
         max_blocks: per-worker bound in content blocks (least recently sent leaves go first).
     """
 
-    __slots__ = ("_lru", "_max", "_root", "_size")
+    __slots__ = ("_lru", "_max", "_retired", "_root", "_size")
 
     def __init__(self, max_blocks: int) -> None:
         self._max = max_blocks
         self._root = _Node((), None)
         self._lru: dict[str, OrderedDict[_Node, None]] = {}  # per worker, oldest first
         self._size: dict[str, int] = {}
+        self._retired: dict[str, OrderedDict[_Node, None]] = {}
+        """Removed workers -> the nodes that still list them, descendants first."""
+
+    def _settle(self, workers: Sequence[str]) -> None:
+        """Drop at once the entries of the retired workers among ``workers``."""
+        retired = self._retired
+        for w in workers:
+            nodes = retired.pop(w, None)
+            if nodes is not None:
+                for node in nodes:
+                    self._unlist(w, node)
 
     def _path(self, blocks: tuple[int, ...]) -> list[tuple[_Node, int]]:
         """The nodes the prompt enters, each with the prompt's depth at its end (the last one
@@ -113,6 +132,8 @@ class ApproxPrefixIndex:
 
     def match(self, worker: str, blocks: tuple[int, ...]) -> int:
         """Leading blocks of ``blocks`` that ``worker`` was sent."""
+        if self._retired:
+            self._settle((worker,))
         depth = 0
         for node, d in self._path(blocks):
             if worker not in node.tenants:
@@ -123,6 +144,8 @@ class ApproxPrefixIndex:
     def matched(self, workers: Sequence[str], blocks: Sequence[int]) -> dict[str, int]:
         """Worker -> leading blocks it was sent, for the workers of ``workers`` sent at least
         one."""
+        if self._retired:
+            self._settle(workers)
         depth: dict[str, int] = {}
         for node, d in self._path(tuple(blocks)):
             for w in node.tenants:
@@ -133,6 +156,8 @@ class ApproxPrefixIndex:
         return {w: d for w, d in depth.items() if w in wanted}
 
     def match_all(self, workers: Sequence[str], blocks: tuple[int, ...]) -> list[int]:
+        if self._retired:
+            self._settle(workers)
         depth: dict[str, int] = {}
         for node, d in self._path(blocks):
             for w in node.tenants:
@@ -145,6 +170,8 @@ class ApproxPrefixIndex:
     def holding(self, workers: Sequence[str], blocks: tuple[int, ...], k: int) -> list[str]:
         """The workers of ``workers`` that were sent at least the first ``k`` (>= 1) of
         ``blocks``, in their order."""
+        if self._retired:
+            self._settle(workers)
         for node, d in self._path(blocks):
             if d >= k:
                 tenants = node.tenants
@@ -157,6 +184,8 @@ class ApproxPrefixIndex:
         recently sent for it; then trim it to the bound."""
         if not blocks:
             return
+        if self._retired:
+            self._settle((worker,))
         lru = self._lru.get(worker)
         if lru is None:
             lru = self._lru[worker] = OrderedDict()
@@ -182,8 +211,17 @@ class ApproxPrefixIndex:
                     child.parent = mid
                     mid.children[child.label[0]] = child
                     node.children[first] = mid
-                    for t in mid.tenants:  # an ancestor is more recent than its descendants
-                        self._lru[t][mid] = None
+                    for t in mid.tenants:
+                        nodes = self._lru.get(t)
+                        if nodes is None:  # a retired worker: tidy drops it here too
+                            nodes = self._retired[t]
+                        # descendants before ancestors in every worker's order: mid goes after
+                        # child, and mid's ancestors (all listing t) after mid
+                        nodes[mid] = None
+                        up = node
+                        while up.parent is not None and t in up.tenants:
+                            nodes.move_to_end(up)
+                            up = up.parent
                     child = mid
                     m = k
                 pos += m
@@ -215,14 +253,42 @@ class ApproxPrefixIndex:
         """Blocks stored for ``worker`` (0 when none)."""
         return self._size.get(worker, 0)
 
+    def _unlist(self, worker: str, node: _Node) -> None:
+        """Drop a retired ``worker`` from ``node`` (and the node, when it is left empty)."""
+        node.tenants.pop(worker, None)
+        if not node.tenants and not node.children and node.parent is not None:
+            del node.parent.children[node.label[0]]
+
     def forget(self, worker: str) -> None:
-        """Unlist ``worker`` everywhere (descendants before ancestors)."""
+        """``worker`` left: it holds nothing from now on, O(1). Its entries stay in the tree,
+        invisible to lookups, until :meth:`tidy` drops them."""
         lru = self._lru.pop(worker, None)
         if lru is None:
             return
-        for node in lru:
-            self._drop(worker, node)
         del self._size[worker]
+        self._retired[worker] = lru  # (never already retired: record() settled it first)
+
+    @property
+    def pending(self) -> bool:
+        """Entries of removed workers are left for :meth:`tidy`."""
+        return bool(self._retired)
+
+    def tidy(self, limit: int | None = None) -> int:
+        """Drop up to ``limit`` (all when None) entries of removed workers from the tree,
+        descendants before ancestors; returns how many were dropped."""
+        done = 0
+        retired = self._retired
+        while retired:
+            worker = next(iter(retired))
+            nodes = retired[worker]
+            while nodes:
+                if limit is not None and done >= limit:
+                    return done
+                node, _ = nodes.popitem(last=False)
+                self._unlist(worker, node)
+                done += 1
+            del retired[worker]
+        return done
 
 
 def uncached_tokens(prompt_tokens: int, n_blocks: int, matched: int) -> int:

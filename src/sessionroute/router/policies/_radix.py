@@ -122,14 +122,27 @@ class ApproxRadixTree:
     def evict(self, max_size: int) -> int:
         """Remove least recently used leaves until ``size <= max_size``; returns nodes removed."""
         removed = 0
-        lru = self._lru
-        while self.size > max_size and lru:
-            leaf, _ = lru.popitem(last=False)
-            if leaf.children:  # cannot happen (see module docstring); keep the tree sound
-                raise RuntimeError("radix tree LRU order broken: oldest node has children")
-            parent = leaf.parent
-            if parent is not None:
-                del parent.children[leaf.label[0]]
-            self.size -= len(leaf.label)
+        while self.size > max_size and self._lru:
+            self._remove_oldest()
             removed += 1
         return removed
+
+    def drain(self, limit: int | None = None) -> int:
+        """Remove up to ``limit`` nodes (all when None), least recently used first; returns
+        how many. A removed node is freed at once: nothing is left for the cyclic garbage
+        collector (a node and its parent refer to each other)."""
+        removed = 0
+        while self._lru and (limit is None or removed < limit):
+            self._remove_oldest()
+            removed += 1
+        return removed
+
+    def _remove_oldest(self) -> None:
+        leaf, _ = self._lru.popitem(last=False)
+        if leaf.children:  # cannot happen (see module docstring); keep the tree sound
+            raise RuntimeError("radix tree LRU order broken: oldest node has children")
+        parent = leaf.parent
+        if parent is not None:
+            del parent.children[leaf.label[0]]
+            leaf.parent = None
+        self.size -= len(leaf.label)

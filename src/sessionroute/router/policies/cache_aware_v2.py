@@ -224,3 +224,11 @@ class CacheAwareV2Policy(Policy):
         self.index.forget(worker)
         self.prefill.forget(worker)
         self.wait.forget(worker)
+
+    def sweep(self, now: float, limit: int | None = None) -> int:
+        """No sessions to expire; drops up to ``limit`` index entries of removed workers."""
+        self.index.tidy(limit)
+        return 0
+
+    def sweep_pending(self) -> bool:
+        return self.index.pending

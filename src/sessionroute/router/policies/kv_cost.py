@@ -235,3 +235,11 @@ class KvCostPolicy(Policy):
         self.approx.forget(worker)
         self.prefill.forget(worker)
         self._picker.forget(worker)
+
+    def sweep(self, now: float, limit: int | None = None) -> int:
+        """No sessions to expire; drops up to ``limit`` index entries of removed workers."""
+        self.approx.tidy(limit)
+        return 0
+
+    def sweep_pending(self) -> bool:
+        return self.approx.pending

@@ -163,3 +163,11 @@ class StickyUntilSaturatedPolicy(Policy):
         self.index.forget(worker)
         self.prefill.forget(worker)
         self._picker.forget(worker)
+
+    def sweep(self, now: float, limit: int | None = None) -> int:
+        """No sessions to expire; drops up to ``limit`` index entries of removed workers."""
+        self.index.tidy(limit)
+        return 0
+
+    def sweep_pending(self) -> bool:
+        return self.index.pending
