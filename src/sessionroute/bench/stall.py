@@ -30,6 +30,7 @@ import argparse
 import random
 import statistics
 import time
+from collections.abc import Iterator
 from typing import Any
 
 __all__ = ["add_arguments", "print_table", "run"]
@@ -88,6 +89,17 @@ def _fill(core: Any, n: int, prefix: str) -> None:
         core.complete(core.route(_request(core, f"{prefix}{i}", i)))
 
 
+def _longest_chunk_ms(chunks: Iterator[int]) -> float:
+    """Run a sweep's chunks; the longest one, milliseconds of thread CPU time."""
+    longest = 0.0
+    while True:
+        t0 = time.thread_time()
+        n = next(chunks, None)
+        longest = max(longest, time.thread_time() - t0)
+        if n is None:
+            return longest * 1000.0
+
+
 def _once(sessions: int, removed: int, policy: str) -> dict[str, float]:
     from sessionroute.router.core import SWEEP_CHUNK
 
@@ -97,30 +109,16 @@ def _once(sessions: int, removed: int, policy: str) -> dict[str, float]:
         core, clock = _core(workers, policy)
         _fill(core, sessions, "s")
         clock.advance(120.0)
-        longest = 0.0
-        chunks = core.sweep_chunks(clock.now(), None if mode == "one_pass" else SWEEP_CHUNK)
-        while True:
-            t0 = time.thread_time()
-            n = next(chunks, None)
-            longest = max(longest, time.thread_time() - t0)
-            if n is None:
-                break
-        out[f"expire_{mode}_ms"] = longest * 1000.0
+        chunk = None if mode == "one_pass" else SWEEP_CHUNK
+        out[f"expire_{mode}_ms"] = _longest_chunk_ms(core.sweep_chunks(clock.now(), chunk))
     core, clock = _core(workers[:1], policy)
     _fill(core, removed, "r")
     core.add_worker(workers[1])
     t0 = time.thread_time()
     core.remove_worker(workers[0])
     out["remove_worker_ms"] = (time.thread_time() - t0) * 1000.0
-    longest = 0.0  # what the removal left for the background sweep (a policy's index entries)
-    chunks = core.sweep_chunks(clock.now(), SWEEP_CHUNK)
-    while True:
-        t0 = time.thread_time()
-        n = next(chunks, None)
-        longest = max(longest, time.thread_time() - t0)
-        if n is None:
-            break
-    out["remove_tidy_ms"] = longest * 1000.0
+    # what the removal left for the background sweep (a policy's index entries)
+    out["remove_tidy_ms"] = _longest_chunk_ms(core.sweep_chunks(clock.now(), SWEEP_CHUNK))
     longest = 0.0
     for i in range(removed):  # every displaced session's next turn re-places it
         req = _request(core, f"r{i}", i)
