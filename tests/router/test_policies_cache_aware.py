@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from sessionroute.clock import ManualClock
 from sessionroute.errors import ConfigError
-from sessionroute.router.core import RoutingCore
+from sessionroute.router.core import SWEEP_CHUNK, RoutingCore
 from sessionroute.router.policies import create_policy
 from sessionroute.router.policies._radix import ApproxRadixTree, common_prefix_len
 from sessionroute.router.policies.cache_aware import CacheAwarePolicy
@@ -214,6 +214,7 @@ def test_cache_aware_empty_content_removed_worker_and_flags() -> None:
 def test_a_removed_workers_tree_is_taken_apart_in_the_chunks_of_the_routers_sweep() -> None:
     core = _core(urls=W[:1])
     policy = _policy(core)
+    policy.bound_sweeps(SWEEP_CHUNK)  # as serve does
     for i in range(30):
         _go(core, f"{SYSTEM}task {i}")
     core.add_worker(W[1])

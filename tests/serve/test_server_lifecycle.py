@@ -151,8 +151,8 @@ async def test_serve_without_workers_warns_how_to_add_one(caplog: pytest.LogCapt
 
 def test_the_router_process_freezes_what_start_up_made_out_of_the_garbage_collector() -> None:
     """``run`` (``sessionroute serve``) freezes the start-up objects (a full collection then
-    skips them); a router started in a process of its own, here a child, so the test
-    process's collector is left alone."""
+    skips them) and unfreezes them on return; a router started in a process of its own, a
+    child, so the test process's collector is left alone."""
     code = (
         "import asyncio, gc\n"
         "from sessionroute.serve import RouterSettings\n"
@@ -161,15 +161,21 @@ def test_the_router_process_freezes_what_start_up_made_out_of_the_garbage_collec
         "    stop = asyncio.Event()\n"
         "    task = asyncio.create_task(serve(RouterSettings.build(port=0), stop, "
         "freeze_gc=freeze))\n"
-        "    await asyncio.sleep(1.0)\n"
+        "    for _ in range(600):  # until the router's background tasks run: it is up\n"
+        "        await asyncio.sleep(0.05)\n"
+        "        up = any(t.get_name() == 'sessionroute-sweep' for t in asyncio.all_tasks())\n"
+        "        if up and (gc.get_freeze_count() or not freeze):\n"
+        "            break\n"
+        "    await asyncio.sleep(0.1)\n"
         "    frozen = gc.get_freeze_count()\n"
         "    stop.set()\n"
         "    await task\n"
-        "    return frozen\n"
-        "print(asyncio.run(main(False)), asyncio.run(main(True)))\n"
+        "    return frozen, gc.get_freeze_count()\n"
+        "print(*asyncio.run(main(False)), *asyncio.run(main(True)))\n"
     )
     out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
     )
-    unfrozen, frozen = map(int, out.stdout.split())
-    assert unfrozen == 0 and frozen > 10_000
+    plain_up, plain_after, frozen_up, frozen_after = map(int, out.stdout.split())
+    assert plain_up == plain_after == 0
+    assert frozen_up > 10_000 and frozen_after == 0

@@ -208,7 +208,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     Returns:
         ``target``, ``instructions_per_request`` and what was run (``requests``, and
-        ``instructions`` and ``block_size`` or ``concurrency`` and ``body_bytes``).
+        ``instructions`` and ``block_size``, or ``router``, ``concurrency`` and
+        ``body_bytes``).
     """
     from sessionroute.errors import ConfigError
 

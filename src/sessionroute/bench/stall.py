@@ -2,8 +2,9 @@
 work (issue 19, item 7).
 
 What it does, in process and without I/O (the routing core is what runs on the event loop):
-a routing core with ``--policy`` (``sticky_least_loaded`` by default; any session-keeping
-policy, e.g. ``adaptive_sticky``) on a manual clock pins ``--sessions`` sessions (default
+a routing core with ``--policy`` (``sticky_least_loaded`` by default; any policy, e.g.
+``adaptive_sticky`` or ``cache_aware_v2``), bounded as ``serve`` bounds it
+(``Policy.bound_sweeps``), on a manual clock pins ``--sessions`` sessions (default
 100,000) over 4 workers, the clock moves past their TTL, and the expiry runs (1) as one sweep,
 as before issue 19, and (2) as the live router's background sweep runs it now, in the chunks
 of :meth:`~sessionroute.router.RoutingCore.sweep_chunks` (:data:`~sessionroute.router.core.
@@ -12,13 +13,14 @@ SWEEP_CHUNK` sessions) with the event loop free between chunks. Then ``--removed
 and each moves on its session's next turn; ``replace_turn_ms`` is the longest such turn over
 all of them). For a policy that indexes prompt content (``needs_content``: ``cache_aware``,
 ``cache_aware_v2``, ...) every session's prompt carries :data:`CONTENT_BLOCKS` keys of its
-own, so the removed worker's index holds that many entries per session; what the removal
-leaves for the background sweep (those entries) is measured as that sweep runs it, in chunks
-(``remove_tidy_ms``). Reported: the longest single blocking call of each, in milliseconds of
-the thread's CPU time (``time.thread_time``: on a shared machine, wall time would add whatever
-other processes take meanwhile), with the median of ``--repeat`` runs; a concurrent request
-waits that long for the event loop, so it bounds what the work adds to request latency on an
-idle machine (the issue's target: p99 under 10 ms).
+own, so each session adds a leaf of that many blocks to the removed worker's index; what the
+removal leaves for the background sweep (those entries) is measured as that sweep runs it, in
+chunks (``remove_tidy_ms``). A policy that keeps no sessions has nothing to expire: its two
+expiry rows say so instead of a time. Reported: the longest single blocking call of each, in
+milliseconds of the thread's CPU time (``time.thread_time``: on a shared machine, wall time
+would add whatever other processes take meanwhile), with the median of ``--repeat`` runs; a
+concurrent request waits that long for the event loop, so it bounds what the work adds to
+request latency on an idle machine (the issue's target: p99 under 10 ms).
 
 ``--live`` measures that target itself, the latency of concurrent requests through a real
 router while the same work runs (:mod:`sessionroute.bench.stall_live`).
@@ -59,19 +61,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _core(workers: list[str], policy_name: str) -> Any:
     from sessionroute.clock import ManualClock
     from sessionroute.router import RoutingCore, choose_policy
+    from sessionroute.router.core import SWEEP_CHUNK
     from sessionroute.router.state import Cluster
 
     clock = ManualClock()
     policy = choose_policy(policy_name, {}, session_ttl_s=60.0).build(
         clock=clock, rng=random.Random(0)
     )
+    policy.bound_sweeps(SWEEP_CHUNK)  # as serve does
     return RoutingCore(policy, Cluster(workers), rng=random.Random(0)), clock
 
 
 CONTENT_BLOCKS = 8
 """Content blocks per session's prompt, for policies that index content (``needs_content``):
-each session's prompt has its own chain of keys, so a worker's index holds
-``CONTENT_BLOCKS`` entries per session placed on it."""
+each session's prompt has its own chain of keys, so a worker's index holds one leaf of
+``CONTENT_BLOCKS`` blocks per session placed on it."""
 
 
 def _request(core: Any, session_id: str, number: int) -> Any:
@@ -131,11 +135,15 @@ def _once(sessions: int, removed: int, policy: str) -> dict[str, float]:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Run the measurement (module docstring); returns the result document."""
+    from sessionroute.router import choose_policy
+
+    keeps_sessions = choose_policy(args.policy, {}).cls.keeps_sessions
     runs = [_once(args.sessions, args.removed, args.policy) for _ in range(args.repeat)]
     keys = runs[0].keys()
     result: dict[str, Any] = {
         "benchmark": "stall",
         "policy": args.policy,
+        "keeps_sessions": keeps_sessions,
         "sessions": args.sessions,
         "removed": args.removed,
         "repeat": args.repeat,
@@ -157,9 +165,8 @@ def print_table(result: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(
-        title=f"longest event-loop block ({result['policy']}), median of {result['repeat']} runs"
-    )
+    runs = "1 run" if result["repeat"] == 1 else f"median of {result['repeat']} runs"
+    table = Table(title=f"longest event-loop block ({result['policy']}), {runs}")
     table.add_column("bulk work")
     table.add_column("ms", justify="right")
     table.add_column("min-max", justify="right")
@@ -171,8 +178,13 @@ def print_table(result: dict[str, Any]) -> None:
         "replace_turn_ms": "the next turn of one of its sessions (re-placed)",
     }
     for key, label in names.items():
+        if key.startswith("expire_") and not result.get("keeps_sessions", True):
+            table.add_row(label, "-", "-")
+            continue
         lo, hi = result["range_ms"][key]
         table.add_row(label, f"{result['median_ms'][key]:.2f}", f"{lo:.2f}-{hi:.2f}")
+    if not result.get("keeps_sessions", True):
+        table.caption = f"{result['policy']} keeps no sessions: nothing expires"
     console = Console()
     console.print(table)
     live = result.get("live")

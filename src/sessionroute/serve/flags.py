@@ -196,7 +196,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--session-sweep-interval-secs",
         type=float,
         default=d["session_sweep_interval_secs"],
-        help="seconds between background sweeps of idle sessions (default: %(default)s)",
+        help="seconds between background sweeps (idle sessions expire; a removed worker's "
+        "index entries are dropped, for the content-indexing policies) (default: %(default)s)",
     )
     for name, typ, help_text in (
         ("request_timeout_secs", float, "upstream request timeout, seconds"),

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from sessionroute.clock import ManualClock
 from sessionroute.router import RoutingCore, choose_policy
+from sessionroute.router.core import SWEEP_CHUNK
 from sessionroute.router.policies._prefix import ApproxPrefixIndex
 from sessionroute.router.state import Cluster
 from sessionroute.types import RouteRequest
@@ -69,37 +70,49 @@ def test_bound_drops_the_least_recently_sent_leaves_and_forget_drops_a_worker() 
     assert idx.holding([A, B], (1, 2), 1) == []
 
 
-def test_forget_is_immediate_for_lookups_and_tidy_drops_the_entries_in_steps() -> None:
+def test_deferred_forgetting_is_immediate_for_lookups_and_tidy_drops_the_entries_in_steps() -> None:
     idx = ApproxPrefixIndex(1 << 20)
+    idx.defer_forgetting()  # as serve does (the policies' bound_sweeps)
     for i in range(10):
         idx.record(A, (i, 100 + i, 200 + i))
     idx.record(B, (0, 100))
     idx.forget(A)
     assert idx.pending and idx.size(A) == 0
-    # (the policies ask about the cluster's workers: A is not among them any more)
-    assert idx.match_all([B], (0, 100, 200)) == [2]
-    assert idx.holding([B], (3, 103), 1) == []
+    assert idx.match_all([A, B], (0, 100, 200)) == [0, 2]
+    assert idx.holding([A, B], (3, 103), 1) == [] and idx.matched([A, B], (3,)) == {}
     assert idx.tidy(4) == 4 and idx.pending  # bounded: the rest is left for the next call
     assert idx.tidy() == 7 and not idx.pending  # 10 leaves and the edge B split off
-    assert idx.match_all([A, B], (0, 100, 200)) == [0, 2]
     idx.forget(B)
     idx.tidy()
     assert idx._root.children == {}  # nothing of either worker is left in the tree
 
 
-def test_a_worker_back_before_its_entries_are_tidied_holds_only_what_it_is_sent_again() -> None:
+def test_without_deferring_forget_drops_the_entries_at_once() -> None:
     idx = ApproxPrefixIndex(1 << 20)
+    idx.record(A, (1, 2, 3))
+    idx.record(B, (1, 2))
+    idx.forget(A)
+    assert not idx.pending and idx.tidy() == 0
+    idx.forget(B)
+    assert idx._root.children == {}
+
+
+def test_a_worker_back_before_its_entries_are_tidied_is_a_new_tenant() -> None:
+    idx = ApproxPrefixIndex(1 << 20)
+    idx.defer_forgetting()
     idx.record(A, (1, 2, 3))
     idx.record(B, (1, 2, 3, 4))
     idx.forget(A)
     assert idx.match(A, (1, 2, 3)) == 0  # A came back (same URL): nothing of before counts
+    idx.record(A, (1, 2))  # and nothing of before is dropped now: the sweep does it
+    assert idx.pending and idx.match_all([A, B], (1, 2, 3, 4)) == [2, 4]
     idx.forget(B)
     idx.record(B, (1, 2))
-    assert idx.match_all([A, B], (1, 2, 3, 4)) == [0, 2]
-    idx.record(C, (1, 2, 3, 9))  # splits an edge that retired entries were still on
+    assert idx.match_all([A, B], (1, 2, 3, 4)) == [2, 2]
+    idx.record(C, (1, 2, 3, 9))  # splits an edge that retired entries are still on
     idx.tidy()
-    assert idx.match_all([A, B, C], (1, 2, 3, 9)) == [0, 2, 4]
-    assert idx.size(B) == 2 and idx.size(C) == 4
+    assert not idx.pending and idx.match_all([A, B, C], (1, 2, 3, 9)) == [2, 2, 4]
+    assert idx.size(A) == 2 and idx.size(B) == 2 and idx.size(C) == 4
 
 
 _PROMPTS = st.lists(st.integers(0, 3), min_size=1, max_size=5).map(tuple)
@@ -114,14 +127,17 @@ _OPS = st.lists(
 )
 
 
+@pytest.mark.parametrize("defer", [True, False])
 @settings(max_examples=300, deadline=None)
-@given(_OPS)
-def test_lazy_forgetting_answers_as_a_list_of_the_prompts_each_worker_was_sent(
-    ops: list[tuple[Any, Any, tuple[int, ...]]],
+@given(ops=_OPS)
+def test_every_answer_equals_a_recount_of_the_prompts_each_worker_was_sent(
+    defer: bool, ops: list[tuple[Any, Any, tuple[int, ...]]]
 ) -> None:
     """Whatever the tidying has got to, every answer equals a recount over the prompts sent
     to each worker since it was last forgotten (no bound: nothing is evicted)."""
     idx = ApproxPrefixIndex(1 << 20)
+    if defer:
+        idx.defer_forgetting()
     sent: dict[str, list[tuple[int, ...]]] = {A: [], B: [], C: []}
 
     def held(worker: str, prompt: tuple[int, ...]) -> int:
@@ -144,7 +160,12 @@ def test_lazy_forgetting_answers_as_a_list_of_the_prompts_each_worker_was_sent(
             idx.tidy(arg)
         else:  # ask about every worker, or only those sent something (the live ones)
             workers = [A, B, C] if arg else [w for w in (A, B, C) if sent[w]]
-            assert idx.match_all(workers, prompt) == [held(w, prompt) for w in workers]
+            expected = [held(w, prompt) for w in workers]
+            assert idx.match_all(workers, prompt) == expected
+            assert [idx.match(w, prompt) for w in workers] == expected
+            assert idx.matched(workers, prompt) == {
+                w: d for w, d in zip(workers, expected, strict=True) if d
+            }
     for w in (A, B, C):
         idx.forget(w)
     idx.tidy()
@@ -155,7 +176,8 @@ def _check_structure(idx: ApproxPrefixIndex) -> None:
     """Every listed worker is listed on all ancestors; each worker's order holds exactly the
     nodes listing it, descendants before ancestors; no node is left empty and childless."""
     orders = {**idx._lru, **idx._retired}
-    listed: dict[str, set[int]] = {w: set() for w in orders}
+    assert len(orders) == len(idx._lru) + len(idx._retired)  # no id both live and retired
+    listed: dict[int, set[int]] = {w: set() for w in orders}
     stack = list(idx._root.children.values())
     while stack:
         node = stack.pop()
@@ -182,6 +204,7 @@ def test_the_tree_stays_well_formed(
     bound: int, ops: list[tuple[Any, Any, tuple[int, ...]]]
 ) -> None:
     idx = ApproxPrefixIndex(bound)
+    idx.defer_forgetting()
     for op, arg, prompt in ops:
         if op == "record":
             idx.record(arg, prompt)
@@ -201,6 +224,7 @@ def test_a_removed_workers_index_entries_leave_in_the_chunks_of_the_routers_swee
 ) -> None:
     clock = ManualClock()
     built = choose_policy(policy, {}).build(clock=clock, rng=random.Random(0))
+    built.bound_sweeps(SWEEP_CHUNK)  # as serve does
     core = RoutingCore(built, Cluster([A]), rng=random.Random(0))
     for i in range(20):
         req = RouteRequest(session_id=f"s{i}", prompt_tokens=64, blocks=[i, 100 + i, 200 + i])

@@ -10,10 +10,10 @@ content blocks. One walk down the tree answers for every worker at once (a worke
 the depth of the deepest node on the prompt's path that lists it), where a tree per worker
 costs a walk per worker; recording a prompt adds a tenant to the nodes on its path (and one
 leaf for its new tail). Each worker's part is bounded: past the bound its least recently sent
-leaves go first. A removed worker stops counting at once; its entries leave the tree in
-bounded steps (:meth:`ApproxPrefixIndex.tidy`, run by the policy's chunked sweep), so removing
-a worker that was sent 50,000 prompts does not block the event loop (``sessionroute bench
-stall --policy cache_aware_v2``).
+leaves go first. In ``serve`` a removed worker stops counting at once and its entries leave
+the tree in bounded steps (:meth:`ApproxPrefixIndex.tidy`, run by the policy's chunked sweep),
+so removing a worker that was sent 50,000 prompts does not block the event loop
+(``sessionroute bench stall --policy cache_aware_v2``).
 
 :class:`InflightPrefill` keeps, per worker, the uncached prompt tokens of the requests a policy
 sent there and that have not completed (llm-d's "in-flight uncached prefill tokens"). The router
@@ -72,7 +72,7 @@ class _Node:
         self.label = label
         self.parent = parent
         self.children: dict[int, _Node] = {}
-        self.tenants: dict[str, None] = {}
+        self.tenants: dict[int, None] = {}  # the ids of the workers listed here
 
 
 class ApproxPrefixIndex:
@@ -82,33 +82,34 @@ class ApproxPrefixIndex:
     whole path), so the workers holding at least ``k`` blocks of a prompt are those listed on
     the node covering depth ``k`` of its path.
 
-    A worker that was :meth:`forget`-ten may stay listed on nodes until :meth:`tidy` drops
-    it ("retired"); every lookup and :meth:`record` first settles a retired worker it is
-    asked about (one that came back before its entries were dropped), so answers are exact
-    whenever the tidying runs.
+    Nodes list workers by an id per time a worker joined, so a worker removed and added again
+    (the same URL) is a new tenant. :meth:`forget` drops a worker's entries at once, or, after
+    :meth:`defer_forgetting` (``serve``), only retires its id (O(1): lookups never see it
+    again) and leaves its entries to :meth:`tidy`, which the policy's chunked sweep runs.
+    Without eviction the answers are the same either way; with the per-worker bound, entries
+    not yet tidied keep their nodes, so which pieces of a live worker's prompts an eviction
+    takes can depend on when the tidying ran (the simulator forgets at once).
 
     Args:
         max_blocks: per-worker bound in content blocks (least recently sent leaves go first).
     """
 
-    __slots__ = ("_lru", "_max", "_retired", "_root", "_size")
+    __slots__ = ("_defer", "_ids", "_lru", "_max", "_next_id", "_retired", "_root", "_size")
 
     def __init__(self, max_blocks: int) -> None:
         self._max = max_blocks
         self._root = _Node((), None)
-        self._lru: dict[str, OrderedDict[_Node, None]] = {}  # per worker, oldest first
-        self._size: dict[str, int] = {}
-        self._retired: dict[str, OrderedDict[_Node, None]] = {}
-        """Removed workers -> the nodes that still list them, descendants first."""
+        self._ids: dict[str, int] = {}  # worker -> its id while it is in the cluster
+        self._next_id = 0
+        self._lru: dict[int, OrderedDict[_Node, None]] = {}  # per id, oldest first
+        self._size: dict[int, int] = {}
+        self._retired: dict[int, OrderedDict[_Node, None]] = {}
+        """Ids of removed workers -> the nodes that still list them, descendants first."""
+        self._defer = False
 
-    def _settle(self, workers: Sequence[str]) -> None:
-        """Drop at once the entries of the retired workers among ``workers``."""
-        retired = self._retired
-        for w in workers:
-            nodes = retired.pop(w, None)
-            if nodes is not None:
-                for node in nodes:
-                    self._unlist(w, node)
+    def defer_forgetting(self) -> None:
+        """From now on :meth:`forget` only retires a worker; :meth:`tidy` drops its entries."""
+        self._defer = True
 
     def _path(self, blocks: tuple[int, ...]) -> list[tuple[_Node, int]]:
         """The nodes the prompt enters, each with the prompt's depth at its end (the last one
@@ -132,50 +133,53 @@ class ApproxPrefixIndex:
 
     def match(self, worker: str, blocks: tuple[int, ...]) -> int:
         """Leading blocks of ``blocks`` that ``worker`` was sent."""
-        if self._retired:
-            self._settle((worker,))
+        wid = self._ids.get(worker)
         depth = 0
+        if wid is None:
+            return depth
         for node, d in self._path(blocks):
-            if worker not in node.tenants:
+            if wid not in node.tenants:
                 break
             depth = d
+        return depth
+
+    def _depths(self, blocks: Sequence[int]) -> dict[int, int]:
+        """Worker id -> leading blocks of ``blocks`` it was sent (ids sent at least one)."""
+        depth: dict[int, int] = {}
+        for node, d in self._path(tuple(blocks)):
+            for t in node.tenants:
+                depth[t] = d
         return depth
 
     def matched(self, workers: Sequence[str], blocks: Sequence[int]) -> dict[str, int]:
         """Worker -> leading blocks it was sent, for the workers of ``workers`` sent at least
         one."""
-        if self._retired:
-            self._settle(workers)
-        depth: dict[str, int] = {}
-        for node, d in self._path(tuple(blocks)):
-            for w in node.tenants:
-                depth[w] = d
+        depth = self._depths(blocks)
         if not depth:
-            return depth
-        wanted = set(workers)
-        return {w: d for w, d in depth.items() if w in wanted}
+            return {}
+        ids = self._ids
+        out: dict[str, int] = {}
+        for w in workers:
+            d = depth.get(ids.get(w, -1))
+            if d is not None:
+                out[w] = d
+        return out
 
     def match_all(self, workers: Sequence[str], blocks: tuple[int, ...]) -> list[int]:
-        if self._retired:
-            self._settle(workers)
-        depth: dict[str, int] = {}
-        for node, d in self._path(blocks):
-            for w in node.tenants:
-                depth[w] = d
+        depth = self._depths(blocks)
         if not depth:
             return [0] * len(workers)
-        get = depth.get
-        return [get(w, 0) for w in workers]
+        ids = self._ids
+        return [depth.get(ids.get(w, -1), 0) for w in workers]
 
     def holding(self, workers: Sequence[str], blocks: tuple[int, ...], k: int) -> list[str]:
         """The workers of ``workers`` that were sent at least the first ``k`` (>= 1) of
         ``blocks``, in their order."""
-        if self._retired:
-            self._settle(workers)
         for node, d in self._path(blocks):
             if d >= k:
                 tenants = node.tenants
-                return [w for w in workers if w in tenants]
+                ids = self._ids
+                return [w for w in workers if ids.get(w, -1) in tenants]
         return []
 
     def record(self, worker: str, blocks: tuple[int, ...]) -> None:
@@ -184,12 +188,13 @@ class ApproxPrefixIndex:
         recently sent for it; then trim it to the bound."""
         if not blocks:
             return
-        if self._retired:
-            self._settle((worker,))
-        lru = self._lru.get(worker)
-        if lru is None:
-            lru = self._lru[worker] = OrderedDict()
-            self._size[worker] = 0
+        wid = self._ids.get(worker)
+        if wid is None:
+            wid = self._ids[worker] = self._next_id
+            self._next_id += 1
+            self._lru[wid] = OrderedDict()
+            self._size[wid] = 0
+        lru = self._lru[wid]
         node, pos, n = self._root, 0, len(blocks)
         path: list[_Node] = []
         while pos < n:
@@ -225,48 +230,46 @@ class ApproxPrefixIndex:
                     child = mid
                     m = k
                 pos += m
-            if worker not in child.tenants:
-                child.tenants[worker] = None
-                self._size[worker] += len(child.label)
+            if wid not in child.tenants:
+                child.tenants[wid] = None
+                self._size[wid] += len(child.label)
             path.append(child)
             node = child
         for nd in reversed(path):  # deepest first: ancestors end up more recent
             lru[nd] = None
             lru.move_to_end(nd)
-        if self._size[worker] > self._max:
-            self._evict(worker, self._max)
+        if self._size[wid] > self._max:
+            self._evict(wid, self._max)
 
-    def _evict(self, worker: str, limit: int) -> None:
-        """Unlist ``worker`` from its least recently sent leaves until it holds ``limit``."""
-        lru = self._lru[worker]
-        while self._size[worker] > limit and lru:
+    def _evict(self, wid: int, limit: int) -> None:
+        """Unlist worker ``wid`` from its least recently sent leaves until it holds ``limit``."""
+        lru = self._lru[wid]
+        while self._size[wid] > limit and lru:
             node, _ = lru.popitem(last=False)
-            self._drop(worker, node)
+            self._size[wid] -= len(node.label)
+            self._unlist(wid, node)
 
-    def _drop(self, worker: str, node: _Node) -> None:
-        del node.tenants[worker]
-        self._size[worker] -= len(node.label)
+    def _unlist(self, wid: int, node: _Node) -> None:
+        """Drop worker ``wid`` from ``node`` (and the node, when it is left empty)."""
+        del node.tenants[wid]
         if not node.tenants and not node.children and node.parent is not None:
             del node.parent.children[node.label[0]]
 
     def size(self, worker: str) -> int:
         """Blocks stored for ``worker`` (0 when none)."""
-        return self._size.get(worker, 0)
-
-    def _unlist(self, worker: str, node: _Node) -> None:
-        """Drop a retired ``worker`` from ``node`` (and the node, when it is left empty)."""
-        node.tenants.pop(worker, None)
-        if not node.tenants and not node.children and node.parent is not None:
-            del node.parent.children[node.label[0]]
+        wid = self._ids.get(worker)
+        return 0 if wid is None else self._size[wid]
 
     def forget(self, worker: str) -> None:
-        """``worker`` left: it holds nothing from now on, O(1). Its entries stay in the tree,
-        invisible to lookups, until :meth:`tidy` drops them."""
-        lru = self._lru.pop(worker, None)
-        if lru is None:
+        """``worker`` left: it holds nothing from now on. Its entries are dropped at once, or
+        after :meth:`defer_forgetting` left to :meth:`tidy` (O(1) here)."""
+        wid = self._ids.pop(worker, None)
+        if wid is None:
             return
-        del self._size[worker]
-        self._retired[worker] = lru  # (never already retired: record() settled it first)
+        del self._size[wid]
+        self._retired[wid] = self._lru.pop(wid)
+        if not self._defer:
+            self.tidy()
 
     @property
     def pending(self) -> bool:
@@ -279,15 +282,15 @@ class ApproxPrefixIndex:
         done = 0
         retired = self._retired
         while retired:
-            worker = next(iter(retired))
-            nodes = retired[worker]
+            wid = next(iter(retired))
+            nodes = retired[wid]
             while nodes:
                 if limit is not None and done >= limit:
                     return done
                 node, _ = nodes.popitem(last=False)
-                self._unlist(worker, node)
+                self._unlist(wid, node)
                 done += 1
-            del retired[worker]
+            del retired[wid]
         return done
 
 

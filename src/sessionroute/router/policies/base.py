@@ -146,8 +146,10 @@ class Policy(ABC):
         """Sweeps that run inside :meth:`select` expire at most ``limit`` sessions each, the
         rest on the following calls (``serve``: one routing call never expires a whole table
         at once; its background sweep expires in chunks too,
-        :meth:`sessionroute.router.RoutingCore.sweep_chunks`). The simulator leaves them
-        whole. Default: nothing to bound (no sweeps inside ``select``)."""
+        :meth:`sessionroute.router.RoutingCore.sweep_chunks`). A policy with bulk
+        bookkeeping of its own (a removed worker's index entries) leaves it to that sweep from
+        now on too (:meth:`sweep`, :meth:`sweep_pending`). The simulator calls none of this:
+        its policies do all of it at once. Default: nothing to bound."""
         return None
 
     def session_counts(self) -> Mapping[str, int]:

@@ -103,7 +103,8 @@ class CacheAwarePolicy(Policy):
         self._max_size = cfg.max_tree_size
         self._trees: dict[str, ApproxRadixTree] = {}
         self._retired: list[ApproxRadixTree] = []
-        """Trees of removed workers, taken apart by :meth:`sweep`."""
+        """Trees of removed workers, taken apart by :meth:`sweep` (``serve``)."""
+        self._defer = False
         self._picker = LeastRecentlyChosen()
         self.decisions: dict[str, int] = {"cache_hit": 0, "smallest_tree": 0, "load_balance": 0}
 
@@ -160,8 +161,15 @@ class CacheAwarePolicy(Policy):
 
     def on_worker_removed(self, worker: str, cluster: ClusterView) -> None:
         tree = self._trees.pop(worker, None)
-        if tree is not None and len(tree):  # O(1) here; the router's sweep takes it apart
+        if tree is None:
+            return
+        if self._defer:  # O(1) here; the router's chunked sweep takes it apart
             self._retired.append(tree)
+        else:
+            tree.drain()
+
+    def bound_sweeps(self, limit: int) -> None:
+        self._defer = True
 
     def sweep(self, now: float, limit: int | None = None) -> int:
         """No sessions to expire; takes apart up to ``limit`` nodes (all when None) of removed

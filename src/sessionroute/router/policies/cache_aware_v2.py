@@ -225,6 +225,9 @@ class CacheAwareV2Policy(Policy):
         self.prefill.forget(worker)
         self.wait.forget(worker)
 
+    def bound_sweeps(self, limit: int) -> None:
+        self.index.defer_forgetting()  # a removed worker's entries go in the sweep's chunks
+
     def sweep(self, now: float, limit: int | None = None) -> int:
         """No sessions to expire; drops up to ``limit`` index entries of removed workers."""
         self.index.tidy(limit)

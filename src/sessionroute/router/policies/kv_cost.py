@@ -236,6 +236,9 @@ class KvCostPolicy(Policy):
         self.prefill.forget(worker)
         self._picker.forget(worker)
 
+    def bound_sweeps(self, limit: int) -> None:
+        self.approx.defer_forgetting()  # a removed worker's entries go in the sweep's chunks
+
     def sweep(self, now: float, limit: int | None = None) -> int:
         """No sessions to expire; drops up to ``limit`` index entries of removed workers."""
         self.approx.tidy(limit)
