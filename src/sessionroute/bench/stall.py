@@ -16,11 +16,14 @@ all of them). For a policy that indexes prompt content (``needs_content``: ``cac
 own, so each session adds a leaf of that many blocks to the removed worker's index; what the
 removal leaves for the background sweep (those entries) is measured as that sweep runs it, in
 chunks (``remove_tidy_ms``). A policy that keeps no sessions has nothing to expire: its two
-expiry rows say so instead of a time. Reported: the longest single blocking call of each, in
-milliseconds of the thread's CPU time (``time.thread_time``: on a shared machine, wall time
-would add whatever other processes take meanwhile), with the median of ``--repeat`` runs; a
-concurrent request waits that long for the event loop, so it bounds what the work adds to
-request latency on an idle machine (the issue's target: p99 under 10 ms).
+expiry rows say so instead of a time. Last, ``full_gc_ms``: a full collection of Python's
+cyclic garbage collector with ``--sessions`` sessions routed (the bench's own objects frozen
+first, as ``serve`` freezes its start-up objects), a pause no chunking removes: what it
+traverses is what the policy keeps per session. Reported: the longest single blocking call
+of each, in milliseconds of the thread's CPU time (``time.thread_time``: on a shared machine,
+wall time would add whatever other processes take meanwhile), with the median of
+``--repeat`` runs; a concurrent request waits that long for the event loop, so it bounds what
+the work adds to request latency on an idle machine (the issue's target: p99 under 10 ms).
 
 ``--live`` measures that target itself, the latency of concurrent requests through a real
 router while the same work runs (:mod:`sessionroute.bench.stall_live`).
@@ -29,6 +32,7 @@ router while the same work runs (:mod:`sessionroute.bench.stall_live`).
 from __future__ import annotations
 
 import argparse
+import gc
 import random
 import statistics
 import time
@@ -104,11 +108,30 @@ def _longest_chunk_ms(chunks: Iterator[int]) -> float:
             return longest * 1000.0
 
 
+def _full_gc_ms(sessions: int, policy: str) -> float:
+    """The longest of three full garbage collections with ``sessions`` sessions routed, the
+    process's own objects frozen first (``serve`` freezes its start-up objects)."""
+    gc.collect()
+    gc.freeze()
+    try:
+        core, _ = _core([f"http://w{i}:8000" for i in range(4)], policy)
+        _fill(core, sessions, "g")
+        gc.collect()
+        longest = 0.0
+        for _ in range(3):
+            t0 = time.thread_time()
+            gc.collect()
+            longest = max(longest, time.thread_time() - t0)
+        return longest * 1000.0
+    finally:
+        gc.unfreeze()
+
+
 def _once(sessions: int, removed: int, policy: str) -> dict[str, float]:
     from sessionroute.router.core import SWEEP_CHUNK
 
     workers = [f"http://w{i}:8000" for i in range(4)]
-    out: dict[str, float] = {}
+    out: dict[str, float] = {"full_gc_ms": _full_gc_ms(sessions, policy)}
     for mode in ("one_pass", "chunked"):
         core, clock = _core(workers, policy)
         _fill(core, sessions, "s")
@@ -176,6 +199,7 @@ def print_table(result: dict[str, Any]) -> None:
         "remove_worker_ms": f"remove a worker with {result['removed']:,} sessions",
         "remove_tidy_ms": "the next sweep after it, chunked (serve)",
         "replace_turn_ms": "the next turn of one of its sessions (re-placed)",
+        "full_gc_ms": f"a full garbage collection with {result['sessions']:,} sessions",
     }
     for key, label in names.items():
         if key.startswith("expire_") and not result.get("keeps_sessions", True):

@@ -88,9 +88,9 @@ class SharedSessionTable(SessionTable):
         """
         if session_id is not None:
             self._decided.pop(session_id, None)
-            cached = self._pins.get(session_id)
+            cached = self._cached_worker(session_id)
             if cached is not None and (
-                self._is_stale(cached) or worker is None or cached.worker != worker
+                session_id not in self or worker is None or cached != worker
             ):
                 self._uncache(session_id)
                 cached = None
@@ -100,8 +100,7 @@ class SharedSessionTable(SessionTable):
                 self._make_room(entry_bytes(session_id), cache_only=True)
                 self._cache_pin(session_id, worker, now)
             elif cached is not None:
-                cached.last = now
-                self._pins.move_to_end(session_id)
+                self._refresh(session_id, now)
         self._counts = {w: c for w, c in counts.items() if c > 0}
         self.version = version
 
@@ -116,8 +115,7 @@ class SharedSessionTable(SessionTable):
 
     def pins(self) -> list[tuple[str, str]]:
         """(session id, worker) of every cached pin, least recently used first."""
-        stale = self._is_stale
-        return [(sid, p.worker) for sid, p in self._pins.items() if not stale(p)]
+        return self.pinned()
 
 
 class SharedCluster(Cluster):
