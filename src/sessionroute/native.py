@@ -41,6 +41,7 @@ __all__ = [
     "BUILD_INFO",
     "COMPILED_MODULES",
     "PURE_ENV",
+    "SIM_KERNEL",
     "build_caption",
     "build_failure",
     "compiled_modules",
@@ -64,14 +65,26 @@ def _replica_modules(package_dir: Path) -> list[str]:
     )
 
 
+SIM_KERNEL: tuple[str, ...] = (
+    "sessionroute.sim.dispatch",
+    "sessionroute.sim.events",
+    "sessionroute.sim.inflight",
+    "sessionroute.sim.simulation",
+    "sessionroute.sim.wakeups",
+)
+"""The simulator's event kernel: the event queue and its loop, replica wake-ups, and a turn's
+path through them (submit, placement, arrival, finish, delivery). Every request passes through
+these a handful of times; compiled, ``bench sim`` runs faster (docs/benchmarks.md)."""
+
 COMPILED_MODULES: tuple[str, ...] = (
     "sessionroute.minheap",
     *_replica_modules(_PACKAGE_DIR),
+    *SIM_KERNEL,
 )
 """Modules compiled with mypyc, as one group: the replica model (every module of
-``sessionroute.replica``) and the binary heap it uses (:mod:`sessionroute.minheap`). Everything
-else (router, policies, workloads, simulator, experiments) is plain Python: edit it and run it,
-no rebuild."""
+``sessionroute.replica``), the binary heap it uses (:mod:`sessionroute.minheap`) and the
+simulator's event kernel (:data:`SIM_KERNEL`). Everything else (router, policies, workloads,
+the rest of the simulator, experiments) is plain Python: edit it and run it, no rebuild."""
 
 BUILD_INFO = "_compiled.json"
 """File the build writes beside the extensions (the package folder of its output):
