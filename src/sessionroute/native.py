@@ -1,11 +1,11 @@
-"""The compiled replica model: which modules ``setup.py`` compiles with mypyc, and the
-stale-build guard.
+"""The compiled replica model and simulator kernel: which modules ``setup.py`` compiles with
+mypyc, and the stale-build guard.
 
-The replica model (:data:`COMPILED_MODULES`) is compiled to C extensions with mypyc
-(https://mypyc.readthedocs.io, part of mypy) when the package is installed with a C compiler:
-the same typed Python, several times as fast. Results are identical to the pure-Python modules
-(``tests/test_native.py`` and ``benchmarks/results_digest.py`` check it). Everything else is
-plain Python.
+The replica model and the simulator's event kernel (:data:`COMPILED_MODULES`) are compiled to C
+extensions with mypyc (https://mypyc.readthedocs.io, part of mypy) when the package is
+installed with a C compiler: the same typed Python, several times as fast. Results are
+identical to the pure-Python modules (``tests/test_native.py`` and ``sessionroute bench
+digest`` check it). Everything else is plain Python.
 
 An editable install (``pip install -e .``) puts the extensions beside their sources, where Python
 imports an extension before a ``.py`` file of the same name. A source edited after the build
@@ -176,7 +176,7 @@ def compiled_modules() -> list[str]:
     return out
 
 
-_SPEED = "about 1/4 of the replica model's compiled speed, 2/3 of the simulator's"
+_SPEED = "about 1/4 of the replica model's compiled speed, 2/5 of the simulator's"
 
 
 def pure_reason(package_dir: Path = _PACKAGE_DIR) -> str:
