@@ -1,5 +1,5 @@
-"""Build hook: compiles the replica model (the modules listed in ``src/sessionroute/native.py``)
-with mypyc.
+"""Build hook: compiles the replica model and the simulator's event kernel (the modules listed
+in ``src/sessionroute/native.py``) with mypyc.
 
 Everything else about the package is in ``pyproject.toml``. mypyc (https://mypyc.readthedocs.io)
 turns the typed modules into C extensions with the same behaviour; it needs a C compiler. Without

@@ -18,6 +18,7 @@ from sessionroute.native import (
     BUILD_INFO,
     COMPILED_MODULES,
     PURE_ENV,
+    SIM_KERNEL,
     build_failure,
     compiled_modules,
     install_guard,
@@ -30,14 +31,15 @@ from sessionroute.native import (
 _PACKAGE = Path(__file__).resolve().parents[1] / "src" / "sessionroute"
 
 
-def test_only_the_replica_model_and_its_heap_are_compiled() -> None:
+def test_only_the_replica_model_its_heap_and_the_sim_kernel_are_compiled() -> None:
     replica = sorted(
         f"sessionroute.replica.{p.stem}"
         for p in (_PACKAGE / "replica").glob("*.py")
         if p.stem != "__init__"
     )
     assert len(replica) >= 5
-    assert sorted(COMPILED_MODULES) == sorted(["sessionroute.minheap", *replica])
+    assert all(m.startswith("sessionroute.sim.") for m in SIM_KERNEL)
+    assert sorted(COMPILED_MODULES) == sorted(["sessionroute.minheap", *replica, *SIM_KERNEL])
 
 
 def _fake_package(tmp_path: Path, module: str, source: str) -> Path:

@@ -1,11 +1,11 @@
-"""The compiled replica model: which modules ``setup.py`` compiles with mypyc, and the
-stale-build guard.
+"""The compiled replica model and simulator kernel: which modules ``setup.py`` compiles with
+mypyc, and the stale-build guard.
 
-The replica model (:data:`COMPILED_MODULES`) is compiled to C extensions with mypyc
-(https://mypyc.readthedocs.io, part of mypy) when the package is installed with a C compiler:
-the same typed Python, several times as fast. Results are identical to the pure-Python modules
-(``tests/test_native.py`` and ``benchmarks/results_digest.py`` check it). Everything else is
-plain Python.
+The replica model and the simulator's event kernel (:data:`COMPILED_MODULES`) are compiled to C
+extensions with mypyc (https://mypyc.readthedocs.io, part of mypy) when the package is
+installed with a C compiler: the same typed Python, several times as fast. Results are
+identical to the pure-Python modules (``tests/test_native.py`` and ``sessionroute bench
+digest`` check it). Everything else is plain Python.
 
 An editable install (``pip install -e .``) puts the extensions beside their sources, where Python
 imports an extension before a ``.py`` file of the same name. A source edited after the build
@@ -41,6 +41,7 @@ __all__ = [
     "BUILD_INFO",
     "COMPILED_MODULES",
     "PURE_ENV",
+    "SIM_KERNEL",
     "build_caption",
     "build_failure",
     "compiled_modules",
@@ -64,14 +65,26 @@ def _replica_modules(package_dir: Path) -> list[str]:
     )
 
 
+SIM_KERNEL: tuple[str, ...] = (
+    "sessionroute.sim.dispatch",
+    "sessionroute.sim.events",
+    "sessionroute.sim.inflight",
+    "sessionroute.sim.simulation",
+    "sessionroute.sim.wakeups",
+)
+"""The simulator's event kernel: the event queue and its loop, replica wake-ups, and a turn's
+path through them (submit, placement, arrival, finish, delivery). Every request passes through
+these a handful of times; compiled, ``bench sim`` runs faster (docs/benchmarks.md)."""
+
 COMPILED_MODULES: tuple[str, ...] = (
     "sessionroute.minheap",
     *_replica_modules(_PACKAGE_DIR),
+    *SIM_KERNEL,
 )
 """Modules compiled with mypyc, as one group: the replica model (every module of
-``sessionroute.replica``) and the binary heap it uses (:mod:`sessionroute.minheap`). Everything
-else (router, policies, workloads, simulator, experiments) is plain Python: edit it and run it,
-no rebuild."""
+``sessionroute.replica``), the binary heap it uses (:mod:`sessionroute.minheap`) and the
+simulator's event kernel (:data:`SIM_KERNEL`). Everything else (router, policies, workloads,
+the rest of the simulator, experiments) is plain Python: edit it and run it, no rebuild."""
 
 BUILD_INFO = "_compiled.json"
 """File the build writes beside the extensions (the package folder of its output):
@@ -163,7 +176,7 @@ def compiled_modules() -> list[str]:
     return out
 
 
-_SPEED = "about 1/4 of the replica model's compiled speed, 2/3 of the simulator's"
+_SPEED = "about 1/4 of the replica model's compiled speed, 2/5 of the simulator's"
 
 
 def pure_reason(package_dir: Path = _PACKAGE_DIR) -> str:

@@ -4,18 +4,17 @@ Events are ordered by ``(time, priority, sequence number)``: at equal times a lo
 runs first, and events of equal time and priority run in the order they were scheduled, so the
 same inputs always give the same order (no dependence on object ids or hash order).
 
-The queue is a :mod:`heapq` heap of :data:`Event` tuples ``(t, key, fn, arg)``; keys are
-unique, so two events are never compared past their keys. Events are plain tuples: a push
-builds one tuple, where a named tuple's constructor would add a Python-level call (about a
-quarter of a push).
+The queue is a :class:`~sessionroute.minheap.MinHeap` of :class:`Event` records ``(t, key, fn,
+arg)``; keys are unique, so the order of events does not depend on the heap's layout.
 """
 
 from __future__ import annotations
 
-import heapq
 from collections import deque
 from collections.abc import Callable
-from typing import Any, Final, TypeAlias
+from typing import Any, Final, cast
+
+from sessionroute.minheap import HeapEntry, MinHeap
 
 __all__ = [
     "PRIO_ARRIVAL",
@@ -45,10 +44,17 @@ SEQ_BITS: Final = 48
 """An event's sort key below its time is ``priority << SEQ_BITS | sequence number``."""
 
 
-Event: TypeAlias = tuple[float, int, Callable[[Any], None], Any]
-"""One scheduled callback, ``(t, key, fn, arg)``: ``fn(arg)`` at simulated time ``t`` seconds;
-``key`` is ``priority << SEQ_BITS | sequence number`` (unique within a queue). Sorted by
-``(t, key)``."""
+class Event(HeapEntry):
+    """One scheduled callback: ``fn(arg)`` at simulated time ``t`` seconds; ``key`` is
+    ``priority << SEQ_BITS | sequence number`` (unique within a queue). Sorted by ``(t, key)``.
+    """
+
+    __slots__ = ("arg", "fn")
+
+    def __init__(self, t: float, key: int, fn: Callable[[Any], None], arg: Any) -> None:
+        super().__init__(t, key)
+        self.fn = fn
+        self.arg = arg
 
 
 class VirtualClock:
@@ -68,7 +74,7 @@ class VirtualClock:
 
 
 class EventQueue:
-    """A heap of :data:`Event` tuples owned by one simulation (``fn(arg)`` at a time, with a
+    """A heap of :class:`Event` records owned by one simulation (``fn(arg)`` at a time, with a
     priority).
 
     Far-future timers (:meth:`push_late`, e.g. rollout timeouts, all an hour ahead, most of
@@ -95,7 +101,7 @@ class EventQueue:
 
     def __init__(self, clock: VirtualClock | None = None) -> None:
         self.clock = clock if clock is not None else VirtualClock()
-        self._heap: list[Event] = []
+        self._heap = MinHeap()
         self._lane: deque[Event] = deque()  # sorted; its first event is also in the heap
         self._seq = 0
         self._work = 0  # scheduled events with priority < PRIO_SAMPLE (not periodic samplers)
@@ -123,7 +129,7 @@ class EventQueue:
         self._seq = seq
         if prio < PRIO_SAMPLE:
             self._work += 1
-        heapq.heappush(self._heap, (t, (prio << SEQ_BITS) | seq, fn, arg))
+        self._heap.push(Event(t, (prio << SEQ_BITS) | seq, fn, arg))
 
     def push_late(self, t: float, prio: int, fn: Callable[[Any], None], arg: Any = None) -> None:
         """:meth:`push` for a timer far ahead: same order of events, a smaller heap.
@@ -133,8 +139,8 @@ class EventQueue:
         """
         lane = self._lane
         if lane:
-            last_t, last_key, _, _ = lane[-1]
-            if t < last_t or (t == last_t and prio < last_key >> SEQ_BITS):
+            last = lane[-1]
+            if t < last.t or (t == last.t and prio < last.key >> SEQ_BITS):
                 self.push(t, prio, fn, arg)
                 return
         if t < self.clock._t:
@@ -144,27 +150,27 @@ class EventQueue:
         if prio < PRIO_SAMPLE:
             self._work += 1
         key = (prio << SEQ_BITS) | seq
-        ev = (t, key, fn, arg)
+        ev = Event(t, key, fn, arg)
         lane.append(ev)
         if len(lane) == 1:
-            heapq.heappush(self._heap, (t, key, self._fire_lane, ev))
+            self._heap.push(Event(t, key, self._fire_lane, ev))
 
     def _fire_lane(self, ev: Event) -> None:
         lane = self._lane
         lane.popleft()
         if lane:
             nxt = lane[0]
-            heapq.heappush(self._heap, (nxt[0], nxt[1], self._fire_lane, nxt))
-        _, _, fn, arg = ev
-        fn(arg)
+            self._heap.push(Event(nxt.t, nxt.key, self._fire_lane, nxt))
+        ev.fn(ev.arg)
 
     def first(self) -> Event | None:
         """The next event to run (not removed), or None when the queue is empty."""
-        return self._heap[0] if self._heap else None
+        return cast("Event | None", self._heap.first())
 
     def peek_time(self) -> float | None:
         """Time of the next event, or None when the queue is empty."""
-        return self._heap[0][0] if self._heap else None
+        first = self._heap.first()
+        return None if first is None else first.t
 
     def stop(self) -> None:
         """Make :meth:`run_until` return after the event now running."""
@@ -178,15 +184,16 @@ class EventQueue:
         time of the last event run (it never moves past ``t_end``).
         """
         heap = self._heap
+        items = heap.items
         clock = self.clock
         self.t_end = t_end
         sample_key = PRIO_SAMPLE << SEQ_BITS
-        while heap and not self.stopped and self._work:
-            if heap[0][0] > t_end:
+        while items and not self.stopped and self._work:
+            if items[0].t > t_end:
                 break
-            t, key, fn, arg = heapq.heappop(heap)
-            clock._t = t
-            if key < sample_key:
+            ev = cast(Event, heap.pop())
+            clock._t = ev.t
+            if ev.key < sample_key:
                 self._work -= 1
             self.events_run += 1
-            fn(arg)
+            ev.fn(ev.arg)

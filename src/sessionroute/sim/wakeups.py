@@ -87,9 +87,8 @@ class ReplicaWakeups:
             head = queue.first()
             if queue.stopped:
                 until, inclusive = float("-inf"), False
-            elif head is not None and head[0] <= t_end:
-                head_t, head_key, _, _ = head
-                until, inclusive = head_t, head_key >= after_wake
+            elif head is not None and head.t <= t_end:
+                until, inclusive = head.t, head.key >= after_wake
             else:
                 until, inclusive = t_end, True
             results, t, moves = engine.wake(clock._t, until, inclusive)
@@ -106,7 +105,7 @@ class ReplicaWakeups:
                 t = now
             head = queue.first()
             if (
-                (head is None or t < head[0] or (t == head[0] and head[1] >= after_wake))
+                (head is None or t < head.t or (t == head.t and head.key >= after_wake))
                 and t <= queue.t_end
                 and not queue.stopped
             ):

@@ -54,26 +54,24 @@ class LogNormal:
         self.floor = float(floor)
 
     def sample(self, rng: np.random.Generator, n: int) -> NDArray[np.float64]:
-        """``n`` draws as a float array (the values of :meth:`sample_list`)."""
-        return np.array(self.sample_list(rng, n), dtype=np.float64)
-
-    def sample_list(self, rng: np.random.Generator, n: int) -> list[float]:
-        """``n`` draws as a Python list: ``clip(rng.lognormal(mu, sigma, n), floor, cap)`` (a
+        """``n`` draws as a float array: ``clip(rng.lognormal(mu, sigma, n), floor, cap)`` (a
         constant when ``sigma`` is 0)."""
         if self.sigma > 0:
-            xs: list[float] = rng.lognormal(self.mu, self.sigma, n).tolist()
+            x = rng.lognormal(self.mu, self.sigma, n)
         else:
-            xs = [math.exp(self.mu)] * n
-        return [min(max(x, self.floor), self.cap) for x in xs]
+            x = np.full(n, math.exp(self.mu))
+        return np.minimum(np.maximum(x, self.floor), self.cap)
+
+    def sample_list(self, rng: np.random.Generator, n: int) -> list[float]:
+        """``n`` draws as a Python list (the values of :meth:`sample`)."""
+        return self.sample(rng, n).tolist()  # type: ignore[no-any-return]
 
     def sample_int(self, rng: np.random.Generator, n: int) -> list[int]:
-        """``n`` draws rounded to ints (at least ``max(1, floor)``), as a Python list.
-
-        The values of ``maximum(rint(sample(rng, n)), max(1, ceil(floor)))``: ``round`` rounds
-        half to even like ``numpy.rint``.
-        """
+        """``n`` draws rounded to ints (at least ``max(1, floor)``), as a Python list:
+        ``maximum(rint(sample(rng, n)), max(1, ceil(floor)))`` (half to even)."""
         low = max(1, math.ceil(self.floor))
-        return [max(round(x), low) for x in self.sample_list(rng, n)]
+        x = np.maximum(np.rint(self.sample(rng, n)), low).astype(np.int64)
+        return x.tolist()  # type: ignore[no-any-return]
 
 
 class QuantileTable:
