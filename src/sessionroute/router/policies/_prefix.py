@@ -34,6 +34,7 @@ __all__ = [
     "ApproxPrefixIndex",
     "InflightPrefill",
     "PrefixIndex",
+    "TidiesInSweeps",
     "prompt_blocks",
     "uncached_tokens",
 ]
@@ -292,6 +293,27 @@ class ApproxPrefixIndex:
                 done += 1
             del retired[wid]
         return done
+
+
+class TidiesInSweeps:
+    """Mixin of the :class:`~sessionroute.router.policies.base.Policy` hooks for a policy whose
+    :class:`ApproxPrefixIndex` is :attr:`tidied_index`: once ``serve`` bounds its sweeps
+    (``bound_sweeps``) a removed worker's entries are dropped in the router's chunked sweep
+    (``sweep``, ``sweep_pending``); the simulator, which bounds nothing, forgets at once. List it
+    before ``Policy`` among the bases."""
+
+    tidied_index: ApproxPrefixIndex
+
+    def bound_sweeps(self, limit: int) -> None:
+        self.tidied_index.defer_forgetting()
+
+    def sweep(self, now: float, limit: int | None = None) -> int:
+        """No sessions to expire; drops up to ``limit`` index entries of removed workers."""
+        self.tidied_index.tidy(limit)
+        return 0
+
+    def sweep_pending(self) -> bool:
+        return self.tidied_index.pending
 
 
 def uncached_tokens(prompt_tokens: int, n_blocks: int, matched: int) -> int:

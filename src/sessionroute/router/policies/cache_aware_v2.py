@@ -56,6 +56,7 @@ from sessionroute.router.policies._expected_wait import ExpectedWait
 from sessionroute.router.policies._prefix import (
     ApproxPrefixIndex,
     InflightPrefill,
+    TidiesInSweeps,
     prompt_blocks,
     uncached_tokens,
 )
@@ -112,7 +113,7 @@ class CacheAwareV2Config:
             raise ConfigError(f"max_tree_blocks must be >= 1, got {self.max_tree_blocks!r}")
 
 
-class CacheAwareV2Policy(Policy):
+class CacheAwareV2Policy(TidiesInSweeps, Policy):
     """Cache affinity that yields to engine KV pressure and to per-request overload.
 
     Attributes:
@@ -132,6 +133,7 @@ class CacheAwareV2Policy(Policy):
         super().__init__(config, clock=clock, rng=rng)
         cfg: CacheAwareV2Config = self.config
         self.index = ApproxPrefixIndex(cfg.max_tree_blocks)
+        self.tidied_index = self.index  # (TidiesInSweeps)
         self.prefill = InflightPrefill()
         self.wait = ExpectedWait(cfg.tokens_per_s, cfg.kv_penalty_s, 0.999)
         self.decisions: dict[str, int] = dict.fromkeys(
@@ -224,14 +226,3 @@ class CacheAwareV2Policy(Policy):
         self.index.forget(worker)
         self.prefill.forget(worker)
         self.wait.forget(worker)
-
-    def bound_sweeps(self, limit: int) -> None:
-        self.index.defer_forgetting()  # a removed worker's entries go in the sweep's chunks
-
-    def sweep(self, now: float, limit: int | None = None) -> int:
-        """No sessions to expire; drops up to ``limit`` index entries of removed workers."""
-        self.index.tidy(limit)
-        return 0
-
-    def sweep_pending(self) -> bool:
-        return self.index.pending

@@ -51,6 +51,7 @@ from sessionroute.router.policies._pick import LowestScore
 from sessionroute.router.policies._prefix import (
     ApproxPrefixIndex,
     InflightPrefill,
+    TidiesInSweeps,
     prompt_blocks,
     uncached_tokens,
 )
@@ -118,7 +119,7 @@ class _ApproxView:
         return self.tree.matched(workers, hashes)
 
 
-class KvCostPolicy(Policy):
+class KvCostPolicy(TidiesInSweeps, Policy):
     """Lowest ``overlap_weight * prefill blocks + active blocks`` (or softmax sampling).
 
     Attributes:
@@ -139,6 +140,7 @@ class KvCostPolicy(Policy):
         cfg: KvCostConfig = self.config
         self.index = KvIndex(cfg.max_blocks_per_worker)
         self.approx = ApproxPrefixIndex(cfg.max_tree_blocks)
+        self.tidied_index = self.approx  # (TidiesInSweeps)
         self._approx_view = _ApproxView(self.approx)
         self.prefill = InflightPrefill()
         self.cache: PrefixCacheView | None = None
@@ -235,14 +237,3 @@ class KvCostPolicy(Policy):
         self.approx.forget(worker)
         self.prefill.forget(worker)
         self._picker.forget(worker)
-
-    def bound_sweeps(self, limit: int) -> None:
-        self.approx.defer_forgetting()  # a removed worker's entries go in the sweep's chunks
-
-    def sweep(self, now: float, limit: int | None = None) -> int:
-        """No sessions to expire; drops up to ``limit`` index entries of removed workers."""
-        self.approx.tidy(limit)
-        return 0
-
-    def sweep_pending(self) -> bool:
-        return self.approx.pending

@@ -38,6 +38,7 @@ from sessionroute.router.policies._pick import LowestScore
 from sessionroute.router.policies._prefix import (
     ApproxPrefixIndex,
     InflightPrefill,
+    TidiesInSweeps,
     prompt_blocks,
     uncached_tokens,
 )
@@ -86,7 +87,7 @@ class StickyUntilSaturatedConfig:
             raise ConfigError(f"max_tree_blocks must be >= 1, got {self.max_tree_blocks!r}")
 
 
-class StickyUntilSaturatedPolicy(Policy):
+class StickyUntilSaturatedPolicy(TidiesInSweeps, Policy):
     """Prefix affinity at 0.80, broken by a TTFT gate, then fewest uncached prefill tokens.
 
     Attributes:
@@ -105,6 +106,7 @@ class StickyUntilSaturatedPolicy(Policy):
         super().__init__(config, clock=clock, rng=rng)
         cfg: StickyUntilSaturatedConfig = self.config
         self.index = ApproxPrefixIndex(cfg.max_tree_blocks)
+        self.tidied_index = self.index  # (TidiesInSweeps)
         self.prefill = InflightPrefill()
         self._picker = LowestScore()
         self.decisions: dict[str, int] = dict.fromkeys(
@@ -163,14 +165,3 @@ class StickyUntilSaturatedPolicy(Policy):
         self.index.forget(worker)
         self.prefill.forget(worker)
         self._picker.forget(worker)
-
-    def bound_sweeps(self, limit: int) -> None:
-        self.index.defer_forgetting()  # a removed worker's entries go in the sweep's chunks
-
-    def sweep(self, now: float, limit: int | None = None) -> int:
-        """No sessions to expire; drops up to ``limit`` index entries of removed workers."""
-        self.index.tidy(limit)
-        return 0
-
-    def sweep_pending(self) -> bool:
-        return self.index.pending
