@@ -34,6 +34,7 @@ __all__ = [
     "ApproxPrefixIndex",
     "InflightPrefill",
     "PrefixIndex",
+    "Tidied",
     "TidiesInSweeps",
     "prompt_blocks",
     "uncached_tokens",
@@ -295,14 +296,32 @@ class ApproxPrefixIndex:
         return done
 
 
+class Tidied(Protocol):
+    """What a policy forgets of removed workers in bounded steps (:class:`ApproxPrefixIndex`,
+    :class:`~sessionroute.router.policies._radix.RetiredTrees`)."""
+
+    def defer_forgetting(self) -> None:
+        """Leave what a removed worker held to :meth:`tidy` from now on."""
+        ...
+
+    @property
+    def pending(self) -> bool:
+        """Something is left for :meth:`tidy`."""
+        ...
+
+    def tidy(self, limit: int | None = None) -> int:
+        """Drop up to ``limit`` entries (all when None); returns how many."""
+        ...
+
+
 class TidiesInSweeps:
-    """Mixin of the :class:`~sessionroute.router.policies.base.Policy` hooks for a policy whose
-    :class:`ApproxPrefixIndex` is :attr:`tidied_index`: once ``serve`` bounds its sweeps
-    (``bound_sweeps``) a removed worker's entries are dropped in the router's chunked sweep
+    """Mixin of the :class:`~sessionroute.router.policies.base.Policy` hooks for a policy that
+    forgets removed workers through :attr:`tidied_index`: once ``serve`` bounds its sweeps
+    (``bound_sweeps``) what a removed worker held is dropped in the router's chunked sweep
     (``sweep``, ``sweep_pending``); the simulator, which bounds nothing, forgets at once. List it
     before ``Policy`` among the bases."""
 
-    tidied_index: ApproxPrefixIndex
+    tidied_index: Tidied
 
     def bound_sweeps(self, limit: int) -> None:
         self.tidied_index.defer_forgetting()

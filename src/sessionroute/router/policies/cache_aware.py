@@ -31,7 +31,8 @@ from typing import Any, ClassVar
 
 from sessionroute.clock import Clock
 from sessionroute.errors import ConfigError
-from sessionroute.router.policies._radix import ApproxRadixTree, Content
+from sessionroute.router.policies._prefix import TidiesInSweeps
+from sessionroute.router.policies._radix import ApproxRadixTree, Content, RetiredTrees
 from sessionroute.router.policies.base import Policy, require_healthy
 from sessionroute.router.policies.least_loaded import LeastRecentlyChosen
 from sessionroute.router.state.cluster import ClusterView
@@ -82,7 +83,7 @@ def request_content(request: RouteRequest) -> Content:
     return () if request.blocks is None else tuple(request.blocks)
 
 
-class CacheAwarePolicy(Policy):
+class CacheAwarePolicy(TidiesInSweeps, Policy):
     """Prefix-affinity routing over per-worker approximate radix trees, with load balancing.
 
     Attributes:
@@ -102,9 +103,8 @@ class CacheAwarePolicy(Policy):
         self._rel = cfg.balance_rel_threshold
         self._max_size = cfg.max_tree_size
         self._trees: dict[str, ApproxRadixTree] = {}
-        self._retired: list[ApproxRadixTree] = []
-        """Trees of removed workers, taken apart by :meth:`sweep` (``serve``)."""
-        self._defer = False
+        self._retired = RetiredTrees()
+        self.tidied_index = self._retired  # (TidiesInSweeps)
         self._picker = LeastRecentlyChosen()
         self.decisions: dict[str, int] = {"cache_hit": 0, "smallest_tree": 0, "load_balance": 0}
 
@@ -161,30 +161,5 @@ class CacheAwarePolicy(Policy):
 
     def on_worker_removed(self, worker: str, cluster: ClusterView) -> None:
         tree = self._trees.pop(worker, None)
-        if tree is None:
-            return
-        if self._defer:  # O(1) here; the router's chunked sweep takes it apart
-            self._retired.append(tree)
-        else:
-            tree.drain()
-
-    def bound_sweeps(self, limit: int) -> None:
-        self._defer = True
-
-    def sweep(self, now: float, limit: int | None = None) -> int:
-        """No sessions to expire; takes apart up to ``limit`` nodes (all when None) of removed
-        workers' trees (a 50,000-session tree freed in one call blocked ~8 ms and left its
-        nodes to the cyclic garbage collector)."""
-        retired = self._retired
-        while retired:
-            removed = retired[-1].drain(limit)
-            if not len(retired[-1]):
-                retired.pop()
-            if limit is not None:
-                limit -= removed
-                if limit <= 0:
-                    break
-        return 0
-
-    def sweep_pending(self) -> bool:
-        return bool(self._retired)
+        if tree is not None:
+            self._retired.retire(tree)

@@ -338,9 +338,9 @@ class SessionTable:
 
     def sessions_on(self, worker: str) -> list[str]:
         """Session ids pinned to ``worker`` (O(sessions); for admin and tests)."""
-        return [sid for sid, w in self.pinned() if w == worker]
+        return [sid for sid, w in self.pins() if w == worker]
 
-    def pinned(self) -> list[tuple[str, str]]:
+    def pins(self) -> list[tuple[str, str]]:
         """(session id, worker) of every live pin, least recently used first (O(sessions))."""
         stale = self._is_stale
         return [(sid, e[_WORKER]) for sid, e in self._pins.items() if not stale(e)]
@@ -360,10 +360,10 @@ class SessionTable:
             if self.on_drop is not None:
                 self.on_drop(sid)
 
-    def _cached_worker(self, session_id: str) -> str | None:
-        """The worker of ``session_id``'s entry, stale or not (None without one)."""
+    def _cached(self, session_id: str) -> tuple[str, bool] | None:
+        """``session_id``'s entry as (its worker, whether it is stale), or None without one."""
         entry = self._pins.get(session_id)
-        return None if entry is None else entry[_WORKER]
+        return None if entry is None else (entry[_WORKER], self._is_stale(entry))
 
     def _refresh(self, session_id: str, now: float) -> None:
         """Set the last access of ``session_id``'s entry (present) to ``now``, no turn

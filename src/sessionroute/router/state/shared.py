@@ -88,10 +88,8 @@ class SharedSessionTable(SessionTable):
         """
         if session_id is not None:
             self._decided.pop(session_id, None)
-            cached = self._cached_worker(session_id)
-            if cached is not None and (
-                session_id not in self or worker is None or cached != worker
-            ):
+            cached = self._cached(session_id)
+            if cached is not None and (cached[1] or worker is None or cached[0] != worker):
                 self._uncache(session_id)
                 cached = None
                 if self.on_drop is not None:
@@ -112,10 +110,6 @@ class SharedSessionTable(SessionTable):
             self.stats.new -= 1
         else:
             self.stats.repinned -= 1
-
-    def pins(self) -> list[tuple[str, str]]:
-        """(session id, worker) of every cached pin, least recently used first."""
-        return self.pinned()
 
 
 class SharedCluster(Cluster):
