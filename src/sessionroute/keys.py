@@ -132,7 +132,7 @@ class BlockChain:
         ValueError: on ``block_size < 1``.
     """
 
-    __slots__ = ("_last", "_tail", "_tail_len", "block_size", "keys", "tokens")
+    __slots__ = ("_last", "_tail_key", "_tail_len", "block_size", "keys", "tokens")
 
     def __init__(self, block_size: int) -> None:
         if block_size < 1:
@@ -140,9 +140,10 @@ class BlockChain:
         self.block_size = block_size
         self.keys: list[int] = []
         self.tokens = 0
-        # the partial block: segment and length of each piece but the last one's length
-        # (which the next key leaves out), and its tokens
-        self._tail: list[int] = []
+        # the partial block: its key so far (the parent key with each piece's segment and
+        # length absorbed: the chain is a left fold, so pieces are absorbed as they come), and
+        # its tokens
+        self._tail_key = ROOT_KEY
         self._tail_len = 0
         self._last: int | None = None  # the segment of the last non-empty append
 
@@ -151,7 +152,7 @@ class BlockChain:
         c = BlockChain(self.block_size)
         c.keys = self.keys.copy()
         c.tokens = self.tokens
-        c._tail = self._tail.copy()
+        c._tail_key = self._tail_key
         c._tail_len = self._tail_len
         c._last = self._last
         return c
@@ -178,13 +179,12 @@ class BlockChain:
         if self._tail_len:
             need = bs - self._tail_len
             if length < need:
-                self._tail += [segment, length]
+                self._tail_key = chain_key(self._tail_key, segment, length)
                 self._tail_len += length
                 return
             # the block across segments: its parent key, each earlier piece's segment and
             # length, and this segment (its length is the rest of the block)
-            keys.append(chain_key(keys[-1] if keys else ROOT_KEY, *self._tail, segment))
-            self._tail = []
+            keys.append(chain_key(self._tail_key, segment))
             self._tail_len = 0
             off = need
         # Full blocks inside one segment: keyed by the key before them (the anchor), the
@@ -196,5 +196,5 @@ class BlockChain:
             run = chain_key(keys[-1] if keys else ROOT_KEY, segment)
             keys += chain_keys(run, range(off, end, bs))
         if end < length:
-            self._tail = [segment, length - end]
+            self._tail_key = chain_key(keys[-1] if keys else ROOT_KEY, segment, length - end)
             self._tail_len = length - end
