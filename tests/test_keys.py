@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from sessionroute.keys import GAMMA, MASK64, chain_key, chain_keys, mix64
+from sessionroute.native import PURE_ENV
 
 
 def test_mix64_gives_splitmix64s_published_outputs() -> None:
@@ -58,3 +64,43 @@ def test_chain_keys_is_chain_key_of_each_item() -> None:
     assert chain_keys(parent, items) == [chain_key(parent, x) for x in items]
     assert chain_keys(parent, range(0, 64, 16)) == [chain_key(parent, o) for o in (0, 16, 32, 48)]
     assert chain_keys(parent, []) == []
+
+
+_KEYS = """
+import random
+import sessionroute.keys
+from sessionroute.keys import BlockChain, chain_key, chain_keys, mix64
+print("pure" if sessionroute.keys.__file__.endswith(".py") else "compiled")
+rng = random.Random(7)
+out = [mix64(rng.getrandbits(70) - 2**69) for _ in range(200)]
+out += [chain_key(rng.getrandbits(64), *(rng.getrandbits(65) - 2**64 for _ in range(k)))
+        for k in range(9)]
+out += chain_keys(rng.getrandbits(64), range(-5, 300, 7))
+for bs in (1, 16, 256):
+    chain = BlockChain(bs)
+    for seg in range(1, 40):
+        chain.append(seg, rng.randrange(0, 700))
+    out += chain.keys
+print(len(out), sum(out) % (2**61 - 1), sum(i * k for i, k in enumerate(out)) % (2**61 - 1))
+"""
+
+
+def test_compiled_keys_equal_pure_python_keys() -> None:
+    env = {k: v for k, v in os.environ.items() if k != PURE_ENV}
+    runs = []
+    for pure in (True, False):
+        done = subprocess.run(
+            [sys.executable, "-c", _KEYS],
+            env={**env, PURE_ENV: "1"} if pure else env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+        runs.append(done.stdout.split())
+    (pure_build, *pure_keys), (build, *keys) = runs
+    assert pure_build == "pure"
+    if build != "compiled":
+        pytest.skip("no compiled build here (installed with SESSIONROUTE_PURE_PYTHON=1?)")
+    assert keys == pure_keys
+    assert int(keys[0]) > 300

@@ -31,7 +31,7 @@ from sessionroute.native import (
 _PACKAGE = Path(__file__).resolve().parents[1] / "src" / "sessionroute"
 
 
-def test_only_the_replica_model_its_heap_and_the_sim_kernel_are_compiled() -> None:
+def test_only_the_replica_model_its_keys_and_heap_and_the_sim_kernel_are_compiled() -> None:
     replica = sorted(
         f"sessionroute.replica.{p.stem}"
         for p in (_PACKAGE / "replica").glob("*.py")
@@ -39,7 +39,9 @@ def test_only_the_replica_model_its_heap_and_the_sim_kernel_are_compiled() -> No
     )
     assert len(replica) >= 5
     assert all(m.startswith("sessionroute.sim.") for m in SIM_KERNEL)
-    assert sorted(COMPILED_MODULES) == sorted(["sessionroute.minheap", *replica, *SIM_KERNEL])
+    assert sorted(COMPILED_MODULES) == sorted(
+        ["sessionroute.keys", "sessionroute.minheap", *replica, *SIM_KERNEL]
+    )
 
 
 def _fake_package(tmp_path: Path, module: str, source: str) -> Path:

@@ -21,6 +21,25 @@ Keys are unsigned 64-bit ints in ``[0, 2**64)``. Items may be any ints (negative
 mod 2**64, as two's complement). The arithmetic is plain integer arithmetic on Python ints
 masked to 64 bits: the same keys on every platform, process and Python version, compiled or
 not (unlike ``hash(str)``, and unlike CPython's tuple hash, which is an implementation detail).
+
+:class:`BlockChain` keys a conversation made of *segments* (a system prompt, a task statement,
+each output and each tool observation), each named by an integer id and a length in tokens: it
+turns a growing sequence of segments into the chained keys of its full blocks, like vLLM's
+block hashes (``vllm/v1/core/kv_cache_utils.py``: a block's hash covers its parent's hash and
+its own tokens). The key of block ``i`` is a hash of the key of block ``i - 1`` and the
+segment pieces that fill block ``i``. A block across segments absorbs each piece's segment and
+the length of every piece but the last: the first piece's offset follows from the parent key
+(a segment's tokens are appended in one call, so a block that starts inside a segment
+continues the previous block's piece of it, and one that starts a segment starts it at offset
+0), later pieces start their segments at offset 0, and the last piece's length is what the
+block size leaves. A run of full blocks inside one segment is keyed by the key before the run,
+the segment and the offset, which identifies the same content without a sequential loop. Two
+sequences get the same key at block ``i`` exactly when they hold the same segments up to the
+end of block ``i``, so shared content (a system prompt, a GRPO group's task) hits and distinct
+content never does.
+
+This module is compiled with the replica model (:mod:`sessionroute.native`): the same code,
+the same keys, pure Python or compiled (``tests/test_keys.py``).
 """
 
 from __future__ import annotations
@@ -28,7 +47,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Final
 
-__all__ = ["GAMMA", "MASK64", "ROOT_KEY", "chain_key", "chain_keys", "mix64"]
+__all__ = ["GAMMA", "MASK64", "ROOT_KEY", "BlockChain", "chain_key", "chain_keys", "mix64"]
 
 MASK64: Final = (1 << 64) - 1
 """The low 64 bits."""
@@ -96,3 +115,86 @@ def chain_keys(parent: int, items: Iterable[int]) -> list[int]:
         z = ((z ^ (z >> 27)) * _M2) & MASK64
         out.append(z ^ (z >> 31))
     return out
+
+
+class BlockChain:
+    """Chained keys of the full blocks of a growing segment sequence.
+
+    Args:
+        block_size: tokens per block (>= 1).
+
+    Attributes:
+        keys: keys of the full blocks so far (block ``i`` covers tokens
+            ``[i * block_size, (i + 1) * block_size)``).
+        tokens: total tokens appended.
+
+    Raises:
+        ValueError: on ``block_size < 1``.
+    """
+
+    __slots__ = ("_last", "_tail_key", "_tail_len", "block_size", "keys", "tokens")
+
+    def __init__(self, block_size: int) -> None:
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size!r}")
+        self.block_size = block_size
+        self.keys: list[int] = []
+        self.tokens = 0
+        # the partial block: its key so far (the parent key with each piece's segment and
+        # length absorbed: the chain is a left fold, so pieces are absorbed as they come), and
+        # its tokens
+        self._tail_key = ROOT_KEY
+        self._tail_len = 0
+        self._last: int | None = None  # the segment of the last non-empty append
+
+    def copy(self) -> BlockChain:
+        """An independent chain with the same content (to branch a shared prefix)."""
+        c = BlockChain(self.block_size)
+        c.keys = self.keys.copy()
+        c.tokens = self.tokens
+        c._tail_key = self._tail_key
+        c._tail_len = self._tail_len
+        c._last = self._last
+        return c
+
+    def append(self, segment: int, length: int) -> None:
+        """Append ``length`` tokens of segment ``segment`` (an int unique to that content, all
+        of whose tokens are appended in this one call).
+
+        Raises:
+            ValueError: on a negative ``length``, or on the segment of the previous non-empty
+                append (its tokens would not be told apart from a continuation of it).
+        """
+        if length <= 0:
+            if length < 0:
+                raise ValueError(f"segment length must be >= 0, got {length!r}")
+            return
+        if segment == self._last:
+            raise ValueError(f"segment {segment!r} appended twice in a row: use a new id")
+        self._last = segment
+        bs = self.block_size
+        keys = self.keys
+        self.tokens += length
+        off = 0
+        if self._tail_len:
+            need = bs - self._tail_len
+            if length < need:
+                self._tail_key = chain_key(self._tail_key, segment, length)
+                self._tail_len += length
+                return
+            # the block across segments: its parent key, each earlier piece's segment and
+            # length, and this segment (its length is the rest of the block)
+            keys.append(chain_key(self._tail_key, segment))
+            self._tail_len = 0
+            off = need
+        # Full blocks inside one segment: keyed by the key before them (the anchor), the
+        # segment and the offset - the same content up to the block's end, as a chain. Each is
+        # chain_key(anchor, segment, o), computed as chain_key(chain_key(anchor, segment), o),
+        # the whole run in one call.
+        end = length - (length - off) % bs
+        if off < end:
+            run = chain_key(keys[-1] if keys else ROOT_KEY, segment)
+            keys += chain_keys(run, range(off, end, bs))
+        if end < length:
+            self._tail_key = chain_key(keys[-1] if keys else ROOT_KEY, segment, length - end)
+            self._tail_len = length - end

@@ -1,7 +1,8 @@
 """The compiled replica model and simulator kernel: which modules ``setup.py`` compiles with
 mypyc, and the stale-build guard.
 
-The replica model and the simulator's event kernel (:data:`COMPILED_MODULES`) are compiled to C
+The replica model (with its content keys) and the simulator's event kernel
+(:data:`COMPILED_MODULES`) are compiled to C
 extensions with mypyc (https://mypyc.readthedocs.io, part of mypy) when the package is
 installed with a C compiler: the same typed Python, several times as fast. Results are
 identical to the pure-Python modules (``tests/test_native.py`` and ``sessionroute bench
@@ -77,12 +78,14 @@ path through them (submit, placement, arrival, finish, delivery). Every request 
 these a handful of times; compiled, ``bench sim`` runs faster (docs/benchmarks.md)."""
 
 COMPILED_MODULES: tuple[str, ...] = (
+    "sessionroute.keys",
     "sessionroute.minheap",
     *_replica_modules(_PACKAGE_DIR),
     *SIM_KERNEL,
 )
 """Modules compiled with mypyc, as one group: the replica model (every module of
-``sessionroute.replica``), the binary heap it uses (:mod:`sessionroute.minheap`) and the
+``sessionroute.replica``), its content keys (:mod:`sessionroute.keys`: the 64-bit mix and the
+block chain of segments), the binary heap it uses (:mod:`sessionroute.minheap`) and the
 simulator's event kernel (:data:`SIM_KERNEL`). Everything else (router, policies, workloads,
 the rest of the simulator, experiments) is plain Python: edit it and run it, no rebuild."""
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from hypothesis import given, settings
+from itertools import pairwise
+
+import pytest
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from sessionroute.keys import ROOT_KEY, chain_key
@@ -25,11 +28,18 @@ def _chain(segments: list[tuple[int, int]], bs: int) -> BlockChain:
 segment_lists = st.lists(st.tuples(st.integers(1, 4), st.integers(0, 70)), min_size=0, max_size=8)
 
 
+def _appended_once(segments: list[tuple[int, int]]) -> bool:
+    """No segment follows itself (zero-length appends aside): BlockChain's contract."""
+    ids = [seg for seg, n in segments if n]
+    return all(x != y for x, y in pairwise(ids))
+
+
 @settings(max_examples=200, deadline=None)
 @given(a=segment_lists, b=segment_lists, bs=st.sampled_from([1, 4, 16, 64]))
 def test_keys_agree_exactly_where_token_content_agrees(
     a: list[tuple[int, int]], b: list[tuple[int, int]], bs: int
 ) -> None:
+    assume(_appended_once(a) and _appended_once(b))
     ka, kb = _chain(a, bs).keys, _chain(b, bs).keys
     ref_a, ref_b = chain_block_keys(_tokens(a), bs), chain_block_keys(_tokens(b), bs)
     assert len(ka) == len(ref_a)
@@ -105,13 +115,27 @@ def test_block_keys_are_the_documented_chain_keys() -> None:
     c.append(5, 40)  # two full blocks of segment 5, 8 tokens left over
     k0, k1 = chain_key(ROOT_KEY, 5, 0), chain_key(ROOT_KEY, 5, 16)
     assert c.keys == [k0, k1]
-    c.append(6, 10)  # the block across segments: 8 tokens of 5 from offset 32, 8 of 6
-    k2 = chain_key(k1, 5, 32, 8, 6, 0, 8)
+    c.append(6, 10)  # the block across segments: 8 tokens of 5 (from offset 32), then 6
+    k2 = chain_key(k1, 5, 8, 6)
     assert c.keys == [k0, k1, k2]
-    c.append(7, 20)  # 2 tokens of 6 left over, then a run of segment 7 anchored at k2
-    k3 = chain_key(k2, 6, 8, 2, 7, 0, 14)
+    c.append(7, 20)  # 2 tokens of 6 left over (from offset 8), then a run of segment 7
+    k3 = chain_key(k2, 6, 2, 7)
     assert c.keys == [k0, k1, k2, k3]
     assert c.tokens == 70
+
+
+def test_a_segment_appended_twice_in_a_row_is_refused() -> None:
+    c = BlockChain(16)
+    c.append(5, 10)
+    c.append(6, 0)  # empty: not a piece
+    with pytest.raises(ValueError, match="twice in a row"):
+        c.append(5, 10)
+    copy = c.copy()
+    with pytest.raises(ValueError, match="twice in a row"):
+        copy.append(5, 1)
+    copy.append(6, 1)
+    copy.append(5, 1)  # after another segment: its tokens from offset 0 again
+    assert copy.tokens == 12
 
 
 def test_expanded_trace_keys_are_the_documented_chain_keys() -> None:

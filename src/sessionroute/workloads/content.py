@@ -1,15 +1,10 @@
 """Content identity of simulated conversations: chained KV block keys.
 
 A conversation is a sequence of *segments* (a system prompt, a task statement, each output and
-each tool observation), each named by an integer id and a length in tokens. :class:`BlockChain`
-turns a growing sequence of segments into the chained keys of its full blocks, like vLLM's block
-hashes (``vllm/v1/core/kv_cache_utils.py``: a block's hash covers its parent's hash and its own
-tokens): the key of block ``i`` is a hash of the key of block ``i - 1`` and the segment pieces
-that fill block ``i`` (a run of full blocks inside one segment is keyed by the key before the
-run, the segment and the offset, which identifies the same content without a sequential
-loop). Two sequences get the same key at block ``i`` exactly when they hold the
-same segments up to the end of block ``i``, so shared content (a system prompt, a GRPO group's
-task) hits and distinct content never does.
+each tool observation), each named by an integer id and a length in tokens;
+:class:`~sessionroute.keys.BlockChain` (re-exported here) turns it into the chained keys of its
+full blocks (the scheme: :mod:`sessionroute.keys`). Trace replays key their prompts with
+:func:`expand_trace_blocks`.
 
 Keys are :func:`sessionroute.keys.chain_key` values: an explicit 64-bit mix (splitmix64's
 finalizer), the same on every platform and Python version, so accidental collisions are
@@ -21,87 +16,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final
 
-from sessionroute.keys import ROOT_KEY, chain_key, chain_keys
+from sessionroute.keys import ROOT_KEY, BlockChain, chain_key
 
 __all__ = ["ROOT_KEY", "SHARED_NAMESPACE", "BlockChain", "expand_trace_blocks"]
 
 SHARED_NAMESPACE: Final = -1
 """Parent of the keys of a trace's globally shared leading blocks (see
 :func:`expand_trace_blocks`)."""
-
-
-class BlockChain:
-    """Chained keys of the full blocks of a growing segment sequence.
-
-    Args:
-        block_size: tokens per block (>= 1).
-
-    Attributes:
-        keys: keys of the full blocks so far (block ``i`` covers tokens
-            ``[i * block_size, (i + 1) * block_size)``).
-        tokens: total tokens appended.
-
-    Raises:
-        ValueError: on ``block_size < 1``.
-    """
-
-    __slots__ = ("_tail", "_tail_len", "block_size", "keys", "tokens")
-
-    def __init__(self, block_size: int) -> None:
-        if block_size < 1:
-            raise ValueError(f"block_size must be >= 1, got {block_size!r}")
-        self.block_size = block_size
-        self.keys: list[int] = []
-        self.tokens = 0
-        self._tail: list[int] = []  # (segment, offset, length) triples of the partial block
-        self._tail_len = 0
-
-    def copy(self) -> BlockChain:
-        """An independent chain with the same content (to branch a shared prefix)."""
-        c = BlockChain(self.block_size)
-        c.keys = self.keys.copy()
-        c.tokens = self.tokens
-        c._tail = self._tail.copy()
-        c._tail_len = self._tail_len
-        return c
-
-    def append(self, segment: int, length: int) -> None:
-        """Append ``length`` tokens of segment ``segment`` (an int unique to that content).
-
-        Raises:
-            ValueError: on a negative ``length``.
-        """
-        if length <= 0:
-            if length < 0:
-                raise ValueError(f"segment length must be >= 0, got {length!r}")
-            return
-        bs = self.block_size
-        keys = self.keys
-        self.tokens += length
-        off = 0
-        if self._tail_len:
-            need = bs - self._tail_len
-            if length < need:
-                self._tail += [segment, 0, length]
-                self._tail_len += length
-                return
-            # the block across segments: its parent key and every piece in it
-            self._tail += [segment, 0, need]
-            keys.append(chain_key(keys[-1] if keys else ROOT_KEY, *self._tail))
-            self._tail = []
-            self._tail_len = 0
-            off = need
-        # Full blocks inside one segment: keyed by the key before them (the anchor), the
-        # segment and the offset - the same content up to the block's end, as a chain. Each is
-        # chain_key(anchor, segment, o), computed as chain_key(chain_key(anchor, segment), o),
-        # the whole run in one call.
-        end = length - (length - off) % bs
-        if off < end:
-            run = chain_key(keys[-1] if keys else ROOT_KEY, segment)
-            keys += chain_keys(run, range(off, end, bs))
-        if end < length:
-            self._tail = [segment, end, length - end]
-            self._tail_len = length - end
 
 
 def expand_trace_blocks(
