@@ -5,12 +5,12 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 __all__ = ["Decision", "DecisionKind", "EngineGauges", "RouteRequest"]
 
 
-@dataclass(frozen=True, slots=True)
-class RouteRequest:
+class RouteRequest(NamedTuple):
     """What a policy may look at when it places one request.
 
     Built by :class:`sessionroute.router.requests.RequestBuilder`, from an HTTP request in
@@ -31,6 +31,11 @@ class RouteRequest:
             router's first-byte timeout applies only to these.
         cache_salt: the request's prefix-cache namespace (vLLM's ``cache_salt``), or None;
             set only for policies that read content.
+
+    Immutable and hashable (while ``blocks`` is None or a tuple): a ``typing.NamedTuple``,
+    built once per request on the proxy's hot path, in about half the instructions of a
+    frozen dataclass (which sets each field through ``object.__setattr__``). Derive a
+    changed copy with ``request._replace(field=...)``.
     """
 
     session_id: str | None = None
