@@ -196,7 +196,7 @@ class Connection(ResponseWriter, asyncio.BufferedProtocol):
                 and not inline.waiting()
             ):
                 early._ready = None
-                self.finish_inline()
+                self.finish()
 
     # -- parser callbacks (kept minimal: they run once per header) -------------------------
     def on_message_begin(self) -> None:
@@ -254,7 +254,8 @@ class Connection(ResponseWriter, asyncio.BufferedProtocol):
             if req.content_length > self._max_body:
                 req.too_large = req.discard = True
         if self._current is None and not self._queue:
-            self._start(req)
+            if not self._begin(req):
+                self.finish()
         else:
             self._queue.append(req)
             if len(self._queue) >= 8:
@@ -278,7 +279,12 @@ class Connection(ResponseWriter, asyncio.BufferedProtocol):
             return
         self._parsing = None
         req.complete = True
-        req._wake()
+        ready = req._ready
+        if ready is not None:  # an Inline handler waits for the body (Request._wake's case)
+            req._ready = None
+            ready()
+        else:
+            req._wake()
         if req is self._lingering:
             self._lingering = None
             if self._linger_timer is not None:
@@ -287,13 +293,9 @@ class Connection(ResponseWriter, asyncio.BufferedProtocol):
                 self.transport.close()
 
     # -- handling ---------------------------------------------------------------------------
-    def _start(self, req: Request) -> None:
-        if not self._begin(req):
-            self._finish()
-
     def _begin(self, req: Request) -> bool:
         """Hand ``req`` to the handler; False when it was answered at once (then call
-        :meth:`_finish`), True when its coroutine is scheduled on the connection's task."""
+        :meth:`finish`), True when its coroutine is scheduled on the connection's task."""
         self._current = req
         self.count += 1
         self._started = False
@@ -340,12 +342,7 @@ class Connection(ResponseWriter, asyncio.BufferedProtocol):
     def _inline_ready(self) -> None:
         inline = self._inline
         if inline is not None and not inline.ready() and self._inline is inline:
-            self.finish_inline()
-
-    def finish_inline(self) -> None:
-        """End the request an :class:`Inline` handler answered (starts the next one)."""
-        self._inline = None
-        self._finish()
+            self.finish()
 
     def hand_over(self, coro: Coroutine[Any, Any, None]) -> None:
         """Continue the request of an :class:`Inline` handler with ``coro`` on this
@@ -382,7 +379,7 @@ class Connection(ResponseWriter, asyncio.BufferedProtocol):
                 if not isinstance(exc, ConnectionError):
                     log.error("unhandled error in a request handler", exc_info=exc)
                 self._internal_error()
-            self._finish()  # may start the next (pipelined) request: _pending is then set
+            self.finish()  # may start the next (pipelined) request: _pending is then set
 
     def _internal_error(self) -> None:
         if self._started:
@@ -392,45 +389,48 @@ class Connection(ResponseWriter, asyncio.BufferedProtocol):
                 error_response(500, "internal router error", "internal_error"), keep_alive=False
             )
 
-    def _finish(self) -> None:
-        """End the current request; start the queued (pipelined) ones, looping over those
+    def finish(self) -> None:
+        """End the current request (answered at once, by its coroutine, or by an
+        :class:`Inline` handler) and start the queued (pipelined) ones, looping over those
         answered at once (no recursion: a client may pipeline thousands of them)."""
-        while self._finish_one():
-            nxt = self._queue.popleft()
-            if self._read_paused and len(self._queue) < 4 and not self._bad:
+        self._inline = None
+        while True:
+            req = self._current
+            self._current = None
+            access = self._listener.access_log
+            if access is not None and req is not None:
+                access.info('"%s %s" %d', req.method, req.target.decode("latin-1"), self._status)
+            if self._lost:
+                return
+            transport = self.transport
+            if transport is None:
+                return
+            if req is not None and not req.complete:
+                req.discard = True  # answered early (401, 413, ...): the rest is dropped
+                req.parts = []
+                if not self._keep or self._closing:
+                    # Closing with unread data would reset the connection before the client
+                    # reads the answer: linger until the body ends, for LINGER_S at most.
+                    self._lingering = req
+                    if self._linger_timer is not None:
+                        self._linger_timer.cancel()
+                    self._linger_timer = self._loop.call_later(LINGER_S, self.abort)
+                    return
+            if not self._keep or self._closing:
+                transport.close()
+                return
+            queue = self._queue
+            if not queue:
+                return
+            nxt = queue.popleft()
+            if self._read_paused and len(queue) < 4 and not self._bad:
                 self._read_paused = False
-                if self.transport is not None:
-                    self.transport.resume_reading()
+                transport.resume_reading()
             if self._begin(nxt):
                 return
 
-    def _finish_one(self) -> bool:
-        """End the current request; True when the connection goes on to a queued one."""
-        req = self._current
-        self._current = None
-        access = self._listener.access_log
-        if access is not None and req is not None:
-            access.info('"%s %s" %d', req.method, req.target.decode("latin-1"), self._status)
-        if self._lost:
-            return False
-        transport = self.transport
-        if transport is None:
-            return False
-        if req is not None and not req.complete:
-            req.discard = True  # answered early (401, 413, ...): the rest is read and dropped
-            req.parts = []
-            if not self._keep or self._closing:
-                # Closing with unread data would reset the connection before the client
-                # reads the answer: linger until the body ends, for LINGER_S at most.
-                self._lingering = req
-                if self._linger_timer is not None:
-                    self._linger_timer.cancel()
-                self._linger_timer = self._loop.call_later(LINGER_S, self.abort)
-                return False
-        if not self._keep or self._closing:
-            transport.close()
-            return False
-        return bool(self._queue)
+    finish_inline = finish
+    """End the request an :class:`Inline` handler answered (starts the next one)."""
 
     def _pause_reading(self) -> None:
         if not self._read_paused and self.transport is not None:
