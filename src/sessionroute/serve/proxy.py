@@ -253,7 +253,7 @@ async def _forward(
     last_error = ""
     task = conn.task  # not asyncio.current_task(): it costs a getpid() syscall
     if task is None:
-        raise RuntimeError("proxy_request must run in a task")
+        raise RuntimeError("a proxied request must run on its connection's task")
     if first is not None:
         first.attach(task)
     for attempt in range(attempts):
