@@ -33,6 +33,11 @@ class RouteRequest(NamedTuple):
             router's first-byte timeout applies only to these.
         cache_salt: the request's prefix-cache namespace (vLLM's ``cache_salt``), or None;
             set only for policies that read content.
+
+    Immutable and hashable (while ``blocks`` is None or a tuple): a ``typing.NamedTuple``,
+    built once per request on the proxy's hot path, in about half the instructions of a
+    frozen dataclass (which sets each field through ``object.__setattr__``). Derive a
+    changed copy with ``request._replace(field=...)``.
     """
 
     session_id: str | None = None

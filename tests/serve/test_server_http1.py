@@ -10,6 +10,8 @@ from collections.abc import AsyncIterator
 import pytest
 from aiohttp import web
 
+from sessionroute.types import DecisionKind
+
 from .backend import FakeBackend
 from .conftest import MakeRouter
 
@@ -113,6 +115,23 @@ async def test_chunked_request_body_and_expect_continue(
     writer.write(_post(extra="Expect: magic\r\n"))
     status, _, body = await _response(reader)
     assert status == 417 and json.loads(body)["error"]["code"] == "expectation_failed"
+    writer.close()
+
+
+async def test_trailer_fields_are_not_looked_up_as_headers(
+    backends: list[FakeBackend], make_router: MakeRouter
+) -> None:
+    router = await make_router([backends[0].url])  # sticky_least_loaded: keeps sessions
+    reader, writer = await _connect(router.port)
+    writer.write(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nTransfer-Encoding: chunked\r\n"
+        b"Content-Type: application/json\r\n\r\n%x\r\n%s\r\n0\r\n"
+        b"x-session-id: from-a-trailer\r\n\r\n" % (len(BODY), BODY)
+    )
+    status, _, _ = await _response(reader)
+    assert status == 200
+    decisions = router.router.core.decisions
+    assert decisions[DecisionKind.STATELESS] == 1 and decisions[DecisionKind.NEW] == 0
     writer.close()
 
 

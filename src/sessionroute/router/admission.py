@@ -69,7 +69,10 @@ class AdmissionQueue:
 
     def __init__(self, max_waiting: int) -> None:
         self.max_waiting = max_waiting
-        self._queue: deque[Ticket] = deque()
+        self.waiting: deque[Ticket] = deque()
+        """The waiting tickets, oldest first (read it, never change it: the methods below
+        do). Its truth value says whether any wait without a Python call (the router core
+        asks on every placement and release)."""
         self.admitted_after_wait = 0
         """Tickets that waited and were then placed (counted by the router core)."""
         self.refused_full = 0
@@ -83,33 +86,33 @@ class AdmissionQueue:
         """Seconds waited by every ticket that left the queue placed (the sum)."""
 
     def __len__(self) -> int:
-        return len(self._queue)
+        return len(self.waiting)
 
     def has_room(self) -> bool:
         """Whether one more ticket may wait."""
-        return len(self._queue) < self.max_waiting
+        return len(self.waiting) < self.max_waiting
 
     def push(self, ticket: Ticket) -> None:
         """Append ``ticket`` (the caller checked :meth:`has_room`)."""
-        self._queue.append(ticket)
+        self.waiting.append(ticket)
 
     def tickets(self) -> list[Ticket]:
         """The waiting tickets, oldest first (a copy: safe to :meth:`take` from while
         iterating)."""
-        return list(self._queue)
+        return list(self.waiting)
 
     def take(self, ticket: Ticket) -> None:
         """Remove a waiting ``ticket`` that is being placed (ValueError if not waiting)."""
-        self._queue.remove(ticket)
+        self.waiting.remove(ticket)
         ticket.waiting = False
 
     def head(self) -> Ticket | None:
         """The longest-waiting ticket, or None."""
-        return self._queue[0] if self._queue else None
+        return self.waiting[0] if self.waiting else None
 
     def pop(self) -> Ticket:
         """Remove and return the head (IndexError when empty)."""
-        ticket = self._queue.popleft()
+        ticket = self.waiting.popleft()
         ticket.waiting = False
         return ticket
 
@@ -118,6 +121,6 @@ class AdmissionQueue:
         had already left the queue."""
         if not ticket.waiting:
             return False
-        self._queue.remove(ticket)
+        self.waiting.remove(ticket)
         ticket.waiting = False
         return True

@@ -143,7 +143,7 @@ class RoutingCore:
             AdmissionRefused: held back with the admission queue full.
         """
         policy = self.policy
-        if len(self.admission):
+        if self.admission.waiting:
             self.pump()
         if not policy.admission_applies(request):
             return self.route(request)
@@ -208,7 +208,7 @@ class RoutingCore:
         (:meth:`recheck`).
         """
         queue = self.admission
-        if not len(queue):
+        if not queue.waiting:
             return
         first_admitted = self.policy.first_admitted
         cluster = self.cluster
@@ -253,7 +253,7 @@ class RoutingCore:
         """Record scraped engine gauges of ``url`` (ignored for an unknown worker) and pump
         the admission queue, whose verdicts may read them."""
         self.cluster.set_gauges(url, gauges)
-        if len(self.admission):
+        if self.admission.waiting:
             self.pump()
 
     def complete(self, reservation: Reservation) -> bool:
@@ -265,7 +265,7 @@ class RoutingCore:
             reservation.worker, reservation.request.prompt_tokens, reservation.generation
         )
         self.policy.on_complete(reservation.request, reservation.worker)
-        if len(self.admission):
+        if self.admission.waiting:
             self.pump()
         return True
 
@@ -292,7 +292,7 @@ class RoutingCore:
     def finish_session(self, session_id: str) -> bool:
         """Release a session (idempotent); True if the policy knew it."""
         known = self.policy.release_session(session_id)
-        if known and len(self.admission):
+        if known and self.admission.waiting:
             self.pump()
         return known
 
@@ -317,7 +317,7 @@ class RoutingCore:
         policy = self.policy
         while True:
             expired = policy.sweep(now, chunk)
-            if expired and len(self.admission):
+            if expired and self.admission.waiting:
                 self.pump()
             yield expired
             if chunk is None or (expired < chunk and not policy.sweep_pending()):

@@ -156,7 +156,9 @@ class RequestBuilder:
         """(lower-case name as bytes, as text) of the session headers, in order."""
         self._block_bytes = config.content_block_tokens * BYTES_PER_TOKEN
         self._max_id = config.max_session_id_bytes
-        # a session's turns all arrive with the same id: decode it once per session
+        # a session's turns all arrive with the same id: check and decode it once per session
+        # (a bounded cache; an id that fails the check raises, and is never cached)
+        self._session_id = functools.lru_cache(maxsize=4096)(self._checked_session_id)
         self._turn_session = functools.lru_cache(maxsize=4096)(self._session_of_turn)
 
     def session(self, headers: Mapping[bytes, bytes]) -> tuple[str, str] | None:
@@ -172,11 +174,19 @@ class RequestBuilder:
         for name, label in self.session_names:
             value = headers.get(name)
             if value:
-                value = value.rstrip(b" \t")
-                if value:
-                    check_session_id(value, self._max_id)
-                    return value.decode("utf-8", "replace"), label
+                sid = self._session_id(value)
+                if sid is not None:
+                    return sid, label
         return None
+
+    def _checked_session_id(self, value: bytes) -> str | None:
+        """A session header's value as the id (trailing blanks stripped, checked, decoded
+        as UTF-8 with invalid bytes replaced), or None when only blanks are left."""
+        value = value.rstrip(b" \t")
+        if not value:
+            return None
+        check_session_id(value, self._max_id)
+        return value.decode("utf-8", "replace")
 
     def from_http(
         self,
@@ -226,15 +236,16 @@ class RequestBuilder:
             model = m if isinstance(m, str) else None
             s = payload.get("cache_salt") if isinstance(payload, dict) else None
             salt = s if isinstance(s, str) and s else None
+        # positional (the fields in order): a keyword call costs twice the instructions
         return RouteRequest(
-            session_id=sid,
-            prompt_tokens=estimate_prompt_tokens(body_bytes),
-            blocks=blocks,
-            model=model,
-            request_id=request_id,
-            session_header=header,
-            stream=payload.get("stream") is True,
-            cache_salt=salt,
+            sid,  # session_id
+            estimate_prompt_tokens(body_bytes),  # prompt_tokens
+            blocks,
+            model,
+            request_id,
+            header,  # session_header
+            payload.get("stream") is True,  # stream
+            salt,  # cache_salt
         )
 
     def from_turn(
@@ -267,13 +278,15 @@ class RequestBuilder:
             if self.needs_content
             else None
         )
-        return RouteRequest(
-            session_id=sid,
-            prompt_tokens=estimate_prompt_tokens(prompt_tokens * BYTES_PER_TOKEN),
-            blocks=blocks,
-            request_id=request_id,
-            session_header=header,
-            cache_salt=cache_salt if self.needs_content else None,
+        return RouteRequest(  # positional, as in from_http
+            sid,  # session_id
+            estimate_prompt_tokens(prompt_tokens * BYTES_PER_TOKEN),  # prompt_tokens
+            blocks,
+            None,  # model
+            request_id,
+            header,  # session_header
+            False,  # stream
+            cache_salt if self.needs_content else None,  # cache_salt
         )
 
     def _session_of_turn(self, session_id: str | None) -> tuple[str | None, str]:

@@ -31,7 +31,7 @@ from typing import Any
 from sessionroute.serve import handlers
 from sessionroute.serve.errors import error_for_exception, error_response
 from sessionroute.serve.http1 import Connection, Inline, Request
-from sessionroute.serve.inline import proxy_request
+from sessionroute.serve.inline import InlineProxy
 from sessionroute.serve.listener import Listener
 from sessionroute.serve.router import Router
 from sessionroute.serve.wire import Response
@@ -142,7 +142,7 @@ class RouterApp:
         if b"expect" in req.lower and not _expect(conn, req):
             return None
         if handler == _PROXY:
-            return proxy_request(conn, req, self._router)
+            return InlineProxy(conn, req, self._router)
         if isinstance(handler, str):
             raise TypeError(f"unknown route kind {handler!r}")
         return _generic(conn, req, handler, self._router)

@@ -101,8 +101,10 @@ class WorkerConnection(asyncio.Protocol):
         ex = self.exchange
         if ex is None:
             return
-        if ex._inline is not None and (ex.complete or ex.status):
-            ex._wake()  # after the whole read: a small response is complete by now
+        inline = ex._inline
+        if inline is not None and (ex.complete or ex.status):
+            ex._inline = None  # after the whole read (a small response is complete by now):
+            inline(ex)  # told once, it takes the exchange over or ends it
         elif not ex.status:  # the head is still incomplete
             self._head_bytes += len(data)
             if self._head_bytes > MAX_RESPONSE_HEAD_BYTES:
@@ -121,6 +123,7 @@ class WorkerConnection(asyncio.Protocol):
             self.transport.close()
 
     # -- parser callbacks (an AttributeError while idle is a protocol error) ---------------
+    # They fill in the exchange directly (one Python call per callback, none per field).
     def on_message_begin(self) -> None:
         ex = self.exchange
         if ex is None or ex.complete:  # a second response to one request: desync
@@ -136,14 +139,39 @@ class WorkerConnection(asyncio.Protocol):
         self.exchange.headers.append((name, value))  # type: ignore[union-attr]
 
     def on_headers_complete(self) -> None:
+        ex: Exchange = self.exchange  # type: ignore[assignment]
         parser = self._parser
-        self.exchange._on_head(parser.get_status_code(), parser.should_keep_alive())  # type: ignore[union-attr]
+        status = parser.get_status_code()
+        if status == 101:  # the router asked for no upgrade: nothing valid can follow
+            ex._fail(UpstreamError("unexpected 101 Switching Protocols"))
+            return
+        if 100 <= status < 200:
+            ex._info = True  # an interim response: the real one follows
+            return
+        ex.status = status
+        ex.keep_alive = parser.should_keep_alive()
+        if ex._inline is None:  # an inline one is told after the read (data_received)
+            ex._wake()
 
     def on_body(self, body: bytes) -> None:
-        self.exchange._on_body(body)  # type: ignore[union-attr]
+        ex: Exchange = self.exchange  # type: ignore[assignment]
+        ex.chunks += 1
+        sink = ex._sink
+        if sink is None:
+            ex._parts.append(body)
+            return
+        sink.write(body)
+        if sink.paused and not ex._up_paused:
+            ex._pause_upstream()
 
     def on_message_complete(self) -> None:
-        self.exchange._on_complete()  # type: ignore[union-attr]
+        ex: Exchange = self.exchange  # type: ignore[assignment]
+        if ex._info:
+            ex._info = False
+            return
+        ex.complete = True
+        if ex._inline is None:  # an inline one is told after the read (data_received)
+            ex._wake()
 
 
 class Exchange:
@@ -369,36 +397,6 @@ class Exchange:
             self._waiter = None
             if not waiter.done():
                 waiter.set_result(None)
-
-    def _on_head(self, status: int, keep_alive: bool) -> None:
-        if status == 101:  # the router asked for no upgrade: nothing valid can follow
-            self._fail(UpstreamError("unexpected 101 Switching Protocols"))
-            return
-        if 100 <= status < 200:
-            self._info = True  # an interim response: the real one follows
-            return
-        self.status = status
-        self.keep_alive = keep_alive
-        if self._inline is None:  # an inline one is told after the read (data_received)
-            self._wake()
-
-    def _on_body(self, data: bytes) -> None:
-        self.chunks += 1
-        sink = self._sink
-        if sink is None:
-            self._parts.append(data)
-            return
-        sink.write(data)
-        if sink.paused and not self._up_paused:
-            self._pause_upstream()
-
-    def _on_complete(self) -> None:
-        if self._info:
-            self._info = False
-            return
-        self.complete = True
-        if self._inline is None:
-            self._wake()
 
     def _on_lost(self, exc: BaseException | None) -> None:
         if self.complete:

@@ -11,7 +11,8 @@ parser with callbacks; uvicorn's), not aiohttp's C ``HttpRequestParser`` as firs
 latter builds a ``CIMultiDict``, a URL and a ``StreamReader`` per request and parsed a small
 chat request in about 4x the time of ``httptools`` with our callbacks (7.5 against 31
 microseconds in a loop on the project's VM). Callbacks are kept minimal: ``on_header`` runs
-once per header and only appends; the case-folded lookup dict is built once per request.
+once per header, appends it and enters it in the case-folded lookup dict (the first value of a
+name wins; a separate pass over the headers to build that dict cost more).
 
 Per connection, one :class:`Connection` parses requests and hands each to the listener's
 handler when its headers are complete (the body keeps arriving into :class:`Request`). The
@@ -106,6 +107,7 @@ class Connection(ResponseWriter, asyncio.BufferedProtocol):
         self._in_head = False
         self._last_read = 0
         self._headers: list[tuple[bytes, bytes]] = []
+        self._lower: dict[bytes, bytes] = {}
         self._read_paused = False
         self._bad = False
         self._lingering: Request | None = None
@@ -196,12 +198,13 @@ class Connection(ResponseWriter, asyncio.BufferedProtocol):
                 and not inline.waiting()
             ):
                 early._ready = None
-                self.finish_inline()
+                self.finish()
 
     # -- parser callbacks (kept minimal: they run once per header) -------------------------
     def on_message_begin(self) -> None:
         self._parsing = req = Request()
         self._headers = req.headers
+        self._lower = req.lower
         self._in_head = True
         self._head_bytes = 0
         self.head_sweep = self._listener.sweeps
@@ -213,12 +216,14 @@ class Connection(ResponseWriter, asyncio.BufferedProtocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._headers.append((name, value))
+        self._lower.setdefault(name.lower(), value)  # the first value of a name wins
 
     def on_headers_complete(self) -> None:
         req = self._parsing
         if req is None:
             return
         self._in_head = False
+        self._lower = {}  # trailers of a chunked body (on_header again) are not looked up
         headers = req.headers
         if len(headers) > MAX_HEADERS:
             raise HeadTooLarge(f"more than {MAX_HEADERS} headers")
@@ -226,7 +231,6 @@ class Connection(ResponseWriter, asyncio.BufferedProtocol):
             size = len(req.target) + sum(len(n) + len(v) + 4 for n, v in headers)
             if size > MAX_HEAD_BYTES:
                 raise HeadTooLarge("request line and headers over 64 KiB")
-        req.lower = {name.lower(): value for name, value in reversed(headers)}  # first wins
         parser = self._parser
         req.method = parser.get_method().decode("ascii", "replace")
         req.keep_alive = keep_alive = parser.should_keep_alive()
@@ -254,7 +258,8 @@ class Connection(ResponseWriter, asyncio.BufferedProtocol):
             if req.content_length > self._max_body:
                 req.too_large = req.discard = True
         if self._current is None and not self._queue:
-            self._start(req)
+            if not self._begin(req):
+                self.finish()
         else:
             self._queue.append(req)
             if len(self._queue) >= 8:
@@ -278,7 +283,12 @@ class Connection(ResponseWriter, asyncio.BufferedProtocol):
             return
         self._parsing = None
         req.complete = True
-        req._wake()
+        ready = req._ready
+        if ready is not None:  # an Inline handler waits for the body (Request._wake's case)
+            req._ready = None
+            ready()
+        else:
+            req._wake()
         if req is self._lingering:
             self._lingering = None
             if self._linger_timer is not None:
@@ -287,13 +297,9 @@ class Connection(ResponseWriter, asyncio.BufferedProtocol):
                 self.transport.close()
 
     # -- handling ---------------------------------------------------------------------------
-    def _start(self, req: Request) -> None:
-        if not self._begin(req):
-            self._finish()
-
     def _begin(self, req: Request) -> bool:
         """Hand ``req`` to the handler; False when it was answered at once (then call
-        :meth:`_finish`), True when its coroutine is scheduled on the connection's task."""
+        :meth:`finish`), True when its coroutine is scheduled on the connection's task."""
         self._current = req
         self.count += 1
         self._started = False
@@ -340,12 +346,7 @@ class Connection(ResponseWriter, asyncio.BufferedProtocol):
     def _inline_ready(self) -> None:
         inline = self._inline
         if inline is not None and not inline.ready() and self._inline is inline:
-            self.finish_inline()
-
-    def finish_inline(self) -> None:
-        """End the request an :class:`Inline` handler answered (starts the next one)."""
-        self._inline = None
-        self._finish()
+            self.finish()
 
     def hand_over(self, coro: Coroutine[Any, Any, None]) -> None:
         """Continue the request of an :class:`Inline` handler with ``coro`` on this
@@ -382,7 +383,7 @@ class Connection(ResponseWriter, asyncio.BufferedProtocol):
                 if not isinstance(exc, ConnectionError):
                     log.error("unhandled error in a request handler", exc_info=exc)
                 self._internal_error()
-            self._finish()  # may start the next (pipelined) request: _pending is then set
+            self.finish()  # may start the next (pipelined) request: _pending is then set
 
     def _internal_error(self) -> None:
         if self._started:
@@ -392,45 +393,48 @@ class Connection(ResponseWriter, asyncio.BufferedProtocol):
                 error_response(500, "internal router error", "internal_error"), keep_alive=False
             )
 
-    def _finish(self) -> None:
-        """End the current request; start the queued (pipelined) ones, looping over those
+    def finish(self) -> None:
+        """End the current request (answered at once, by its coroutine, or by an
+        :class:`Inline` handler) and start the queued (pipelined) ones, looping over those
         answered at once (no recursion: a client may pipeline thousands of them)."""
-        while self._finish_one():
-            nxt = self._queue.popleft()
-            if self._read_paused and len(self._queue) < 4 and not self._bad:
+        self._inline = None
+        while True:
+            req = self._current
+            self._current = None
+            access = self._listener.access_log
+            if access is not None and req is not None:
+                access.info('"%s %s" %d', req.method, req.target.decode("latin-1"), self._status)
+            if self._lost:
+                return
+            transport = self.transport
+            if transport is None:
+                return
+            if req is not None and not req.complete:
+                req.discard = True  # answered early (401, 413, ...): the rest is dropped
+                req.parts = []
+                if not self._keep or self._closing:
+                    # Closing with unread data would reset the connection before the client
+                    # reads the answer: linger until the body ends, for LINGER_S at most.
+                    self._lingering = req
+                    if self._linger_timer is not None:
+                        self._linger_timer.cancel()
+                    self._linger_timer = self._loop.call_later(LINGER_S, self.abort)
+                    return
+            if not self._keep or self._closing:
+                transport.close()
+                return
+            queue = self._queue
+            if not queue:
+                return
+            nxt = queue.popleft()
+            if self._read_paused and len(queue) < 4 and not self._bad:
                 self._read_paused = False
-                if self.transport is not None:
-                    self.transport.resume_reading()
+                transport.resume_reading()
             if self._begin(nxt):
                 return
 
-    def _finish_one(self) -> bool:
-        """End the current request; True when the connection goes on to a queued one."""
-        req = self._current
-        self._current = None
-        access = self._listener.access_log
-        if access is not None and req is not None:
-            access.info('"%s %s" %d', req.method, req.target.decode("latin-1"), self._status)
-        if self._lost:
-            return False
-        transport = self.transport
-        if transport is None:
-            return False
-        if req is not None and not req.complete:
-            req.discard = True  # answered early (401, 413, ...): the rest is read and dropped
-            req.parts = []
-            if not self._keep or self._closing:
-                # Closing with unread data would reset the connection before the client
-                # reads the answer: linger until the body ends, for LINGER_S at most.
-                self._lingering = req
-                if self._linger_timer is not None:
-                    self._linger_timer.cancel()
-                self._linger_timer = self._loop.call_later(LINGER_S, self.abort)
-                return False
-        if not self._keep or self._closing:
-            transport.close()
-            return False
-        return bool(self._queue)
+    finish_inline = finish
+    """End the request an :class:`Inline` handler answered (starts the next one)."""
 
     def _pause_reading(self) -> None:
         if not self._read_paused and self.transport is not None:

@@ -1,7 +1,7 @@
 """The entry of a proxied request, and its common case driven from protocol callbacks.
 
-:func:`proxy_request` checks what can be checked from the head (413 by ``Content-Length``,
-415) and returns an :class:`InlineProxy`. Its common case runs with no task and no future:
+:class:`InlineProxy` answers a proxied request: it checks what can be checked from the head
+(413 by ``Content-Length``, 415), and its common case runs with no task and no future:
 
 1. the client's body completes (:meth:`InlineProxy.ready`, from the listener's parser
    callback): the body is validated and the request built (one parse,
@@ -51,58 +51,53 @@ from sessionroute.serve.proxy import (
 from sessionroute.serve.router import Router
 from sessionroute.serve.upstream import Exchange, UpstreamError
 
-__all__ = ["InlineProxy", "proxy_request"]
-
-
-def proxy_request(conn: Connection, req: Request, router: Router) -> InlineProxy:
-    """Handle one POST to a generation route (headers complete; the body may be arriving).
-
-    Returns the :class:`InlineProxy` that answers it. Without waiting for the body (once
-    the read that brought the head is parsed, as vllm-router): 413 for a ``Content-Length``
-    over ``--max-payload-size``, 415 without a JSON ``Content-Type``. Once the body is
-    complete: 413 for a body over the limit, 400 for a body or session id that fails
-    :mod:`sessionroute.router.validate` (checked for every policy, before placement), 503
-    when no worker is available, 502 when every attempt failed, 504 on upstream timeout;
-    upstream error responses pass through.
-    """
-    lower = req.lower
-    for name in router.request_id_names:
-        raw_rid = lower.get(name)
-        if raw_rid:
-            rid = raw_rid.decode("utf-8", "replace")  # policies hash it: no lone surrogates
-            break
-    else:
-        rid = router.new_request_id(req.path)
-        raw_rid = rid.encode()
-    return InlineProxy(conn, req, router, rid, raw_rid)
+__all__ = ["InlineProxy"]
 
 
 class InlineProxy(Inline):
-    """One proxied request while protocol callbacks drive it (module docstring).
+    """One POST to a generation route (headers complete; the body may be arriving), while
+    protocol callbacks drive it (module docstring).
+
+    Without waiting for the body (once the read that brought the head is parsed, as
+    vllm-router): 413 for a ``Content-Length`` over ``--max-payload-size``, 415 without a
+    JSON ``Content-Type``. Once the body is complete: 413 for a body over the limit, 400 for
+    a body or session id that fails :mod:`sessionroute.router.validate` (checked for every
+    policy, before placement), 503 when no worker is available, 502 when every attempt
+    failed, 504 on upstream timeout; upstream error responses pass through.
 
     Args:
         conn: the client connection.
         req: the request (headers complete).
         router: the router.
-        rid: the request id; raw_rid: as bytes for the ``x-request-id`` header.
     """
 
     __slots__ = ("_checked", "_conn", "_ex", "_raw_rid", "_req", "_res", "_rid", "_router")
 
-    def __init__(
-        self, conn: Connection, req: Request, router: Router, rid: str, raw_rid: bytes
-    ) -> None:
+    def __init__(self, conn: Connection, req: Request, router: Router) -> None:
         self._conn = conn
         self._req = req
         self._router = router
+        lower = req.lower
+        for name in router.request_id_names:
+            raw_rid = lower.get(name)
+            if raw_rid:
+                rid = raw_rid.decode("utf-8", "replace")  # policies hash it: no lone surrogates
+                break
+        else:
+            rid = router.new_request_id(req.path)
+            raw_rid = rid.encode()
         self._rid = rid
         self._raw_rid = raw_rid
         self._res: Reservation | None = None
         self._ex: Exchange | None = None
-        self._checked = False
+        # a head that needs no answer (the common case) is checked now; any other is
+        # answered by waiting(), once the read that brought it is parsed
+        self._checked = not req.too_large and lower.get(b"content-type") == b"application/json"
 
     def waiting(self) -> bool:
         """The checks of the head alone: 413 by ``Content-Length``, 415."""
+        if self._checked:
+            return True
         self._checked = True
         conn = self._conn
         req = self._req

@@ -117,7 +117,7 @@ async def place_and_forward(
     placed: Reservation | Ticket | None = None,
 ) -> None:
     """Place a validated request (or wait for the admission ticket ``placed``), forward it
-    and release it: the part of :func:`sessionroute.serve.inline.proxy_request` that waits.
+    and release it: the part of :class:`sessionroute.serve.inline.InlineProxy` that waits.
 
     Answers 503 when no worker is available and 429/503 when admission refuses it (see
     :func:`sessionroute.serve.errors.error_for_exception`).
@@ -253,7 +253,7 @@ async def _forward(
     last_error = ""
     task = conn.task  # not asyncio.current_task(): it costs a getpid() syscall
     if task is None:
-        raise RuntimeError("proxy_request must run in a task")
+        raise RuntimeError("a proxied request must run on its connection's task")
     if first is not None:
         first.attach(task)
     for attempt in range(attempts):

@@ -148,7 +148,7 @@ class Dispatcher:
     def _recheck(self, _: object) -> None:
         self._recheck_pending = False
         self.core.recheck()
-        if len(self.core.admission):
+        if self.core.admission.waiting:
             self._schedule_recheck()
 
     def _admission_deadline(self, ticket: Ticket) -> None:
