@@ -15,8 +15,6 @@ class RouteRequest(NamedTuple):
 
     Built by :class:`sessionroute.router.requests.RequestBuilder`, from an HTTP request in
     ``serve`` and from a simulated turn in ``sim``, so a policy sees the same thing in both.
-    Immutable: a ``NamedTuple`` rather than a frozen dataclass, whose ``__init__`` costs about
-    twice as much (one is built per request and attempt).
 
     Attributes:
         session_id: the session (rollout, conversation) id, or None for a stateless request.
@@ -35,7 +33,7 @@ class RouteRequest(NamedTuple):
             set only for policies that read content.
 
     Immutable and hashable (while ``blocks`` is None or a tuple): a ``typing.NamedTuple``,
-    built once per request on the proxy's hot path, in about half the instructions of a
+    built once per request and attempt (proxy and simulator), in about half the instructions of a
     frozen dataclass (which sets each field through ``object.__setattr__``). Derive a
     changed copy with ``request._replace(field=...)``.
     """
