@@ -152,7 +152,10 @@ class Router:
         """Lower-case names of the headers echoed as ``x-request-id``, in order."""
         self.expose_worker = settings.expose_worker_header
         """Name the serving worker in an ``x-sessionroute-worker`` response header."""
-        self._id_base = self.rng.randbytes(12).translate(_ID_TABLE).decode()
+        base = self.rng.randbytes(12).translate(_ID_TABLE).decode()
+        self._id_heads = {path: prefix + base for path, prefix in _ID_PREFIX.items()}
+        """The ids' first 21 or 17 characters (prefix and random part) by route."""
+        self._id_other = "req-" + base
         self._id_seq = _ID_SEQ_START
         self.upstream = UpstreamPool(
             timeout_s=settings.request_timeout_secs,
@@ -439,4 +442,4 @@ class Router:
         """
         seq = self._id_seq + 1
         self._id_seq = seq = seq if seq < 10**12 else _ID_SEQ_START
-        return _ID_PREFIX.get(path, "req-") + self._id_base + str(seq)
+        return self._id_heads.get(path, self._id_other) + str(seq)
