@@ -205,6 +205,7 @@ def build_listener(router: Router) -> Listener:
         header_timeout_s=s.header_timeout_secs,
         max_connections=s.max_connections,
         on_closed=router.metrics.count_client_closed,
+        forward_drop=router.request_drop,
     )
 
 

@@ -108,6 +108,8 @@ class Connection(ResponseWriter, asyncio.BufferedProtocol):
         self._last_read = 0
         self._headers: list[tuple[bytes, bytes]] = []
         self._lower: dict[bytes, bytes] = {}
+        self._forward: list[bytes] = []
+        self._drop = listener.forward_drop
         self._read_paused = False
         self._bad = False
         self._lingering: Request | None = None
@@ -205,6 +207,7 @@ class Connection(ResponseWriter, asyncio.BufferedProtocol):
         self._parsing = req = Request()
         self._headers = req.headers
         self._lower = req.lower
+        self._forward = req.forward
         self._in_head = True
         self._head_bytes = 0
         self.head_sweep = self._listener.sweeps
@@ -216,7 +219,13 @@ class Connection(ResponseWriter, asyncio.BufferedProtocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._headers.append((name, value))
-        self._lower.setdefault(name.lower(), value)  # the first value of a name wins
+        low = name.lower()
+        self._lower.setdefault(low, value)  # the first value of a name wins
+        # the forwarded lines as they come (one pass over the headers, not a second one)
+        if low not in self._drop:
+            self._forward += (name, b": ", value, b"\r\n")
+        elif low == b"connection" and self._parsing is not None:
+            self._parsing.connection_header = True
 
     def on_headers_complete(self) -> None:
         req = self._parsing

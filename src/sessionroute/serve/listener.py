@@ -41,6 +41,7 @@ class Listener:
         on_closed: called with the reason of each connection the listener closes
             (``connection_limit``, ``header_timeout``, ``body_timeout``, ``idle_timeout``).
         access_log: where to log one line per request (none when None).
+        forward_drop: see :attr:`forward_drop` (none left out by default).
     """
 
     def __init__(
@@ -53,8 +54,12 @@ class Listener:
         max_connections: int | None = None,
         on_closed: Callable[[str], None] | None = None,
         access_log: logging.Logger | None = None,
+        forward_drop: frozenset[bytes] = frozenset(),
     ) -> None:
         self.handler = handler
+        self.forward_drop = forward_drop
+        """Lower-case names of the request headers left out of
+        :attr:`~sessionroute.serve.request.Request.forward` (a proxy's hop-by-hop set)."""
         self.header_timeout_s = keepalive_s / 2 if header_timeout_s is None else header_timeout_s
         self.max_connections = max_connections
         self.on_closed = on_closed

@@ -70,19 +70,12 @@ BUFFER_LIMIT = 256 * 1024
 
 
 def header_block(router: Router, req: Request) -> bytes:
-    """The client's headers as received, minus the dropped ones, plus the worker credential."""
-    known = router.header_fates
-    out: list[bytes] = []
-    for name, value in req.headers:
-        f = known.get(name)
-        if f is None:
-            f = router.header_fate(name)
-        if f == 0:
-            out += (name, b": ", value, b"\r\n")
-        elif f == 2:  # Connection names more headers to drop (rare with HTTP/1.1 clients)
-            return _header_block_connection(router, req)
-    out.append(router.worker_auth)
-    return b"".join(out)
+    """The client's headers as received, minus the dropped ones, plus the worker credential
+    (``req`` from the router's listener: its ``forward_drop`` is :attr:`Router.request_drop`,
+    so :attr:`Request.forward` holds the lines to forward)."""
+    if req.connection_header:  # it names more headers to drop (rare with HTTP/1.1 clients)
+        return _header_block_connection(router, req)
+    return b"".join(req.forward) + router.worker_auth
 
 
 def _header_block_connection(router: Router, req: Request) -> bytes:

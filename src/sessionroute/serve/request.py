@@ -66,6 +66,11 @@ class Request:
         query: its query string, not decoded ("" when none).
         headers: the header (name, value) pairs as received.
         lower: lower-case header name -> the first value with that name.
+        forward: the header lines a proxy forwards, as pieces to join (name, ``b": "``,
+            value, ``b"\r\n"`` for each header as received, trailers included, except the
+            names in the listener's ``forward_drop``), built while the head is parsed.
+        connection_header: a header named ``Connection`` came (it may name more headers
+            that are not forwarded, RFC 9110 7.6.1: :attr:`forward` does not know them).
         content_length: the Content-Length (None when absent: chunked or no body).
         keep_alive: whether the client lets the connection be reused.
         http10: HTTP/1.0 request.
@@ -79,8 +84,10 @@ class Request:
         "_ready",
         "_waiter",
         "complete",
+        "connection_header",
         "content_length",
         "discard",
+        "forward",
         "headers",
         "http10",
         "keep_alive",
@@ -102,6 +109,8 @@ class Request:
         self.query = ""
         self.headers: list[tuple[bytes, bytes]] = []
         self.lower: dict[bytes, bytes] = {}
+        self.forward: list[bytes] = []
+        self.connection_header = False
         self.content_length: int | None = None
         self.keep_alive = True
         self.http10 = False

@@ -144,8 +144,6 @@ class Router:
         )
         """Lower-case request header names never forwarded (hop-by-hop, Host,
         Content-Length, Expect; Authorization when it is the router's or is replaced)."""
-        self.header_fates: dict[bytes, int] = {}
-        """Memo of :meth:`header_fate` by header name as received."""
         self.request_id_names: tuple[bytes, ...] = tuple(
             n.lower().encode("latin-1") for n in settings.request_id_headers
         )
@@ -416,22 +414,6 @@ class Router:
             timer.cancel()
 
     # -- helpers --------------------------------------------------------------------------
-    def header_fate(self, name: bytes) -> int:
-        """What to do with a request header, by its name as received (memoized per name).
-
-        Returns:
-            0: forward it; 1: drop it (:attr:`request_drop`); 2: it is ``Connection``
-            (dropped, and so are the headers it names).
-        """
-        fate = self.header_fates.get(name)
-        if fate is None:
-            low = name.lower()
-            fate = 2 if low == b"connection" else 1 if low in self.request_drop else 0
-            if len(self.header_fates) >= 1024:  # bounded: names come from clients
-                self.header_fates.clear()
-            self.header_fates[name] = fate
-        return fate
-
     def new_request_id(self, path: str) -> str:
         """``chatcmpl-``/``cmpl-``/``req-`` + 24 alphanumerics (vllm-router's format).
 
