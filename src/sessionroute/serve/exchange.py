@@ -21,13 +21,37 @@ if TYPE_CHECKING:
     from sessionroute.serve.wire import ResponseWriter
 
 __all__ = [
+    "HOP_BY_HOP",
     "MAX_RESPONSE_HEAD_BYTES",
+    "RESPONSE_DROP",
     "Exchange",
     "UpstreamConnectError",
     "UpstreamError",
     "UpstreamHung",
     "WorkerConnection",
 ]
+
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+"""Headers never forwarded in either direction (RFC 9110 section 7.6.1)."""
+
+RESPONSE_DROP = frozenset(
+    n.encode() for n in (*HOP_BY_HOP, "content-length", "x-request-id", "date", "server")
+)
+"""Lower-case response header names never relayed to the client (the router writes its own
+framing, ``Date`` and ``x-request-id``); :attr:`Exchange.relay_lines` leaves them out."""
 
 MAX_RESPONSE_HEAD_BYTES = 65536
 """Most bytes a worker may send before its response head is complete (the listener's limit on
@@ -130,13 +154,22 @@ class WorkerConnection(asyncio.Protocol):
             raise RuntimeError("unsolicited response")
         self._head_bytes = 0
         ex.headers = []
+        ex.relay_lines = []
+        ex.length = None
         ex.reason = b""
 
     def on_status(self, status: bytes) -> None:
         self.exchange.reason += status  # type: ignore[union-attr]
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self.exchange.headers.append((name, value))  # type: ignore[union-attr]
+        ex: Exchange = self.exchange  # type: ignore[assignment]
+        ex.headers.append((name, value))
+        # the relayed lines as they come (one pass over the headers, not a second one)
+        low = name.lower()
+        if low not in RESPONSE_DROP:
+            ex.relay_lines += (name, b": ", value, b"\r\n")
+        elif low == b"content-length":
+            ex.length = int(value)  # (llhttp checked it is a number)
 
     def on_headers_complete(self) -> None:
         ex: Exchange = self.exchange  # type: ignore[assignment]
@@ -198,6 +231,9 @@ class Exchange:
         status: the response status (0 before :meth:`send` returned).
         reason: the reason phrase as received.
         headers: the response headers as received, (name, value) pairs.
+        relay_lines: the header lines to relay to the client, as pieces to join (name, ``b": "``,
+            value, ``b"\r\n"`` for each header as received except :data:`RESPONSE_DROP`).
+        length: the response's ``Content-Length`` (None when it has none).
         complete: the whole response body has arrived.
     """
 
@@ -219,7 +255,9 @@ class Exchange:
         "deadline",
         "headers",
         "keep_alive",
+        "length",
         "reason",
+        "relay_lines",
         "sent_all",
         "sent_at",
         "status",
@@ -252,6 +290,8 @@ class Exchange:
         self.status = 0
         self.reason = b""
         self.headers: list[tuple[bytes, bytes]] = []
+        self.relay_lines: list[bytes] = []
+        self.length: int | None = None
         self.keep_alive = False
         self.complete = False
         self.sent_all = False

@@ -44,7 +44,6 @@ from sessionroute.serve.proxy import (
     header_block,
     place_and_forward,
     refuse,
-    response_headers,
     too_large,
     wake_ticket,
 )
@@ -189,7 +188,8 @@ class InlineProxy(Inline):
         if res is None:  # pragma: no cover - an exchange exists only once placed
             raise RuntimeError("an inline exchange without a reservation")
         if ex.complete and not (retry.retryable(status) and retry.max_attempts > 1):
-            headers, length = response_headers(ex.headers)
+            headers = b"".join(ex.relay_lines)
+            length = ex.length
             if length is not None and length <= BUFFER_LIMIT:
                 metrics = router.metrics
                 metrics.observe_upstream(worker, ex.sent_at, time.perf_counter())

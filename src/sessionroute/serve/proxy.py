@@ -53,17 +53,12 @@ __all__ = [
     "header_block",
     "place_and_forward",
     "refuse",
-    "response_headers",
     "timeout_reading",
     "too_large",
     "wake_ticket",
 ]
 
 log = logging.getLogger("sessionroute.serve")
-
-_RESPONSE_DROP = frozenset(
-    n.encode() for n in (*HOP_BY_HOP, "content-length", "x-request-id", "date", "server")
-)
 
 BUFFER_LIMIT = 256 * 1024
 """Responses with a Content-Length up to this many bytes are relayed in one write."""
@@ -412,27 +407,14 @@ def timeout_reading(conn: Connection, router: Router, worker: str, rid: bytes) -
     )
 
 
-def response_headers(raw: list[tuple[bytes, bytes]]) -> tuple[bytes, int | None]:
-    """The upstream's headers to relay (serialized) and its Content-Length (None if absent)."""
-    out: list[bytes] = []
-    length: int | None = None
-    for name, value in raw:
-        low = name.lower()
-        if low in _RESPONSE_DROP:
-            if low == b"content-length":
-                length = int(value)
-            continue
-        out += (name, b": ", value, b"\r\n")
-    return b"".join(out), length
-
-
 async def _relay(conn: Connection, router: Router, ex: Exchange, worker: str, rid: bytes) -> bool:
     """Relay the answer; False when the worker was given up as hung before any byte of it
     reached the client (the caller places the request again)."""
     status = ex.status
     metrics = router.metrics
     try:
-        headers, length = response_headers(ex.headers)
+        headers = b"".join(ex.relay_lines)
+        length = ex.length
         headers += b"x-request-id: " + rid + b"\r\n"
         if router.expose_worker:
             headers += b"x-sessionroute-worker: " + worker.encode() + b"\r\n"

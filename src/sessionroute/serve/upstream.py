@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from yarl import URL
 
 from sessionroute.serve.exchange import (
+    HOP_BY_HOP,
     Exchange,
     UpstreamConnectError,
     UpstreamError,
@@ -53,22 +54,6 @@ __all__ = [
     "UpstreamPool",
     "WorkerConnection",
 ]
-
-HOP_BY_HOP = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "proxy-connection",
-        "te",
-        "trailer",
-        "trailers",
-        "transfer-encoding",
-        "upgrade",
-    }
-)
-"""Headers never forwarded in either direction (RFC 9110 section 7.6.1)."""
 
 REQUEST_DROP = frozenset(n.encode() for n in (*HOP_BY_HOP, "host", "content-length", "expect"))
 """Lower-case request header names never forwarded upstream (the router sets Host and
