@@ -232,7 +232,7 @@ class Exchange:
         reason: the reason phrase as received.
         headers: the response headers as received, (name, value) pairs.
         relay_lines: the header lines to relay to the client, as pieces to join (name, ``b": "``,
-            value, ``b"\r\n"`` for each header as received except :data:`RESPONSE_DROP`).
+            value, ``b"\\r\\n"`` for each header as received except :data:`RESPONSE_DROP`).
         length: the response's ``Content-Length`` (None when it has none).
         complete: the whole response body has arrived.
     """

@@ -67,7 +67,7 @@ class Request:
         headers: the header (name, value) pairs as received.
         lower: lower-case header name -> the first value with that name.
         forward: the header lines a proxy forwards, as pieces to join (name, ``b": "``,
-            value, ``b"\r\n"`` for each header as received, trailers included, except the
+            value, ``b"\\r\\n"`` for each header as received, trailers included, except the
             names in the listener's ``forward_drop``), built while the head is parsed.
         connection_header: a header named ``Connection`` came (it may name more headers
             that are not forwarded, RFC 9110 7.6.1: :attr:`forward` does not know them).
