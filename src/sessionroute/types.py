@@ -81,14 +81,17 @@ class Decision:
     kind: DecisionKind
 
 
-@dataclass(frozen=True, slots=True)
-class EngineGauges:
+class EngineGauges(NamedTuple):
     """Engine-side load signals scraped from a replica's ``/metrics`` (vLLM names).
 
     Attributes:
         running: ``vllm:num_requests_running``.
         waiting: ``vllm:num_requests_waiting``.
         kv_usage: ``vllm:kv_cache_usage_perc`` in [0, 1].
+
+    A ``typing.NamedTuple`` like :class:`RouteRequest`: built per scrape and replica (in the
+    simulator too, every scrape interval), and compared with the previous scrape's, both
+    cheaper than for a frozen dataclass.
     """
 
     running: int = 0

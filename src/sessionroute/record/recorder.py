@@ -70,7 +70,7 @@ class Recorder:
             ``requests_retried``, ``requests_failed_over``, ``no_worker_available``. The live
             host: ``requests_failed`` (the turn's HTTP exchange failed or timed out).
         ideal_work_s: compute seconds at ideal reuse, summed (simulator only; see
-            :mod:`sessionroute.sim.ideal`).
+            :func:`sessionroute.sim.simulation.ideal_work_s`).
     """
 
     def __init__(self) -> None:

@@ -31,7 +31,6 @@ from sessionroute.replica import ReplicaConfig, RequestResult
 from sessionroute.router.core import Reservation, RoutingCore
 from sessionroute.sim.dispatch import Dispatcher
 from sessionroute.sim.events import PRIO_ARRIVAL, PRIO_TIMER, EventQueue
-from sessionroute.sim.ideal import ideal_work_s
 from sessionroute.sim.inflight import (
     CANCELLED,
     DELIVER,
@@ -45,13 +44,35 @@ from sessionroute.sim.spec import RouterSection
 from sessionroute.sim.wakeups import ReplicaWakeups
 from sessionroute.workloads.base import SessionEnd, Turn, TurnOutcome
 
-__all__ = ["Simulation"]
+__all__ = ["Simulation", "ideal_work_s"]
 
 _LATE_S: Final = 300.0  # timers further ahead (rollout timeouts) go to the queue's FIFO lane
 
 
 def _invoke(fn: Callable[[], None]) -> None:
     fn()
+
+
+def ideal_work_s(
+    b_tok_s: float, b_pa_s: float, b_kv_s: float, prompt_len: int, hit: int, output_len: int
+) -> float:
+    """Compute-term seconds of one request at ideal reuse: the simulator's bound on work
+    (``ideal_busy_seconds``; the hit-rate bound is :class:`~sessionroute.record.IdealCache`,
+    shared with live arms).
+
+    The compute terms of the step-time model (``shared/ENGINE.md``, the coefficients of a
+    :class:`~sessionroute.replica.StepTimeProfile`) at ideal reuse: ``b_tok * (P + O) + b_pa *
+    P * (H + P / 2) + b_kv * O * (L + (O - 1) / 2)`` with ``L`` prompt tokens, ``H`` ideal hit
+    tokens, ``P = L - H`` and ``O`` output tokens. Summed over requests and divided evenly over
+    the replicas. The per-step overhead ``b0`` and the weight-read time (which batching shares)
+    are left out, so it is a lower bound. Only the simulator knows the step-time model, so a
+    live arm reports None.
+    """
+    p = prompt_len - hit
+    o = output_len
+    return (
+        b_tok_s * (p + o) + b_pa_s * p * (hit + p / 2.0) + b_kv_s * o * (prompt_len + (o - 1) / 2.0)
+    )
 
 
 class Simulation(ReplicaWakeups):
@@ -88,7 +109,11 @@ class Simulation(ReplicaWakeups):
         self._url_for = url_for
         self.config = config
         self._fast = fast
-        self._profile = config.profile
+        profile = config.profile
+        # the step-time coefficients of ideal_work_s, read once
+        self._b_tok_s = profile.b_tok_s
+        self._b_pa_s = profile.b_pa_s
+        self._b_kv_s = profile.b_kv_s
         self._by_url = {r.url: r for r in replicas}
         self._reqs: dict[int, InFlight] = {}
         self._handle = 0
@@ -295,7 +320,9 @@ class Simulation(ReplicaWakeups):
             self._itl.append(r.itl_mean_s)
         self._latency.append(done - sent)
         self._queue_s.append(r.queue_time_s)
-        rec.ideal_work_s += ideal_work_s(self._profile, turn.prompt_len, req.hit, turn.output_len)
+        rec.ideal_work_s += ideal_work_s(
+            self._b_tok_s, self._b_pa_s, self._b_kv_s, turn.prompt_len, req.hit, turn.output_len
+        )
         rep.requests += 1
         rep.prompt_tokens += prompt
         rep.output_tokens += output
