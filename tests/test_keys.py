@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sessionroute.keys import GAMMA, MASK64, chain_key, chain_keys, mix64
+from sessionroute.keys import GAMMA, MASK64, chain_key, mix64, run_keys
 from sessionroute.native import PURE_ENV
 
 
@@ -58,24 +58,37 @@ def test_distinct_contents_get_distinct_keys(contents: list[tuple[int, int, int]
     assert len({chain_key(*c) for c in contents}) == len(contents)
 
 
-def test_chain_keys_is_chain_key_of_each_item() -> None:
-    parent = chain_key(0, 12345)
-    items = [0, 16, 32, -1, 2**70 + 3]
-    assert chain_keys(parent, items) == [chain_key(parent, x) for x in items]
-    assert chain_keys(parent, range(0, 64, 16)) == [chain_key(parent, o) for o in (0, 16, 32, 48)]
-    assert chain_keys(parent, []) == []
+def test_run_keys_are_the_run_key_plus_each_offset_mod_2_64() -> None:
+    run = chain_key(0, 12345)
+    assert run_keys(run, 0, 64, 16) == [run + o for o in (0, 16, 32, 48)]
+    assert run_keys(run, 5, 37, 16) == [run + 5, run + 21]
+    assert run_keys(run, 0, 0, 16) == []
+    near_top = MASK64 - 20
+    assert run_keys(near_top, 0, 64, 16) == [MASK64 - 20, MASK64 - 4, 11, 27]  # wraps
+
+
+def test_a_block_chains_runs_differ_from_each_other_and_from_other_blocks() -> None:
+    from sessionroute.keys import BlockChain
+
+    keys: list[int] = []
+    for seg in range(1, 200):  # 199 chains of 2 segments: 50 shared blocks, then their own
+        chain = BlockChain(16)
+        chain.append(0, 800)
+        chain.append(seg, 16 * 40 + 7)
+        keys += chain.keys if seg == 1 else chain.keys[50:]
+    assert len(set(keys)) == len(keys) == 50 + 199 * 40
 
 
 _KEYS = """
 import random
 import sessionroute.keys
-from sessionroute.keys import BlockChain, chain_key, chain_keys, mix64
+from sessionroute.keys import BlockChain, chain_key, mix64, run_keys
 print("pure" if sessionroute.keys.__file__.endswith(".py") else "compiled")
 rng = random.Random(7)
 out = [mix64(rng.getrandbits(70) - 2**69) for _ in range(200)]
 out += [chain_key(rng.getrandbits(64), *(rng.getrandbits(65) - 2**64 for _ in range(k)))
         for k in range(9)]
-out += chain_keys(rng.getrandbits(64), range(-5, 300, 7))
+out += run_keys(rng.getrandbits(64), 0, 300, 7) + run_keys(2**64 - 100, 0, 300, 7)
 for bs in (1, 16, 256):
     chain = BlockChain(bs)
     for seg in range(1, 40):

@@ -24,19 +24,24 @@ not (unlike ``hash(str)``, and unlike CPython's tuple hash, which is an implemen
 
 :class:`BlockChain` keys a conversation made of *segments* (a system prompt, a task statement,
 each output and each tool observation), each named by an integer id and a length in tokens: it
-turns a growing sequence of segments into the chained keys of its full blocks, like vLLM's
-block hashes (``vllm/v1/core/kv_cache_utils.py``: a block's hash covers its parent's hash and
-its own tokens). The key of block ``i`` is a hash of the key of block ``i - 1`` and the
-segment pieces that fill block ``i``. A block across segments absorbs each piece's segment and
-the length of every piece but the last: the first piece's offset follows from the parent key
-(a segment's tokens are appended in one call, so a block that starts inside a segment
-continues the previous block's piece of it, and one that starts a segment starts it at offset
-0), later pieces start their segments at offset 0, and the last piece's length is what the
-block size leaves. A run of full blocks inside one segment is keyed by the key before the run,
-the segment and the offset, which identifies the same content without a sequential loop. Two
-sequences get the same key at block ``i`` exactly when they hold the same segments up to the
-end of block ``i``, so shared content (a system prompt, a GRPO group's task) hits and distinct
-content never does.
+turns a growing sequence of segments into the chained keys of its full blocks, like vLLM's block
+hashes (``vllm/v1/core/kv_cache_utils.py``: a block's hash covers its parent's hash and its own
+tokens). The key of block ``i`` stands for the content up to the end of block ``i``: a key
+before it and the segment pieces since. A block across segments absorbs each piece's segment and
+the length of every piece but the last: the first piece's offset follows from the parent key (a
+segment's tokens are appended in one call, so a block that starts inside a segment continues the
+previous block's piece of it, and one that starts a segment starts it at offset 0), later pieces
+start their segments at offset 0, and the last piece's length is what the block size leaves. A
+run of full blocks inside one segment is keyed by :func:`run_keys`: the run's key ``r =
+chain_key(anchor, segment)`` (``anchor``: the key before the run) plus each block's token offset
+in the segment, mod 2**64. That identifies the same content (the same anchor, segment and
+offset) without a mix per block, which is most of a simulated prompt's blocks. Two different
+runs share a key only when their run keys differ by one of the ~2n differences of their offsets,
+probability at most about ``2 * n / 2**64`` per pair of runs of ``n`` blocks (``n <= 8192`` for
+a 131,072-token context in 16-token blocks: below 10**-15). Two sequences get the same key at
+block ``i`` exactly when they hold the same segments up to the end of block ``i``, so shared
+content (a system prompt, a GRPO group's task) hits and distinct content does not (but for
+the odds above).
 
 This module is compiled with the replica model (:mod:`sessionroute.native`): the same code,
 the same keys, pure Python or compiled (``tests/test_keys.py``).
@@ -44,10 +49,9 @@ the same keys, pure Python or compiled (``tests/test_keys.py``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Final
 
-__all__ = ["GAMMA", "MASK64", "ROOT_KEY", "BlockChain", "chain_key", "chain_keys", "mix64"]
+__all__ = ["GAMMA", "MASK64", "ROOT_KEY", "BlockChain", "chain_key", "mix64", "run_keys"]
 
 MASK64: Final = (1 << 64) - 1
 """The low 64 bits."""
@@ -96,25 +100,25 @@ def chain_key(parent: int, *items: int) -> int:
     return h
 
 
-def chain_keys(parent: int, items: Iterable[int]) -> list[int]:
-    """``[chain_key(parent, x) for x in items]`` in one call: the keys of several contents
-    that each follow ``parent`` (a run of full blocks of one segment, keyed by their offsets).
+def run_keys(run: int, start: int, stop: int, step: int) -> list[int]:
+    """The keys of a run of full blocks inside one segment: ``(run + o) mod 2**64`` for each
+    block's token offset ``o`` in ``range(start, stop, step)``.
+
+    ``run`` is the run's own key (``chain_key(anchor, segment)``, already mixed), so a block's
+    key still identifies its anchor, segment and offset; the offsets need no mix of their own
+    (see the module docstring for the collision bound).
 
     Args:
-        parent: the key the contents follow.
-        items: one integer per content.
+        run: the run's key, in ``[0, 2**64)``.
+        start, stop, step: the blocks' token offsets in the segment, as for ``range``
+            (``0 <= start``, ``step >= 1``).
 
     Returns:
-        One int in ``[0, 2**64)`` per item, in order.
+        One int in ``[0, 2**64)`` per offset, in order.
     """
-    p = parent & MASK64
-    out = []
-    for x in items:
-        z = ((p ^ x) + GAMMA) & MASK64
-        z = ((z ^ (z >> 30)) * _M1) & MASK64
-        z = ((z ^ (z >> 27)) * _M2) & MASK64
-        out.append(z ^ (z >> 31))
-    return out
+    if run + stop <= MASK64:
+        return list(range(run + start, run + stop, step))
+    return [(run + o) & MASK64 for o in range(start, stop, step)]
 
 
 class BlockChain:
@@ -188,13 +192,10 @@ class BlockChain:
             self._tail_len = 0
             off = need
         # Full blocks inside one segment: keyed by the key before them (the anchor), the
-        # segment and the offset - the same content up to the block's end, as a chain. Each is
-        # chain_key(anchor, segment, o), computed as chain_key(chain_key(anchor, segment), o),
-        # the whole run in one call.
+        # segment and the offset - the same content up to the block's end (run_keys).
         end = length - (length - off) % bs
         if off < end:
-            run = chain_key(keys[-1] if keys else ROOT_KEY, segment)
-            keys += chain_keys(run, range(off, end, bs))
+            keys += run_keys(chain_key(keys[-1] if keys else ROOT_KEY, segment), off, end, bs)
         if end < length:
             self._tail_key = chain_key(keys[-1] if keys else ROOT_KEY, segment, length - end)
             self._tail_len = length - end

@@ -113,7 +113,8 @@ def test_trace_ids_are_chained_again_so_equal_ids_after_different_prefixes_never
 def test_block_keys_are_the_documented_chain_keys() -> None:
     c = BlockChain(16)
     c.append(5, 40)  # two full blocks of segment 5, 8 tokens left over
-    k0, k1 = chain_key(ROOT_KEY, 5, 0), chain_key(ROOT_KEY, 5, 16)
+    run = chain_key(ROOT_KEY, 5)  # a run of full blocks: the run's key plus each offset
+    k0, k1 = run, run + 16
     assert c.keys == [k0, k1]
     c.append(6, 10)  # the block across segments: 8 tokens of 5 (from offset 32), then 6
     k2 = chain_key(k1, 5, 8, 6)
