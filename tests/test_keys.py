@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sessionroute.keys import GAMMA, MASK64, chain_key, mix64, run_keys
+from sessionroute.keys import GAMMA, MASK64, chain_key, mix64, offset_keys
 from sessionroute.native import PURE_ENV
 
 
@@ -58,13 +58,13 @@ def test_distinct_contents_get_distinct_keys(contents: list[tuple[int, int, int]
     assert len({chain_key(*c) for c in contents}) == len(contents)
 
 
-def test_run_keys_are_the_run_key_plus_each_offset_mod_2_64() -> None:
+def test_offset_keys_are_the_run_key_plus_each_offset_mod_2_64() -> None:
     run = chain_key(0, 12345)
-    assert run_keys(run, 0, 64, 16) == [run + o for o in (0, 16, 32, 48)]
-    assert run_keys(run, 5, 37, 16) == [run + 5, run + 21]
-    assert run_keys(run, 0, 0, 16) == []
+    assert offset_keys(run, 0, 64, 16) == [run + o for o in (0, 16, 32, 48)]
+    assert offset_keys(run, 5, 37, 16) == [run + 5, run + 21]
+    assert offset_keys(run, 0, 0, 16) == []
     near_top = MASK64 - 20
-    assert run_keys(near_top, 0, 64, 16) == [MASK64 - 20, MASK64 - 4, 11, 27]  # wraps
+    assert offset_keys(near_top, 0, 64, 16) == [MASK64 - 20, MASK64 - 4, 11, 27]  # wraps
 
 
 def test_a_block_chains_runs_differ_from_each_other_and_from_other_blocks() -> None:
@@ -82,13 +82,13 @@ def test_a_block_chains_runs_differ_from_each_other_and_from_other_blocks() -> N
 _KEYS = """
 import random
 import sessionroute.keys
-from sessionroute.keys import BlockChain, chain_key, mix64, run_keys
+from sessionroute.keys import BlockChain, chain_key, mix64, offset_keys
 print("pure" if sessionroute.keys.__file__.endswith(".py") else "compiled")
 rng = random.Random(7)
 out = [mix64(rng.getrandbits(70) - 2**69) for _ in range(200)]
 out += [chain_key(rng.getrandbits(64), *(rng.getrandbits(65) - 2**64 for _ in range(k)))
         for k in range(9)]
-out += run_keys(rng.getrandbits(64), 0, 300, 7) + run_keys(2**64 - 100, 0, 300, 7)
+out += offset_keys(rng.getrandbits(64), 0, 300, 7) + offset_keys(2**64 - 100, 0, 300, 7)
 for bs in (1, 16, 256):
     chain = BlockChain(bs)
     for seg in range(1, 40):

@@ -2,8 +2,10 @@
 
 A simulated or replayed prompt is identified by the chained keys of its full KV blocks (like
 vLLM's block hashes, ``vllm/v1/core/kv_cache_utils.py``: a block's hash covers its parent's hash
-and its own content). Every such key in sessionroute is :func:`chain_key` of a parent key and a
-few integers describing the block's content (a segment id, an offset, a trace block id, ...):
+and its own content). Every such key in sessionroute comes from :func:`chain_key` of a parent key
+and a few integers describing the block's content (a segment id, an offset, a trace block id,
+...), except the blocks of a run inside one segment, which are such a key plus an offset
+(:func:`offset_keys`, below):
 
     h = parent;  for each item x:  h = mix64((h ^ x) + GAMMA)     (all mod 2**64)
 
@@ -26,22 +28,32 @@ not (unlike ``hash(str)``, and unlike CPython's tuple hash, which is an implemen
 each output and each tool observation), each named by an integer id and a length in tokens: it
 turns a growing sequence of segments into the chained keys of its full blocks, like vLLM's block
 hashes (``vllm/v1/core/kv_cache_utils.py``: a block's hash covers its parent's hash and its own
-tokens). The key of block ``i`` stands for the content up to the end of block ``i``: a key
-before it and the segment pieces since. A block across segments absorbs each piece's segment and
-the length of every piece but the last: the first piece's offset follows from the parent key (a
-segment's tokens are appended in one call, so a block that starts inside a segment continues the
-previous block's piece of it, and one that starts a segment starts it at offset 0), later pieces
-start their segments at offset 0, and the last piece's length is what the block size leaves. A
-run of full blocks inside one segment is keyed by :func:`run_keys`: the run's key ``r =
-chain_key(anchor, segment)`` (``anchor``: the key before the run) plus each block's token offset
-in the segment, mod 2**64. That identifies the same content (the same anchor, segment and
-offset) without a mix per block, which is most of a simulated prompt's blocks. Two different
-runs share a key only when their run keys differ by one of the ~2n differences of their offsets,
-probability at most about ``2 * n / 2**64`` per pair of runs of ``n`` blocks (``n <= 8192`` for
-a 131,072-token context in 16-token blocks: below 10**-15). Two sequences get the same key at
-block ``i`` exactly when they hold the same segments up to the end of block ``i``, so shared
-content (a system prompt, a GRPO group's task) hits and distinct content does not (but for
-the odds above).
+tokens). The key of block ``i`` stands for the content up to the end of block ``i``: an *anchor*
+(a mixed key that stands for the content before it) and the segment pieces since.
+
+* Items are typed so that no history can be read as another: segment ids are ``>= 0`` and
+  lengths and offsets are absorbed as their bitwise complement ``~x`` (negative, i.e. at or
+  above 2**63 mod 2**64), so a segment id never equals a length or an offset.
+* A block across segments is ``chain_key(tail, segment)``, where ``tail`` has absorbed the
+  anchor and each earlier piece's segment and length (the first piece's start follows from the
+  anchor: a segment's tokens are appended in one call).
+* A run of full blocks inside one segment is ``offset_keys(run, ...)``: the run's key ``run =
+  chain_key(anchor, segment)`` plus each block's token offset in the segment, mod 2**64, with no
+  mix per block (most of a simulated prompt's blocks).
+* Keys of a run are never anchors, because they are consecutive and :func:`chain_key` combines a
+  parent with xor: ``chain_key(run + 16, a) == chain_key(run + 32, b)`` whenever ``a ^ b ==
+  (run + 16) ^ (run + 32)``, a small number, as segment ids are. What
+  follows a run is anchored on ``run`` and the run's end instead: the partial block after it on
+  ``chain_key(run, ~end, ~length)``, the next segment, when the run ends the segment, on
+  ``chain_key(run, ~end, ~0)`` (no partial block; a partial block's length is never 0). Every
+  anchor is a :func:`chain_key` value.
+
+Two sequences get the same key at block ``i`` exactly when they hold the same segments up to
+the end of block ``i``, so shared content (a system prompt, a GRPO group's task) hits; and a key
+never appears at two positions. Distinct contents share a key only by accident: for mixed
+keys about 2**-64 per pair; for two runs' keys when their run keys differ by one of the ~2n
+differences of their offsets, at most about ``2 * n / 2**64`` per pair of runs of ``n`` blocks
+(``n <= 8192`` for a 131,072-token context in 16-token blocks: below 10**-15).
 
 This module is compiled with the replica model (:mod:`sessionroute.native`): the same code,
 the same keys, pure Python or compiled (``tests/test_keys.py``).
@@ -51,7 +63,7 @@ from __future__ import annotations
 
 from typing import Final
 
-__all__ = ["GAMMA", "MASK64", "ROOT_KEY", "BlockChain", "chain_key", "mix64", "run_keys"]
+__all__ = ["GAMMA", "MASK64", "ROOT_KEY", "BlockChain", "chain_key", "mix64", "offset_keys"]
 
 MASK64: Final = (1 << 64) - 1
 """The low 64 bits."""
@@ -100,13 +112,14 @@ def chain_key(parent: int, *items: int) -> int:
     return h
 
 
-def run_keys(run: int, start: int, stop: int, step: int) -> list[int]:
+def offset_keys(run: int, start: int, stop: int, step: int) -> list[int]:
     """The keys of a run of full blocks inside one segment: ``(run + o) mod 2**64`` for each
     block's token offset ``o`` in ``range(start, stop, step)``.
 
     ``run`` is the run's own key (``chain_key(anchor, segment)``, already mixed), so a block's
-    key still identifies its anchor, segment and offset; the offsets need no mix of their own
-    (see the module docstring for the collision bound).
+    key still identifies its anchor, segment and offset; the offsets need no mix of their own.
+    The results are consecutive: never use one as a :func:`chain_key` parent (module
+    docstring).
 
     Args:
         run: the run's key, in ``[0, 2**64)``.
@@ -136,7 +149,7 @@ class BlockChain:
         ValueError: on ``block_size < 1``.
     """
 
-    __slots__ = ("_last", "_tail_key", "_tail_len", "block_size", "keys", "tokens")
+    __slots__ = ("_head", "_last", "_tail_key", "_tail_len", "block_size", "keys", "tokens")
 
     def __init__(self, block_size: int) -> None:
         if block_size < 1:
@@ -149,6 +162,9 @@ class BlockChain:
         # its tokens
         self._tail_key = ROOT_KEY
         self._tail_len = 0
+        # the anchor of what follows the last full block when no partial block is open: a
+        # chain_key value standing for the content up to that block's end (module docstring)
+        self._head = ROOT_KEY
         self._last: int | None = None  # the segment of the last non-empty append
 
     def copy(self) -> BlockChain:
@@ -158,6 +174,7 @@ class BlockChain:
         c.tokens = self.tokens
         c._tail_key = self._tail_key
         c._tail_len = self._tail_len
+        c._head = self._head
         c._last = self._last
         return c
 
@@ -166,13 +183,16 @@ class BlockChain:
         of whose tokens are appended in this one call).
 
         Raises:
-            ValueError: on a negative ``length``, or on the segment of the previous non-empty
-                append (its tokens would not be told apart from a continuation of it).
+            ValueError: on a negative ``length`` or ``segment``, or on the segment of the
+                previous non-empty append (its tokens would not be told apart from a
+                continuation of it).
         """
         if length <= 0:
             if length < 0:
                 raise ValueError(f"segment length must be >= 0, got {length!r}")
             return
+        if segment < 0:
+            raise ValueError(f"segment ids must be >= 0, got {segment!r}")
         if segment == self._last:
             raise ValueError(f"segment {segment!r} appended twice in a row: use a new id")
         self._last = segment
@@ -183,19 +203,30 @@ class BlockChain:
         if self._tail_len:
             need = bs - self._tail_len
             if length < need:
-                self._tail_key = chain_key(self._tail_key, segment, length)
+                self._tail_key = chain_key(self._tail_key, segment, ~length)
                 self._tail_len += length
                 return
             # the block across segments: its parent key, each earlier piece's segment and
             # length, and this segment (its length is the rest of the block)
-            keys.append(chain_key(self._tail_key, segment))
+            head = chain_key(self._tail_key, segment)
+            keys.append(head)
             self._tail_len = 0
             off = need
-        # Full blocks inside one segment: keyed by the key before them (the anchor), the
-        # segment and the offset - the same content up to the block's end (run_keys).
+        else:
+            head = self._head
         end = length - (length - off) % bs
         if off < end:
-            keys += run_keys(chain_key(keys[-1] if keys else ROOT_KEY, segment), off, end, bs)
-        if end < length:
-            self._tail_key = chain_key(keys[-1] if keys else ROOT_KEY, segment, length - end)
+            # full blocks inside this segment: the run's key plus each offset; what follows is
+            # anchored on the run's key and its end, never on one of its consecutive keys
+            run = chain_key(head, segment)
+            keys += offset_keys(run, off, end, bs)
+            if end < length:
+                self._tail_key = chain_key(run, ~end, ~(length - end))
+                self._tail_len = length - end
+            else:  # ~0: no partial block, unlike any partial block's length (> 0)
+                self._head = chain_key(run, ~end, ~0)
+        elif end < length:
+            self._tail_key = chain_key(head, segment, ~(length - end))
             self._tail_len = length - end
+        else:
+            self._head = head  # the segment ended with the block across segments

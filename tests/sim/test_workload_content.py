@@ -46,6 +46,33 @@ def test_keys_agree_exactly_where_token_content_agrees(
     assert len(kb) == len(ref_b)
     for i in range(min(len(ka), len(kb))):
         assert (ka[i] == kb[i]) == (ref_a[i] == ref_b[i])
+    # and a key never stands at two positions, within a chain or across two
+    assert len(set(ka)) == len(ka)
+    at = {k: i for i, k in enumerate(ka)}
+    assert all(at.get(k, j) == j for j, k in enumerate(kb))
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        # a run's keys are consecutive: anchoring what follows on one of them (xor with the
+        # next segment id) made these share keys at different positions
+        ([(1, 16), (2, 32)], [(1, 32), (18, 32)]),
+        ([(1, 16), (2, 5), (9, 40)], [(1, 32), (18, 5), (9, 40)]),
+        # a segment id equal to an offset: with the anchor after a run taken as (run, end) and
+        # lengths absorbed as is, A's anchor after its second run and B's block across
+        # segments absorbed the same integers
+        ([(1, 32), (5, 32), (9, 48)], [(1, 37), (32, 11), (9, 48)]),
+    ],
+)
+def test_keys_after_a_run_do_not_collide(
+    a: list[tuple[int, int]], b: list[tuple[int, int]]
+) -> None:
+    ka, kb = _chain(a, 16).keys, _chain(b, 16).keys
+    ref_a, ref_b = chain_block_keys(_tokens(a), 16), chain_block_keys(_tokens(b), 16)
+    shared = {k for k in ka} & set(kb)
+    expected = {ka[i] for i in range(min(len(ka), len(kb))) if ref_a[i] == ref_b[i]}
+    assert shared == expected
 
 
 def test_a_turn_extends_the_previous_turns_keys() -> None:
@@ -116,13 +143,22 @@ def test_block_keys_are_the_documented_chain_keys() -> None:
     run = chain_key(ROOT_KEY, 5)  # a run of full blocks: the run's key plus each offset
     k0, k1 = run, run + 16
     assert c.keys == [k0, k1]
-    c.append(6, 10)  # the block across segments: 8 tokens of 5 (from offset 32), then 6
-    k2 = chain_key(k1, 5, 8, 6)
+    c.append(6, 10)  # the block across segments: the run's key, its end, 8 tokens left, then 6
+    k2 = chain_key(run, ~32, ~8, 6)  # lengths and offsets absorbed as ~x, segment ids as is
     assert c.keys == [k0, k1, k2]
-    c.append(7, 20)  # 2 tokens of 6 left over (from offset 8), then a run of segment 7
-    k3 = chain_key(k2, 6, 2, 7)
+    c.append(7, 20)  # 2 tokens of 6 left over (from offset 8), then 14 tokens of 7, 6 left
+    k3 = chain_key(k2, 6, ~2, 7)
     assert c.keys == [k0, k1, k2, k3]
     assert c.tokens == 70
+    c.append(8, 10)  # fills the block: the segment ends with it
+    k4 = chain_key(k3, 7, ~6, 8)
+    c.append(9, 32)  # a run that ends its segment: what follows is anchored on (run, ~end, ~0)
+    run9 = chain_key(k4, 9)
+    c.append(10, 16)
+    assert c.keys == [k0, k1, k2, k3, k4, run9, run9 + 16, chain_key(run9, ~32, ~0, 10)]
+    assert c.tokens == 128
+    with pytest.raises(ValueError, match="segment ids must be >= 0"):
+        c.append(-1, 5)
 
 
 def test_a_segment_appended_twice_in_a_row_is_refused() -> None:

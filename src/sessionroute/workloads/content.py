@@ -6,9 +6,9 @@ each tool observation), each named by an integer id and a length in tokens;
 full blocks (the scheme: :mod:`sessionroute.keys`). Trace replays key their prompts with
 :func:`expand_trace_blocks`.
 
-Keys are :func:`sessionroute.keys.chain_key` values: an explicit 64-bit mix (splitmix64's
-finalizer), the same on every platform and Python version, so accidental collisions are
-negligible at simulator scale.
+Keys come from :func:`sessionroute.keys.chain_key`, an explicit 64-bit mix (splitmix64's
+finalizer; the blocks of a run inside one segment are such a key plus an offset), the same on
+every platform and Python version, so accidental collisions are negligible at simulator scale.
 """
 
 from __future__ import annotations
