@@ -31,22 +31,22 @@ hashes (``vllm/v1/core/kv_cache_utils.py``: a block's hash covers its parent's h
 tokens). The key of block ``i`` stands for the content up to the end of block ``i``: an *anchor*
 (a mixed key that stands for the content before it) and the segment pieces since.
 
-* Items are typed so that no history can be read as another: segment ids are ``>= 0`` and
-  lengths and offsets are absorbed as their bitwise complement ``~x`` (negative, i.e. at or
-  above 2**63 mod 2**64), so a segment id never equals a length or an offset.
+* Items are typed so that no history can be read as another: segment ids are in ``[0,
+  2**63)`` and lengths and offsets are absorbed as their bitwise complement ``~x`` (negative,
+  i.e. at or above 2**63 mod 2**64), so a segment id never equals a length or an offset.
 * A block across segments is ``chain_key(tail, segment)``, where ``tail`` has absorbed the
   anchor and each earlier piece's segment and length (the first piece's start follows from the
   anchor: a segment's tokens are appended in one call).
 * A run of full blocks inside one segment is ``offset_keys(run, ...)``: the run's key ``run =
   chain_key(anchor, segment)`` plus each block's token offset in the segment, mod 2**64, with no
   mix per block (most of a simulated prompt's blocks).
-* Keys of a run are never anchors, because they are consecutive and :func:`chain_key` combines a
-  parent with xor: ``chain_key(run + 16, a) == chain_key(run + 32, b)`` whenever ``a ^ b ==
-  (run + 16) ^ (run + 32)``, a small number, as segment ids are. What
-  follows a run is anchored on ``run`` and the run's end instead: the partial block after it on
-  ``chain_key(run, ~end, ~length)``, the next segment, when the run ends the segment, on
-  ``chain_key(run, ~end, ~0)`` (no partial block; a partial block's length is never 0). Every
-  anchor is a :func:`chain_key` value.
+* Keys of a run are never anchors (but the offset-0 key, which is ``run`` itself, a mixed
+  value), because they are consecutive and :func:`chain_key` combines a parent with xor:
+  ``chain_key(run + 16, a) == chain_key(run + 32, b)`` whenever ``a ^ b == (run + 16) ^ (run +
+  32)``, a small number, as segment ids are. What follows a run is anchored on ``run`` and the
+  run's end instead: the partial block after it on ``chain_key(run, ~end, ~length)``, the next
+  segment, when the run ends the segment, on ``chain_key(run, ~end, ~0)`` (no partial block; a
+  partial block's length is never 0). Every anchor is a :func:`chain_key` value.
 
 Two sequences get the same key at block ``i`` exactly when they hold the same segments up to
 the end of block ``i``, so shared content (a system prompt, a GRPO group's task) hits; and a key
@@ -71,6 +71,7 @@ GAMMA: Final = 0x9E3779B97F4A7C15
 """splitmix64's increment: 2**64 / golden ratio, rounded to odd (Steele, Lea, Flood 2014)."""
 ROOT_KEY: Final = 0
 """Parent key of a sequence's first block."""
+_SEGMENT_LIMIT: Final = 1 << 63  # segment ids below it; lengths are absorbed as ~x (above it)
 
 _M1: Final = 0xBF58476D1CE4E5B9  # Stafford's Mix13, first multiplier
 _M2: Final = 0x94D049BB133111EB  # Stafford's Mix13, second multiplier
@@ -118,8 +119,8 @@ def offset_keys(run: int, start: int, stop: int, step: int) -> list[int]:
 
     ``run`` is the run's own key (``chain_key(anchor, segment)``, already mixed), so a block's
     key still identifies its anchor, segment and offset; the offsets need no mix of their own.
-    The results are consecutive: never use one as a :func:`chain_key` parent (module
-    docstring).
+    The results are consecutive: never use one as a :func:`chain_key` parent, but ``run``
+    itself (module docstring).
 
     Args:
         run: the run's key, in ``[0, 2**64)``.
@@ -183,16 +184,16 @@ class BlockChain:
         of whose tokens are appended in this one call).
 
         Raises:
-            ValueError: on a negative ``length`` or ``segment``, or on the segment of the
-                previous non-empty append (its tokens would not be told apart from a
-                continuation of it).
+            ValueError: on a negative ``length``, a ``segment`` outside ``[0, 2**63)``, or
+                the segment of the previous non-empty append (its tokens would not be told
+                apart from a continuation of it).
         """
         if length <= 0:
             if length < 0:
                 raise ValueError(f"segment length must be >= 0, got {length!r}")
             return
-        if segment < 0:
-            raise ValueError(f"segment ids must be >= 0, got {segment!r}")
+        if not 0 <= segment < _SEGMENT_LIMIT:
+            raise ValueError(f"segment ids must be in [0, 2**63), got {segment!r}")
         if segment == self._last:
             raise ValueError(f"segment {segment!r} appended twice in a row: use a new id")
         self._last = segment

@@ -25,7 +25,9 @@ def _chain(segments: list[tuple[int, int]], bs: int) -> BlockChain:
     return c
 
 
-segment_lists = st.lists(st.tuples(st.integers(1, 4), st.integers(0, 70)), min_size=0, max_size=8)
+# segment ids that equal lengths and offsets too (0, block multiples), where untyped items failed
+segment_ids = st.integers(0, 4) | st.sampled_from([8, 16, 32, 48, 64])
+segment_lists = st.lists(st.tuples(segment_ids, st.integers(0, 70)), min_size=0, max_size=8)
 
 
 def _appended_once(segments: list[tuple[int, int]]) -> bool:
@@ -53,24 +55,26 @@ def test_keys_agree_exactly_where_token_content_agrees(
 
 
 @pytest.mark.parametrize(
-    ("a", "b"),
+    ("a", "b", "bs"),
     [
         # a run's keys are consecutive: anchoring what follows on one of them (xor with the
         # next segment id) made these share keys at different positions
-        ([(1, 16), (2, 32)], [(1, 32), (18, 32)]),
-        ([(1, 16), (2, 5), (9, 40)], [(1, 32), (18, 5), (9, 40)]),
+        ([(1, 16), (2, 32)], [(1, 32), (18, 32)], 16),
+        ([(1, 16), (2, 5), (9, 40)], [(1, 32), (18, 5), (9, 40)], 16),
         # a segment id equal to an offset: with the anchor after a run taken as (run, end) and
         # lengths absorbed as is, A's anchor after its second run and B's block across
         # segments absorbed the same integers
-        ([(1, 32), (5, 32), (9, 48)], [(1, 37), (32, 11), (9, 48)]),
+        ([(1, 32), (5, 32), (9, 48)], [(1, 37), (32, 11), (9, 48)], 16),
+        # found against dd786e1 (a mix per block, lengths absorbed as is)
+        ([(3, 5), (1, 7), (3, 1)], [(3, 5), (1, 1), (3, 3), (8, 1), (2, 2)], 4),
     ],
 )
-def test_keys_after_a_run_do_not_collide(
-    a: list[tuple[int, int]], b: list[tuple[int, int]]
+def test_keys_do_not_collide_across_positions(
+    a: list[tuple[int, int]], b: list[tuple[int, int]], bs: int
 ) -> None:
-    ka, kb = _chain(a, 16).keys, _chain(b, 16).keys
-    ref_a, ref_b = chain_block_keys(_tokens(a), 16), chain_block_keys(_tokens(b), 16)
-    shared = {k for k in ka} & set(kb)
+    ka, kb = _chain(a, bs).keys, _chain(b, bs).keys
+    ref_a, ref_b = chain_block_keys(_tokens(a), bs), chain_block_keys(_tokens(b), bs)
+    shared = set(ka) & set(kb)
     expected = {ka[i] for i in range(min(len(ka), len(kb))) if ref_a[i] == ref_b[i]}
     assert shared == expected
 
@@ -157,8 +161,9 @@ def test_block_keys_are_the_documented_chain_keys() -> None:
     c.append(10, 16)
     assert c.keys == [k0, k1, k2, k3, k4, run9, run9 + 16, chain_key(run9, ~32, ~0, 10)]
     assert c.tokens == 128
-    with pytest.raises(ValueError, match="segment ids must be >= 0"):
-        c.append(-1, 5)
+    for bad in (-1, 2**63):
+        with pytest.raises(ValueError, match=r"segment ids must be in \[0, 2\*\*63\)"):
+            c.append(bad, 5)
 
 
 def test_a_segment_appended_twice_in_a_row_is_refused() -> None:
