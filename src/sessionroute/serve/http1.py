@@ -442,9 +442,6 @@ class Connection(ResponseWriter, asyncio.BufferedProtocol):
             if self._begin(nxt):
                 return
 
-    finish_inline = finish
-    """End the request an :class:`Inline` handler answered (starts the next one)."""
-
     def _pause_reading(self) -> None:
         if not self._read_paused and self.transport is not None:
             self._read_paused = True

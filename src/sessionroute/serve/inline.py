@@ -218,7 +218,7 @@ class InlineProxy(Inline):
         if res is not None:
             self._res = None
             self._router.core.complete(res)
-        self._conn.finish_inline()
+        self._conn.finish()
 
     def client_lost(self) -> None:
         """The client went away: close the exchange (the worker sees it) and release."""

@@ -362,17 +362,6 @@ _DRAIN_MAX_BYTES = 65536
 length is not given, closes the connection instead."""
 
 
-def _known_small(headers: list[tuple[bytes, bytes]]) -> bool:
-    """Whether the response declares a ``Content-Length`` of at most ``_DRAIN_MAX_BYTES``."""
-    for name, value in headers:
-        if name.lower() == b"content-length":
-            try:
-                return int(value) <= _DRAIN_MAX_BYTES
-            except ValueError:
-                return False
-    return False
-
-
 async def _drain(ex: Exchange) -> bool:
     """Read a retried error body so the connection can be reused; False on timeout.
 
@@ -380,7 +369,9 @@ async def _drain(ex: Exchange) -> bool:
     close-delimited one is left unread and :meth:`Exchange.close` closes its connection, so a
     worker streaming an endless error body cannot hold the retry back.
     """
-    if not ex.complete and not _known_small(ex.headers):
+    # the declared Content-Length (the parser took it from the head; llhttp refuses a
+    # malformed or repeated one)
+    if not ex.complete and (ex.length is None or ex.length > _DRAIN_MAX_BYTES):
         return True
     try:
         await ex.read()

@@ -33,7 +33,7 @@ class Inline:
     completed the head is parsed and the body is not all there, :meth:`ready` once the body
     is complete (or will never be: over the size limit, broken framing), and
     :meth:`client_lost` if the client goes away before the answer ended. When the answer is
-    written later, the handler ends the request with :meth:`Connection.finish_inline`; when
+    written later, the handler ends the request with :meth:`Connection.finish`; when
     it needs to wait after all, it continues on the connection's task with
     :meth:`Connection.hand_over`.
     """

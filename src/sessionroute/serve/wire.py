@@ -163,8 +163,7 @@ class ResponseWriter:
             headers,
             heads.date(),
             len(body),
-            # (an HTTP/1.1 keep-alive answer, the common case, has no Connection header)
-            self._connection_header() if self._http10 or not self._keep or self._closing else b"",
+            self._connection_header(),
         )
         if self._head_only or not body:
             transport.write(head)
