@@ -4,8 +4,8 @@ A simulated or replayed prompt is identified by the chained keys of its full KV 
 vLLM's block hashes, ``vllm/v1/core/kv_cache_utils.py``: a block's hash covers its parent's hash
 and its own content). Every such key in sessionroute comes from :func:`chain_key` of a parent key
 and a few integers describing the block's content (a segment id, an offset, a trace block id,
-...), except the blocks of a run inside one segment, which are such a key plus an offset
-(:func:`offset_keys`, below):
+...), or is such a key plus a block's offset inside one segment (:func:`offset_keys`,
+below):
 
     h = parent;  for each item x:  h = mix64((h ^ x) + GAMMA)     (all mod 2**64)
 
@@ -28,31 +28,29 @@ not (unlike ``hash(str)``, and unlike CPython's tuple hash, which is an implemen
 each output and each tool observation), each named by an integer id and a length in tokens: it
 turns a growing sequence of segments into the chained keys of its full blocks, like vLLM's block
 hashes (``vllm/v1/core/kv_cache_utils.py``: a block's hash covers its parent's hash and its own
-tokens). The key of block ``i`` stands for the content up to the end of block ``i``: an *anchor*
-(a mixed key that stands for the content before it) and the segment pieces since.
+tokens). The key of block ``i`` stands for the content up to the end of block ``i``:
 
 * Items are typed so that no history can be read as another: segment ids are in ``[0,
-  2**63)`` and lengths and offsets are absorbed as their bitwise complement ``~x`` (negative,
-  i.e. at or above 2**63 mod 2**64), so a segment id never equals a length or an offset.
-* A block across segments is ``chain_key(tail, segment)``, where ``tail`` has absorbed the
-  anchor and each earlier piece's segment and length (the first piece's start follows from the
-  anchor: a segment's tokens are appended in one call).
-* A run of full blocks inside one segment is ``offset_keys(run, ...)``: the run's key ``run =
-  chain_key(anchor, segment)`` plus each block's token offset in the segment, mod 2**64, with no
-  mix per block (most of a simulated prompt's blocks).
-* Keys of a run are never anchors (but the offset-0 key, which is ``run`` itself, a mixed
-  value), because they are consecutive and :func:`chain_key` combines a parent with xor:
-  ``chain_key(run + 16, a) == chain_key(run + 32, b)`` whenever ``a ^ b == (run + 16) ^ (run +
-  32)``, a small number, as segment ids are. What follows a run is anchored on ``run`` and the
-  run's end instead: the partial block after it on ``chain_key(run, ~end, ~length)``, the next
-  segment, when the run ends the segment, on ``chain_key(run, ~end, ~0)`` (no partial block; a
-  partial block's length is never 0). Every anchor is a :func:`chain_key` value.
+  2**63)`` and lengths are absorbed as their bitwise complement ``~x`` (negative, i.e. at or
+  above 2**63 mod 2**64), so a segment id never equals a length.
+* Each appended segment gets a *segment key*, ``chain_key(follow, segment)``, and then moves
+  ``follow`` on to ``chain_key(segment_key, ~length)``; ``follow`` starts at
+  :data:`ROOT_KEY`. So ``follow`` is the fold of every appended ``(segment, ~length)`` pair:
+  one value per history, whose parse is unambiguous (ids and lengths are told apart).
+* A block's key is the key of the segment its last token is in, plus the block's token
+  offset in that segment (0 for a block that began in an earlier segment), mod 2**64
+  (:func:`offset_keys`). A long segment's blocks need no mix of their own (most of a
+  simulated prompt's blocks): appending a segment costs two mixes however long it is.
+* Block keys are never parents of a mix: the keys of one segment are consecutive and
+  :func:`chain_key` combines a parent with xor, so ``chain_key(key + 16, a) == chain_key(key
+  + 32, b)`` whenever ``a ^ b == (key + 16) ^ (key + 32)``, a small number, as segment ids
+  are. Every parent is ``follow``, a mixed value.
 
 Two sequences get the same key at block ``i`` exactly when they hold the same segments up to
 the end of block ``i``, so shared content (a system prompt, a GRPO group's task) hits; and a key
 never appears at two positions. Distinct contents share a key only by accident: for mixed
-keys about 2**-64 per pair; for two runs' keys when their run keys differ by one of the ~2n
-differences of their offsets, at most about ``2 * n / 2**64`` per pair of runs of ``n`` blocks
+keys about 2**-64 per pair; for two segments' keys when they differ by one of the ~2n
+differences of their offsets, at most about ``2 * n / 2**64`` per pair of segments of ``n`` blocks
 (``n <= 8192`` for a 131,072-token context in 16-token blocks: below 10**-15).
 
 This module is compiled with the replica model (:mod:`sessionroute.native`): the same code,
@@ -113,26 +111,26 @@ def chain_key(parent: int, *items: int) -> int:
     return h
 
 
-def offset_keys(run: int, start: int, stop: int, step: int) -> list[int]:
-    """The keys of a run of full blocks inside one segment: ``(run + o) mod 2**64`` for each
-    block's token offset ``o`` in ``range(start, stop, step)``.
+def offset_keys(base: int, start: int, stop: int, step: int) -> list[int]:
+    """The keys of full blocks inside one segment: ``(base + o) mod 2**64`` for each block's
+    token offset ``o`` in ``range(start, stop, step)``.
 
-    ``run`` is the run's own key (``chain_key(anchor, segment)``, already mixed), so a block's
-    key still identifies its anchor, segment and offset; the offsets need no mix of their own.
-    The results are consecutive: never use one as a :func:`chain_key` parent, but ``run``
-    itself (module docstring).
+    ``base`` is the segment's key (``chain_key(follow, segment)``, already mixed), so a
+    block's key still identifies what precedes the segment, the segment and the offset; the
+    offsets need no mix of their own. The results are consecutive: never use one as a
+    :func:`chain_key` parent (module docstring).
 
     Args:
-        run: the run's key, in ``[0, 2**64)``.
+        base: the segment's key, in ``[0, 2**64)``.
         start, stop, step: the blocks' token offsets in the segment, as for ``range``
             (``0 <= start``, ``step >= 1``).
 
     Returns:
         One int in ``[0, 2**64)`` per offset, in order.
     """
-    if run + stop <= MASK64:
-        return list(range(run + start, run + stop, step))
-    return [(run + o) & MASK64 for o in range(start, stop, step)]
+    if base + stop <= MASK64:
+        return list(range(base + start, base + stop, step))
+    return [(base + o) & MASK64 for o in range(start, stop, step)]
 
 
 class BlockChain:
@@ -150,7 +148,7 @@ class BlockChain:
         ValueError: on ``block_size < 1``.
     """
 
-    __slots__ = ("_head", "_last", "_tail_key", "_tail_len", "block_size", "keys", "tokens")
+    __slots__ = ("_follow", "_last", "_tail_len", "block_size", "keys", "tokens")
 
     def __init__(self, block_size: int) -> None:
         if block_size < 1:
@@ -158,14 +156,10 @@ class BlockChain:
         self.block_size = block_size
         self.keys: list[int] = []
         self.tokens = 0
-        # the partial block: its key so far (the parent key with each piece's segment and
-        # length absorbed: the chain is a left fold, so pieces are absorbed as they come), and
-        # its tokens
-        self._tail_key = ROOT_KEY
-        self._tail_len = 0
-        # the anchor of what follows the last full block when no partial block is open: a
-        # chain_key value standing for the content up to that block's end (module docstring)
-        self._head = ROOT_KEY
+        # a chain_key value that stands for everything appended so far: the parent of the next
+        # segment's key (module docstring)
+        self._follow = ROOT_KEY
+        self._tail_len = 0  # tokens in the open (partial) block
         self._last: int | None = None  # the segment of the last non-empty append
 
     def copy(self) -> BlockChain:
@@ -173,9 +167,8 @@ class BlockChain:
         c = BlockChain(self.block_size)
         c.keys = self.keys.copy()
         c.tokens = self.tokens
-        c._tail_key = self._tail_key
+        c._follow = self._follow
         c._tail_len = self._tail_len
-        c._head = self._head
         c._last = self._last
         return c
 
@@ -197,37 +190,20 @@ class BlockChain:
         if segment == self._last:
             raise ValueError(f"segment {segment!r} appended twice in a row: use a new id")
         self._last = segment
-        bs = self.block_size
-        keys = self.keys
+        seg_key = chain_key(self._follow, segment)
+        self._follow = chain_key(seg_key, ~length)
         self.tokens += length
+        bs = self.block_size
         off = 0
-        if self._tail_len:
+        if self._tail_len:  # a block is open: this segment's first tokens go into it
             need = bs - self._tail_len
             if length < need:
-                self._tail_key = chain_key(self._tail_key, segment, ~length)
                 self._tail_len += length
                 return
-            # the block across segments: its parent key, each earlier piece's segment and
-            # length, and this segment (its length is the rest of the block)
-            head = chain_key(self._tail_key, segment)
-            keys.append(head)
-            self._tail_len = 0
+            self.keys.append(seg_key)  # the block across segments
             off = need
-        else:
-            head = self._head
+        # the full blocks inside the segment: its key plus each block's offset in it
         end = length - (length - off) % bs
         if off < end:
-            # full blocks inside this segment: the run's key plus each offset; what follows is
-            # anchored on the run's key and its end, never on one of its consecutive keys
-            run = chain_key(head, segment)
-            keys += offset_keys(run, off, end, bs)
-            if end < length:
-                self._tail_key = chain_key(run, ~end, ~(length - end))
-                self._tail_len = length - end
-            else:  # ~0: no partial block, unlike any partial block's length (> 0)
-                self._head = chain_key(run, ~end, ~0)
-        elif end < length:
-            self._tail_key = chain_key(head, segment, ~(length - end))
-            self._tail_len = length - end
-        else:
-            self._head = head  # the segment ended with the block across segments
+            self.keys += offset_keys(seg_key, off, end, bs)
+        self._tail_len = length - end

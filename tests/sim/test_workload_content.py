@@ -144,22 +144,22 @@ def test_trace_ids_are_chained_again_so_equal_ids_after_different_prefixes_never
 def test_block_keys_are_the_documented_chain_keys() -> None:
     c = BlockChain(16)
     c.append(5, 40)  # two full blocks of segment 5, 8 tokens left over
-    run = chain_key(ROOT_KEY, 5)  # a run of full blocks: the run's key plus each offset
-    k0, k1 = run, run + 16
+    s5 = chain_key(ROOT_KEY, 5)  # the segment's key; its full blocks: the key plus each offset
+    k0, k1 = s5, s5 + 16
     assert c.keys == [k0, k1]
-    c.append(6, 10)  # the block across segments: the run's key, its end, 8 tokens left, then 6
-    k2 = chain_key(run, ~32, ~8, 6)  # lengths and offsets absorbed as ~x, segment ids as is
+    c.append(6, 10)  # the block across segments: what follows 5 (its key, ~length), then 6
+    k2 = chain_key(s5, ~40, 6)  # lengths absorbed as ~x, segment ids as is
     assert c.keys == [k0, k1, k2]
     c.append(7, 20)  # 2 tokens of 6 left over (from offset 8), then 14 tokens of 7, 6 left
-    k3 = chain_key(k2, 6, ~2, 7)
+    k3 = chain_key(k2, ~10, 7)  # k2 is segment 6's key
     assert c.keys == [k0, k1, k2, k3]
     assert c.tokens == 70
     c.append(8, 10)  # fills the block: the segment ends with it
-    k4 = chain_key(k3, 7, ~6, 8)
-    c.append(9, 32)  # a run that ends its segment: what follows is anchored on (run, ~end, ~0)
-    run9 = chain_key(k4, 9)
+    k4 = chain_key(k3, ~20, 8)
+    c.append(9, 32)  # a run that ends its segment: what follows is anchored on (key, ~length)
+    s9 = chain_key(k4, ~10, 9)
     c.append(10, 16)
-    assert c.keys == [k0, k1, k2, k3, k4, run9, run9 + 16, chain_key(run9, ~32, ~0, 10)]
+    assert c.keys == [k0, k1, k2, k3, k4, s9, s9 + 16, chain_key(s9, ~32, 10)]
     assert c.tokens == 128
     for bad in (-1, 2**63):
         with pytest.raises(ValueError, match=r"segment ids must be in \[0, 2\*\*63\)"):

@@ -7,7 +7,7 @@ full blocks (the scheme: :mod:`sessionroute.keys`). Trace replays key their prom
 :func:`expand_trace_blocks`.
 
 Keys come from :func:`sessionroute.keys.chain_key`, an explicit 64-bit mix (splitmix64's
-finalizer; the blocks of a run inside one segment are such a key plus an offset), the same on
+finalizer; the blocks inside one segment are the segment's key plus an offset), the same on
 every platform and Python version, so accidental collisions are negligible at simulator scale.
 """
 
