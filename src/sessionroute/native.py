@@ -84,7 +84,8 @@ COMPILED_MODULES: tuple[str, ...] = (
     *SIM_KERNEL,
 )
 """Modules compiled with mypyc, as one group: the replica model (every module of
-``sessionroute.replica``), its content keys (:mod:`sessionroute.keys`: the 64-bit mix and the
+``sessionroute.replica``, the ideal fleet-wide prefix cache of the hit-rate bound included), its
+content keys (:mod:`sessionroute.keys`: the 64-bit mix and the
 block chain of segments), the binary heap it uses (:mod:`sessionroute.minheap`) and the
 simulator's event kernel (:data:`SIM_KERNEL`). Everything else (router, policies, workloads,
 the rest of the simulator, experiments) is plain Python: edit it and run it, no rebuild."""

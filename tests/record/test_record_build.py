@@ -9,7 +9,6 @@ import pytest
 
 from sessionroute.record import (
     ArmRecord,
-    IdealCache,
     Recorder,
     ReplicaRecord,
     SessionLifecycle,
@@ -123,12 +122,3 @@ def test_unmeasured_keys_are_none_and_extras_are_appended() -> None:
 def test_an_unknown_unmeasured_key_is_refused() -> None:
     with pytest.raises(ValueError, match="ttft"):
         arm_metrics(_arm(unmeasured=frozenset({"ttft"})))
-
-
-def test_ideal_cache_hits_a_prefix_seen_before_at_most_prompt_minus_one() -> None:
-    cache = IdealCache(block_size=4)
-    assert cache.observe([1, 2, 3], 12, 4, None) == 0
-    assert cache.observe([1, 2, 3, 4], 16, 4, None) == 12  # blocks 1-3 seen (and 4: output)
-    assert cache.observe([1, 2, 3, 4], 16, 4, "other salt") == 0
-    assert cache.observe([1, 2, 3, 4], 16, 4, None) == 15  # all seen: prompt_len - 1
-    assert cache.hit_rate == pytest.approx((12 + 15) / (12 + 16 * 3))

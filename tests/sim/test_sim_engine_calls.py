@@ -1,6 +1,5 @@
 """The one-call-per-event engine surface the simulator uses (``Replica.arrive``,
-``Replica.wake``, ``Replica.gauges``) equals the plain calls it stands for, and the ideal
-cache's galloping search equals a linear scan."""
+``Replica.wake``, ``Replica.gauges``) equals the plain calls it stands for."""
 
 from __future__ import annotations
 
@@ -8,10 +7,7 @@ import gc
 import random
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
-from sessionroute.record import IdealCache
 from sessionroute.replica import PROFILES, EngineRequest, Replica, ReplicaConfig, RequestResult
 from sessionroute.replica.api import EngineRequestError
 
@@ -119,37 +115,6 @@ def test_arrive_refuses_a_bad_request_before_running_anything() -> None:
     with pytest.raises(EngineRequestError, match="prompt_len must be >= 1"):
         rep.arrive("b", 0, 10, [], None, 5.0)
     assert rep.time == float("-inf")  # nothing ran
-
-
-def _linear_hit(seen: set[int], keys: list[int], prompt_len: int, bs: int) -> int:
-    n = 0
-    for k in keys[: prompt_len // bs]:
-        if k not in seen:
-            break
-        n += 1
-    return min(n * bs, prompt_len - 1)
-
-
-@settings(max_examples=200, deadline=None)
-@given(
-    st.lists(
-        st.tuples(st.integers(0, 3), st.integers(1, 40), st.integers(1, 300), st.integers(1, 50)),
-        min_size=1,
-        max_size=30,
-    )
-)
-def test_ideal_cache_galloping_search_equals_a_linear_scan(
-    turns: list[tuple[int, int, int, int]],
-) -> None:
-    bs = 8
-    cache = IdealCache(bs)
-    seen: set[int] = set()
-    for branch, depth, plen, olen in turns:
-        # chained keys: a branch's keys are a prefix of a longer branch's keys
-        keys = [branch * 10_000 + min(i, depth) * 100 + i for i in range((plen + olen) // bs)]
-        expected = _linear_hit(seen, keys, plen, bs)
-        assert cache.observe(keys, plen, olen, None) == expected
-        seen.update(keys[: (plen + olen) // bs])
 
 
 def test_a_run_raises_gc_thresholds_while_it_runs_and_restores_them() -> None:

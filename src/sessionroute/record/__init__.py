@@ -9,13 +9,11 @@ rest of sessionroute, so every driver can use it without an import cycle.
 
 from sessionroute.record.balance import HitDips, hit_dips
 from sessionroute.record.build import ArmRecord, ReplicaRecord, SessionLifecycle, arm_metrics
-from sessionroute.record.ideal import IdealCache
 from sessionroute.record.recorder import Recorder, cov, summary
 
 __all__ = [
     "ArmRecord",
     "HitDips",
-    "IdealCache",
     "Recorder",
     "ReplicaRecord",
     "SessionLifecycle",

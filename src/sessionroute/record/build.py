@@ -94,7 +94,7 @@ class ArmRecord:
             ``simulated_seconds``; otherwise ``simulated_seconds`` is None).
         wall_s: wall-clock seconds the run took.
         ideal_hit_rate: the ideal hit rate of the arm's requests
-            (:class:`~sessionroute.record.ideal.IdealCache`).
+            (:class:`~sessionroute.replica.ideal.IdealCache`).
         block_size: tokens per KV block of the replicas.
         prefix_cache_resets: prefix-cache resets the workload asked for.
         sessions: the router's session counts; None when the router does not report them.

@@ -26,8 +26,9 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any, Final
 
-from sessionroute.record import IdealCache, Recorder
+from sessionroute.record import Recorder
 from sessionroute.replica import ReplicaConfig, RequestResult
+from sessionroute.replica.ideal import IdealCache
 from sessionroute.router.core import Reservation, RoutingCore
 from sessionroute.sim.dispatch import Dispatcher
 from sessionroute.sim.events import PRIO_ARRIVAL, PRIO_TIMER, EventQueue
@@ -57,7 +58,7 @@ def ideal_work_s(
     b_tok_s: float, b_pa_s: float, b_kv_s: float, prompt_len: int, hit: int, output_len: int
 ) -> float:
     """Compute-term seconds of one request at ideal reuse: the simulator's bound on work
-    (``ideal_busy_seconds``; the hit-rate bound is :class:`~sessionroute.record.IdealCache`,
+    (``ideal_busy_seconds``; the hit-rate bound is :class:`~sessionroute.replica.ideal.IdealCache`,
     shared with live arms).
 
     The compute terms of the step-time model (``shared/ENGINE.md``, the coefficients of a

@@ -26,8 +26,9 @@ import httpx
 
 from sessionroute.client import Rollout, SessionReleaser
 from sessionroute.experiments.live.text import SessionText, TemplateOverhead
-from sessionroute.record import IdealCache, Recorder
+from sessionroute.record import Recorder
 from sessionroute.replica import key_list
+from sessionroute.replica.ideal import IdealCache
 from sessionroute.sim import RouterSection
 from sessionroute.workloads.base import Host, SessionEnd, Turn, TurnOutcome, Workload
 

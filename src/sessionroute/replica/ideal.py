@@ -6,6 +6,9 @@ of its prompt blocks seen before (in any earlier request's prompt or output, sam
 is prefix-closed and the longest prefix is found by galloping back from the prompt's last
 block, then bisecting. The simulator and the live host both feed every submitted turn through
 one :class:`IdealCache`.
+
+It is a prefix cache model (the bound the replicas' finite caches are measured against), so it
+lives with the replica model and is compiled with it (:mod:`sessionroute.native`).
 """
 
 from __future__ import annotations
