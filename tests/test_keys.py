@@ -58,11 +58,11 @@ def test_distinct_contents_get_distinct_keys(contents: list[tuple[int, int, int]
     assert len({chain_key(*c) for c in contents}) == len(contents)
 
 
-def test_offset_keys_are_the_run_key_plus_each_offset_mod_2_64() -> None:
-    run = chain_key(0, 12345)
-    assert offset_keys(run, 0, 64, 16) == [run + o for o in (0, 16, 32, 48)]
-    assert offset_keys(run, 5, 37, 16) == [run + 5, run + 21]
-    assert offset_keys(run, 0, 0, 16) == []
+def test_offset_keys_are_the_segment_key_plus_each_offset_mod_2_64() -> None:
+    key = chain_key(0, 12345)
+    assert offset_keys(key, 0, 64, 16) == [key + o for o in (0, 16, 32, 48)]
+    assert offset_keys(key, 5, 37, 16) == [key + 5, key + 21]
+    assert offset_keys(key, 0, 0, 16) == []
     near_top = MASK64 - 20
     assert offset_keys(near_top, 0, 64, 16) == [MASK64 - 20, MASK64 - 4, 11, 27]  # wraps
 

@@ -30,28 +30,28 @@ turns a growing sequence of segments into the chained keys of its full blocks, l
 hashes (``vllm/v1/core/kv_cache_utils.py``: a block's hash covers its parent's hash and its own
 tokens). The key of block ``i`` stands for the content up to the end of block ``i``:
 
-* Items are typed so that no history can be read as another: segment ids are in ``[0,
-  2**63)`` and lengths are absorbed as their bitwise complement ``~x`` (negative, i.e. at or
-  above 2**63 mod 2**64), so a segment id never equals a length.
-* Each appended segment gets a *segment key*, ``chain_key(follow, segment)``, and then moves
-  ``follow`` on to ``chain_key(segment_key, ~length)``; ``follow`` starts at
-  :data:`ROOT_KEY`. So ``follow`` is the fold of every appended ``(segment, ~length)`` pair:
-  one value per history, whose parse is unambiguous (ids and lengths are told apart).
+* Each non-empty append of a segment gives it a *segment key*, ``chain_key(follow,
+  segment)``, and then moves ``follow`` on to ``chain_key(segment_key, ~length)``; ``follow``
+  starts at :data:`ROOT_KEY`. So ``follow`` is the fold of every appended ``(segment,
+  ~length)`` pair: one value per history. The fold alternates ids and lengths, so it reads only
+  one way; the items are typed too (segment ids in ``[0, 2**63)``, lengths absorbed as their
+  bitwise complement ``~x``, i.e. at or above 2**63 mod 2**64), so an id never equals a length.
 * A block's key is the key of the segment its last token is in, plus the block's token
   offset in that segment (0 for a block that began in an earlier segment), mod 2**64
   (:func:`offset_keys`). A long segment's blocks need no mix of their own (most of a
   simulated prompt's blocks): appending a segment costs two mixes however long it is.
-* Block keys are never parents of a mix: the keys of one segment are consecutive and
-  :func:`chain_key` combines a parent with xor, so ``chain_key(key + 16, a) == chain_key(key
-  + 32, b)`` whenever ``a ^ b == (key + 16) ^ (key + 32)``, a small number, as segment ids
-  are. Every parent is ``follow``, a mixed value.
+* No key with an offset added is ever the parent of a mix: the keys of one segment are
+  consecutive and :func:`chain_key` combines a parent with xor, so ``chain_key(key + 16, a)
+  == chain_key(key + 32, b)`` whenever ``a ^ b == (key + 16) ^ (key + 32)``, a small number,
+  as segment ids are. Every parent is a mixed value: ``follow``, or a segment key (which is
+  also the key of its offset-0 block, if one ends in the segment).
 
 Two sequences get the same key at block ``i`` exactly when they hold the same segments up to
 the end of block ``i``, so shared content (a system prompt, a GRPO group's task) hits; and a key
 never appears at two positions. Distinct contents share a key only by accident: for mixed
-keys about 2**-64 per pair; for two segments' keys when they differ by one of the ~2n
-differences of their offsets, at most about ``2 * n / 2**64`` per pair of segments of ``n`` blocks
-(``n <= 8192`` for a 131,072-token context in 16-token blocks: below 10**-15).
+keys about 2**-64 per pair; for two segments' keys when they differ by one of the ~4n
+differences of their offsets, at most about ``4 * n / 2**64`` per pair of segments of ``n`` blocks
+(``n <= 131,072`` for a 131,072-token context even in 1-token blocks: below 10**-13).
 
 This module is compiled with the replica model (:mod:`sessionroute.native`): the same code,
 the same keys, pure Python or compiled (``tests/test_keys.py``).
@@ -178,8 +178,9 @@ class BlockChain:
 
         Raises:
             ValueError: on a negative ``length``, a ``segment`` outside ``[0, 2**63)``, or
-                the segment of the previous non-empty append (its tokens would not be told
-                apart from a continuation of it).
+                the segment of the previous non-empty append (all of a segment's tokens come in
+                one call: a continuation sent as a second append would get keys that differ
+                from the same content appended once).
         """
         if length <= 0:
             if length < 0:
