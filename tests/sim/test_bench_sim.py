@@ -43,6 +43,22 @@ def test_bench_sim_json_says_on_stderr_when_pure_python_was_asked_for(
     assert ("note: hot modules as pure Python (SESSIONROUTE_PURE_PYTHON is set)" in out.err) is pure
 
 
+def test_bench_sim_repeat_reports_the_median_run_and_every_run(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["bench", "sim", "--json", "--workload", "toy", "--block-size", "64", "--repeat", "3"]
+    assert main(argv) == 0
+    out = capsys.readouterr()
+    doc = json.loads(out.out)
+    runs = doc["runs"]
+    assert len(runs) == 3 and sorted(runs)[1] == doc["requests_per_wall_second"]
+    assert doc["requests_per_wall_second"] == pytest.approx(
+        doc["simulated_requests"] / doc["wall_seconds"]
+    )
+    assert doc["loadavg_1m_at_end"] >= 0
+    assert out.err.count("requests / wall second") == 3  # one progress line per run
+
+
 def test_bench_sim_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "sim", "--workload", "toy", "--block-size", "64"]) == 0
     assert "requests / wall second" in capsys.readouterr().out
@@ -53,6 +69,7 @@ def test_bench_sim_table(capsys: pytest.CaptureFixture[str]) -> None:
     [
         (["bench", "sim", "--steps", "0"], "--steps: Input should be greater than or equal to 1"),
         (["bench", "sim", "--replicas", "0"], "--replicas: "),
+        (["bench", "sim", "--repeat", "0"], "--repeat must be >= 1, got 0"),
         (["bench", "engine", "--requests", "0"], "--requests must be >= 1, got 0"),
     ],
 )

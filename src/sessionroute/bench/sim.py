@@ -4,11 +4,19 @@ Runs the default ``swe-rl`` workload (3 x ``glm45air-h200-tp8``, 20 RL steps; ev
 be changed) under one policy with :func:`sessionroute.sim.run_simulation` and reports finished
 requests per wall-clock second. ``--json`` prints ``{"requests_per_wall_second": X,
 "simulated_requests": N, "wall_seconds": T}``.
+
+Wall time on a shared machine moves with its load (on the project's 2-core VM one run of the
+default took 6.2-8.4 s within minutes), so ``--repeat N`` runs the same simulation N times and
+reports the median run, with every run's figure and the 1-minute load average at the end
+(keys ``runs`` and ``loadavg_1m_at_end``, added only when N > 1).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import statistics
+import sys
 from typing import Any
 
 from sessionroute.native import build_caption, compiled_modules
@@ -31,6 +39,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--seed", type=int, default=0, help="workload and policy seed")
     parser.add_argument("--reference", action="store_true", help="use the naive engine")
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="run the simulation N times and report the median run, with every run (default 1)",
+    )
 
 
 _FLAGS: dict[tuple[Any, ...], str] = {
@@ -43,15 +57,39 @@ _FLAGS: dict[tuple[Any, ...], str] = {
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    """Run the simulation once and measure it.
+    """Run the simulation ``--repeat`` times and measure it.
 
     Raises:
-        ConfigError: an option value the simulation refuses (e.g. ``--steps 0``).
+        ConfigError: an option value the simulation refuses (e.g. ``--steps 0``,
+            ``--repeat 0``).
 
     Returns:
         ``requests_per_wall_second``, ``simulated_requests`` (finished requests) and
-        ``wall_seconds`` (exactly these keys: the ``--json`` document of issue 4).
+        ``wall_seconds`` of the median run (exactly these keys for one run: the ``--json``
+        document of issue 4); with ``--repeat`` N > 1 also ``runs`` (each run's requests per
+        wall second, in order) and ``loadavg_1m_at_end``.
     """
+    from sessionroute.errors import ConfigError
+
+    if args.repeat < 1:
+        raise ConfigError(f"--repeat must be >= 1, got {args.repeat}")
+    runs = []
+    for k in range(args.repeat):
+        runs.append(_run_once(args))
+        if args.repeat > 1:
+            rate = runs[-1]["requests_per_wall_second"]
+            print(f"run {k + 1}/{args.repeat}: {rate:,.0f} requests / wall second", file=sys.stderr)
+    if len(runs) == 1:
+        return runs[0]
+    rates = [r["requests_per_wall_second"] for r in runs]
+    median = statistics.median_low(rates)  # a run that happened, not a mean of two
+    result = dict(runs[rates.index(median)])
+    result["runs"] = rates
+    result["loadavg_1m_at_end"] = os.getloadavg()[0]
+    return result
+
+
+def _run_once(args: argparse.Namespace) -> dict[str, Any]:
     replicas: dict[str, Any] = {"count": args.replicas}
     if args.block_size is not None:
         replicas["block_size"] = args.block_size
@@ -98,4 +136,11 @@ def print_table(result: dict[str, Any]) -> None:
         f"{result['wall_seconds']:.2f}",
         f"{result['requests_per_wall_second']:,.0f}",
     )
+    runs = result.get("runs")
+    if runs:
+        table.title = f"sessionroute bench sim (median of {len(runs)} runs)"
+        table.caption = (
+            f"{table.caption}; runs: {', '.join(f'{r:,.0f}' for r in runs)} requests / wall "
+            f"second; load average {result['loadavg_1m_at_end']:.2f} at the end"
+        )
     Console().print(table)
