@@ -64,3 +64,37 @@ def test_instructions_without_valgrind_says_so(
     monkeypatch.setattr(shutil, "which", lambda name: None)
     assert main(["bench", "instructions", "sim"]) == 2
     assert "valgrind is not installed" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["sim", "--repeat", "0"], "argument --repeat: must be >= 1, got 0"),
+        (["proxy", "--duration", "0"], "argument --duration: must be a number > 0, got 0"),
+        (["proxy", "--duration", "nan"], "argument --duration: must be a number > 0, got nan"),
+        (["proxy", "--concurrency", "1", "0"], "argument --concurrency: must be >= 1, got 0"),
+        (["proxy", "--repeat", "0"], "argument --repeat: must be >= 1, got 0"),
+        (["proxy", "--body-bytes", "-5"], "argument --body-bytes: must be >= 0, got -5"),
+        (["policies", "--sessions", "0"], "argument --sessions: must be >= 1, got 0"),
+        (["policies", "--workers", "0"], "argument --workers: must be >= 1, got 0"),
+        (["policies", "--turns", "-1"], "argument --turns: must be >= 1, got -1"),
+        (["policies", "--new", "x"], "argument --new: invalid int value: 'x'"),
+    ],
+)
+def test_out_of_range_bench_options_are_refused_before_anything_starts(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["bench", *argv])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"sessionroute bench {argv[0]}: error: {message}" in err
+    assert "Traceback" not in err
+
+
+def test_top_level_help_lists_every_bench_target(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for target in ("policies", "engine", "sim", "proxy", "shared-state", "stall", "soak"):
+        assert target in text.split("run a benchmark (")[1].split(")")[0]

@@ -158,7 +158,23 @@ def test_unknown_replica_profile_fails_the_dry_run(
     rc = main(["compare", str(exp), "--dry-run"])
     err = " ".join(capsys.readouterr().err.split())
     assert rc == 2
-    assert "unknown replica profile 'nope'" in err and "glm45air-h200-tp8" in err
+    assert f"{exp}: unknown replica profile 'nope'" in err and "glm45air-h200-tp8" in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["compare", "--steps", "-1"], "--steps must be >= 1, got -1"),
+        (["compare", "--repeats", "0"], "--repeats must be >= 1, got 0"),
+        (["sweep", "--steps", "0"], "--steps must be >= 1, got 0"),
+    ],
+)
+def test_a_bad_count_names_the_flag_typed(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main([*argv, "--dry-run"] if argv[0] == "compare" else argv) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert message in err and "workload.steps" not in err
 
 
 def test_empty_policies_is_an_error(capsys: pytest.CaptureFixture[str]) -> None:

@@ -80,3 +80,21 @@ def test_sweep_cli_writes_csv_json_and_report(
     assert doc["schema"] == "sessionroute.sweep/1" and doc["knob"]["setting"] == "replicas.count"
     assert len(doc["points"]) == 4 and all(p["seeds"] == 2 for p in doc["points"])
     assert "data:image/png;base64," in (out / "report.html").read_text()
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ("", "--values: no value given in ''"),
+        (" , ", "--values: no value given"),
+        ("1.5,2.5", "--values: replicas takes whole numbers, got 1.5"),
+        ("2,abc", "--values: 'abc' is not a number"),
+    ],
+)
+def test_bad_sweep_values_are_refused_before_any_run(
+    values: str, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["sweep", "--workload", "toy", "--knob", "replicas", "--values", values]
+    assert main([*argv, "--out", str(tmp_path / "out")]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

@@ -64,3 +64,34 @@ def test_table_at_80_columns_never_breaks_a_word() -> None:
 def test_repeats_warning() -> None:
     assert repeats_warning([_arm("a", [1.0] * 3, [1.0] * 3)]) is None
     assert "one repeat" in (repeats_warning([_arm("a", [1.0], [1.0])]) or "")
+
+
+def _rl_arm(name: str, groups: list[float]) -> ArmResult:
+    from sessionroute.record.recorder import summary
+
+    metrics = {
+        "output_tokens_per_s": 100.0,
+        "steps": 2,
+        "step_time_s": summary([500.0, 520.0]),
+        "group_latency_s": summary(groups),
+    }
+    return ArmResult(name, name, {}, [RunOutput(seed=0, metrics=metrics)])
+
+
+def test_a_summary_that_measured_nothing_is_shown_as_a_dash_not_zero() -> None:
+    """A run too short for any GRPO group to finish has group latency count 0 (its summary
+    holds zeros): the table must not print 0.000 s as if the groups took no time."""
+    from sessionroute.experiments.table import shown_value, visible_metrics
+
+    empty = _rl_arm("consistent_hash", [])
+    assert shown_value(empty.metrics, "group_latency_s.p50") is None
+    assert shown_value(empty.metrics, "step_time_s.max") == 520.0
+    paths = [p for p, _, _ in visible_metrics([empty, _rl_arm("b", [])])]
+    assert "step_time_s.max" in paths and "group_latency_s.p50" not in paths
+
+    some = _rl_arm("sticky_least_loaded", [900.0, 1100.0])
+    buf = io.StringIO()
+    print_comparison([empty, some], Console(file=buf, width=200, color_system=None))
+    row = next(line for line in buf.getvalue().splitlines() if "group latency max" in line)
+    cells = [c.strip() for c in row.split("│")[1:-1]]
+    assert cells[1] == "-" and cells[2].startswith("1,100")

@@ -184,3 +184,39 @@ def test_a_weka_csv_by_absolute_path_replays_with_or_without_trace_prefix(
     assert isinstance(workload, WekaReplay)
     assert workload.trace.path == str(path)
     assert [len(rows) for rows in workload.trace.sessions.values()] == [3]  # one session, 3 rows
+
+
+@pytest.mark.parametrize("prefix", ["trace:", ""])
+def test_a_mooncake_jsonl_of_ones_own_replays_by_path_one_session_per_request(
+    tmp_path: Path, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The public trace's sessions CSV numbers that trace's rows: a file of one's own gets no
+    sessions file unless one is named, and a sessions file that does not fit says what to do."""
+    import numpy as np
+
+    from sessionroute.workloads.mooncake_replay import MooncakeReplay, MooncakeReplayConfig
+    from sessionroute.workloads.registry import canonical_kind, workload_config
+
+    monkeypatch.setenv(TRACES_ENV, str(tmp_path))  # where the public sessions CSV would be
+    path = _mooncake(tmp_path, GOOD_MC)
+    kind = f"{prefix}{path}"
+    assert canonical_kind(kind) == "trace:mooncake"
+    cfg = workload_config(kind)
+    assert isinstance(cfg, MooncakeReplayConfig) and cfg.sessions_path is None
+    workload = cfg.build(np.random.default_rng(0))
+    assert isinstance(workload, MooncakeReplay)
+    assert workload.stats["sessions_total"] == 2
+
+    (tmp_path / "mooncake_conversation_sessions.csv").write_text(
+        "row,session,turn,parent_row\n0,0,1,-1\n1,0,2,0\n2,0,3,1\n", encoding="utf-8"
+    )
+    named = workload_config(kind, None, {"sessions_path": "mooncake_conversation_sessions.csv"})
+    with pytest.raises(TraceFormatError, match='sessions_path = "" replays one session per'):
+        named.build(np.random.default_rng(0))
+    public = workload_config("trace:mooncake", None, {"path": str(path)})
+    assert isinstance(public, MooncakeReplayConfig) and public.sessions_path is None
+    own_name = tmp_path / "mooncake_conversation_trace.jsonl"
+    own_name.write_text(path.read_text("utf-8"), encoding="utf-8")
+    named_as_public = workload_config(str(own_name))
+    assert isinstance(named_as_public, MooncakeReplayConfig)
+    assert named_as_public.sessions_path == "mooncake_conversation_sessions.csv"

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from sessionroute.bench.kvgrowing import bench_kv_growing
+from sessionroute.bench.options import at_least
 from sessionroute.clock import ManualClock
 from sessionroute.keys import mix64
 from sessionroute.router.core import RoutingCore
@@ -52,14 +53,16 @@ _SYSTEM = ("You are a software engineering agent working in a sandboxed reposito
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the options of ``sessionroute bench policies``."""
-    parser.add_argument("--workers", type=int, default=64, help="workers (default 64)")
+    parser.add_argument("--workers", type=at_least(1), default=64, help="workers (default 64)")
     parser.add_argument(
-        "--sessions", type=int, default=100_000, help="active sessions (default 100000)"
+        "--sessions", type=at_least(1), default=100_000, help="active sessions (default 100000)"
     )
     parser.add_argument(
-        "--turns", type=int, default=20_000, help="timed turns of existing sessions"
+        "--turns", type=at_least(1), default=20_000, help="timed turns of existing sessions"
     )
-    parser.add_argument("--new", type=int, default=1_000, help="timed new-session placements")
+    parser.add_argument(
+        "--new", type=at_least(1), default=1_000, help="timed new-session placements"
+    )
     parser.add_argument(
         "--policy",
         action="append",
@@ -70,7 +73,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of the sampled sessions")
     parser.add_argument(
         "--prompt-tokens",
-        type=int,
+        type=at_least(0),
         default=0,
         help="long-prompt mode: tokens per prompt (e.g. 32768; use --sessions 256 or so, "
         "every session holds N/16 block keys); default: short text prompts",

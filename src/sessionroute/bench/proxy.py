@@ -33,19 +33,22 @@ import aiohttp
 import numpy as np
 
 from sessionroute.bench.backend import chat_body, free_port
+from sessionroute.bench.options import at_least, positive_float
 
 __all__ = ["add_arguments", "print_table", "run", "to_markdown"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``sessionroute bench proxy``."""
-    parser.add_argument("--duration", type=float, default=10.0, help="seconds per row (10)")
     parser.add_argument(
-        "--concurrency", type=int, nargs="+", default=[1, 64], help="closed-loop clients"
+        "--duration", type=positive_float, default=10.0, help="seconds per row (10)"
+    )
+    parser.add_argument(
+        "--concurrency", type=at_least(1), nargs="+", default=[1, 64], help="closed-loop clients"
     )
     parser.add_argument(
         "--body-bytes",
-        type=int,
+        type=at_least(0),
         nargs="+",
         default=[0, 200 * 1024],
         help="prompt bytes per request (0 = a small chat body; default 0 and 204800)",
@@ -68,7 +71,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "free loopback port. Compare it with the in-process 'sessionroute' rows",
     )
     parser.add_argument(
-        "--repeat", type=int, default=1, help="cycles over all rows; medians are reported (1)"
+        "--repeat",
+        type=at_least(1),
+        default=1,
+        help="cycles over all rows; medians are reported (1)",
     )
 
 

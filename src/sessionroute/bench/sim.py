@@ -19,6 +19,7 @@ import statistics
 import sys
 from typing import Any
 
+from sessionroute.bench.options import at_least
 from sessionroute.native import build_caption, compiled_modules
 
 __all__ = ["add_arguments", "print_table", "run"]
@@ -41,7 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reference", action="store_true", help="use the naive engine")
     parser.add_argument(
         "--repeat",
-        type=int,
+        type=at_least(1),
         default=1,
         help="run the simulation N times and report the median run, with every run (default 1)",
     )
@@ -60,8 +61,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     """Run the simulation ``--repeat`` times and measure it.
 
     Raises:
-        ConfigError: an option value the simulation refuses (e.g. ``--steps 0``,
-            ``--repeat 0``).
+        ConfigError: an option value the simulation refuses (e.g. ``--steps 0``).
 
     Returns:
         ``requests_per_wall_second``, ``simulated_requests`` (finished requests) and
@@ -69,10 +69,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         document of issue 4); with ``--repeat`` N > 1 also ``runs`` (each run's requests per
         wall second, in order) and ``loadavg_1m_at_end``.
     """
-    from sessionroute.errors import ConfigError
-
-    if args.repeat < 1:
-        raise ConfigError(f"--repeat must be >= 1, got {args.repeat}")
     runs = []
     for k in range(args.repeat):
         runs.append(_run_once(args))

@@ -76,7 +76,7 @@ class _DefaultsFormatter(argparse.HelpFormatter):
 def register(sub: Any) -> None:
     parser = sub.add_parser(
         "bench",
-        help="run a benchmark (policies, engine, sim, proxy, shared-state, instructions, digest)",
+        help=f"run a benchmark ({', '.join(_TARGETS)})",
         description="Benchmarks. Each prints a table, or one JSON document with --json.",
     )
     targets = parser.add_subparsers(dest="target", metavar="TARGET", required=True)

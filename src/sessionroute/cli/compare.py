@@ -119,6 +119,9 @@ def experiment_from_args(args: argparse.Namespace) -> Any:
         steps = data["workload"].get("steps") if args.workload == "swe-rl" else None
         data["workload"] = {"kind": args.workload, "steps": steps, "options": {}}
         changed.append(f"--workload {args.workload}")
+    for flag, value in (("--steps", args.steps), ("--repeats", args.repeats)):
+        if value is not None and value < 1:  # named as typed, not as the TOML field it sets
+            raise ValueError(f"{flag} must be >= 1, got {value}")
     if args.steps is not None:
         if data["workload"]["kind"] != "swe-rl":
             raise ValueError(

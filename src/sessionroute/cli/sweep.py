@@ -6,7 +6,10 @@ import argparse
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sessionroute.experiments.sweep import Knob
 
 __all__ = ["DEFAULT_STEPS", "register"]
 
@@ -79,6 +82,29 @@ def register(sub: Any) -> None:
     )
 
 
+def _values(text: str, knob: Knob) -> list[float]:
+    """``--values`` as numbers of the knob's type.
+
+    Raises:
+        ValueError: naming ``--values``, for an empty list, a word that is not a number, or a
+            fraction for a whole-number knob (replicas, rollouts in flight, concurrency).
+    """
+    values: list[float] = []
+    for word in (w.strip() for w in text.split(",")):
+        if not word:
+            continue
+        try:
+            value = float(word)
+        except ValueError:
+            raise ValueError(f"--values: {word!r} is not a number") from None
+        if knob.cast is int and not value.is_integer():
+            raise ValueError(f"--values: {knob.name} takes whole numbers, got {word}")
+        values.append(value)
+    if not values:
+        raise ValueError(f"--values: no value given in {text!r} (e.g. --values 2,3,4)")
+    return values
+
+
 def _run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
@@ -97,10 +123,7 @@ def _run(args: argparse.Namespace) -> int:
         if args.steps is None and args.file is None and (args.workload in (None, "swe-rl")):
             args.steps = DEFAULT_STEPS
         base = experiment_from_args(args).model_dump(exclude_none=True)
-        if args.values:
-            values = [float(v) for v in args.values.split(",") if v.strip()]
-        else:
-            values = list(knob.default_values)
+        values = list(knob.default_values) if args.values is None else _values(args.values, knob)
         policies = [
             {"policy": a["policy"], "policy_options": a.get("policy_options", {})}
             for a in base["arms"]

@@ -25,7 +25,7 @@ import numpy as np
 from matplotlib.ticker import MaxNLocator
 
 from sessionroute.experiments.results import ArmResult, get_path
-from sessionroute.experiments.table import better, format_value, visible_metrics
+from sessionroute.experiments.table import better, format_value, shown_value, visible_metrics
 
 __all__ = ["render_plots", "write_report"]
 
@@ -196,14 +196,14 @@ def _table_html(arms: Sequence[ArmResult]) -> str:
     base_arm = arms[0] if arms else None
     base = base_arm.metrics if base_arm else {}
     for path, label, direction in visible_metrics(list(arms)):
-        values = [get_path(a.metrics, path) for a in arms]
+        values = [shown_value(a.metrics, path) for a in arms]
         cells = []
         for i, (arm, v) in enumerate(zip(arms, values, strict=True)):
             cell = html.escape(format_value(v))
-            ci = get_path(arm.intervals, path)
+            ci = get_path(arm.intervals, path) if v is not None else None
             if isinstance(ci, list) and len(ci) == 2:
                 cell += f" <small>[{format_value(ci[0])}, {format_value(ci[1])}]</small>"
-            b = get_path(base, path)
+            b = shown_value(base, path)
             if i and isinstance(v, int | float) and isinstance(b, int | float) and b and base_arm:
                 d = (float(v) - float(b)) / abs(float(b)) * 100
                 verdict = better(arm, base_arm, path, direction)

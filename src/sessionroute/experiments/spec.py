@@ -39,7 +39,9 @@ from sessionroute.sim import (
     ReplicaSection,
     RouterSection,
     SimOptions,
+    SimSpec,
     WorkloadSection,
+    replica_config,
 )
 from sessionroute.workloads.registry import workload_config
 
@@ -259,9 +261,9 @@ def resolve_arms(spec: ExperimentSpec) -> list[ResolvedArm]:
 
     Raises:
         ConfigError: for an unknown policy or option, an unknown workload kind or option,
-            duplicate arm names, an override of an unknown section, or arms that differ in
-            anything but the policy (the differences are listed) unless declared in
-            ``allow_differences``.
+            an unknown replica profile or invalid engine settings, duplicate arm names, an
+            override of an unknown section, or arms that differ in anything but the policy
+            (the differences are listed) unless declared in ``allow_differences``.
     """
     base = spec.model_dump(include=set(_SHARED_KEYS))
     arms: list[ResolvedArm] = []
@@ -280,6 +282,7 @@ def resolve_arms(spec: ExperimentSpec) -> list[ResolvedArm]:
         # the workload's kind and options, checked here rather than in each run's process
         workload_config(checked.workload.kind, checked.workload.steps, checked.workload.options)
         settings = checked.model_dump(include=set(_SHARED_KEYS))
+        replica_config(SimSpec.from_settings(settings))  # the replica profile and engine
         cls = policy_class(arm.policy)
         make_config(cls, arm.policy_options)
         name = arm.name or arm.policy

@@ -12,7 +12,7 @@ reference; no cell or name is ever broken inside a word.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rich.console import Console
@@ -28,6 +28,7 @@ __all__ = [
     "format_value",
     "print_comparison",
     "repeats_warning",
+    "shown_value",
     "visible_metrics",
 ]
 
@@ -110,18 +111,28 @@ def better(arm: ArmResult, base: ArmResult, path: str, direction: int) -> int:
     return 0
 
 
+def shown_value(metrics: Mapping[str, Any], path: str) -> Any:
+    """The value at ``path`` as the table shows it: None (printed ``-``) for a statistic of a
+    summary that measured nothing (``count`` 0: e.g. group latency in a run too short for a
+    GRPO group to finish, whose summary holds zeros), else the value itself."""
+    parent, _, _ = path.rpartition(".")
+    if parent and get_path(metrics, f"{parent}.count") == 0:
+        return None
+    return get_path(metrics, path)
+
+
 def _cell(
     arm: ArmResult, base: ArmResult, path: str, direction: int, first: bool, two_lines: bool
 ) -> Text:
-    v = get_path(arm.metrics, path)
+    v = shown_value(arm.metrics, path)
     text = Text(format_value(v))
-    b = get_path(base.metrics, path)
+    b = shown_value(base.metrics, path)
     if not first and isinstance(v, int | float) and isinstance(b, int | float) and b:
         delta = (float(v) - float(b)) / abs(float(b)) * 100.0
         verdict = better(arm, base, path, direction)
         style = "green" if verdict > 0 else "red" if verdict < 0 else ""
         text.append(f" ({delta:+.1f}%)", style=style)
-    ci = _interval(arm, path)
+    ci = _interval(arm, path) if v is not None else None
     if ci is not None:
         sep = "\n" if two_lines else " "
         text.append(f"{sep}[{format_value(ci[0])}, {format_value(ci[1])}]", style="dim")
@@ -151,7 +162,7 @@ def visible_metrics(arms: Sequence[ArmResult]) -> list[tuple[str, str, int]]:
         row
         for row in TABLE_METRICS
         if (rl or not row[0].startswith(("step_time_s", "group_latency_s", "rollouts_")))
-        and any(get_path(a.metrics, row[0]) is not None for a in arms)
+        and any(shown_value(a.metrics, row[0]) is not None for a in arms)
     ]
 
 

@@ -164,6 +164,10 @@ def load_mooncake_sessions(path: str | Path, n_requests: int) -> list[int]:
             sessions.append(sess)
     if len(sessions) != n_requests:
         raise TraceFormatError(
-            p, len(sessions) + 2, "row", f"{len(sessions)} rows but the trace has {n_requests}"
+            p,
+            len(sessions) + 2,
+            "row",
+            f"{len(sessions)} rows but the trace has {n_requests} (a sessions file fits only "
+            'its own trace; sessions_path = "" replays one session per request)',
         )
     return sessions

@@ -11,10 +11,11 @@ prompts only, so outputs are not re-hit. Outputs are forced to the recorded leng
 from __future__ import annotations
 
 from functools import partial
+from pathlib import PurePath
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sessionroute.workloads.base import Host, Turn, TurnOutcome
 from sessionroute.workloads.content import expand_trace_blocks
@@ -42,7 +43,9 @@ class MooncakeReplayConfig(BaseModel):
         kind: always ``"trace:mooncake"``.
         path: the JSONL trace (a path, or a file name looked up in the trace directory).
         sessions_path: the reconstructed-sessions CSV; None or ``""`` for one session per
-            request.
+            request. When not given it is the public trace's sessions CSV if ``path`` is the
+            public trace (file name ``mooncake_conversation_trace.jsonl``), else None: the
+            sessions CSV numbers the public trace's rows and fits no other file.
         time_scale: multiplies every arrival time (0.5 replays twice as fast).
         start_s: replay requests from this recorded time on (seconds).
         duration_s: replay requests recorded before ``start_s + duration_s`` (None: all).
@@ -58,6 +61,15 @@ class MooncakeReplayConfig(BaseModel):
     start_s: float = Field(default=0.0, ge=0)
     duration_s: float | None = Field(default=None, gt=0)
     max_requests: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _sessions_of_the_trace(cls, data: Any) -> Any:
+        """A trace of one's own gets no sessions CSV unless one is named."""
+        own = isinstance(data, dict) and "sessions_path" not in data and "path" in data
+        if own and PurePath(str(data["path"])).name != MOONCAKE_CONVERSATION:
+            return {**data, "sessions_path": None}
+        return data
 
     def build(self, rng: Any) -> MooncakeReplay:
         """Load the trace (validating it) and return a fresh replay.
