@@ -1,10 +1,10 @@
 """One exchange with a worker on a pooled connection (see :mod:`sessionroute.serve.upstream`).
 
-:class:`WorkerConnection` is the protocol of one keep-alive connection: it feeds the
-``httptools`` response parser, whose callbacks go to the :class:`Exchange` using the
-connection. An exchange sends one request, waits for the response head, then collects the
-body (:meth:`Exchange.read`) or relays it to the client as it arrives
-(:meth:`Exchange.relay`), pausing the worker connection while the client's buffer is full.
+An exchange sends one request on a pooled connection (a
+:class:`~sessionroute.serve.worker_connection.WorkerConnection`, whose parser callbacks fill
+the exchange in), waits for the response head, then collects the body (:meth:`Exchange.read`)
+or relays it to the client as it arrives (:meth:`Exchange.relay`), pausing the worker
+connection while the client's buffer is full.
 """
 
 from __future__ import annotations
@@ -14,197 +14,13 @@ import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-import httptools
+from sessionroute.serve.worker_connection import UpstreamError, UpstreamHung, WorkerConnection
 
 if TYPE_CHECKING:
     from sessionroute.serve.upstream import UpstreamPool
     from sessionroute.serve.wire import ResponseWriter
 
-__all__ = [
-    "HOP_BY_HOP",
-    "MAX_RESPONSE_HEAD_BYTES",
-    "RESPONSE_DROP",
-    "Exchange",
-    "UpstreamConnectError",
-    "UpstreamError",
-    "UpstreamHung",
-    "WorkerConnection",
-]
-
-HOP_BY_HOP = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "proxy-connection",
-        "te",
-        "trailer",
-        "trailers",
-        "transfer-encoding",
-        "upgrade",
-    }
-)
-"""Headers never forwarded in either direction (RFC 9110 section 7.6.1)."""
-
-RESPONSE_DROP = frozenset(
-    n.encode() for n in (*HOP_BY_HOP, "content-length", "x-request-id", "date", "server")
-)
-"""Lower-case response header names never relayed to the client (the router writes its own
-framing, ``Date`` and ``x-request-id``); :attr:`Exchange.relay_lines` leaves them out."""
-
-MAX_RESPONSE_HEAD_BYTES = 65536
-"""Most bytes a worker may send before its response head is complete (the listener's limit on
-request heads too): a worker streaming endless headers is cut off with a 502 instead of
-filling the router's memory."""
-
-
-class UpstreamError(Exception):
-    """The worker connection broke, or its response was malformed."""
-
-
-class UpstreamConnectError(UpstreamError):
-    """The worker refused the connection, or did not accept it within the connect timeout."""
-
-
-class UpstreamHung(UpstreamError):
-    """The router gave the worker up before it answered (failed health checks, or no response
-    head within the first-byte timeout); the connection is closed."""
-
-
-class WorkerConnection(asyncio.Protocol):
-    """One connection to a worker; parser callbacks go to the :class:`Exchange` using it.
-
-    Attributes:
-        transport: the transport (None before the connection is made).
-        exchange: the exchange using the connection (None while idle: a response then is
-            a protocol error and closes the connection).
-        lost: the connection is closed.
-    """
-
-    def __init__(self) -> None:
-        self.transport: asyncio.Transport | None = None
-        self.exchange: Exchange | None = None
-        self.lost = False
-        self.draining = False
-        """Bytes written are still in the transport's buffer (not yet handed to the kernel)."""
-        self._parser = httptools.HttpResponseParser(self)
-        self._head_bytes = 0  # bytes received while the current response head is incomplete
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-        # told whenever written bytes wait in the buffer and when they are all handed to the
-        # kernel: whether a request was fully written decides whether it may be retried
-        transport.set_write_buffer_limits(high=0, low=0)  # type: ignore[attr-defined]
-
-    def pause_writing(self) -> None:
-        self.draining = True
-
-    def resume_writing(self) -> None:
-        self.draining = False
-        ex = self.exchange
-        if ex is not None:
-            ex.sent_all = True
-
-    def connection_lost(self, exc: BaseException | None) -> None:
-        self.lost = True
-        ex = self.exchange
-        if ex is not None:
-            ex._on_lost(exc)
-
-    def data_received(self, data: bytes) -> None:
-        try:
-            self._parser.feed_data(data)
-        except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
-            # (the parser callbacks raise nothing else; an upgrade is a 101, refused below)
-            ex = self.exchange
-            if ex is not None:
-                ex._fail(UpstreamError(f"malformed response: {exc.__context__ or exc}"))
-            self.close()
-            return
-        ex = self.exchange
-        if ex is None:
-            return
-        inline = ex._inline
-        if inline is not None and (ex.complete or ex.status):
-            ex._inline = None  # after the whole read (a small response is complete by now):
-            inline(ex)  # told once, it takes the exchange over or ends it
-        elif not ex.status:  # the head is still incomplete
-            self._head_bytes += len(data)
-            if self._head_bytes > MAX_RESPONSE_HEAD_BYTES:
-                ex._fail(
-                    UpstreamError(
-                        f"response head over {MAX_RESPONSE_HEAD_BYTES} bytes "
-                        f"({self._head_bytes} received without its end)"
-                    )
-                )
-                self.close()
-
-    def close(self) -> None:
-        """Close the connection (idempotent)."""
-        self.lost = True
-        if self.transport is not None:
-            self.transport.close()
-
-    # -- parser callbacks (an AttributeError while idle is a protocol error) ---------------
-    # They fill in the exchange directly (one Python call per callback, none per field).
-    def on_message_begin(self) -> None:
-        ex = self.exchange
-        if ex is None or ex.complete:  # a second response to one request: desync
-            raise RuntimeError("unsolicited response")
-        self._head_bytes = 0
-        ex.headers = []
-        ex.relay_lines = []
-        ex.length = None
-        ex.reason = b""
-
-    def on_status(self, status: bytes) -> None:
-        self.exchange.reason += status  # type: ignore[union-attr]
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        ex: Exchange = self.exchange  # type: ignore[assignment]
-        ex.headers.append((name, value))
-        # the relayed lines as they come (one pass over the headers, not a second one)
-        low = name.lower()
-        if low not in RESPONSE_DROP:
-            ex.relay_lines += (name, b": ", value, b"\r\n")
-        elif low == b"content-length":
-            ex.length = int(value)  # (llhttp checked it is a number)
-
-    def on_headers_complete(self) -> None:
-        ex: Exchange = self.exchange  # type: ignore[assignment]
-        parser = self._parser
-        status = parser.get_status_code()
-        if status == 101:  # the router asked for no upgrade: nothing valid can follow
-            ex._fail(UpstreamError("unexpected 101 Switching Protocols"))
-            return
-        if 100 <= status < 200:
-            ex._info = True  # an interim response: the real one follows
-            return
-        ex.status = status
-        ex.keep_alive = parser.should_keep_alive()
-        if ex._inline is None:  # an inline one is told after the read (data_received)
-            ex._wake()
-
-    def on_body(self, body: bytes) -> None:
-        ex: Exchange = self.exchange  # type: ignore[assignment]
-        ex.chunks += 1
-        sink = ex._sink
-        if sink is None:
-            ex._parts.append(body)
-            return
-        sink.write(body)
-        if sink.paused and not ex._up_paused:
-            ex._pause_upstream()
-
-    def on_message_complete(self) -> None:
-        ex: Exchange = self.exchange  # type: ignore[assignment]
-        if ex._info:
-            ex._info = False
-            return
-        ex.complete = True
-        if ex._inline is None:  # an inline one is told after the read (data_received)
-            ex._wake()
+__all__ = ["Exchange"]
 
 
 class Exchange:
@@ -232,7 +48,8 @@ class Exchange:
         reason: the reason phrase as received.
         headers: the response headers as received, (name, value) pairs.
         relay_lines: the header lines to relay to the client, as pieces to join (name, ``b": "``,
-            value, ``b"\\r\\n"`` for each header as received except :data:`RESPONSE_DROP`).
+            value, ``b"\\r\\n"`` for each header as received except
+            :data:`~sessionroute.serve.worker_connection.RESPONSE_DROP`).
         length: the response's ``Content-Length`` (None when it has none).
         complete: the whole response body has arrived.
     """

@@ -4,12 +4,12 @@ Why not aiohttp's server: issue 6 requires the router to spend no more CPU per p
 than vllm-router (Rust). Measured with callgrind, aiohttp's server layer (``web.Server`` and
 ``RequestHandler``: request objects, a task and a ``StreamReader`` per request, response
 serialization) was about half of the router's instructions, as much as a whole request of
-vllm-router. That target wins over ``DESIGN.md``'s "aiohttp for HTTP" on the proxied path
-(the worker side, :mod:`sessionroute.serve.exchange`, is a protocol of ours too; aiohttp stays
-the client of health checks and admin calls). The parser is ``httptools`` (the ``llhttp`` C
-parser with callbacks; uvicorn's), not aiohttp's C ``HttpRequestParser`` as first planned: the
-latter builds a ``CIMultiDict``, a URL and a ``StreamReader`` per request and parsed a small
-chat request in about 4x the time of ``httptools`` with our callbacks (7.5 against 31
+vllm-router. That target wins over ``DESIGN.md``'s "aiohttp for HTTP" on the proxied path (the
+worker side, :mod:`sessionroute.serve.worker_connection`, is a protocol of ours too; aiohttp
+stays the client of health checks and admin calls). The parser is ``httptools`` (the ``llhttp``
+C parser with callbacks; uvicorn's), not aiohttp's C ``HttpRequestParser`` as first planned:
+the latter builds a ``CIMultiDict``, a URL and a ``StreamReader`` per request and parsed a
+small chat request in about 4x the time of ``httptools`` with our callbacks (7.5 against 31
 microseconds in a loop on the project's VM). Callbacks are kept minimal: ``on_header`` runs
 once per header, appends it and enters it in the case-folded lookup dict (the first value of a
 name wins; a separate pass over the headers to build that dict cost more).

@@ -35,9 +35,9 @@ from dataclasses import dataclass, field
 
 from yarl import URL
 
-from sessionroute.serve.exchange import (
+from sessionroute.serve.exchange import Exchange
+from sessionroute.serve.worker_connection import (
     HOP_BY_HOP,
-    Exchange,
     UpstreamConnectError,
     UpstreamError,
     UpstreamHung,
