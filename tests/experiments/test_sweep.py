@@ -74,9 +74,10 @@ def test_sweep_cli_writes_csv_json_and_report(
         rows = list(csv.DictReader(fh))
     assert len(rows) == 2 * 2 * 2  # values x policies x seeds
     assert {(r["replicas"], r["policy"]) for r in rows} == {
-        (v, p) for v in ("2.0", "3.0") for p in ("consistent_hash", "round_robin")
-    }
+        (v, p) for v in ("2", "3") for p in ("consistent_hash", "round_robin")
+    }  # a whole-number knob is written as one
     doc = json.loads((out / "sweep.json").read_text())
+    assert doc["values"] == [2, 3] and all(isinstance(p["value"], int) for p in doc["points"])
     assert doc["schema"] == "sessionroute.sweep/1" and doc["knob"]["setting"] == "replicas.count"
     assert len(doc["points"]) == 4 and all(p["seeds"] == 2 for p in doc["points"])
     assert "data:image/png;base64," in (out / "report.html").read_text()

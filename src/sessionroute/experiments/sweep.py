@@ -288,7 +288,8 @@ def summarize(knob: Knob, results: list[ArmResult], arms: list[ResolvedArm]) -> 
                 stats[path] = mean_ci95([float(x) for x in nums])
         points.append(SweepPoint(arm.policy, value, stats, len(res.runs)))
         for r in res.runs:
-            row: dict[str, Any] = {knob.name: value, "policy": arm.policy, "seed": r.seed}
+            shown = knob.cast(value)  # replicas 2, not 2.0, in sweep.csv
+            row: dict[str, Any] = {knob.name: shown, "policy": arm.policy, "seed": r.seed}
             for path, _ in SWEEP_METRICS:
                 row[path] = get_path(r.metrics, path)
             runs.append(row)
@@ -303,13 +304,15 @@ def summarize(knob: Knob, results: list[ArmResult], arms: list[ResolvedArm]) -> 
 
 
 def sweep_document(result: SweepResult) -> dict[str, Any]:
-    """The ``sweep.json`` document (schema ``sessionroute.sweep/1``)."""
+    """The ``sweep.json`` document (schema ``sessionroute.sweep/1``); knob values in the
+    knob's type (replicas 2, not 2.0)."""
+    cast = result.knob.cast
     return {
         "schema": "sessionroute.sweep/1",
         "knob": {"name": result.knob.name, "setting": result.knob.path},
-        "values": result.values,
+        "values": [cast(v) for v in result.values],
         "policies": result.policies,
-        "knee": result.knee,
+        "knee": None if result.knee is None else cast(result.knee),
         "knee_rule": (
             f"first value (by increasing load) where the best output tok/s per unit load is "
             f"below {KNEE_EFFICIENCY} x the lightest point's"
@@ -318,7 +321,7 @@ def sweep_document(result: SweepResult) -> dict[str, Any]:
         "points": [
             {
                 "policy": p.policy,
-                "value": p.value,
+                "value": cast(p.value),
                 "seeds": p.seeds,
                 "metrics": {
                     k: {"mean": m, "lo": lo, "hi": hi} for k, (m, lo, hi) in p.stats.items()
