@@ -39,8 +39,47 @@ def test_bench_proxy_table_fits_80_columns_without_cutting_cells(
         for target in ("sessionroute", "vllm-router")
         for body in (87, 204882)
     ]
+    rows[0] |= {"cpu_vs_vllm_router": 0.684, "cpu_vs_vllm_router_range": [0.61, 0.73]}
     print_table({"duration_s": 10, "repeat": 3, "policy": "consistent_hash", "rows": rows})
     out = capsys.readouterr().out
     assert max(len(line) for line in out.splitlines()) <= 80, out
     assert "…" not in out, out
     assert "sessionroute  204882" in out and "109.81" in out
+    assert "sessionroute 87 B x 64: 0.68 (0.61-0.73)" in " ".join(out.split())
+
+
+def test_bench_proxy_ratio_to_vllm_router_pairs_the_cycles() -> None:
+    """The ratio is taken cycle by cycle (the same minutes of load), then its median: not the
+    ratio of two medians taken from different cycles."""
+    from sessionroute.bench.proxy import _median_rows, to_markdown
+
+    def raw(target: str, cpu: float | None) -> dict[str, object]:
+        return {
+            "target": target,
+            "body_bytes": 87,
+            "concurrency": 1,
+            "rps": 1000.0,
+            "p50_ms": 1.0,
+            "p99_ms": 2.0,
+            "router_cpu_us_per_req": cpu,
+            "backend_cpu_us_per_req": 100.0,
+            "requests": 10,
+            "errors": 0,
+        }
+
+    cycles = [(200.0, 400.0, None), (300.0, 300.0, None), (250.0, 500.0, None)]
+    rows = _median_rows(
+        [
+            r
+            for s, v, d in cycles
+            for r in (raw("sessionroute", s), raw("vllm-router", v), raw("direct", d))
+        ]
+    )
+    by = {r["target"]: r for r in rows}
+    assert by["sessionroute"]["cpu_vs_vllm_router"] == 0.5  # ratios 0.5, 1.0, 0.5
+    assert by["sessionroute"]["cpu_vs_vllm_router_range"] == [0.5, 1.0]
+    assert 250.0 / 400.0 != 0.5  # (the ratio of the medians would say 0.62)
+    assert (
+        "cpu_vs_vllm_router" not in by["vllm-router"] and "cpu_vs_vllm_router" not in by["direct"]
+    )
+    assert "| 0.50 (0.50-1.00) |" in to_markdown({"rows": rows})

@@ -12,7 +12,10 @@ p50/p99 latency in milliseconds, and router CPU microseconds per request, from t
 ``utime + stime`` of the router process in ``/proc/<pid>/stat`` (all threads) over the
 measured window. The backend's CPU per request is reported too: it is a minimal aiohttp
 server (read the body, answer), so it shows what the HTTP machinery alone costs on the machine.
-CPU columns are microseconds per request; "+p50" is the p50 latency added over "direct".
+CPU columns are microseconds per request; "+p50" is the p50 latency added over "direct". The
+caption gives each router's CPU per request over vllm-router's: the median of the ratios of
+each cycle's pair of measurements (rows are interleaved, so a pair saw the same minutes of
+machine load; ``cpu_vs_vllm_router`` and its ``_range`` over the cycles in ``--json``).
 """
 
 from __future__ import annotations
@@ -220,7 +223,26 @@ def _median_rows(raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
         d = direct.get((r["body_bytes"], r["concurrency"]))
         if r["target"] != "direct" and d and d["p50_ms"] is not None and r["p50_ms"] is not None:
             r["added_p50_ms"] = r["p50_ms"] - d["p50_ms"]
+        reference = groups.get(("vllm-router", r["body_bytes"], r["concurrency"]))
+        if r["target"] not in ("direct", "vllm-router") and reference:
+            ratios = _paired_ratios(
+                groups[(r["target"], r["body_bytes"], r["concurrency"])], reference
+            )
+            if ratios:
+                r["cpu_vs_vllm_router"] = float(np.median(ratios))
+                r["cpu_vs_vllm_router_range"] = [min(ratios), max(ratios)]
     return rows
+
+
+def _paired_ratios(runs: list[dict[str, Any]], reference: list[dict[str, Any]]) -> list[float]:
+    """Router CPU per request over vllm-router's, cycle by cycle (rows are interleaved, so the
+    k-th measurement of each target saw the same minutes of machine load)."""
+    key = "router_cpu_us_per_req"
+    return [
+        a[key] / b[key]
+        for a, b in zip(runs, reference, strict=False)
+        if a[key] is not None and b[key]
+    ]
 
 
 async def _start(cmd: list[str], url: str, port: int, procs: list[subprocess.Popen[bytes]]) -> int:
@@ -381,6 +403,15 @@ def print_table(result: dict[str, Any]) -> None:
             fmt(r["router_cpu_us_per_req"], ".0f"),
             fmt(r["backend_cpu_us_per_req"], ".0f"),
         )
+    ratios = [
+        f"{r['target']} {r['body_bytes']} B x {r['concurrency']}: {_ratio_cell(r)}"
+        for r in result["rows"]
+        if r.get("cpu_vs_vllm_router") is not None
+    ]
+    if ratios:  # a tenth column would not fit 80 columns
+        table.caption = "router CPU per request over vllm-router's (median of the cycles' " + (
+            "ratios, min-max): " + "; ".join(ratios)
+        )
     Console().print(table)
 
 
@@ -392,14 +423,22 @@ def to_markdown(result: dict[str, Any]) -> str:
 
     lines = [
         "| target | body bytes | concurrency | req/s | p50 ms | p99 ms | added p50 ms "
-        "| router CPU us/req | backend CPU us/req |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| router CPU us/req | x vllm-router (min-max) | backend CPU us/req |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in result["rows"]:
         lines.append(
             f"| {r['target']} | {r['body_bytes']} | {r['concurrency']} | {fmt(r['rps'], '.0f')} "
             f"| {fmt(r['p50_ms'], '.2f')} | {fmt(r['p99_ms'], '.2f')} "
             f"| {fmt(r.get('added_p50_ms'), '.2f')} | {fmt(r['router_cpu_us_per_req'], '.0f')} "
-            f"| {fmt(r['backend_cpu_us_per_req'], '.0f')} |"
+            f"| {_ratio_cell(r)} | {fmt(r['backend_cpu_us_per_req'], '.0f')} |"
         )
     return "\n".join(lines)
+
+
+def _ratio_cell(row: dict[str, Any]) -> str:
+    ratio = row.get("cpu_vs_vllm_router")
+    if ratio is None:
+        return "-"
+    lo, hi = row["cpu_vs_vllm_router_range"]
+    return f"{ratio:.2f} ({lo:.2f}-{hi:.2f})"
