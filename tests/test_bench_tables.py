@@ -24,7 +24,7 @@ def test_bench_proxy_table_fits_80_columns_without_cutting_cells(
     from sessionroute.bench.proxy import print_table
 
     monkeypatch.setenv("COLUMNS", "80")
-    rows = [
+    rows: list[dict[str, object]] = [
         {
             "target": target,
             "body_bytes": body,
