@@ -48,6 +48,31 @@ def test_knee_is_where_throughput_stops_scaling_with_load() -> None:
     assert len(s.runs) == 12
 
 
+def test_intervals_stay_in_each_metrics_domain_and_empty_summaries_are_left_out() -> None:
+    """Two far-apart seeds: the raw Student-t interval of a hit rate passes 1 and that of a
+    step time goes below 0; the sweep's bands are clipped to the metric's domain. A step-time
+    summary that measured nothing (count 0) is not averaged in as 0 s."""
+    from sessionroute.record.recorder import summary
+
+    knob = KNOBS["inflight"]
+
+    def run(seed: int, hit: float, steps: list[float]) -> RunOutput:
+        m = {
+            "output_tokens_per_s": 100.0,
+            "prefix_cache_hit_rate": hit,
+            "step_time_s": summary(steps),
+        }
+        return RunOutput(seed=seed, metrics=m)
+
+    res = ArmResult("a@100", "a", {}, [run(0, 0.8, [10.0]), run(1, 0.99, [400.0]), run(2, 0.9, [])])
+    s = summarize(knob, [res], [_arm("a", 100)])
+    m, lo, hi = s.points[0].stats["prefix_cache_hit_rate"]
+    assert hi == 1.0 and 0.0 <= lo < m
+    m, lo, hi = s.points[0].stats["step_time_s.max"]
+    assert m == pytest.approx(205.0) and lo == 0.0 and hi > 400.0
+    assert [r["step_time_s.max"] for r in s.runs] == [10.0, 400.0, None]
+
+
 def test_a_knob_for_another_workload_is_refused() -> None:
     base = {"workload": {"kind": "toy"}, "arms": [{"policy": "random"}]}
     with pytest.raises(ConfigError, match="concurrency"):

@@ -95,3 +95,19 @@ def test_a_summary_that_measured_nothing_is_shown_as_a_dash_not_zero() -> None:
     row = next(line for line in buf.getvalue().splitlines() if "group latency max" in line)
     cells = [c.strip() for c in row.split("│")[1:-1]]
     assert cells[1] == "-" and cells[2].startswith("1,100")
+
+
+def test_a_mean_over_the_runs_that_measured_says_how_many_did() -> None:
+    """Three repeats, GRPO groups finished in one: the cell shows that run's value and says it
+    comes from 1 of 3 runs (the other two would have pulled the mean towards 0)."""
+    from sessionroute.record.recorder import summary
+
+    def run(seed: int, groups: list[float]) -> RunOutput:
+        m = {"output_tokens_per_s": 100.0, "steps": 1, "group_latency_s": summary(groups)}
+        return RunOutput(seed=seed, metrics=m)
+
+    arm = ArmResult("a", "a", {}, [run(0, []), run(1, [300.0, 366.4]), run(2, [])])
+    buf = io.StringIO()
+    print_comparison([arm], Console(file=buf, width=200, color_system=None))
+    row = next(line for line in buf.getvalue().splitlines() if "group latency max" in line)
+    assert "366.4" in row and "(1 of 3 runs)" in row, row

@@ -122,7 +122,9 @@ def aggregate_metrics(
     :func:`metric_domain` of the leaf's key (``parent`` and the key for a nested summary, e.g.
     ``prefix_cache_hit_rate`` or ``ttft_s.p50``).
 
-    Lists of dicts (per-replica rows) are aggregated element-wise; other values are taken
+    A summary with a ``count`` is averaged over the runs where it measured something
+    (``count`` > 0); ``runs_measured`` then says how many, and ``count`` is the mean over all
+    runs. Lists of dicts (per-replica rows) are aggregated element-wise; other values are taken
     from the first run.
     """
     if not runs:
@@ -143,7 +145,16 @@ def aggregate_metrics(
                 d_lo, d_hi = metric_domain(f"{parent}{key}")
                 cis[key] = [max(lo, d_lo), min(hi, d_hi)]
         elif isinstance(v, Mapping) and all(isinstance(x, Mapping) for x in vals):
-            sub_m, sub_c = aggregate_metrics(vals, f"{parent}{key}.")  # type: ignore[arg-type]
+            subs: list[Mapping[str, Any]] = vals  # type: ignore[assignment]
+            measured = [x for x in subs if x.get("count", 1) != 0]
+            if measured and len(measured) < len(subs):
+                # A summary that measured nothing in some runs (count 0: e.g. no GRPO group
+                # finished) holds zeros, not values: average only the runs that measured.
+                sub_m, sub_c = aggregate_metrics(measured, f"{parent}{key}.")
+                sub_m["count"] = sum(float(x.get("count", 0)) for x in subs) / len(subs)
+                sub_m["runs_measured"] = len(measured)
+            else:
+                sub_m, sub_c = aggregate_metrics(subs, f"{parent}{key}.")
             means[key] = sub_m
             if sub_c:
                 cis[key] = sub_c

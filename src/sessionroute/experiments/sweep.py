@@ -23,8 +23,14 @@ from pathlib import Path
 from typing import Any
 
 from sessionroute.errors import ConfigError
-from sessionroute.experiments.results import ArmResult, RunOutput, get_path, mean_ci95
+from sessionroute.experiments.results import (
+    ArmResult,
+    RunOutput,
+    mean_ci95,
+    metric_domain,
+)
 from sessionroute.experiments.spec import ExperimentSpec, ResolvedArm, parse_experiment
+from sessionroute.experiments.table import shown_value
 
 __all__ = [
     "KNEE_EFFICIENCY",
@@ -283,15 +289,18 @@ def summarize(knob: Knob, results: list[ArmResult], arms: list[ResolvedArm]) -> 
             policies.append(arm.policy)
         stats: dict[str, tuple[float, float, float]] = {}
         for path, _ in SWEEP_METRICS:
-            nums = [get_path(r.metrics, path) for r in res.runs]
+            nums = [shown_value(r.metrics, path) for r in res.runs]  # None: measured nothing
+            nums = [x for x in nums if x is not None]
             if nums and all(isinstance(x, int | float) for x in nums):
-                stats[path] = mean_ci95([float(x) for x in nums])
+                m, lo, hi = mean_ci95([float(x) for x in nums])
+                d_lo, d_hi = metric_domain(path)
+                stats[path] = (m, max(lo, d_lo), min(hi, d_hi))
         points.append(SweepPoint(arm.policy, value, stats, len(res.runs)))
         for r in res.runs:
             shown = knob.cast(value)  # replicas 2, not 2.0, in sweep.csv
             row: dict[str, Any] = {knob.name: shown, "policy": arm.policy, "seed": r.seed}
             for path, _ in SWEEP_METRICS:
-                row[path] = get_path(r.metrics, path)
+                row[path] = shown_value(r.metrics, path)
             runs.append(row)
     by_load = sorted(values, key=knob.load)
     best = {

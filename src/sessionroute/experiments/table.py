@@ -133,9 +133,13 @@ def _cell(
         style = "green" if verdict > 0 else "red" if verdict < 0 else ""
         text.append(f" ({delta:+.1f}%)", style=style)
     ci = _interval(arm, path) if v is not None else None
+    sep = "\n" if two_lines else " "
     if ci is not None:
-        sep = "\n" if two_lines else " "
         text.append(f"{sep}[{format_value(ci[0])}, {format_value(ci[1])}]", style="dim")
+    parent, _, _ = path.rpartition(".")
+    measured = get_path(arm.metrics, f"{parent}.runs_measured") if parent else None
+    if v is not None and isinstance(measured, int) and measured < len(arm.runs):
+        text.append(f"{sep}({measured} of {len(arm.runs)} runs)", style="dim")
     return text
 
 
