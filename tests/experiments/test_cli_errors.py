@@ -210,3 +210,28 @@ def test_an_arms_bar_counts_time_from_its_first_progress_not_while_it_waits() ->
     update(0.5)
     reporter.end_run("queued arm")
     assert task.finished and task.finished_time is not None and task.finished_time < 0.5
+
+
+def test_a_busy_port_of_the_replicas_urls_is_one_line_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Another process listens on a port of ``[replicas] urls``: the live run says which port
+    and where it is set (the brackets survive rich's markup), not asyncio's traceback."""
+    import socket
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        toml = tmp_path / "live.toml"
+        toml.write_text(
+            'name = "busy"\n[workload]\nkind = "toy"\n[workload.options]\nsessions = 2\n'
+            f'[replicas]\ncount = 1\nurls = ["http://127.0.0.1:{port}"]\n'
+            '[live]\nreplicas = "emulate"\n[[arms]]\npolicy = "round_robin"\n',
+            encoding="utf-8",
+        )
+        rc = main(["compare", "--live", str(toml), "--out", str(tmp_path / "out")])
+    err = " ".join(capsys.readouterr().err.split())
+    assert rc == 2, err
+    assert f"cannot listen on 127.0.0.1:{port}" in err and "[replicas] urls" in err
+    assert "Traceback" not in err

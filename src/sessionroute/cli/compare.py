@@ -202,6 +202,7 @@ def _jobs(args: argparse.Namespace, spec: Any) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from rich.console import Console
+    from rich.markup import escape
 
     from sessionroute.errors import SessionRouteError
 
@@ -211,7 +212,7 @@ def _run(args: argparse.Namespace) -> int:
         spec = experiment_from_args(args)
         jobs = _jobs(args, spec)
     except (SessionRouteError, ValueError) as exc:
-        err_console.print(f"[red]error:[/red] {exc}", markup=True, highlight=False)
+        err_console.print(f"[red]error:[/red] {escape(str(exc))}", markup=True, highlight=False)
         return 2
     from sessionroute.experiments.runner import (
         default_out_dir,
@@ -225,7 +226,7 @@ def _run(args: argparse.Namespace) -> int:
         arms = resolve_arms(spec)
         _check_arms(arms)
     except (SessionRouteError, ValueError) as exc:
-        err_console.print(f"[red]error:[/red] {exc}", highlight=False)
+        err_console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         return 2
     if args.dry_run:
         if args.json:
@@ -240,7 +241,8 @@ def _run(args: argparse.Namespace) -> int:
             Path(args.out).mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             err_console.print(
-                f"[red]error:[/red] cannot create output directory {args.out!r}: {exc}",
+                "[red]error:[/red] "
+                + escape(f"cannot create output directory {args.out!r}: {exc}"),
                 highlight=False,
             )
             return 2
@@ -258,7 +260,7 @@ def _run(args: argparse.Namespace) -> int:
             else:
                 output = run_experiment(spec, simulate_arm, reporter, jobs=jobs)
     except SessionRouteError as exc:
-        err_console.print(f"[red]error:[/red] {exc}", highlight=False)
+        err_console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         return 2
     out_dir = default_out_dir(spec.name) if args.out is None else Path(args.out)
     paths = write_outputs(output, out_dir)
@@ -275,7 +277,7 @@ def _run(args: argparse.Namespace) -> int:
                 out_dir,
             )
         except SessionRouteError as exc:
-            err_console.print(f"[red]error:[/red] {exc}", highlight=False)
+            err_console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
             return 2
         out_console.print(
             f"W&B ({resolve_mode(spec.wandb)}): project {spec.wandb.project}, runs "

@@ -107,6 +107,7 @@ def _values(text: str, knob: Knob) -> list[float]:
 
 def _run(args: argparse.Namespace) -> int:
     from rich.console import Console
+    from rich.markup import escape
 
     from sessionroute.cli.compare import experiment_from_args
     from sessionroute.errors import SessionRouteError
@@ -133,7 +134,7 @@ def _run(args: argparse.Namespace) -> int:
 
         arms = resolve_arms(spec)
     except (SessionRouteError, ValueError) as exc:
-        console.print(f"[red]error:[/red] {exc}", highlight=False)
+        console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         return 2
     from sessionroute.experiments.progress import OverallReporter
     from sessionroute.experiments.runner import (
@@ -150,7 +151,7 @@ def _run(args: argparse.Namespace) -> int:
         with OverallReporter(console, f"sweep {knob.name}", runs) as reporter:
             output = run_experiment(spec, light_simulate_arm, reporter, jobs=jobs)
     except SessionRouteError as exc:
-        console.print(f"[red]error:[/red] {exc}", highlight=False)
+        console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         return 2
     import tomli_w
 

@@ -157,6 +157,28 @@ class ReplicaFleet:
             raise ConfigError(f"replicas.urls must give a port for each of {self.count}: {urls}")
         return [int(p) for p in ports if p is not None]
 
+    def check_ports_free(self, host: str) -> None:
+        """Bind and release each port of :attr:`worker_ports` on ``host``, as the emulators or
+        recording taps of an arm are about to.
+
+        Raises:
+            ConfigError: a port is held by another process (named, with its URL), instead of
+                asyncio's traceback from deep inside the arm.
+        """
+        import socket
+
+        for port in self.worker_ports or []:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as asyncio does
+                try:
+                    sock.bind((host, port))
+                except OSError as exc:
+                    raise ConfigError(
+                        f"cannot listen on {host}:{port} ({exc.strerror or exc}), a port of "
+                        f"[replicas] urls: stop what holds it (ss -ltnp 'sport = :{port}') or "
+                        "choose free ports in [replicas] urls"
+                    ) from None
+
     def kv_streams(self, workers: list[str]) -> list[str]:
         """``serve --kv-events`` specs ``URL=ENDPOINT,REPLAY`` of this arm's emulated replicas
         (``workers[i]`` is replica ``i`` as the router knows it): the router binds

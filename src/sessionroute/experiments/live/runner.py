@@ -153,6 +153,7 @@ class LiveArmRunner:
         fleet = self.fleet
         t_wall = time.monotonic()
         ports = fleet.worker_ports
+        fleet.check_ports_free(live.host)
         reads_kv = choose_policy(arm.policy, arm.policy_options).cls.reads_kv_events
         async with (
             httpx.AsyncClient(timeout=httpx.Timeout(30.0)) as client,
