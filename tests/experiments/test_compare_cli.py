@@ -102,6 +102,28 @@ def test_dry_run_without_json_is_a_short_summary(capsys: pytest.CaptureFixture[s
     assert any(line.split()[:2] == ["random", "random"] for line in lines)
 
 
+def test_workload_flag_brings_its_own_default_replicas(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--workload toy`` on the built-in experiment runs on toy's default replicas, not on
+    the swe-rl defaults the built-in file writes out; replicas a file chose itself are kept.
+    A file without ``[replicas]`` shows the defaults it will run on (not "None x None")."""
+    assert main(["compare", "--workload", "toy", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "replicas: 3 x toy-8b-h100-tp1" in out and "glm45air" not in out
+    own = tmp_path / "own.toml"
+    own.write_text(
+        'name = "own"\n[workload]\nkind = "swe-rl"\n[replicas]\ncount = 2\n'
+        'profile = "toy-8b-h100-tp1"\n[[arms]]\npolicy = "random"\n'
+    )
+    assert main(["compare", str(own), "--workload", "trace:weka", "--dry-run"]) == 0
+    assert "replicas: 2 x toy-8b-h100-tp1" in capsys.readouterr().out
+    bare = tmp_path / "bare.toml"
+    bare.write_text('[workload]\nkind = "toy"\n[[arms]]\npolicy = "random"\n')
+    assert main(["compare", str(bare), "--dry-run"]) == 0
+    assert "replicas: 3 x toy-8b-h100-tp1" in capsys.readouterr().out
+
+
 def test_policies_replace_a_files_arms_even_when_it_has_none(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -116,8 +116,7 @@ def experiment_from_args(args: argparse.Namespace) -> Any:
     data = spec.model_dump()
     changed: list[str] = []
     if args.workload:
-        steps = data["workload"].get("steps") if args.workload == "swe-rl" else None
-        data["workload"] = {"kind": args.workload, "steps": steps, "options": {}}
+        _replace_workload(data, args.workload)
         changed.append(f"--workload {args.workload}")
     for flag, value in (("--steps", args.steps), ("--repeats", args.repeats)):
         if value is not None and value < 1:  # named as typed, not as the TOML field it sets
@@ -143,6 +142,34 @@ def experiment_from_args(args: argparse.Namespace) -> Any:
     if changed and data.get("description"):
         data["description"] += f" (changed on the command line: {', '.join(changed)})"
     return parse_experiment(data, source=args.file or "<built-in default>")
+
+
+def _replace_workload(data: dict[str, Any], kind: str) -> None:
+    """Set ``data``'s workload to ``kind`` with its default options. A ``[replicas]`` field
+    that holds the old workload's default (the built-in experiment's 3 x glm45air-h200-tp8 for
+    swe-rl) is cleared so that the new workload's default applies (3 x toy-8b-h100-tp1 for
+    toy); a field set to anything else is the file's choice and kept.
+
+    Raises:
+        ConfigError: for an unknown workload kind.
+    """
+    from sessionroute.workloads.registry import canonical_kind, default_replicas
+
+    old = data["workload"]["kind"]
+    if canonical_kind(kind) != canonical_kind(old):
+        cleared = []
+        for field, value in default_replicas(old).items():
+            if data["replicas"].get(field) == value and default_replicas(kind).get(field) != value:
+                data["replicas"][field] = None
+                cleared.append(f"{field} = {value!r}")
+        if cleared:
+            print(
+                f"note: --workload {kind}: the experiment's [replicas] {', '.join(cleared)} "
+                f"(the {old} defaults) give way to {kind}'s defaults",
+                file=sys.stderr,
+            )
+    steps = data["workload"].get("steps") if kind == "swe-rl" else None
+    data["workload"] = {"kind": kind, "steps": steps, "options": {}}
 
 
 def _note_dropped_options(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from sessionroute.experiments.spec import ExperimentSpec, ResolvedArm
+from sessionroute.workloads.registry import default_replicas
 
 __all__ = ["plan_summary"]
 
@@ -31,11 +32,16 @@ def _diff(base: dict[str, Any], other: dict[str, Any], prefix: str = "") -> list
     return out
 
 
+def _set(d: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in d.items() if v is not None}
+
+
 def plan_summary(spec: ExperimentSpec, arms: list[ResolvedArm]) -> str:
     """A few lines: the experiment, the shared settings, and one line per arm (its policy,
     options and any setting that differs from the first arm's)."""
     first = arms[0].settings if arms else {}
-    rep = first.get("replicas", {})
+    wl_kind = first.get("workload", {}).get("kind")
+    rep = {**(default_replicas(wl_kind) if wl_kind else {}), **_set(first.get("replicas", {}))}
     run = spec.run
     seeds = ", ".join(str(run.seed + k) for k in range(run.repeats))
     n_runs = len(arms) * run.repeats
