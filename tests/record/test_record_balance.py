@@ -112,3 +112,14 @@ def test_a_replica_interval_below_half_the_fleets_hit_rate_is_thrash() -> None:
 def test_rows_without_query_counts_give_no_dips() -> None:
     d = hit_dips([{"t": 1.0, "replica": 0, "hit_rate": 0.1}])
     assert d.worst_window_hit_rate is None and d.thrash_replica_seconds == 0.0
+
+
+def test_cov_is_undefined_when_every_replica_measured_zero() -> None:
+    """A live arm whose scrapes never saw a running request: the running CoV is unknown (the
+    table prints -), not 0.000 as if the replicas were perfectly balanced."""
+    from sessionroute.record.balance import cov_of
+
+    assert cov_of([0.0, 0, 0.0]) is None
+    assert cov_of([1.0, None, 1.0]) is None and cov_of([]) is None
+    assert cov_of([2.0, 2.0]) == 0.0
+    assert cov_of([1.0, 3.0]) == pytest.approx(0.5)

@@ -27,10 +27,15 @@ are too thin to judge (a hit rate over a handful of tokens)."""
 
 
 def cov_of(values: Sequence[float | int | None]) -> float | None:
-    """CoV (population std / mean) of ``values``; None when any is None or there are none."""
+    """CoV (population std / mean) of ``values``; None when any is None, there are none, or
+    all are 0 (the CoV is undefined then: e.g. no live scrape saw a running request, which
+    is not "perfectly balanced")."""
     if not values or any(v is None for v in values):
         return None
-    return cov([float(v) for v in values if v is not None])
+    nums = [float(v) for v in values if v is not None]
+    if not any(nums):
+        return None
+    return cov(nums)
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sessionroute.record.balance import cov_of, hit_dips
-from sessionroute.record.recorder import Recorder, cov, summary
+from sessionroute.record.recorder import Recorder, summary
 
 __all__ = ["ArmRecord", "ReplicaRecord", "SessionLifecycle", "arm_metrics"]
 
@@ -230,7 +230,7 @@ def arm_metrics(arm: ArmRecord) -> dict[str, Any]:
         "rollouts_timed_out_share": timed_out_share,
         "per_replica": [_replica_metrics(r) for r in arm.replicas],
         **_balance(arm),
-        "load_imbalance_cov": cov(busy) if busy else None,
+        "load_imbalance_cov": cov_of(busy),
         "max_over_mean_busy": _ratio(max(busy), mean_busy) if busy else None,
         "sessions_new": s.new if s is not None else None,
         "sessions_repinned": s.repinned if s is not None else None,
