@@ -70,7 +70,9 @@ class SessionLifecycle:
         repinned: sessions moved to another replica after their first placement.
         expired: sessions dropped by the router's TTL.
         released: sessions released by their client (``/finish_session``).
-        leaked: sessions still held at the end that should have been released.
+        leaked: sessions still held at the end that should have been released; None when
+            clients do not release sessions (``[router] finish_sessions = false``): then
+            every session is held until its TTL by design.
         held_at_end: sessions the router still held at the end.
     """
 
@@ -78,7 +80,7 @@ class SessionLifecycle:
     repinned: int
     expired: int
     released: int
-    leaked: int
+    leaked: int | None
     held_at_end: int
 
 

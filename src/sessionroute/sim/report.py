@@ -59,7 +59,11 @@ def _sessions(sim: Simulation) -> SessionLifecycle:
         c = sim.rec.counts
         return SessionLifecycle(c["sessions_seen"], c["session_moves"], 0, 0, 0, 0)
     st = policy.session_stats()
-    leaked = sum(1 for s in sim.ended_sessions if policy.worker_of(s) is not None)
+    leaked = (
+        sum(1 for s in sim.ended_sessions if policy.worker_of(s) is not None)
+        if sim.router.finish_sessions
+        else None  # clients do not release: every session is held by design
+    )
     held = sum(policy.session_counts().values())
     return SessionLifecycle(st.new, st.repinned, st.expired, st.released, leaked, held)
 

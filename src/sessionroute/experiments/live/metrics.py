@@ -120,9 +120,10 @@ def _replica(
     )
 
 
-def _sessions(router: dict[str, Any]) -> SessionLifecycle | None:
+def _sessions(router: dict[str, Any], finish_sessions: bool) -> SessionLifecycle | None:
     """The lifecycle from our router's counters (None for another router): every session it
-    still holds at the end counts as leaked, since the workload has ended every session."""
+    still holds at the end counts as leaked, since the workload has ended every session, if
+    clients release sessions (``finish_sessions``; else leaked is None)."""
     if not router:
         return None
     decisions: dict[str, int] = router.get("decisions", {})
@@ -132,7 +133,7 @@ def _sessions(router: dict[str, Any]) -> SessionLifecycle | None:
         repinned=decisions.get("repinned", 0),
         expired=router.get("expired", 0),
         released=router.get("released", 0),
-        leaked=held,
+        leaked=held if finish_sessions else None,
         held_at_end=held,
     )
 
@@ -149,6 +150,7 @@ def build_live_metrics(
     workload: dict[str, Any],
     wall_s: float,
     live: dict[str, Any],
+    finish_sessions: bool = True,
 ) -> dict[str, Any]:
     """The metrics dict of one live arm (see the module docstring).
 
@@ -163,6 +165,8 @@ def build_live_metrics(
         workload: the workload's own counters.
         wall_s: wall seconds the workload ran.
         live: the ``live`` description reported under ``"live"``.
+        finish_sessions: whether the clients released their sessions (``[router]
+            finish_sessions``); when not, ``sessions_leaked`` is None.
     """
     rec = host.rec
     t = host.duration_s
@@ -184,7 +188,7 @@ def build_live_metrics(
         ideal_hit_rate=host.ideal.hit_rate,
         block_size=host.block_size,
         prefix_cache_resets=host.prefix_resets,
-        sessions=_sessions(router),
+        sessions=_sessions(router, finish_sessions),
         workload=workload,
         unmeasured=frozenset(unmeasured),
         extra={

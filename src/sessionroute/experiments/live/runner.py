@@ -226,6 +226,7 @@ class LiveArmRunner:
         metrics = build_live_metrics(
             host, before, after, urls, sampler=sampler, taps=taps, router=router_stats,
             workload=workload.summary(), wall_s=wall, live=described,
+            finish_sessions=router.finish_sessions,
         )  # fmt: skip
         rec = host.rec
         return RunOutput(seed, metrics, sampler.rows, list(rec.steps), rec.samples())
