@@ -3,8 +3,11 @@ arm's policy, PyPI's ``vllm-router`` binary, or any router from a command templa
 
 The arm's ``policy_options`` are passed as router flags where a flag exists
 (``session_ttl_s`` -> ``--session-ttl-secs``, ``cache_threshold``, ``balance_abs_threshold``,
-``balance_rel_threshold``); any other option is refused, because a live router could not apply
-it. ``[router]`` settings map onto flags too (session headers, sweep interval, retry backoff).
+``balance_rel_threshold``). Our router takes any other option of its policy as
+``--policy-option KEY=JSON`` (an option the policy does not have is refused before anything
+starts); a foreign router (vllm-router, a command template) refuses an option without a flag,
+since it could not apply it. ``[router]`` settings map onto flags too (session headers, sweep
+interval, retry backoff).
 """
 
 from __future__ import annotations
