@@ -128,7 +128,7 @@ async def session_info(request: Request, router: Router) -> Response:
     info = policy.session_info(sid) if sid else None
     if info is None:
         why = (
-            "unknown or expired session"
+            "no pin for this session (never seen, released, expired, or its worker removed)"
             if policy.keeps_sessions
             else f"policy {policy.name!r} keeps no session table"
         )
