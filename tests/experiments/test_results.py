@@ -67,7 +67,7 @@ def test_a_summary_that_measured_nothing_is_left_out_of_the_mean() -> None:
     """Three repeats, one GRPO group finished in one of them only: the group latency is that
     run's value, not a third of it (the other two summaries hold zeros with count 0)."""
     empty = {"count": 0, "mean": 0.0, "p50": 0.0}
-    runs = [
+    runs: list[dict[str, object]] = [
         {"group_latency_s": empty, "a": 1.0},
         {"group_latency_s": {"count": 4, "mean": 300.0, "p50": 366.4}, "a": 2.0},
         {"group_latency_s": dict(empty), "a": 3.0},
@@ -77,7 +77,11 @@ def test_a_summary_that_measured_nothing_is_left_out_of_the_mean() -> None:
     assert means["group_latency_s"]["runs_measured"] == 1
     assert means["group_latency_s"]["count"] == pytest.approx(4 / 3)
     assert "group_latency_s" not in cis  # one measured run: no interval
-    both = [runs[1], {"group_latency_s": {"count": 2, "mean": 100.0, "p50": 166.4}}, runs[0]]
+    both: list[dict[str, object]] = [
+        runs[1],
+        {"group_latency_s": {"count": 2, "mean": 100.0, "p50": 166.4}},
+        runs[0],
+    ]
     means, cis = aggregate_metrics(both)
     assert means["group_latency_s"]["p50"] == pytest.approx(266.4)
     assert cis["group_latency_s"]["p50"][0] < 266.4 < cis["group_latency_s"]["p50"][1]
