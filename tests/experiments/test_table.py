@@ -111,3 +111,6 @@ def test_a_mean_over_the_runs_that_measured_says_how_many_did() -> None:
     print_comparison([arm], Console(file=buf, width=200, color_system=None))
     row = next(line for line in buf.getvalue().splitlines() if "group latency max" in line)
     assert "366.4" in row and "(1 of 3 runs)" in row, row
+    from sessionroute.experiments.report import _table_html
+
+    assert "<small>(1 of 3 runs)</small>" in _table_html([arm])  # the HTML report says it too

@@ -25,7 +25,13 @@ import numpy as np
 from matplotlib.ticker import MaxNLocator
 
 from sessionroute.experiments.results import ArmResult, get_path
-from sessionroute.experiments.table import better, format_value, shown_value, visible_metrics
+from sessionroute.experiments.table import (
+    better,
+    format_value,
+    runs_note,
+    shown_value,
+    visible_metrics,
+)
 
 __all__ = ["render_plots", "write_report"]
 
@@ -203,6 +209,9 @@ def _table_html(arms: Sequence[ArmResult]) -> str:
             ci = get_path(arm.intervals, path) if v is not None else None
             if isinstance(ci, list) and len(ci) == 2:
                 cell += f" <small>[{format_value(ci[0])}, {format_value(ci[1])}]</small>"
+            note = runs_note(arm, path) if v is not None else None
+            if note is not None:
+                cell += f" <small>{note}</small>"
             b = shown_value(base, path)
             if i and isinstance(v, int | float) and isinstance(b, int | float) and b and base_arm:
                 d = (float(v) - float(b)) / abs(float(b)) * 100

@@ -28,6 +28,7 @@ __all__ = [
     "format_value",
     "print_comparison",
     "repeats_warning",
+    "runs_note",
     "shown_value",
     "visible_metrics",
 ]
@@ -136,11 +137,20 @@ def _cell(
     sep = "\n" if two_lines else " "
     if ci is not None:
         text.append(f"{sep}[{format_value(ci[0])}, {format_value(ci[1])}]", style="dim")
+    note = runs_note(arm, path) if v is not None else None
+    if note is not None:
+        text.append(f"{sep}{note}", style="dim")
+    return text
+
+
+def runs_note(arm: ArmResult, path: str) -> str | None:
+    """``"(1 of 3 runs)"`` when the value at ``path`` is a mean over only the runs whose
+    summary measured something (``runs_measured`` of :func:`aggregate_metrics`), else None."""
     parent, _, _ = path.rpartition(".")
     measured = get_path(arm.metrics, f"{parent}.runs_measured") if parent else None
-    if v is not None and isinstance(measured, int) and measured < len(arm.runs):
-        text.append(f"{sep}({measured} of {len(arm.runs)} runs)", style="dim")
-    return text
+    if isinstance(measured, int) and measured < len(arm.runs):
+        return f"({measured} of {len(arm.runs)} runs)"
+    return None
 
 
 def _width(text: Text) -> int:
