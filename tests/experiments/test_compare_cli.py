@@ -113,11 +113,11 @@ def test_workload_flag_brings_its_own_default_replicas(
     assert "replicas: 3 x toy-8b-h100-tp1" in out and "glm45air" not in out
     own = tmp_path / "own.toml"
     own.write_text(
-        'name = "own"\n[workload]\nkind = "swe-rl"\n[replicas]\ncount = 2\n'
-        'profile = "toy-8b-h100-tp1"\n[[arms]]\npolicy = "random"\n'
+        'name = "own"\n[workload]\nkind = "toy"\n[replicas]\ncount = 2\n'
+        'profile = "glm45air-h200-tp8"\n[[arms]]\npolicy = "random"\n'
     )
-    assert main(["compare", str(own), "--workload", "trace:weka", "--dry-run"]) == 0
-    assert "replicas: 2 x toy-8b-h100-tp1" in capsys.readouterr().out
+    assert main(["compare", str(own), "--workload", "swe-rl", "--dry-run"]) == 0
+    assert "replicas: 2 x glm45air-h200-tp8" in capsys.readouterr().out
     bare = tmp_path / "bare.toml"
     bare.write_text('[workload]\nkind = "toy"\n[[arms]]\npolicy = "random"\n')
     assert main(["compare", str(bare), "--dry-run"]) == 0
