@@ -193,10 +193,18 @@ async def test_bad_input_gets_vllm_statuses(
 async def test_malformed_json_and_unknown_route() -> None:
     async with running() as (h,), httpx.AsyncClient() as http:
         bad = await http.post(h.url + "/v1/chat/completions", content=b"{nope")
+        body = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}'
+        gzip_claimed = await http.post(  # plain JSON that says it is gzip: a 400, not a 500
+            h.url + "/v1/chat/completions",
+            content=body,
+            headers={"content-type": "application/json", "content-encoding": "gzip"},
+        )
         missing = await http.get(h.url + "/v1/nothing")
         method = await http.get(h.url + "/v1/chat/completions")
         version = await http.get(h.url + "/version")
     assert bad.status_code == 400 and "Malformed JSON" in bad.json()["error"]["message"]
+    assert gzip_claimed.status_code == 400, gzip_claimed.text
+    assert "Undecodable request body" in gzip_claimed.json()["error"]["message"]
     assert missing.status_code == 404 and missing.json()["error"]["code"] == 404
     assert method.status_code == 405 and method.json()["error"]["code"] == 405
     assert version.json()["version"].startswith("sessionroute-emulator")

@@ -42,3 +42,28 @@ def test_failures_open_the_circuit_once_and_a_success_resets_the_count() -> None
     core.record_success("http://w1")
     assert [core.record_failure("http://w1") for _ in range(3)] == [None, None, 5.0]
     assert not core.cluster.is_healthy("http://w1") and core.cluster.is_healthy("http://w2")
+
+
+def test_the_last_available_workers_circuit_does_not_open() -> None:
+    """Failures every worker shares (a bad request repeated) must not open every circuit:
+    the last available worker's stay counted, and open it once another is available."""
+    clock = ManualClock()
+    core = _core(clock, cb_failure_threshold=2, cb_timeout_s=10.0)
+    assert [core.record_failure("http://w1") for _ in range(2)] == [None, 10.0]
+    assert [core.record_failure("http://w2") for _ in range(4)] == [None] * 4
+    assert core.cluster.is_healthy("http://w2")  # the only one left
+    clock.advance(10.0)
+    core.refresh("http://w1")  # half-open: available again
+    assert core.record_failure("http://w2") == 10.0  # counted all along: opens at once now
+    assert not core.cluster.is_healthy("http://w2")
+
+
+def test_a_retried_request_is_one_strike_per_reservation() -> None:
+    from sessionroute.types import RouteRequest
+
+    core = _core(ManualClock(), cb_failure_threshold=2, cb_timeout_s=10.0)
+    res = core.route(RouteRequest(session_id="s"))
+    assert [core.record_attempt_failure(res) for _ in range(5)] == [None] * 5
+    assert core.cluster.is_healthy(res.worker)
+    other = core.route(RouteRequest(session_id="s"))  # another request: a strike of its own
+    assert core.record_attempt_failure(other) == 10.0

@@ -57,6 +57,33 @@ async def test_retries_exhausted_pass_the_last_upstream_error_through(
     assert status == 503 and len(b.seen) == 4
 
 
+async def test_requests_every_worker_fails_do_not_open_every_circuit(
+    backends: list[FakeBackend], make_router: MakeRouter, client: aiohttp.ClientSession
+) -> None:
+    """A review found three bad requests (each answered 500 by every worker, retried five
+    times) opened both workers' circuits, and every client got 503 for the circuit timeout.
+    A request retried on one worker is one strike there, not five, and the last available
+    worker's circuit does not open: good requests are served once the workers answer them."""
+    a, b = backends[0], backends[1]
+    router = await make_router(
+        [a.url, b.url], policy="consistent_hash", retry_max_retries=5, cb_failure_threshold=3
+    )
+    a.fail_statuses = [500] * 100
+    b.fail_statuses = [500] * 100
+    for _ in range(2):
+        assert (await post_chat(client, router, "poison"))[0] == 500
+    assert len(a.seen) + len(b.seen) == 2 * 5  # every attempt went out, to one worker...
+    core = router.router.core
+    assert core.cluster.is_healthy(a.url) and core.cluster.is_healthy(b.url)  # ...2 strikes
+
+    alone = await make_router([a.url], retry_max_retries=5, cb_failure_threshold=3)
+    for _ in range(5):
+        assert (await post_chat(client, alone, "poison"))[0] == 500
+    assert alone.router.core.cluster.is_healthy(a.url)  # the last worker's circuit stays shut
+    a.fail_statuses.clear()
+    assert (await post_chat(client, alone, "good"))[0] == 200
+
+
 @pytest.mark.parametrize("policy", ["consistent_hash", "sticky_least_loaded"])
 async def test_scenario5_killed_worker(
     policy: str,

@@ -15,6 +15,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import ContentEncodingError
+from aiohttp.web_protocol import RequestPayloadError
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from sessionroute.emulate.driver import Ticket
@@ -79,7 +81,10 @@ def _emu(request: web.Request) -> EmulatedReplica:
 
 
 async def _body(request: web.Request) -> Any:
-    raw = await request.read()
+    try:
+        raw = await request.read()
+    except (RequestPayloadError, ContentEncodingError) as exc:  # not the encoding it claims
+        raise EmulatorRequestError(400, f"Undecodable request body: {exc}") from None
     try:
         return json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:

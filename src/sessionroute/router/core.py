@@ -57,6 +57,8 @@ class Reservation:
             worker removed and added again is a new generation, so completing an old
             reservation never takes load off the new one.
         done: True once completed (a second complete is ignored).
+        failure_counted: True once a failed attempt of it counted toward its worker's
+            circuit (:meth:`RoutingCore.record_attempt_failure`).
     """
 
     request: RouteRequest
@@ -64,6 +66,7 @@ class Reservation:
     kind: DecisionKind
     generation: int
     done: bool = False
+    failure_counted: bool = False
 
 
 class RoutingCore:
@@ -366,15 +369,41 @@ class RoutingCore:
     def record_failure(self, url: str) -> float | None:
         """An upstream failure (5xx, reset, timeout) from ``url``.
 
+        The circuit of the last available worker does not open: failures that no worker can
+        avoid (a request every worker answers with a 5xx, repeated by a client) would
+        otherwise open every circuit in turn and refuse all traffic for ``cb_timeout_s``
+        (Envoy's outlier detection likewise never ejects past ``max_ejection_percent``).
+        Its failures stay counted; it opens on the next one once another worker is
+        available. A worker that really went away is still marked unavailable by a refused
+        connection (:meth:`record_unreachable`) and by its health checks.
+
         Returns:
             When this opened its circuit, the seconds after which the driver should call
             :meth:`refresh` (the circuit turns half-open); None otherwise.
         """
         wh = self.health.get(url)
-        if wh is None or not wh.breaker.record_failure():
+        if wh is None:
+            return None
+        cluster = self.cluster
+        others = any(cluster.is_healthy(u) for u in cluster.workers() if u != url)
+        if not wh.breaker.record_failure(may_open=others):
             return None
         self.refresh(url)
         return wh.breaker.timeout_s
+
+    def record_attempt_failure(self, reservation: Reservation) -> float | None:
+        """A failed attempt (5xx answer, broken connection) of ``reservation``: one
+        :meth:`record_failure` of its worker per reservation, however often the request is
+        retried there, so one bad request retried five times is one strike, not five (the
+        next worker it moves to gets a reservation, and a strike, of its own).
+
+        Returns:
+            As :meth:`record_failure`.
+        """
+        if reservation.failure_counted:
+            return None
+        reservation.failure_counted = True
+        return self.record_failure(reservation.worker)
 
     def record_unreachable(self, url: str, reason: str) -> float | None:
         """``url`` refused a connection: unavailable at once, until its health checks pass

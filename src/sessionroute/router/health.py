@@ -101,12 +101,19 @@ class CircuitBreaker:
                 return True
         return False
 
-    def record_failure(self) -> bool:
-        """Count a failed request; returns True if the circuit opened."""
+    def record_failure(self, *, may_open: bool = True) -> bool:
+        """Count a failed request; returns True if the circuit opened.
+
+        Args:
+            may_open: False keeps the circuit closed (or half-open) even at the threshold; the
+                failures stay counted, so the next failure with ``may_open`` opens it.
+        """
         if not self.enabled:
             return False
         state = self.state
         self._failures += 1
+        if not may_open:
+            return False
         if state is BreakerState.HALF_OPEN or (
             state is BreakerState.CLOSED and self._failures >= self.failure_threshold
         ):

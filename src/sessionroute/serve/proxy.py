@@ -298,7 +298,7 @@ async def _forward(
                 continue
             except UpstreamError as exc:  # reset, disconnect, malformed response
                 last_error = f"{worker}: {type(exc).__name__}: {exc}"
-                router.record_failure(worker)
+                router.record_attempt_failure(res)
                 failure = AttemptFailure.SENT if ex.sent_all else AttemptFailure.UNSENT
                 if retry.may_retry(failure):
                     continue
@@ -330,10 +330,10 @@ async def _forward(
                 if timer is not None:
                     timer.cancel()
             metrics.observe_upstream(worker, ex.sent_at, time.perf_counter())
-            if status >= 500:
-                router.record_failure(worker)
-            else:
+            if status < 500:
                 router.record_success(worker)
+            else:
+                router.record_attempt_failure(res)
             if retry.retryable(status) and attempt + 1 < attempts:
                 if not await _drain(ex):
                     timeout_reading(conn, router, worker, rid)

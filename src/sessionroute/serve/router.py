@@ -19,7 +19,7 @@ import aiohttp
 from sessionroute.clock import Clock, MonotonicClock
 from sessionroute.errors import ConfigError
 from sessionroute.router import RoutingCore, choose_policy
-from sessionroute.router.core import SWEEP_CHUNK
+from sessionroute.router.core import SWEEP_CHUNK, Reservation
 from sessionroute.router.kv.index import KvIndex
 from sessionroute.router.retry import WorkerLostAction
 from sessionroute.router.state import Cluster
@@ -353,6 +353,12 @@ class Router:
     def record_failure(self, url: str) -> None:
         """An upstream failure (5xx, reset, timeout) from ``url``; may open its circuit."""
         self._circuit_opened(url, self.core.record_failure(url))
+
+    def record_attempt_failure(self, reservation: Reservation) -> None:
+        """A failed attempt of ``reservation`` (5xx, reset): one strike per reservation
+        (:meth:`RoutingCore.record_attempt_failure`); may open its worker's circuit."""
+        url = reservation.worker
+        self._circuit_opened(url, self.core.record_attempt_failure(reservation))
 
     def record_unreachable(self, url: str, reason: str) -> None:
         """``url`` refused the connection: unavailable at once, so the retry re-places."""
