@@ -114,3 +114,26 @@ def test_a_mean_over_the_runs_that_measured_says_how_many_did() -> None:
     from sessionroute.experiments.report import _table_html
 
     assert "<small>(1 of 3 runs)</small>" in _table_html([arm])  # the HTML report says it too
+
+
+def test_a_change_from_zero_is_shown_and_coloured() -> None:
+    """0 -> 701 timed-out rollouts with intervals apart: no percentage of 0, but the change
+    itself, red in the table and "bad" in the HTML (it was left blank and uncoloured)."""
+    from sessionroute.experiments.report import _table_html
+    from sessionroute.experiments.table import delta_text
+
+    def arm(name: str, timeouts: list[int]) -> ArmResult:
+        runs = [
+            RunOutput(seed=i, metrics={"steps": 2, "rollouts_timed_out": t})
+            for i, t in enumerate(timeouts)
+        ]
+        return ArmResult(name, name, {}, runs)
+
+    base, worse = arm("cache_aware", [0, 0, 0]), arm("consistent_hash", [699, 701, 703])
+    assert delta_text(701, 0.0) == "+701" and delta_text(0, 0) is None
+    assert delta_text(-2.5, 0) == "-2.50" and delta_text(110.0, 100.0) == "+10.0%"
+    buf = io.StringIO()
+    print_comparison([base, worse], Console(file=buf, width=200, force_terminal=True))
+    row = next(line for line in buf.getvalue().splitlines() if "timed out" in line)
+    assert "(+701.0)" in row and "\x1b[31m" in row, row  # red: more timeouts are worse
+    assert '<span class="bad">(+701.0)</span>' in _table_html([base, worse])

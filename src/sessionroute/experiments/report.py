@@ -27,6 +27,7 @@ from matplotlib.ticker import MaxNLocator
 from sessionroute.experiments.results import ArmResult, get_path
 from sessionroute.experiments.table import (
     better,
+    delta_text,
     format_value,
     runs_note,
     shown_value,
@@ -212,12 +213,11 @@ def _table_html(arms: Sequence[ArmResult]) -> str:
             note = runs_note(arm, path) if v is not None else None
             if note is not None:
                 cell += f" <small>{note}</small>"
-            b = shown_value(base, path)
-            if i and isinstance(v, int | float) and isinstance(b, int | float) and b and base_arm:
-                d = (float(v) - float(b)) / abs(float(b)) * 100
+            delta = delta_text(v, shown_value(base, path)) if i and base_arm else None
+            if delta is not None and base_arm is not None:
                 verdict = better(arm, base_arm, path, direction)
                 cls = "good" if verdict > 0 else "bad" if verdict < 0 else ""
-                cell += f' <span class="{cls}">({d:+.1f}%)</span>'
+                cell += f' <span class="{cls}">({html.escape(delta)})</span>'
             cells.append(f"<td>{cell}</td>")
         rows.append(f"<tr><th>{html.escape(label)}</th>{''.join(cells)}</tr>")
     return f"<table><tr><th>metric</th>{head}</tr>{''.join(rows)}</table>"

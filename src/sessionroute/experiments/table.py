@@ -25,6 +25,7 @@ __all__ = [
     "TABLE_METRICS",
     "better",
     "comparison_tables",
+    "delta_text",
     "format_value",
     "print_comparison",
     "repeats_warning",
@@ -127,12 +128,11 @@ def _cell(
 ) -> Text:
     v = shown_value(arm.metrics, path)
     text = Text(format_value(v))
-    b = shown_value(base.metrics, path)
-    if not first and isinstance(v, int | float) and isinstance(b, int | float) and b:
-        delta = (float(v) - float(b)) / abs(float(b)) * 100.0
+    delta = None if first else delta_text(v, shown_value(base.metrics, path))
+    if delta is not None:
         verdict = better(arm, base, path, direction)
         style = "green" if verdict > 0 else "red" if verdict < 0 else ""
-        text.append(f" ({delta:+.1f}%)", style=style)
+        text.append(f" ({delta})", style=style)
     ci = _interval(arm, path) if v is not None else None
     sep = "\n" if two_lines else " "
     if ci is not None:
@@ -141,6 +141,21 @@ def _cell(
     if note is not None:
         text.append(f"{sep}{note}", style="dim")
     return text
+
+
+def delta_text(v: Any, base: Any) -> str | None:
+    """The change from the first arm's value: ``"+12.5%"``, or the difference itself when
+    the first arm's value is 0 (``"+701"``: no percentage of 0, but a change all the same, to
+    be coloured like any other); None when either is not a number or they are equal at 0."""
+    if not isinstance(v, int | float) or not isinstance(base, int | float):
+        return None
+    if isinstance(v, bool) or isinstance(base, bool):
+        return None
+    if base:
+        return f"{(float(v) - float(base)) / abs(float(base)) * 100.0:+.1f}%"
+    if not v:
+        return None
+    return ("+" if v > 0 else "-") + format_value(abs(v))
 
 
 def runs_note(arm: ArmResult, path: str) -> str | None:
