@@ -124,3 +124,17 @@ def test_bad_sweep_values_are_refused_before_any_run(
     assert main([*argv, "--out", str(tmp_path / "out")]) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_replicas_knee_is_where_throughput_falls_not_where_spare_capacity_appears() -> None:
+    """4 / 6 / 8 replicas at 1,001 / 1,017 / 1,020 tok/s: the fleet has room at every point,
+    so no knee (tok/s x replicas put one at 6). Halving the throughput at 2 replicas is one."""
+    knob = KNOBS["replicas"]
+    table = {4: 1001.0, 6: 1017.0, 8: 1020.0}
+    arms = [_arm("a", v) for v in table]
+    s = summarize(knob, [_result("a", v, [x]) for v, x in table.items()], arms)
+    assert s.knee is None
+    table[2] = 510.0
+    arms = [_arm("a", v) for v in table]
+    s = summarize(knob, [_result("a", v, [x]) for v, x in table.items()], arms)
+    assert s.knee == 2.0

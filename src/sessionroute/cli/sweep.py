@@ -164,7 +164,7 @@ def _run(args: argparse.Namespace) -> int:
     if result.knee is not None:
         out.print(f"knee: {result.knee:g} ({knob.label})", highlight=False)
     else:
-        out.print("knee: none in this range (throughput scaled with load)", highlight=False)
+        out.print("knee: none in this range (throughput kept up with load)", highlight=False)
     for line in result.verdicts:
         out.print(line, highlight=False)
     out.print(

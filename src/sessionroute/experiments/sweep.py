@@ -10,7 +10,10 @@ The knee is the first point, in order of increasing load, at which the best poli
 tokens per second per unit of load fall below :data:`KNEE_EFFICIENCY` of their value at the
 lightest point: past it, more load no longer buys throughput in proportion (the fleet
 saturates, caches thrash, rollouts queue). Load is the knob's value for ``inflight`` and
-``concurrency`` and its inverse for ``replicas`` and ``time-scale``.
+``concurrency`` and its inverse for ``time-scale`` (arrivals come faster). ``replicas``
+changes the capacity, not the work offered, so its throughput should hold, not scale: its
+knee is the first replica count, going down, at which the best policy's tok/s fall below
+:data:`KNEE_EFFICIENCY` of their value at the most replicas (the fleet became the bottleneck).
 """
 
 from __future__ import annotations
@@ -59,6 +62,8 @@ class Knob:
         key: its key there (under ``options`` for a workload option).
         label: axis label.
         inverse_load: a larger value means less load (more replicas, slower arrivals).
+        offers_load: the knob changes the work offered (throughput should grow with it), not
+            the capacity serving it (``replicas``: throughput should hold).
         kinds: workload kinds it applies to (empty: any).
         cast: int or float.
         default_values: the values swept when ``--values`` is not given (the default
@@ -73,6 +78,7 @@ class Knob:
     kinds: tuple[str, ...]
     cast: type
     default_values: tuple[float, ...]
+    offers_load: bool = True
 
     @property
     def path(self) -> str:
@@ -109,7 +115,7 @@ KNOBS: dict[str, Knob] = {
             int,
             (32, 64, 96, 128),
         ),
-        Knob("replicas", "replicas", "count", "replicas", True, (), int, (2, 3, 4, 6)),
+        Knob("replicas", "replicas", "count", "replicas", True, (), int, (2, 3, 4, 6), False),
         Knob(
             "time-scale",
             "workload",
@@ -306,8 +312,12 @@ def summarize(knob: Knob, results: list[ArmResult], arms: list[ResolvedArm]) -> 
     best = {
         v: max(p.stats["output_tokens_per_s"][0] for p in points if p.value == v) for v in values
     }
-    eff0 = best[by_load[0]] / knob.load(by_load[0])
-    knee = next((v for v in by_load[1:] if best[v] / knob.load(v) < KNEE_EFFICIENCY * eff0), None)
+
+    def efficiency(v: float) -> float:  # tok/s per unit of offered load, or tok/s itself
+        return best[v] / knob.load(v) if knob.offers_load else best[v]
+
+    eff0 = efficiency(by_load[0])
+    knee = next((v for v in by_load[1:] if efficiency(v) < KNEE_EFFICIENCY * eff0), None)
     verdicts = [_verdict(knob, v, [p for p in points if p.value == v]) for v in values]
     return SweepResult(knob, values, policies, points, knee, verdicts, runs)
 

@@ -43,6 +43,7 @@ def sweep_figure(result: SweepResult) -> str | None:
                 ax.fill_between(vals, [s[1] for _, s in ok], [s[2] for _, s in ok], alpha=0.15)
         if result.knee is not None:
             ax.axvline(result.knee, color="k", ls="--", lw=1, label="knee")
+        ax.set_ylim(bottom=0)  # every swept metric is >= 0: a 2 % change must not look a cliff
         ax.set_title(label, fontsize=10)
         ax.grid(alpha=0.3)
     for ax in axes.flat[len(metrics) :]:
@@ -60,7 +61,7 @@ def write_sweep_report(path: Path, result: SweepResult, experiment_toml: str) ->
     knee = (
         f"knee at {result.knee:g} ({html.escape(result.knob.label)})"
         if result.knee is not None
-        else "no knee in this range (throughput scaled with load)"
+        else "no knee in this range (throughput kept up with load)"
     )
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'>",
@@ -77,7 +78,8 @@ def write_sweep_report(path: Path, result: SweepResult, experiment_toml: str) ->
     parts.append(
         "<p><small>Mean over seeds with the 95 % interval (Student t) shaded where there are "
         "two or more seeds. The knee: the first value, by increasing load, at which the best "
-        "policy's output tok/s per unit of load falls below 0.9 x the lightest point's."
+        "policy's output tok/s per unit of load falls below 0.9 x the lightest point's (for "
+        "replicas, which change capacity rather than load: its tok/s themselves)."
         "</small></p>"
     )
     parts.append(f"<h2>Experiment</h2><pre>{html.escape(experiment_toml)}</pre></body></html>")
