@@ -85,3 +85,17 @@ def test_a_summary_that_measured_nothing_is_left_out_of_the_mean() -> None:
     means, cis = aggregate_metrics(both)
     assert means["group_latency_s"]["p50"] == pytest.approx(266.4)
     assert cis["group_latency_s"]["p50"][0] < 266.4 < cis["group_latency_s"]["p50"][1]
+
+
+def test_results_json_says_null_for_a_summary_that_measured_nothing() -> None:
+    """No GRPO group finished in any run: results.json gives null statistics, count 0 and
+    runs_measured 0, not 0.0 s with a [0, 0] interval (which W&B would log as 0 s)."""
+    from sessionroute.record.recorder import summary
+
+    assert summary([])["p50"] is None and summary([])["count"] == 0
+    runs = [RunOutput(seed=s, metrics={"group_latency_s": summary([])}) for s in (0, 1)]
+    doc = results_document({"name": "x"}, [ArmResult("a", "random", {}, runs)])
+    arm = doc["arms"][0]
+    assert arm["metrics"]["group_latency_s"]["p50"] is None
+    assert arm["metrics"]["group_latency_s"]["runs_measured"] == 0
+    assert "group_latency_s" not in arm["intervals"]

@@ -147,11 +147,12 @@ def aggregate_metrics(
         elif isinstance(v, Mapping) and all(isinstance(x, Mapping) for x in vals):
             subs: list[Mapping[str, Any]] = vals  # type: ignore[assignment]
             measured = [x for x in subs if x.get("count", 1) != 0]
-            if measured and len(measured) < len(subs):
+            if len(measured) < len(subs):
                 # A summary that measured nothing in some runs (count 0: e.g. no GRPO group
-                # finished) holds zeros, not values: average only the runs that measured.
-                sub_m, sub_c = aggregate_metrics(measured, f"{parent}{key}.")
-                sub_m["count"] = sum(float(x.get("count", 0)) for x in subs) / len(subs)
+                # finished) holds no values: average only the runs that measured.
+                sub_m, sub_c = aggregate_metrics(measured or subs[:1], f"{parent}{key}.")
+                counts = [x.get("count", 0) for x in subs]
+                sub_m["count"] = counts[0] if len(subs) == 1 else sum(counts) / len(subs)
                 sub_m["runs_measured"] = len(measured)
             else:
                 sub_m, sub_c = aggregate_metrics(subs, f"{parent}{key}.")

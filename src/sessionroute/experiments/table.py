@@ -116,7 +116,7 @@ def better(arm: ArmResult, base: ArmResult, path: str, direction: int) -> int:
 def shown_value(metrics: Mapping[str, Any], path: str) -> Any:
     """The value at ``path`` as the table shows it: None (printed ``-``) for a statistic of a
     summary that measured nothing (``count`` 0: e.g. group latency in a run too short for a
-    GRPO group to finish, whose summary holds zeros), else the value itself."""
+    GRPO group to finish, whose statistics are None), else the value itself."""
     parent, _, _ = path.rpartition(".")
     if parent and get_path(metrics, f"{parent}.count") == 0:
         return None

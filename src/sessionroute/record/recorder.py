@@ -16,10 +16,12 @@ import numpy as np
 __all__ = ["Recorder", "cov", "summary"]
 
 
-def summary(values: Sequence[float]) -> dict[str, float]:
-    """``{"p50", "p90", "p99", "max", "mean", "count"}`` of ``values`` (zeros when empty)."""
+def summary(values: Sequence[float]) -> dict[str, float | None]:
+    """``{"p50", "p90", "p99", "max", "mean", "count"}`` of ``values``; with no values every
+    statistic is None (``null`` in results.json, ``-`` in tables) and ``count`` 0: nothing was
+    measured, which is not a latency of 0 s."""
     if not values:
-        return {"p50": 0.0, "p90": 0.0, "p99": 0.0, "max": 0.0, "mean": 0.0, "count": 0}
+        return {"p50": None, "p90": None, "p99": None, "max": None, "mean": None, "count": 0}
     arr = np.asarray(values, dtype=np.float64)
     p50, p90, p99 = np.percentile(arr, [50, 90, 99]).tolist()
     return {
