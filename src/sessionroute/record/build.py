@@ -77,7 +77,7 @@ class SessionLifecycle:
     """
 
     new: int
-    repinned: int
+    repinned: int | None
     expired: int
     released: int
     leaked: int | None

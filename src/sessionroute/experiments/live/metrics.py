@@ -120,10 +120,18 @@ def _replica(
     )
 
 
-def _sessions(router: dict[str, Any], finish_sessions: bool) -> SessionLifecycle | None:
+def _sessions(
+    router: dict[str, Any], finish_sessions: bool, keeps_sessions: bool, host: LiveHost, taps: bool
+) -> SessionLifecycle | None:
     """The lifecycle from our router's counters (None for another router): every session it
     still holds at the end counts as leaked, since the workload has ended every session, if
-    clients release sessions (``finish_sessions``; else leaked is None)."""
+    clients release sessions (``finish_sessions``; else leaked is None). For a policy without
+    a session table, as in the simulator (``sim/report.py``): every session seen is new and
+    every session move (seen by the taps; None without them) is a re-pin, behind any router."""
+    if not keeps_sessions:
+        c = host.rec.counts
+        moves = c["session_moves"] if taps else None
+        return SessionLifecycle(c["sessions_seen"], moves, 0, 0, 0, 0)
     if not router:
         return None
     decisions: dict[str, int] = router.get("decisions", {})
@@ -151,6 +159,7 @@ def build_live_metrics(
     wall_s: float,
     live: dict[str, Any],
     finish_sessions: bool = True,
+    keeps_sessions: bool = True,
 ) -> dict[str, Any]:
     """The metrics dict of one live arm (see the module docstring).
 
@@ -167,6 +176,8 @@ def build_live_metrics(
         live: the ``live`` description reported under ``"live"``.
         finish_sessions: whether the clients released their sessions (``[router]
             finish_sessions``); when not, ``sessions_leaked`` is None.
+        keeps_sessions: whether the arm's policy keeps a session table (when not, the
+            session counts come from the workload and the taps, as in the simulator).
     """
     rec = host.rec
     t = host.duration_s
@@ -188,7 +199,7 @@ def build_live_metrics(
         ideal_hit_rate=host.ideal.hit_rate,
         block_size=host.block_size,
         prefix_cache_resets=host.prefix_resets,
-        sessions=_sessions(router, finish_sessions),
+        sessions=_sessions(router, finish_sessions, keeps_sessions, host, bool(taps)),
         workload=workload,
         unmeasured=frozenset(unmeasured),
         extra={

@@ -227,6 +227,7 @@ class LiveArmRunner:
             host, before, after, urls, sampler=sampler, taps=taps, router=router_stats,
             workload=workload.summary(), wall_s=wall, live=described,
             finish_sessions=router.finish_sessions,
+            keeps_sessions=choose_policy(arm.policy, arm.policy_options).cls.keeps_sessions,
         )  # fmt: skip
         rec = host.rec
         return RunOutput(seed, metrics, sampler.rows, list(rec.steps), rec.samples())
