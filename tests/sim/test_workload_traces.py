@@ -48,6 +48,7 @@ def test_a_valid_weka_file_loads_with_empty_times_as_none(tmp_path: Path) -> Non
         ("7,1,0,2,1.0,100,1,0,-1,1,1,0,s", "row"),  # out of sequence
         ("2,1,0,2,1.0,100,1,0,-1,1,1,0", "row"),  # missing a field
         ("2,1,0,2,1.0,100,1,0,-1,nan,1,0,s", "api_time"),
+        ("2,1,0,2,1.0,100,1,0,-1,1,1,0,s", "t"),  # before the session's previous row (5.0)
     ],
 )
 def test_a_malformed_weka_row_names_file_line_and_field(

@@ -176,7 +176,8 @@ def load_weka(path: str | Path) -> WekaTrace:
 
     Raises:
         TraceFormatError: for a missing column, a row with the wrong number of fields, a bad
-            value, a ``row`` out of sequence, or an inconsistent ``cached_tokens``/``match_row``.
+            value, a ``row`` out of sequence, an inconsistent ``cached_tokens``/``match_row``,
+            or a ``t`` before that of the session's previous row.
         OSError: if the file cannot be read.
     """
     p = str(path)
@@ -202,8 +203,17 @@ def load_weka(path: str | Path) -> WekaTrace:
             if r.row != len(rows):
                 raise TraceFormatError(p, line, "row", f"expected {len(rows)}, got {r.row}")
             _check_links(r, rows, p, line)
+            earlier = sessions.setdefault(r.session, [])
+            if earlier and r.t < rows[earlier[-1]].t:
+                raise TraceFormatError(
+                    p,
+                    line,
+                    "t",
+                    f"{r.t:g} is before {rows[earlier[-1]].t:g}, the time of the session's "
+                    f"previous row ({earlier[-1]}): timestamps may not go backwards",
+                )
             rows.append(r)
-            sessions.setdefault(r.session, []).append(r.row)
+            earlier.append(r.row)
     if not rows:
         raise TraceFormatError(p, 2, "row", "no data rows")
     return WekaTrace(p, rows, sessions)
