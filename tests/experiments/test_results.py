@@ -99,3 +99,11 @@ def test_results_json_says_null_for_a_summary_that_measured_nothing() -> None:
     assert arm["metrics"]["group_latency_s"]["p50"] is None
     assert arm["metrics"]["group_latency_s"]["runs_measured"] == 0
     assert "group_latency_s" not in arm["intervals"]
+
+
+def test_a_cov_of_shares_is_not_clipped_to_one() -> None:
+    from sessionroute.experiments.results import metric_domain
+
+    assert metric_domain("kv_usage_cov") == (0.0, float("inf"))
+    assert metric_domain("per_replica.kv_usage") == (0.0, 1.0)
+    assert metric_domain("worst_window_hit_rate") == (0.0, 1.0)

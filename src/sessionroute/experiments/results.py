@@ -106,6 +106,8 @@ def metric_domain(key: str) -> tuple[float, float]:
     """The values a metric can take, ``(lo, hi)``: [0, 1] for hit rates, shares, fractions and
     KV usage; [0, inf) for everything else ``results.json`` holds (counts, rates, seconds,
     CoVs, ratios)."""
+    if key.endswith("_cov"):  # a CoV of shares (kv_usage_cov) still reaches sqrt(n - 1)
+        return 0.0, math.inf
     if any(m in key for m in _UNIT_MARKERS):
         return 0.0, 1.0
     return 0.0, math.inf
