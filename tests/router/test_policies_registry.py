@@ -104,6 +104,9 @@ def test_unknown_policy_names_are_clear(name: str, needle: str) -> None:
         ("consistent_hash_bounded_load", {"cc": 2}, "cc"),
         ("cache_aware", {"cache_threshold": -0.1}, "-0.1"),
         (f"{__name__}:LastHealthyPolicy", {"offset": 1, "bogus": True}, "bogus"),
+        # a value of the wrong type is named, not Python's "'>=' not supported ..."
+        ("kv_cost", {"temperature": "abc"}, "temperature must be a number, got 'abc'"),
+        ("consistent_hash_bounded_load", {"c": True}, "c must be a number, got True"),
     ],
 )
 def test_bad_options_are_clear(name: str, options: dict[str, Any], needle: str) -> None:

@@ -168,7 +168,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE",
         help="a policy option by its name in docs/policies.md (repeatable; VALUE is read as "
         "JSON when it parses, e.g. 0.9, 12, null, true, else as a string; sessionroute only), "
-        "e.g. --policy-option kv_overload_threshold=0.9",
+        "e.g. --policy cache_aware_v2 --policy-option kv_overload_threshold=0.9",
     )
     a(
         "--session-headers",

@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import random
+import types
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -107,6 +109,49 @@ def policy_class(name: str) -> type[Policy]:
     return _import(BUILTIN_POLICIES.get(name, name), name)
 
 
+_SCALARS: tuple[type, ...] = (bool, int, float, str)
+_TYPE_WORDS: dict[type, str] = {
+    bool: "true or false",
+    int: "a whole number",
+    float: "a number",
+    str: "a string",
+    type(None): "null",
+}
+
+
+def _scalar_types(hint: Any) -> tuple[type, ...] | None:
+    """The types an option annotated ``hint`` accepts, when it is a plain scalar or a union of
+    them (``float | None``); None for anything else (left to the ``Config`` itself). An int is
+    accepted where a float is (TOML and JSON write 1 for 1.0)."""
+    args = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+    if typing.get_origin(hint) is typing.Union:
+        args = typing.get_args(hint)
+    if not all(a in _SCALARS or a is type(None) for a in args):
+        return None
+    return tuple(args) + ((int,) if float in args and int not in args else ())
+
+
+def _check_option_types(cls: type[Policy], cfg_cls: type, options: Mapping[str, Any]) -> None:
+    """ConfigError naming an option whose value is not of its annotated scalar type (a
+    ``--policy-option temperature=abc`` gave Python's ``'>=' not supported`` before)."""
+    try:
+        hints = typing.get_type_hints(cfg_cls)
+    except (NameError, TypeError):  # an annotation we cannot resolve: the Config checks
+        return
+    for key, value in options.items():
+        allowed = _scalar_types(hints.get(key))
+        if allowed is None:
+            continue
+        ok = isinstance(value, allowed) and (not isinstance(value, bool) or bool in allowed)
+        if not ok:
+            # float's implied int is not named: "a number", not "a number or a whole number"
+            shown = [t for t in allowed if not (t is int and float in allowed)]
+            names = " or ".join(_TYPE_WORDS[t] for t in shown)
+            raise ConfigError(
+                f"bad options for policy {cls.name!r}: {key} must be {names}, got {value!r}"
+            )
+
+
 def make_config(cls: type[Policy], options: Mapping[str, Any] | None) -> Any:
     """Build ``cls.Config`` from ``options``; ConfigError names any unknown or bad option."""
     options = dict(options or {})
@@ -122,6 +167,7 @@ def make_config(cls: type[Policy], options: Mapping[str, Any] | None) -> Any:
             raise ConfigError(
                 f"unknown option(s) {unknown} for policy {cls.name!r}; known: {sorted(known)}"
             )
+        _check_option_types(cls, cfg_cls, options)
     try:
         return cfg_cls(**options)
     except (TypeError, ValueError) as exc:
