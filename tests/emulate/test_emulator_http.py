@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import httpx
@@ -193,7 +194,11 @@ async def test_bad_input_gets_vllm_statuses(
 async def test_malformed_json_and_unknown_route() -> None:
     async with running() as (h,), httpx.AsyncClient() as http:
         bad = await http.post(h.url + "/v1/chat/completions", content=b"{nope")
-        body = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}'
+        msg = {"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
+        body = json.dumps(msg).encode()
+        long_header = await http.post(  # a 60 KB header line: read, as vLLM reads it
+            h.url + "/v1/chat/completions", content=body, headers={"x-big": "a" * 60_000}
+        )
         gzip_claimed = await http.post(  # plain JSON that says it is gzip: a 400, not a 500
             h.url + "/v1/chat/completions",
             content=body,
@@ -203,6 +208,7 @@ async def test_malformed_json_and_unknown_route() -> None:
         method = await http.get(h.url + "/v1/chat/completions")
         version = await http.get(h.url + "/version")
     assert bad.status_code == 400 and "Malformed JSON" in bad.json()["error"]["message"]
+    assert long_header.status_code == 200, long_header.text
     assert gzip_claimed.status_code == 400, gzip_claimed.text
     assert "Undecodable request body" in gzip_claimed.json()["error"]["message"]
     assert missing.status_code == 404 and missing.json()["error"]["code"] == 404

@@ -30,6 +30,10 @@ __all__ = [
     "stop_all",
 ]
 
+MAX_HEADER_LINE_BYTES = 65536
+"""The longest request line or header the emulator reads (the router's limit on a whole head,
+``serve/request.py``'s ``MAX_HEAD_BYTES``, so whatever the router forwards is read)."""
+
 log = logging.getLogger("sessionroute.emulate")
 
 
@@ -100,6 +104,10 @@ async def start_emulator(
         handler_cancellation=True,
         shutdown_timeout=settings.shutdown_timeout_s,
         access_log=None,
+        # vLLM's server (uvicorn on httptools) takes long header lines; aiohttp's default of
+        # 8,190 bytes refused with a text/plain 400 what the router (64 KiB heads) forwards
+        max_line_size=MAX_HEADER_LINE_BYTES,
+        max_field_size=MAX_HEADER_LINE_BYTES,
     )
     await runner.setup()
     try:
