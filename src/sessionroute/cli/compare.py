@@ -139,6 +139,9 @@ def experiment_from_args(args: argparse.Namespace) -> Any:
         _note_dropped_options(data["arms"], policy_arms)
         data["arms"] = policy_arms
         changed.append(f"--policies {args.policies}")
+        if not args.file:  # the built-in description lists its five arms: say these instead
+            names = [a["policy"] for a in policy_arms]
+            data["description"] = names[0] + (" vs " + ", ".join(names[1:]) if names[1:] else "")
     if changed and data.get("description"):
         data["description"] += f" (changed on the command line: {', '.join(changed)})"
     return parse_experiment(data, source=args.file or "<built-in default>")

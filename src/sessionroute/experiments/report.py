@@ -138,7 +138,10 @@ def _series_plot(arms: Sequence[ArmResult], key: str, label: str) -> str | None:
                 color="crimson" if rep == worst else None,
                 zorder=3 if rep == worst else 2,
             )
-        ax.set_title(arm.name, fontsize=10)
+        seed = f"seed {arm.runs[0].seed}" + (
+            f", first of {len(arm.runs)} repeats" if len(arm.runs) > 1 else ""
+        )
+        ax.set_title(f"{arm.name} ({seed})", fontsize=10)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     for ax in axes.flat[len(runs) :]:

@@ -142,7 +142,10 @@ def aggregate_metrics(
                 means[key] = float("nan")
                 continue
             m, lo, hi = mean_ci95(nums)
-            means[key] = m if len(runs) > 1 or isinstance(v, float) else v
+            if all(isinstance(x, int) for x in vals) and m.is_integer():
+                means[key] = int(m)  # counts and indexes stay whole: 0 preemptions, replica 2
+            else:
+                means[key] = m
             if len(runs) > 1:
                 d_lo, d_hi = metric_domain(f"{parent}{key}")
                 cis[key] = [max(lo, d_lo), min(hi, d_hi)]
