@@ -167,3 +167,16 @@ def test_parallel_runs_give_the_sequential_results(tmp_path: Path) -> None:
         assert main([*args, "--jobs", jobs, "--out", str(out)]) == 0
         docs.append(json.loads((out / "results.json").read_text()))
     assert _without_wall(docs[0]) == _without_wall(docs[1])
+
+
+def test_an_out_dir_with_an_earlier_run_is_said_to_be_replaced(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "results.json").write_text("{}")
+    rc = main(["compare", "--workload", "toy", "--policies", "round_robin", "--out", str(out)])
+    assert rc == 0
+    err = " ".join(capsys.readouterr().err.split())
+    assert "holds an earlier run's files: they are replaced" in err
+    assert json.loads((out / "results.json").read_text())["arms"]

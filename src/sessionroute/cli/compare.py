@@ -267,6 +267,11 @@ def _run(args: argparse.Namespace) -> int:
             print(plan_summary(spec, arms))
         return 0
     if args.out is not None:  # a bad --out fails now, not after the whole run
+        if (Path(args.out) / "results.json").exists():
+            err_console.print(
+                "note: " + escape(f"{args.out} holds an earlier run's files: they are replaced"),
+                highlight=False,
+            )
         try:
             Path(args.out).mkdir(parents=True, exist_ok=True)
         except OSError as exc:
