@@ -104,8 +104,8 @@ async def start_emulator(
         handler_cancellation=True,
         shutdown_timeout=settings.shutdown_timeout_s,
         access_log=None,
-        # vLLM's server (uvicorn on httptools) takes long header lines; aiohttp's default of
-        # 8,190 bytes refused with a text/plain 400 what the router (64 KiB heads) forwards
+        # the router forwards heads up to 64 KiB; aiohttp's default line limit (8,190 bytes)
+        # answered a longer header with a text/plain 400
         max_line_size=MAX_HEADER_LINE_BYTES,
         max_field_size=MAX_HEADER_LINE_BYTES,
     )
