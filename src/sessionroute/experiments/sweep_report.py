@@ -48,8 +48,12 @@ def sweep_figure(result: SweepResult) -> str | None:
         ax.grid(alpha=0.3)
     for ax in axes.flat[len(metrics) :]:
         ax.set_visible(False)
-    for ax in axes[-1]:
-        ax.set_xlabel(result.knob.label)
+    for col in range(cols):  # the lowest shown panel of each column carries the x axis
+        shown = [axes[r][col] for r in range(rows) if r * cols + col < len(metrics)]
+        if shown:
+            shown[-1].xaxis.set_tick_params(labelbottom=True)
+            shown[-1].set_xlabel(result.knob.label)
+    axes.flat[0].set_xticks(xs, [f"{v:g}" for v in xs])  # the swept values, not 2.25, 2.5
     handles, labels = axes.flat[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="upper center", ncol=min(6, len(labels)), frameon=False)
     fig.tight_layout(rect=(0, 0, 1, 0.96))
