@@ -44,9 +44,11 @@ def test_failures_open_the_circuit_once_and_a_success_resets_the_count() -> None
     assert not core.cluster.is_healthy("http://w1") and core.cluster.is_healthy("http://w2")
 
 
-def test_the_last_available_workers_circuit_does_not_open() -> None:
+def test_circuits_open_only_while_half_of_the_workers_stay_available() -> None:
     """Failures every worker shares (a bad request repeated) must not open every circuit:
-    the last available worker's stay counted, and open it once another is available."""
+    with 2 workers one may open, with 4 two; the others keep counting, and open at once when
+    enough workers are available again (a review switched a fleet off with three bad
+    requests when every circuit could open)."""
     clock = ManualClock()
     core = _core(clock, cb_failure_threshold=2, cb_timeout_s=10.0)
     assert [core.record_failure("http://w1") for _ in range(2)] == [None, 10.0]
@@ -57,13 +59,23 @@ def test_the_last_available_workers_circuit_does_not_open() -> None:
     assert core.record_failure("http://w2") == 10.0  # counted all along: opens at once now
     assert not core.cluster.is_healthy("http://w2")
 
+    four = [f"http://v{i}" for i in range(4)]
+    policy = create_policy("round_robin", clock=clock)
+    big = RoutingCore(policy, Cluster(four), RouterConfig(cb_failure_threshold=1))
+    opened = [big.record_failure(u) is not None for u in four]
+    assert opened == [True, True, False, False]
+    assert [big.cluster.is_healthy(u) for u in four] == [False, False, True, True]
 
-def test_a_retried_request_is_one_strike_per_reservation() -> None:
-    from sessionroute.types import RouteRequest
 
-    core = _core(ManualClock(), cb_failure_threshold=2, cb_timeout_s=10.0)
-    res = core.route(RouteRequest(session_id="s"))
-    assert [core.record_attempt_failure(res) for _ in range(5)] == [None] * 5
-    assert core.cluster.is_healthy(res.worker)
-    other = core.route(RouteRequest(session_id="s"))  # another request: a strike of its own
-    assert core.record_attempt_failure(other) == 10.0
+def test_a_circuit_timer_that_fires_early_is_told_how_long_is_left() -> None:
+    """An event loop's timer may fire a millisecond before the circuit is due: refresh then
+    changes nothing, and reopens_in says when to look again (the drivers re-arm with it)."""
+    clock = ManualClock()
+    core = _core(clock, cb_failure_threshold=1, cb_timeout_s=10.0)
+    assert core.record_failure("http://w1") == 10.0
+    clock.advance(9.9995)
+    assert core.refresh("http://w1") is False and not core.cluster.is_healthy("http://w1")
+    left = core.reopens_in("http://w1")
+    assert left is not None and 0.0 < left <= 0.0005 + 1e-9
+    clock.advance(left)
+    assert core.refresh("http://w1") is True and core.reopens_in("http://w1") is None

@@ -57,8 +57,6 @@ class Reservation:
             worker removed and added again is a new generation, so completing an old
             reservation never takes load off the new one.
         done: True once completed (a second complete is ignored).
-        failure_counted: True once a failed attempt of it counted toward its worker's
-            circuit (:meth:`RoutingCore.record_attempt_failure`).
     """
 
     request: RouteRequest
@@ -66,7 +64,6 @@ class Reservation:
     kind: DecisionKind
     generation: int
     done: bool = False
-    failure_counted: bool = False
 
 
 class RoutingCore:
@@ -369,13 +366,15 @@ class RoutingCore:
     def record_failure(self, url: str) -> float | None:
         """An upstream failure (5xx, reset, timeout) from ``url``.
 
-        The circuit of the last available worker does not open: failures that no worker can
-        avoid (a request every worker answers with a 5xx, repeated by a client) would
-        otherwise open every circuit in turn and refuse all traffic for ``cb_timeout_s``
-        (Envoy's outlier detection likewise never ejects past ``max_ejection_percent``).
-        Its failures stay counted; it opens on the next one once another worker is
-        available. A worker that really went away is still marked unavailable by a refused
-        connection (:meth:`record_unreachable`) and by its health checks.
+        A circuit opens only while at least half of the workers (rounded up) would stay
+        available: failures that no worker can avoid (a request every worker answers with a
+        5xx, repeated by a client) would otherwise open every circuit in turn and refuse all
+        traffic for ``cb_timeout_s``, or leave one worker carrying the fleet's load. Envoy
+        bounds its outlier ejections the same way (``max_ejection_percent``; routing to every
+        host below its 50 % panic threshold). A worker whose circuit may not open keeps its
+        failures counted and opens at the next one once enough others are available. A
+        worker that really went away is still marked unavailable by a refused connection
+        (:meth:`record_unreachable`) and by its health checks.
 
         Returns:
             When this opened its circuit, the seconds after which the driver should call
@@ -385,25 +384,19 @@ class RoutingCore:
         if wh is None:
             return None
         cluster = self.cluster
-        others = any(cluster.is_healthy(u) for u in cluster.workers() if u != url)
-        if not wh.breaker.record_failure(may_open=others):
+        workers = cluster.workers()
+        others = sum(1 for u in workers if u != url and cluster.is_healthy(u))
+        if not wh.breaker.record_failure(may_open=others >= -(-len(workers) // 2)):
             return None
         self.refresh(url)
         return wh.breaker.timeout_s
 
-    def record_attempt_failure(self, reservation: Reservation) -> float | None:
-        """A failed attempt (5xx answer, broken connection) of ``reservation``: one
-        :meth:`record_failure` of its worker per reservation, however often the request is
-        retried there, so one bad request retried five times is one strike, not five (the
-        next worker it moves to gets a reservation, and a strike, of its own).
-
-        Returns:
-            As :meth:`record_failure`.
-        """
-        if reservation.failure_counted:
-            return None
-        reservation.failure_counted = True
-        return self.record_failure(reservation.worker)
+    def reopens_in(self, url: str) -> float | None:
+        """Seconds until ``url``'s open circuit turns half-open (0 when due); None when it is
+        not open. A driver whose timer fired before that (an event loop's timers may fire a
+        millisecond early) calls :meth:`refresh` again after this long."""
+        wh = self.health.get(url)
+        return None if wh is None else wh.breaker.reopens_in()
 
     def record_unreachable(self, url: str, reason: str) -> float | None:
         """``url`` refused a connection: unavailable at once, until its health checks pass

@@ -85,6 +85,12 @@ class CircuitBreaker:
             self._successes = 0
         return self._state
 
+    def reopens_in(self) -> float | None:
+        """Seconds until an open circuit turns half-open (0 when due); None when not open."""
+        if self.state is not BreakerState.OPEN:
+            return None
+        return max(0.0, self._opened_at + self.timeout_s - self._clock.now())
+
     def allows(self) -> bool:
         """True unless the circuit is open."""
         return self.state is not BreakerState.OPEN

@@ -298,7 +298,7 @@ async def _forward(
                 continue
             except UpstreamError as exc:  # reset, disconnect, malformed response
                 last_error = f"{worker}: {type(exc).__name__}: {exc}"
-                router.record_attempt_failure(res)
+                router.record_failure(worker)
                 failure = AttemptFailure.SENT if ex.sent_all else AttemptFailure.UNSENT
                 if retry.may_retry(failure):
                     continue
@@ -333,7 +333,7 @@ async def _forward(
             if status < 500:
                 router.record_success(worker)
             else:
-                router.record_attempt_failure(res)
+                router.record_failure(worker)
             if retry.retryable(status) and attempt + 1 < attempts:
                 if not await _drain(ex):
                     timeout_reading(conn, router, worker, rid)

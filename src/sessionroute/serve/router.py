@@ -19,7 +19,7 @@ import aiohttp
 from sessionroute.clock import Clock, MonotonicClock
 from sessionroute.errors import ConfigError
 from sessionroute.router import RoutingCore, choose_policy
-from sessionroute.router.core import SWEEP_CHUNK, Reservation
+from sessionroute.router.core import SWEEP_CHUNK
 from sessionroute.router.kv.index import KvIndex
 from sessionroute.router.retry import WorkerLostAction
 from sessionroute.router.state import Cluster
@@ -35,6 +35,9 @@ if TYPE_CHECKING:
     from sessionroute.serve.state import RedisState
 
 __all__ = ["WORKER_KEEPALIVE_S", "Router"]
+
+CIRCUIT_RECHECK_MARGIN_S = 0.005
+"""Added to the time left when a circuit's timer fired before the circuit was due."""
 
 log = logging.getLogger("sessionroute.serve")
 
@@ -354,12 +357,6 @@ class Router:
         """An upstream failure (5xx, reset, timeout) from ``url``; may open its circuit."""
         self._circuit_opened(url, self.core.record_failure(url))
 
-    def record_attempt_failure(self, reservation: Reservation) -> None:
-        """A failed attempt of ``reservation`` (5xx, reset): one strike per reservation
-        (:meth:`RoutingCore.record_attempt_failure`); may open its worker's circuit."""
-        url = reservation.worker
-        self._circuit_opened(url, self.core.record_attempt_failure(reservation))
-
     def record_unreachable(self, url: str, reason: str) -> None:
         """``url`` refused the connection: unavailable at once, so the retry re-places."""
         was_available = self.core.cluster.is_healthy(url)
@@ -379,7 +376,18 @@ class Router:
         if old is not None:
             old.cancel()
         loop = asyncio.get_running_loop()
-        self._timers[url] = loop.call_later(delay_s, self.refresh, url)
+        self._timers[url] = loop.call_later(delay_s, self._circuit_due, url)
+
+    def _circuit_due(self, url: str) -> None:
+        """The timer of ``url``'s open circuit: push its availability, and if the circuit is
+        still open, look again when it is due. uvloop's timers can fire up to a millisecond
+        early; a single timer then left the worker out of rotation for good (found by a
+        review: a healthy worker stuck out, and with it a total outage)."""
+        self._timers.pop(url, None)
+        self.refresh(url)
+        remaining = self.core.reopens_in(url)
+        if remaining is not None:
+            self._schedule_refresh(url, remaining + CIRCUIT_RECHECK_MARGIN_S)
 
     # -- admin ----------------------------------------------------------------------------
     async def add_worker(self, url: str) -> None:

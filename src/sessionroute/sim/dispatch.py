@@ -3,7 +3,7 @@
 :class:`Dispatcher` does for the simulator what ``serve``'s proxy does over HTTP, and decides
 nothing itself: the policy's request comes from ``core.requests.from_turn``, placement and
 admission from ``core.place``, the router's retries from ``core.retry`` and
-``core.retarget``, worker availability from ``core.record_attempt_failure`` /
+``core.retarget``, worker availability from ``core.record_failure`` /
 ``core.record_unreachable``. It owns only time: the admission deadline, the retry backoffs,
 and the client's own retries when the router gives up (502) or has no worker (503), after the
 OpenAI SDK's backoff (``RouterSection.client_retry_*``), so that no turn is lost.
@@ -96,7 +96,7 @@ class Dispatcher:
         if refused:
             reopen_s = core.record_unreachable(url, "connection refused (replica down)")
         else:
-            reopen_s = core.record_attempt_failure(res)
+            reopen_s = core.record_failure(url)
         if reopen_s is not None:  # its circuit opened: look again when it turns half-open
             self.queue.push(self.queue.now() + reopen_s, PRIO_TIMER, self._refresh, url)
         wait_s = core.retry.after_failure(req.attempt, core.cluster.is_healthy(url))
@@ -158,8 +158,13 @@ class Dispatcher:
                 self._refused(req)
 
     def _refresh(self, url: str) -> None:
-        """A worker's open circuit turned half-open: push its availability to the router."""
-        self.core.refresh(url)
+        """A worker's open circuit turned half-open: push its availability to the router
+        (and look again a millisecond after it is due if rounding left it open)."""
+        core = self.core
+        core.refresh(url)
+        remaining = core.reopens_in(url)
+        if remaining is not None:
+            self.queue.push(self.queue.now() + remaining + 1e-3, PRIO_TIMER, self._refresh, url)
 
     def _retry(self, req: InFlight) -> None:
         """The router's next attempt: the same worker while available, else placed again."""
