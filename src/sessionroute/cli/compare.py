@@ -161,8 +161,9 @@ def _replace_workload(data: dict[str, Any], kind: str) -> None:
     old = data["workload"]["kind"]
     if canonical_kind(kind) != canonical_kind(old):
         cleared = []
+        new_defaults = default_replicas(kind)
         for field, value in default_replicas(old).items():
-            if data["replicas"].get(field) == value and default_replicas(kind).get(field) != value:
+            if data["replicas"].get(field) == value and new_defaults.get(field) != value:
                 data["replicas"][field] = None
                 cleared.append(f"{field} = {value!r}")
         if cleared:

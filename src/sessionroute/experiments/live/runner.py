@@ -154,7 +154,8 @@ class LiveArmRunner:
         t_wall = time.monotonic()
         ports = fleet.worker_ports
         fleet.check_ports_free(live.host)
-        reads_kv = choose_policy(arm.policy, arm.policy_options).cls.reads_kv_events
+        policy_cls = choose_policy(arm.policy, arm.policy_options).cls
+        reads_kv = policy_cls.reads_kv_events
         async with (
             httpx.AsyncClient(timeout=httpx.Timeout(30.0)) as client,
             fleet.arm_replicas(None if live.placements else ports, kv_events=reads_kv) as urls,
@@ -227,7 +228,7 @@ class LiveArmRunner:
             host, before, after, urls, sampler=sampler, taps=taps, router=router_stats,
             workload=workload.summary(), wall_s=wall, live=described,
             finish_sessions=router.finish_sessions,
-            keeps_sessions=choose_policy(arm.policy, arm.policy_options).cls.keeps_sessions,
+            keeps_sessions=policy_cls.keeps_sessions,
         )  # fmt: skip
         rec = host.rec
         return RunOutput(seed, metrics, sampler.rows, list(rec.steps), rec.samples())

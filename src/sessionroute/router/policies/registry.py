@@ -123,9 +123,8 @@ def _scalar_types(hint: Any) -> tuple[type, ...] | None:
     """The types an option annotated ``hint`` accepts, when it is a plain scalar or a union of
     them (``float | None``); None for anything else (left to the ``Config`` itself). An int is
     accepted where a float is (TOML and JSON write 1 for 1.0)."""
-    args = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
-    if typing.get_origin(hint) is typing.Union:
-        args = typing.get_args(hint)
+    union = isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union
+    args = typing.get_args(hint) if union else (hint,)
     if not all(a in _SCALARS or a is type(None) for a in args):
         return None
     return tuple(args) + ((int,) if float in args and int not in args else ())
