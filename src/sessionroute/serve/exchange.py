@@ -46,7 +46,8 @@ class Exchange:
         timed_out: True once the watchdog cancelled the owning task for this exchange.
         status: the response status (0 before :meth:`send` returned).
         reason: the reason phrase as received.
-        headers: the response headers as received, (name, value) pairs.
+        framed: the response head has a ``Content-Length`` or ``Transfer-Encoding`` (its
+            body is not delimited by the connection's close).
         relay_lines: the header lines to relay to the client, as pieces to join (name, ``b": "``,
             value, ``b"\\r\\n"`` for each header as received except
             :data:`~sessionroute.serve.worker_connection.RESPONSE_DROP`).
@@ -70,7 +71,7 @@ class Exchange:
         "chunks",
         "complete",
         "deadline",
-        "headers",
+        "framed",
         "keep_alive",
         "length",
         "reason",
@@ -106,7 +107,7 @@ class Exchange:
         self.timed_out = False
         self.status = 0
         self.reason = b""
-        self.headers: list[tuple[bytes, bytes]] = []
+        self.framed = False
         self.relay_lines: list[bytes] = []
         self.length: int | None = None
         self.keep_alive = False
@@ -258,7 +259,7 @@ class Exchange:
     def _on_lost(self, exc: BaseException | None) -> None:
         if self.complete:
             return
-        if self.status and not self._framed() and exc is None:
+        if self.status and not self.framed and exc is None:
             self.complete = True  # a body delimited by the close
             self.keep_alive = False
         else:
@@ -270,9 +271,6 @@ class Exchange:
         if self._error is None and not self.complete:
             self._error = error
             self._wake()
-
-    def _framed(self) -> bool:
-        return any(n.lower() in (b"content-length", b"transfer-encoding") for n, _ in self.headers)
 
     def _pause_upstream(self) -> None:
         conn = self._conn

@@ -150,7 +150,7 @@ class WorkerConnection(asyncio.Protocol):
         if ex is None or ex.complete:  # a second response to one request: desync
             raise RuntimeError("unsolicited response")
         self._head_bytes = 0
-        ex.headers = []
+        ex.framed = False
         ex.relay_lines = []
         ex.length = None
         ex.reason = b""
@@ -160,13 +160,15 @@ class WorkerConnection(asyncio.Protocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         ex: Exchange = self.exchange  # type: ignore[assignment]
-        ex.headers.append((name, value))
         # the relayed lines as they come (one pass over the headers, not a second one)
         low = name.lower()
         if low not in RESPONSE_DROP:
             ex.relay_lines += (name, b": ", value, b"\r\n")
         elif low == b"content-length":
             ex.length = int(value)  # (llhttp checked it is a number)
+            ex.framed = True
+        elif low == b"transfer-encoding":
+            ex.framed = True
 
     def on_headers_complete(self) -> None:
         ex: Exchange = self.exchange  # type: ignore[assignment]
