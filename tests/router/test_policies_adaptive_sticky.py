@@ -244,7 +244,7 @@ def _at_capacity(core: RoutingCore, kv: float = 0.4) -> list[Reservation]:
 
 
 def test_new_sessions_wait_when_every_worker_is_past_its_knee_running_ones_never() -> None:
-    core, policy, _ = _core(capacity_alpha=1.0, knee_pressure=1.0)
+    core, policy, _ = _core(capacity_alpha=1.0, knee_pressure=1.0, thrash_gate_s=0.0)
     running = _at_capacity(core)
     ready: list[Ticket] = []
     first = [core.place(_req(f"n{i}"), ready.append) for i in range(3)]
@@ -269,7 +269,9 @@ def test_new_sessions_wait_when_every_worker_is_past_its_knee_running_ones_never
 
 def test_a_new_session_is_placed_anyway_at_its_maximum_wait() -> None:
     clock = ManualClock()
-    core, policy, _ = _core(clock=clock, capacity_alpha=1.0, knee_pressure=1.0, max_wait_s=120.0)
+    core, policy, _ = _core(
+        clock=clock, capacity_alpha=1.0, knee_pressure=1.0, max_wait_s=120.0, thrash_gate_s=0.0
+    )
     _at_capacity(core, kv=0.8)  # capacity 10000: 8000 + 8000 does not fit anywhere
     assert core.admission_max_wait_s() == 120.0  # the policy's, not the router's 60
     ready: list[Ticket] = []
@@ -284,6 +286,43 @@ def test_a_new_session_is_placed_anyway_at_its_maximum_wait() -> None:
     assert q.wait_s_total == 120.0
     assert core.withdraw(t) is None and q.placed_at_deadline == 1  # once
     assert policy.worker_of("late") == t.reservation.worker
+
+
+def test_past_the_knee_new_sessions_wait_only_after_a_scrape_showed_thrash() -> None:
+    clock = ManualClock()
+    core, _, _ = _core(clock=clock, capacity_alpha=1.0, knee_pressure=1.0, thrash_gate_s=300.0)
+    _at_capacity(core, kv=0.8)  # capacity 10000: every worker is past its knee with 8000 more
+    ready: list[Ticket] = []
+    # no scrape showed thrash: the projection alone does not hold a new session
+    assert isinstance(core.place(_req("n0"), ready.append), Reservation)
+    # one worker's scrape shows waiting requests: it is no longer calm, the others are
+    clock.advance(1.0)
+    _gauges(
+        core,
+        a=EngineGauges(1, 4, 0.8),
+        b=EngineGauges(1, 0, 0.8),
+        c=EngineGauges(1, 0, 0.8),
+    )
+    assert isinstance(core.place(_req("n1"), ready.append), Reservation)
+    # every worker showed thrash (waiting, or kv_usage at escape_kv): held
+    clock.advance(1.0)
+    _gauges(
+        core,
+        a=EngineGauges(1, 4, 0.8),
+        b=EngineGauges(1, 0, 0.9),
+        c=EngineGauges(1, 4, 0.8),
+    )
+    t = core.place(_req("n2"), ready.append)
+    assert isinstance(t, Ticket)
+    # calm scrapes for thrash_gate_s: placed at the next scrape's pump
+    clock.advance(299.0)
+    _gauges(core, a=EngineGauges(1, 0, 0.8), b=EngineGauges(1, 0, 0.8), c=EngineGauges(1, 0, 0.8))
+    core.pump()
+    assert t.waiting
+    clock.advance(1.0)
+    _gauges(core, a=EngineGauges(1, 0, 0.8), b=EngineGauges(1, 0, 0.8), c=EngineGauges(1, 0, 0.8))
+    core.pump()
+    assert ready == [t] and t.reservation is not None
 
 
 def test_the_capacity_estimate_is_a_moving_average_of_running_tokens_over_kv() -> None:

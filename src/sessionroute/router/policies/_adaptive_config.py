@@ -76,6 +76,16 @@ class AdaptiveStickyConfig:
         capacity_min_kv: capacity samples are taken only at this ``kv_usage`` or above
             (below it the ratio is noise). Not swept.
         admission: hold new sessions while every worker is past its knee (rule 3).
+        thrash_gate_s: a worker past its knee still admits new sessions (the router does not
+            hold them) while none of its scrapes in the last ``thrash_gate_s`` seconds showed
+            thrash (``waiting >= overflow_waiting`` or ``kv_usage >= escape_kv``): the
+            projected knee (count times mean final context) is a forecast, and a fleet whose
+            caches have not overflowed for about half a median rollout has room it does not
+            see (544 in flight: kv_usage 0.5-0.7, nothing waiting, while the projection stood
+            at 1.0). 0 turns the gate off (hold on the projection alone). Default workload,
+            RL step time max, seeds 0-2 (mean): off 628.3 s; 200 -> 623.0; 300 -> 620.5;
+            450 -> 630.4; 600 -> 630.0 s; 640 in flight, output tok/s mean: off 6,180, 300 ->
+            5,942, 600 -> 6,090 (docs/policies.md).
         max_wait_s: the longest a held new session waits before it is placed anyway. At 640
             in flight held sessions wait ~250 s on average and a few reach 600 s; the
             router's 60 s default would let them through into the thrash.
@@ -110,6 +120,7 @@ class AdaptiveStickyConfig:
     final_alpha: float = 0.02
     capacity_min_kv: float = 0.2
     admission: bool = True
+    thrash_gate_s: float = 300.0
     max_wait_s: float = 600.0
     working_set_idle_s: float = 300.0
     session_ttl_s: float = 7200.0

@@ -42,8 +42,11 @@ behind every default are in :class:`AdaptiveStickyConfig` and ``docs/policies.md
    ``kv_usage``. A new session's first turn is held in the router core's admission queue while
    every healthy worker would be past its knee with it; it is placed, oldest first, as soon as
    one is not (a session finishing or going idle frees its context), and placed anyway after
-   ``max_wait_s`` (:attr:`places_at_max_wait`). Turns of running sessions and requests
-   without a session are never held (:meth:`AdaptiveStickyPolicy.admission_applies`).
+   ``max_wait_s`` (:attr:`places_at_max_wait`). The projection is a forecast: a worker whose
+   scraped gauges showed no thrash (``waiting >= overflow_waiting`` or ``kv_usage >=
+   escape_kv``) in the last ``thrash_gate_s`` seconds still admits (:meth:`_calm`). Turns of
+   running sessions and requests without a session are never held
+   (:meth:`AdaptiveStickyPolicy.admission_applies`).
 
 Without gauges (none scraped yet, or ``scrape_interval_s = None``) rules 2 and 3 never fire and
 the policy is token-balanced sticky placement. Requests without a session go to the worker
@@ -96,6 +99,7 @@ class AdaptiveStickyPolicy(SessionPolicy):
         self._capacity: dict[str, float] = {}  # worker -> estimated KV capacity, tokens
         self._final = 0.0  # moving average of finished sessions' last context, tokens
         self._last_move: dict[str, float] = {}  # worker -> time of the last move off it
+        self._last_thrash: dict[str, float] = {}  # worker -> last scrape showing thrash
         self._moved = DecisionKind.MOVED
         self.moves = 0
         self.overflow_moves = 0
@@ -171,12 +175,24 @@ class AdaptiveStickyPolicy(SessionPolicy):
 
     def admit(self, request: RouteRequest, cluster: ClusterView) -> bool:
         """A new session is admitted while some healthy worker is below its knee (or has no
-        gauges); turns of known sessions and stateless requests always are."""
+        gauges) or calm (:meth:`_calm`); turns of known sessions and stateless requests always
+        are."""
         if not self.admission_applies(request):
             return True
         healthy = cluster.healthy()
         tokens = request.prompt_tokens
-        return not healthy or any(not self._past_knee(w, tokens) for w in healthy)
+        return not healthy or any(
+            not self._past_knee(w, tokens) or self._calm(w, cluster) for w in healthy
+        )
+
+    def _calm(self, worker: str, cluster: ClusterView) -> bool:
+        """With ``thrash_gate_s``: the worker showed no thrash (waiting >= overflow_waiting
+        or kv_usage >= escape_kv) in its scrapes of the last ``thrash_gate_s`` seconds."""
+        gate = self.cfg.thrash_gate_s
+        if gate <= 0:
+            return False
+        self._refresh(worker, cluster)
+        return self.clock.now() - self._last_thrash.get(worker, -math.inf) >= gate
 
     def first_admitted(self, requests: Sequence[RouteRequest], cluster: ClusterView) -> int | None:
         """:meth:`admit` for a queue of requests, in closed form: a worker takes one more
@@ -189,7 +205,8 @@ class AdaptiveStickyPolicy(SessionPolicy):
         healthy = cluster.healthy()
         if not healthy:
             return 0 if requests else None
-        limit = self._admit_limit(healthy)
+        calm = any(self._calm(w, cluster) for w in healthy)
+        limit = None if calm else self._admit_limit(healthy)
         applies = self.admission_applies
         for i, request in enumerate(requests):
             t = request.prompt_tokens
@@ -261,6 +278,8 @@ class AdaptiveStickyPolicy(SessionPolicy):
             return g
         self._sample(worker, g, cluster)
         c = self.cfg
+        if g.waiting >= c.overflow_waiting or g.kv_usage >= c.escape_kv:
+            self._last_thrash[worker] = self.clock.now()
         if self._hot.get(worker, False):
             if g.kv_usage < c.cool_kv or g.waiting < c.cool_waiting:
                 self._hot[worker] = False
@@ -383,7 +402,7 @@ class AdaptiveStickyPolicy(SessionPolicy):
         """O(1): the table's pins and the ledger's entries of ``worker`` go stale."""
         super().on_worker_removed(worker, cluster)
         self._ledger.remove_worker(worker)
-        for d in (self._hot, self._seen, self._capacity, self._last_move):
+        for d in (self._hot, self._seen, self._capacity, self._last_move, self._last_thrash):
             d.pop(worker, None)
 
     def context_tokens(self) -> dict[str, int]:
