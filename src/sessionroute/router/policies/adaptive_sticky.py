@@ -200,8 +200,9 @@ class AdaptiveStickyPolicy(SessionPolicy):
         i.e. while ``n * final < knee`` and ``context + t < knee``, where ``n`` counts the
         session, ``knee = knee_pressure * capacity``, and ``context + t`` is an int, so it is
         below ``knee`` exactly when ``t < ceil(knee) - context``. The largest such bound over
-        the healthy workers is computed once; each request is then one comparison. Same
-        answers as :meth:`admit` (``tests/sim/test_sim_adaptive_sticky.py``)."""
+        the healthy workers is computed once; each request is then one comparison. While
+        some healthy worker is calm (:meth:`_calm`) there is no bound. Same answers as
+        :meth:`admit` (``tests/sim/test_sim_adaptive_sticky.py``)."""
         healthy = cluster.healthy()
         if not healthy:
             return 0 if requests else None
