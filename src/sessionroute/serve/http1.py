@@ -11,8 +11,9 @@ C parser with callbacks; uvicorn's), not aiohttp's C ``HttpRequestParser`` as fi
 the latter builds a ``CIMultiDict``, a URL and a ``StreamReader`` per request and parsed a
 small chat request in about 4x the time of ``httptools`` with our callbacks (7.5 against 31
 microseconds in a loop on the project's VM). Callbacks are kept minimal: ``on_header`` runs
-once per header, appends it and enters it in the case-folded lookup dict (the first value of a
-name wins; a separate pass over the headers to build that dict cost more).
+once per header, enters it in the case-folded lookup dict (the first value of a name wins; a
+separate pass over the headers to build that dict cost more) and appends its line to the
+forwarded or the dropped ones.
 
 Per connection, one :class:`Connection` parses requests and hands each to the listener's
 handler when its headers are complete (the body keeps arriving into :class:`Request`). The
@@ -106,9 +107,9 @@ class Connection(ResponseWriter, asyncio.BufferedProtocol):
         self._head_bytes = 0
         self._in_head = False
         self._last_read = 0
-        self._headers: list[tuple[bytes, bytes]] = []
         self._lower: dict[bytes, bytes] = {}
         self._forward: list[bytes] = []
+        self._dropped: list[bytes] = []
         self._drop = listener.forward_drop
         self._read_paused = False
         self._bad = False
@@ -205,9 +206,9 @@ class Connection(ResponseWriter, asyncio.BufferedProtocol):
     # -- parser callbacks (kept minimal: they run once per header) -------------------------
     def on_message_begin(self) -> None:
         self._parsing = req = Request()
-        self._headers = req.headers
         self._lower = req.lower
         self._forward = req.forward
+        self._dropped = req.dropped
         self._in_head = True
         self._head_bytes = 0
         self.head_sweep = self._listener.sweeps
@@ -218,14 +219,15 @@ class Connection(ResponseWriter, asyncio.BufferedProtocol):
             req.target += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._headers.append((name, value))
         low = name.lower()
         self._lower.setdefault(low, value)  # the first value of a name wins
         # the forwarded lines as they come (one pass over the headers, not a second one)
         if low not in self._drop:
             self._forward += (name, b": ", value, b"\r\n")
-        elif low == b"connection" and self._parsing is not None:
-            self._parsing.connection_header = True
+        else:
+            self._dropped += (name, b": ", value, b"\r\n")
+            if low == b"connection" and self._parsing is not None:
+                self._parsing.connection_header = True
 
     def on_headers_complete(self) -> None:
         req = self._parsing
@@ -233,11 +235,13 @@ class Connection(ResponseWriter, asyncio.BufferedProtocol):
             return
         self._in_head = False
         self._lower = {}  # trailers of a chunked body (on_header again) are not looked up
-        headers = req.headers
-        if len(headers) > MAX_HEADERS:
+        forward = req.forward
+        dropped = req.dropped
+        if len(forward) + len(dropped) > 4 * MAX_HEADERS:  # four pieces a header
             raise HeadTooLarge(f"more than {MAX_HEADERS} headers")
         if self._head_bytes or self._last_read > MAX_HEAD_BYTES:  # else it is smaller
-            size = len(req.target) + sum(len(n) + len(v) + 4 for n, v in headers)
+            # a line's pieces are its name, value and 4 bytes (": ", CRLF)
+            size = len(req.target) + sum(map(len, forward)) + sum(map(len, dropped))
             if size > MAX_HEAD_BYTES:
                 raise HeadTooLarge("request line and headers over 64 KiB")
         parser = self._parser

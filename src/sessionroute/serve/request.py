@@ -64,11 +64,12 @@ class Request:
         target: the request target as sent (``b"/path?query"``).
         path: its path, decoded as UTF-8 (surrogate escapes).
         query: its query string, not decoded ("" when none).
-        headers: the header (name, value) pairs as received.
         lower: lower-case header name -> the first value with that name.
         forward: the header lines a proxy forwards, as pieces to join (name, ``b": "``,
             value, ``b"\\r\\n"`` for each header as received, trailers included, except the
             names in the listener's ``forward_drop``), built while the head is parsed.
+        dropped: the other header lines (those named in ``forward_drop``), as pieces like
+            :attr:`forward`'s; with it, every header received (see :attr:`headers`).
         connection_header: a header named ``Connection`` came (it may name more headers
             that are not forwarded, RFC 9110 7.6.1: :attr:`forward` does not know them).
         content_length: the Content-Length (None when absent: chunked or no body).
@@ -87,8 +88,8 @@ class Request:
         "connection_header",
         "content_length",
         "discard",
+        "dropped",
         "forward",
-        "headers",
         "http10",
         "keep_alive",
         "lower",
@@ -107,9 +108,9 @@ class Request:
         self.target = b""
         self.path = ""
         self.query = ""
-        self.headers: list[tuple[bytes, bytes]] = []
         self.lower: dict[bytes, bytes] = {}
         self.forward: list[bytes] = []
+        self.dropped: list[bytes] = []
         self.connection_header = False
         self.content_length: int | None = None
         self.keep_alive = True
@@ -123,6 +124,14 @@ class Request:
         """Set by the handler: the client may see details (``/health``)."""
         self._waiter: asyncio.Future[None] | None = None
         self._ready: Callable[[], None] | None = None
+
+    @property
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        """The header (name, value) pairs: those of :attr:`forward`, in the order received,
+        then those of :attr:`dropped` (the lines are kept as pieces to forward rather than
+        as pairs, which only this rare reader needs)."""
+        pieces = self.forward + self.dropped
+        return list(zip(pieces[0::4], pieces[2::4], strict=True))
 
     async def body(self) -> list[bytes] | None:
         """Wait for the whole body: its pieces, or None when it is over the size limit or its
