@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 from aiohttp import web
@@ -305,5 +306,49 @@ async def test_a_client_stalled_mid_body_is_disconnected_and_a_slow_one_is_not()
         assert await asyncio.wait_for(slow_r.read(), 5) == b""
         for w in (stalled_w, slow_w):
             w.close()
+    finally:
+        await listener.shutdown(1.0)
+
+
+async def test_request_targets_are_parsed_once_and_their_memo_is_bounded() -> None:
+    """Each target's path and query are parsed once and remembered (origin- and absolute-form,
+    fragments left out); a target past the memo's bound, or too long to be remembered, is
+    parsed as well, and an invalid absolute-form one is a 400."""
+    from sessionroute.serve.http1 import Connection, Request
+    from sessionroute.serve.listener import TARGET_KEPT_BYTES, TARGETS_KEPT, Listener
+    from sessionroute.serve.wire import json_response
+
+    def handle(conn: Connection, req: Request) -> None:
+        conn.respond(json_response([req.target.decode(), req.path, req.query]))
+
+    listener = Listener(handle, max_body=1 << 20)
+    port = await listener.start("127.0.0.1", 0)
+    try:
+        reader, writer = await _connect(port)
+
+        async def get(target: str) -> tuple[int, Any]:
+            writer.write(f"GET {target} HTTP/1.1\r\nHost: r\r\n\r\n".encode())
+            status, _, body = await _response(reader)
+            return status, json.loads(body)
+
+        for _ in range(2):  # parsed, then remembered
+            assert await get("/a%20b?x=1#f") == (200, ["/a%20b?x=1#f", "/a%20b", "x=1"])
+            assert await get("http://h:1/p?q") == (200, ["/p?q", "/p", "q"])
+            assert await get("http://h") == (200, ["/", "/", ""])
+        assert listener.targets[b"/a%20b?x=1#f"] == (b"/a%20b?x=1#f", "/a%20b", "x=1")
+        writer.write(b"".join(b"GET /t%d HTTP/1.1\r\n\r\n" % i for i in range(TARGETS_KEPT)))
+        for i in range(TARGETS_KEPT):
+            status, _, body = await _response(reader)
+            assert (status, json.loads(body)) == (200, [f"/t{i}", f"/t{i}", ""])
+        assert 0 < len(listener.targets) <= TARGETS_KEPT  # emptied when full
+        assert await get("/past?the=bound") == (200, ["/past?the=bound", "/past", "the=bound"])
+        assert listener.targets[b"/past?the=bound"] == (b"/past?the=bound", "/past", "the=bound")
+        long = "/" + "l" * TARGET_KEPT_BYTES
+        assert await get(long + "?q") == (200, [long + "?q", long, "q"])
+        assert long.encode() + b"?q" not in listener.targets
+        status, error = await get("http://h:bad/p")
+        assert status == 400 and error["error"]["code"] == "bad_request"
+        assert b"http://h:bad/p" not in listener.targets
+        writer.close()
     finally:
         await listener.shutdown(1.0)

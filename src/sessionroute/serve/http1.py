@@ -36,6 +36,7 @@ keep-alive connections and shuts down gracefully.
 from __future__ import annotations
 
 import asyncio
+import http
 import ipaddress
 import logging
 from collections import deque
@@ -60,6 +61,7 @@ __all__ = [
     "HeadTooLarge",
     "Inline",
     "Request",
+    "parse_target",
 ]
 
 log = logging.getLogger("sessionroute.serve")
@@ -71,6 +73,31 @@ coroutine that will (run as a task), or an :class:`Inline` that will from callba
 LINGER_S = 10.0
 """After an early answer that closes the connection (a 413, say), seconds the rest of the
 request body is still read and dropped before the connection is closed."""
+
+
+_METHODS = {m.value.encode(): m.value for m in http.HTTPMethod}
+"""The common request methods' names as the parser gives them -> as :attr:`Request.method`."""
+
+
+def parse_target(target: bytes) -> tuple[bytes, str, str]:
+    """A request target (as sent) -> its origin form (``b"/path?query"``), its path (decoded
+    as UTF-8 with surrogate escapes) and its query ("" when none), fragments left out.
+
+    Raises:
+        ValueError: an absolute-form target that is not a URL.
+    """
+    if target[:1] != b"/":  # absolute-form (or "*"): keep the path and query
+        try:
+            url = httptools.parse_url(target)
+        except httptools.HttpParserInvalidURLError as exc:
+            raise ValueError(f"invalid request target {target!r}") from exc
+        target = (url.path or b"/") + (b"?" + url.query if url.query else b"")
+    path, question, query = target.partition(b"?")
+    return (
+        target,
+        path.partition(b"#")[0].decode("utf-8", "surrogateescape"),
+        query.partition(b"#")[0].decode("utf-8", "surrogateescape") if question else "",
+    )
 
 
 class Connection(ResponseWriter, asyncio.BufferedProtocol):
@@ -111,6 +138,7 @@ class Connection(ResponseWriter, asyncio.BufferedProtocol):
         self._forward: list[bytes] = []
         self._dropped: list[bytes] = []
         self._drop = listener.forward_drop
+        self._targets = listener.targets
         self._read_paused = False
         self._bad = False
         self._lingering: Request | None = None
@@ -245,7 +273,8 @@ class Connection(ResponseWriter, asyncio.BufferedProtocol):
             if size > MAX_HEAD_BYTES:
                 raise HeadTooLarge("request line and headers over 64 KiB")
         parser = self._parser
-        req.method = parser.get_method().decode("ascii", "replace")
+        method = parser.get_method()
+        req.method = _METHODS.get(method) or method.decode("ascii", "replace")
         req.keep_alive = keep_alive = parser.should_keep_alive()
         # llhttp keeps an HTTP/1.0 connection alive only when a Connection (or
         # Proxy-Connection) header says keep-alive, so a kept-alive request without one is
@@ -254,17 +283,10 @@ class Connection(ResponseWriter, asyncio.BufferedProtocol):
         req.http10 = (
             not keep_alive or b"connection" in lower or b"proxy-connection" in lower
         ) and parser.get_http_version() == "1.0"
-        target = req.target
-        if target[:1] != b"/":  # absolute-form (or "*"): keep the path and query
-            try:
-                url = httptools.parse_url(target)
-            except httptools.HttpParserInvalidURLError as exc:
-                raise ValueError(f"invalid request target {target!r}") from exc
-            target = req.target = (url.path or b"/") + (b"?" + url.query if url.query else b"")
-        path, question, query = target.partition(b"?")
-        req.path = path.partition(b"#")[0].decode("utf-8", "surrogateescape")
-        if question:
-            req.query = query.partition(b"#")[0].decode("utf-8", "surrogateescape")
+        parsed = self._targets.get(req.target)
+        if parsed is None:
+            parsed = self._listener.parse_target(req.target)
+        req.target, req.path, req.query = parsed
         length = req.lower.get(b"content-length")
         if length is not None:
             req.content_length = int(length)  # llhttp checked it is a number

@@ -18,13 +18,19 @@ import contextlib
 import logging
 from collections.abc import Callable
 
-from sessionroute.serve.http1 import Connection, Handler
+from sessionroute.serve.http1 import Connection, Handler, parse_target
 from sessionroute.serve.wire import HeadCache
 
-__all__ = ["READ_BUFFER_BYTES", "Listener"]
+__all__ = ["READ_BUFFER_BYTES", "TARGETS_KEPT", "TARGET_KEPT_BYTES", "Listener"]
 
 READ_BUFFER_BYTES = 256 * 1024
 """Most bytes read from a client at once (uvloop's own read size)."""
+
+TARGETS_KEPT = 1024
+"""Most request targets in :attr:`Listener.targets` (it is emptied when full)."""
+
+TARGET_KEPT_BYTES = 1024
+"""Longest request target entered in :attr:`Listener.targets`, bytes."""
 
 
 class Listener:
@@ -75,6 +81,9 @@ class Listener:
         self.read_buffer = memoryview(bytearray(READ_BUFFER_BYTES))
         """What the event loop reads client bytes into, for every connection of this listener
         (each read is parsed, and what the parser keeps copied out, before the next)."""
+        self.targets: dict[bytes, tuple[bytes, str, str]] = {}
+        """Request target -> :func:`~sessionroute.serve.http1.parse_target`'s answer, for
+        the targets seen lately (a router serves a few paths: each is parsed once)."""
         self.connections: set[Connection] = set()
         self.closing = False
         self._server: asyncio.AbstractServer | None = None
@@ -95,6 +104,20 @@ class Listener:
         for sock in self._server.sockets:
             return int(sock.getsockname()[1])
         raise RuntimeError("the listener has no socket")
+
+    def parse_target(self, target: bytes) -> tuple[bytes, str, str]:
+        """:func:`~sessionroute.serve.http1.parse_target`, entered in :attr:`targets` (when
+        at most :data:`TARGET_KEPT_BYTES` long; :data:`TARGETS_KEPT` at most).
+
+        Raises:
+            ValueError: an absolute-form target that is not a URL.
+        """
+        parsed = parse_target(target)
+        if len(target) <= TARGET_KEPT_BYTES:
+            if len(self.targets) >= TARGETS_KEPT:
+                self.targets.clear()
+            self.targets[target] = parsed
+        return parsed
 
     def closed(self, reason: str) -> None:
         """Report one connection closed for ``reason``."""
