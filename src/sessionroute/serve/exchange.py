@@ -128,10 +128,9 @@ class Exchange:
             UpstreamError: the connection broke or the response was malformed.
             asyncio.CancelledError: the owning task was cancelled (see :attr:`timed_out`).
         """
-        conn = self._idle_connection()
-        if conn is None:
+        if not self.send_idle(parts):
             conn = await self._pool._connect(self._pool._target(self.worker))
-        self._write(conn, parts)
+            self._write(conn, parts)
         return await self.head()
 
     def send_idle(self, parts: Iterable[bytes]) -> bool:
@@ -142,11 +141,18 @@ class Exchange:
         Raises:
             UpstreamError: the connection broke (as :meth:`send`).
         """
-        conn = self._idle_connection()
-        if conn is None:
-            return False
-        self._write(conn, parts)
-        return True
+        # the most recently used idle connection (closed or stale ones are dropped)
+        pool = self._pool
+        idle = (pool._targets.get(self.worker) or pool._target(self.worker)).idle
+        # idle since before `stale` (the keep-alive ago): the worker may be closing it now
+        stale = self.deadline - pool.timeout_s - pool.keepalive_s
+        while idle:
+            conn, since = idle.pop()
+            if not conn.lost and since > stale:
+                self._write(conn, parts)
+                return True
+            conn.close()
+        return False
 
     async def head(self) -> int:
         """Wait for the response head of the request sent; returns its status.
@@ -161,21 +167,6 @@ class Exchange:
             self._waiter = waiter = self._loop().create_future()
             await waiter
         return self.status
-
-    def _idle_connection(self) -> WorkerConnection | None:
-        """The most recently used idle connection to the worker (closed or stale ones are
-        dropped), or None."""
-        pool = self._pool
-        target = pool._targets.get(self.worker) or pool._target(self.worker)
-        idle = target.idle
-        # idle since before `stale` (the keep-alive ago): the worker may be closing it now
-        stale = self.deadline - pool.timeout_s - pool.keepalive_s
-        while idle:
-            cand, since = idle.pop()
-            if not cand.lost and since > stale:
-                return cand
-            cand.close()
-        return None
 
     def _write(self, conn: WorkerConnection, parts: Iterable[bytes]) -> None:
         self._conn = conn
