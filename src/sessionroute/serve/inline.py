@@ -188,7 +188,6 @@ class InlineProxy(Inline):
         if res is None:  # pragma: no cover - an exchange exists only once placed
             raise RuntimeError("an inline exchange without a reservation")
         if ex.complete and not (retry.retryable(status) and retry.max_attempts > 1):
-            headers = b"".join(ex.relay_lines)
             length = ex.length
             if length is not None and length <= BUFFER_LIMIT:
                 metrics = router.metrics
@@ -197,11 +196,12 @@ class InlineProxy(Inline):
                     router.record_failure(worker)
                 else:
                     router.record_success(worker)
-                headers += b"x-request-id: " + self._raw_rid + b"\r\n"
+                lines = ex.relay_lines  # (the exchange ends here: its lines are joined once)
+                lines += (b"x-request-id: ", self._raw_rid, b"\r\n")
                 if router.expose_worker:
-                    headers += b"x-sessionroute-worker: " + worker.encode() + b"\r\n"
+                    lines += (b"x-sessionroute-worker: ", worker.encode(), b"\r\n")
                 metrics.count_request(worker, status)
-                self._conn.respond_raw(status, ex.reason, headers, ex.body())
+                self._conn.respond_raw(status, ex.reason, b"".join(lines), ex.body())
                 self._end()
                 return
         self._ex = self._res = None  # the coroutine owns both now
