@@ -25,10 +25,11 @@ REASONS: dict[int, str] = {s.value: s.phrase for s in HTTPStatus}
 class HeadCache:
     """Memoized response-head pieces; one per listener (no module-level state)."""
 
-    __slots__ = ("_date_line", "_date_second", "_lines")
+    __slots__ = ("_date_line", "_date_second", "_lines", "_starts")
 
     def __init__(self) -> None:
         self._lines: dict[tuple[int, bytes | None], bytes] = {}
+        self._starts: dict[tuple[int, bytes | None], bytes] = {}
         self._date_second = -1
         self._date_line = b""
 
@@ -45,13 +46,21 @@ class HeadCache:
                 self._lines[key] = line
         return line
 
-    def date(self) -> bytes:
-        """``Date: <IMF-fixdate>\\r\\n`` for the current second (formatted once a second)."""
+    def start(self, status: int, reason: bytes | None = None) -> bytes:
+        """The :meth:`status_line` and ``Date: <IMF-fixdate>\\r\\n`` for the current second
+        (formatted once a second; the pair memoized for that second)."""
         now = int(time.time())
         if now != self._date_second:
             self._date_second = now
             self._date_line = b"Date: " + formatdate(now, usegmt=True).encode("ascii") + b"\r\n"
-        return self._date_line
+            self._starts.clear()
+        key = (status, reason)
+        start = self._starts.get(key)
+        if start is None:
+            start = self.status_line(status, reason) + self._date_line
+            if len(self._starts) < 1024:  # reasons come from workers: bounded
+                self._starts[key] = start
+        return start
 
 
 @dataclass(slots=True)
@@ -157,11 +166,9 @@ class ResponseWriter:
         transport = self.transport
         if transport is None:
             return
-        heads = self._heads
-        head = b"%s%s%sContent-Length: %d\r\n%s\r\n" % (
-            heads.status_line(status, reason),
+        head = b"%s%sContent-Length: %d\r\n%s\r\n" % (
+            self._heads.start(status, reason),
             headers,
-            heads.date(),
             len(body),
             self._connection_header(),
         )
@@ -194,14 +201,8 @@ class ResponseWriter:
         transport = self.transport
         if transport is not None:
             transport.write(
-                b"%s%s%s%s%s\r\n"
-                % (
-                    self._heads.status_line(status, reason),
-                    headers,
-                    self._heads.date(),
-                    framing,
-                    self._connection_header(),
-                )
+                b"%s%s%s%s\r\n"
+                % (self._heads.start(status, reason), headers, framing, self._connection_header())
             )
 
     def write(self, data: bytes) -> None:
