@@ -183,11 +183,10 @@ class InlineProxy(Inline):
             self._end()
             return
         status = ex.status
-        retry = router.core.retry
         res = self._res
         if res is None:  # pragma: no cover - an exchange exists only once placed
             raise RuntimeError("an inline exchange without a reservation")
-        if ex.complete and not (retry.retryable(status) and retry.max_attempts > 1):
+        if ex.complete and status not in router.retried_statuses:
             length = ex.length
             if length is not None and length <= BUFFER_LIMIT:
                 metrics = router.metrics
