@@ -11,6 +11,7 @@ hashes its text (sending every header-less chat request to one worker).
 from __future__ import annotations
 
 import random
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -21,7 +22,11 @@ from sessionroute.router.policies.least_loaded import LeastRecentlyChosen
 from sessionroute.router.state.cluster import ClusterView
 from sessionroute.types import Decision, DecisionKind, RouteRequest
 
-__all__ = ["ConsistentHashConfig", "ConsistentHashPolicy"]
+__all__ = ["PLACED_CAPACITY", "ConsistentHashConfig", "ConsistentHashPolicy"]
+
+PLACED_CAPACITY = 1 << 14
+"""Sessions whose decision on the current ring is remembered (the oldest is forgotten past
+it; all are when the ring changes, a clear that stays well under a millisecond)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,16 +46,33 @@ class ConsistentHashPolicy(Policy):
         self._hash = KeyHashCache()
         self._stateless = LeastRecentlyChosen()
         self._decisions: dict[str, Decision] = {}  # worker -> its (immutable) STICKY decision
+        self._placed: OrderedDict[tuple[str, str], Decision] = OrderedDict()
+        """(session header, session id) -> its decision on the current ring (a session's
+        turns all hash the same key: looked up once per ring)."""
 
     def select(self, request: RouteRequest, cluster: ClusterView) -> Decision:
         healthy = require_healthy(cluster)
-        if request.session_id is None:
+        session_id = request.session_id
+        if session_id is None:
             return Decision(self._stateless.pick(healthy, cluster), DecisionKind.STATELESS)
         if healthy is not self._ring.members:
             self._ring.rebuild(healthy)
-        key = f"header:{request.session_header}:{request.session_id}"
-        worker = self._ring.owner(self._hash(key))
+            self._placed.clear()
+        key = (request.session_header, session_id)
+        d = self._placed.get(key)
+        if d is None:
+            d = self._place(key)
+        return d
+
+    def _place(self, key: tuple[str, str]) -> Decision:
+        """The ring's decision for ``(header, session id)``, remembered."""
+        header, session_id = key
+        worker = self._ring.owner(self._hash(f"header:{header}:{session_id}"))
         d = self._decisions.get(worker)
         if d is None:
             d = self._decisions[worker] = Decision(worker, DecisionKind.STICKY)
+        placed = self._placed
+        if len(placed) >= PLACED_CAPACITY:
+            placed.popitem(last=False)
+        placed[key] = d
         return d
