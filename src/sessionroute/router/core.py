@@ -105,6 +105,10 @@ class RoutingCore:
         self.health: dict[str, WorkerHealth] = {w: self._new_health(w) for w in cluster.workers()}
         self.decisions: dict[DecisionKind, int] = dict.fromkeys(DecisionKind, 0)
         """Count of decisions by kind."""
+        # the default hooks admit everything and keep nothing per request: not asked then
+        kind = type(policy)
+        self._admits_all = kind.admit is Policy.admit
+        self._keeps_requests = kind.on_complete is not Policy.on_complete
 
     # -- placement ------------------------------------------------------------------------
     def route(self, request: RouteRequest) -> Reservation:
@@ -145,9 +149,11 @@ class RoutingCore:
         policy = self.policy
         if self.admission.waiting:
             self.pump()
-        if not policy.admission_applies(request):
-            return self.route(request)
-        if policy.admit(request, self.cluster):
+        if (
+            self._admits_all
+            or not policy.admission_applies(request)
+            or policy.admit(request, self.cluster)
+        ):
             return self.route(request)
         if not self.admission.has_room():
             self.admission.refused_full += 1
@@ -264,7 +270,8 @@ class RoutingCore:
         self.cluster.release(
             reservation.worker, reservation.request.prompt_tokens, reservation.generation
         )
-        self.policy.on_complete(reservation.request, reservation.worker)
+        if self._keeps_requests:
+            self.policy.on_complete(reservation.request, reservation.worker)
         if self.admission.waiting:
             self.pump()
         return True
