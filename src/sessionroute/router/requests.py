@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BYTES_PER_TOKEN",
+    "SESSION_ID_CACHE",
     "RequestBuilder",
     "coarsen_block_keys",
     "estimate_prompt_tokens",
@@ -45,6 +47,10 @@ __all__ = [
 BYTES_PER_TOKEN = 4
 """Bytes of request body per prompt token assumed by the size estimate (BPE tokenizers
 average about 4 characters of English text per token; JSON overhead is counted too)."""
+
+
+SESSION_ID_CACHE = 4096
+"""Session header values whose checked, decoded id is kept (the oldest is dropped past it)."""
 
 
 def estimate_prompt_tokens(body_bytes: int) -> int:
@@ -157,8 +163,9 @@ class RequestBuilder:
         self._block_bytes = config.content_block_tokens * BYTES_PER_TOKEN
         self._max_id = config.max_session_id_bytes
         # a session's turns all arrive with the same id: check and decode it once per session
-        # (a bounded cache; an id that fails the check raises, and is never cached)
-        self._session_id = functools.lru_cache(maxsize=4096)(self._checked_session_id)
+        # (the newest SESSION_ID_CACHE ids; an id that fails the check raises, and is never
+        # cached, nor is one of blanks only)
+        self._session_ids: OrderedDict[bytes, str] = OrderedDict()
         self._turn_session = functools.lru_cache(maxsize=4096)(self._session_of_turn)
 
     def session(self, headers: Mapping[bytes, bytes]) -> tuple[str, str] | None:
@@ -174,19 +181,25 @@ class RequestBuilder:
         for name, label in self.session_names:
             value = headers.get(name)
             if value:
-                sid = self._session_id(value)
+                sid = self._session_ids.get(value) or self._checked_session_id(value)
                 if sid is not None:
                     return sid, label
         return None
 
     def _checked_session_id(self, value: bytes) -> str | None:
         """A session header's value as the id (trailing blanks stripped, checked, decoded
-        as UTF-8 with invalid bytes replaced), or None when only blanks are left."""
-        value = value.rstrip(b" \t")
-        if not value:
+        as UTF-8 with invalid bytes replaced), or None when only blanks are left; a valid id
+        is cached."""
+        stripped = value.rstrip(b" \t")
+        if not stripped:
             return None
-        check_session_id(value, self._max_id)
-        return value.decode("utf-8", "replace")
+        check_session_id(stripped, self._max_id)
+        sid = stripped.decode("utf-8", "replace")
+        cache = self._session_ids
+        if len(cache) >= SESSION_ID_CACHE:
+            cache.popitem(last=False)
+        cache[value] = sid
+        return sid
 
     def from_http(
         self,
