@@ -129,11 +129,18 @@ def _check_messages(messages: Any) -> None:
     if not isinstance(messages, list) or not messages:
         what = "missing" if messages is None else _kind(messages)
         raise MalformedRequest(f"'messages' must be a non-empty list of objects ({what})")
-    for i, m in enumerate(messages):
+    for m in messages:
         if not isinstance(m, dict):
-            raise MalformedRequest(f"messages[{i}] must be an object, got {_kind(m)}")
+            raise MalformedRequest(
+                f"messages[{_index(messages, m)}] must be an object, got {_kind(m)}"
+            )
         if not isinstance(m.get("role"), str):
-            raise MalformedRequest(f"messages[{i}] needs a string 'role'")
+            raise MalformedRequest(f"messages[{_index(messages, m)}] needs a string 'role'")
+
+
+def _index(values: list[Any], value: Any) -> int:
+    """The index of ``value`` (an element of ``values``, found by identity)."""
+    return next(i for i, v in enumerate(values) if v is value)
 
 
 def _check_list_or_str(payload: dict[str, Any], key: str) -> None:
