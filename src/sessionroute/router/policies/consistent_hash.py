@@ -26,7 +26,7 @@ __all__ = ["PLACED_CAPACITY", "ConsistentHashConfig", "ConsistentHashPolicy"]
 
 PLACED_CAPACITY = 1 << 14
 """Sessions whose decision on the current ring is remembered (the oldest is forgotten past
-it; all are when the ring changes, a clear that stays well under a millisecond)."""
+it; all are when the ring changes, a clear of about half a millisecond when full)."""
 
 
 @dataclass(frozen=True, slots=True)
