@@ -40,12 +40,22 @@ def test_bench_proxy_table_fits_80_columns_without_cutting_cells(
         for body in (87, 204882)
     ]
     rows[0] |= {"cpu_vs_vllm_router": 0.684, "cpu_vs_vllm_router_range": [0.61, 0.73]}
-    print_table({"duration_s": 10, "repeat": 3, "policy": "consistent_hash", "rows": rows})
+    python = {"version": "3.11.7", "executable": "/x/.venv/bin/python", "libpython_shared": True}
+    print_table(
+        {
+            "duration_s": 10,
+            "repeat": 3,
+            "policy": "consistent_hash",
+            "rows": rows,
+            "python": python,
+        }
+    )
     out = capsys.readouterr().out
     assert max(len(line) for line in out.splitlines()) <= 80, out
     assert "…" not in out, out
     assert "sessionroute  204882" in out and "109.81" in out
     assert "sessionroute 87 B x 64: 0.68 (0.61-0.73)" in " ".join(out.split())
+    assert "Python 3.11.7, libpython shared (/x/.venv/bin/python)" in " ".join(out.split())
 
 
 def test_bench_proxy_ratio_to_vllm_router_pairs_the_cycles() -> None:
@@ -62,6 +72,8 @@ def test_bench_proxy_ratio_to_vllm_router_pairs_the_cycles() -> None:
             "p50_ms": 1.0,
             "p99_ms": 2.0,
             "router_cpu_us_per_req": cpu,
+            "router_user_us_per_req": None if cpu is None else cpu * 0.6,
+            "router_sys_us_per_req": None if cpu is None else cpu * 0.4,
             "backend_cpu_us_per_req": 100.0,
             "requests": 10,
             "errors": 0,
@@ -82,4 +94,7 @@ def test_bench_proxy_ratio_to_vllm_router_pairs_the_cycles() -> None:
     assert (
         "cpu_vs_vllm_router" not in by["vllm-router"] and "cpu_vs_vllm_router" not in by["direct"]
     )
-    assert "| 0.50 (0.50-1.00) |" in to_markdown({"rows": rows})
+    assert by["sessionroute"]["router_user_us_per_req"] == 150.0  # median of 120, 180, 150
+    assert by["sessionroute"]["router_sys_us_per_req"] == 100.0
+    assert by["direct"]["router_user_us_per_req"] is None
+    assert "| 250 | 150 | 100 | 0.50 (0.50-1.00) |" in to_markdown({"rows": rows})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import platform
 
 from sessionroute.bench import proxy, shared
 
@@ -36,7 +37,13 @@ def test_bench_proxy_smoke() -> None:
     assert rows["direct"]["router_cpu_us_per_req"] is None
     assert rows["sessionroute"]["router_cpu_us_per_req"] > 0
     assert rows["floor"]["router_cpu_us_per_req"] > 0
+    for target in ("sessionroute", "floor"):  # user and kernel time, each a median of its own
+        assert rows[target]["router_user_us_per_req"] >= 0
+        assert rows[target]["router_sys_us_per_req"] >= 0
+    assert rows["direct"]["router_user_us_per_req"] is None
     assert rows["direct"]["backend_cpu_us_per_req"] > 0
+    assert result["python"]["version"] == platform.python_version()
+    assert result["python"]["libpython_shared"] in (True, False)  # read from /proc/self/maps
     assert "added_p50_ms" in rows["sessionroute"]
     proxy.print_table(result)
 

@@ -10,12 +10,15 @@ for each body size and concurrency. Each router runs as its own process with
 ``x-session-id`` header (64 distinct sessions). Reported per row: requests per second,
 p50/p99 latency in milliseconds, and router CPU microseconds per request, from the
 ``utime + stime`` of the router process in ``/proc/<pid>/stat`` (all threads) over the
-measured window. The backend's CPU per request is reported too: it is a minimal aiohttp
-server (read the body, answer), so it shows what the HTTP machinery alone costs on the machine.
+measured window (split into user and kernel time in ``--json`` and the Markdown table). The
+backend's CPU per request is reported too: it is a minimal aiohttp server (read the body,
+answer), so it shows what the HTTP machinery alone costs on the machine.
 CPU columns are microseconds per request; "+p50" is the p50 latency added over "direct". The
 caption gives each router's CPU per request over vllm-router's: the median of the ratios of
 each cycle's pair of measurements (rows are interleaved, so a pair saw the same minutes of
-machine load; ``cpu_vs_vllm_router`` and its ``_range`` over the cycles in ``--json``).
+machine load; ``cpu_vs_vllm_router`` and its ``_range`` over the cycles in ``--json``). The
+document names the Python that runs the bench and ``sessionroute serve`` (``python``): how the
+interpreter was built moves the router's user time by tens of percent (``docs/benchmarks.md``).
 """
 
 from __future__ import annotations
@@ -24,9 +27,11 @@ import argparse
 import asyncio
 import contextlib
 import os
+import platform
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 from pathlib import Path
@@ -81,12 +86,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _cpu_seconds(pid: int) -> float:
-    """utime + stime of process ``pid`` (all threads), seconds, from /proc/<pid>/stat."""
+def _cpu_seconds(pid: int) -> tuple[float, float]:
+    """(utime, stime) of process ``pid`` (all threads), seconds, from /proc/<pid>/stat."""
     stat = Path(f"/proc/{pid}/stat").read_text()
     fields = stat[stat.rindex(")") + 2 :].split()
-    ticks = int(fields[11]) + int(fields[12])  # fields 14 and 15 of proc(5)
-    return ticks / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick  # fields 14 and 15 of proc(5)
+
+
+def _python() -> dict[str, Any]:
+    """The Python running this bench (and the routers it starts): version, executable, and
+    whether libpython is a shared library (a ``--enable-shared`` build without PGO or LTO, as
+    pyenv makes by default, runs the router's Python ~20-25 % slower than a distribution's
+    statically linked, optimized one: ``docs/benchmarks.md``)."""
+    try:
+        shared: bool | None = "/libpython" in Path("/proc/self/maps").read_text()
+    except OSError:  # not Linux
+        shared = None
+    return {
+        "version": platform.python_version(),
+        "executable": sys.executable,
+        "libpython_shared": shared,
+        "config_args": sysconfig.get_config_var("CONFIG_ARGS"),
+    }
 
 
 def _listener_pid(port: int) -> int | None:
@@ -148,7 +170,7 @@ async def _load(
     """
     latencies: list[float] = []
     errors = 0
-    cpu: list[float] = []
+    cpu: list[tuple[float, float]] = []
     warmup = min(1.0, duration_s / 10)
     connector = aiohttp.TCPConnector(limit=concurrency)
     async with aiohttp.ClientSession(connector=connector) as session:
@@ -178,22 +200,38 @@ async def _load(
 
         async def cpu_probe() -> None:
             await asyncio.sleep(max(0.0, t_measure - time.perf_counter()))
-            cpu.extend((_cpu_seconds(pid) if pid else 0.0, _cpu_seconds(backend_pid)))
+            cpu.extend((_cpu_seconds(pid) if pid else (0.0, 0.0), _cpu_seconds(backend_pid)))
             await asyncio.sleep(max(0.0, t_end - time.perf_counter()))
-            cpu.extend((_cpu_seconds(pid) if pid else 0.0, _cpu_seconds(backend_pid)))
+            cpu.extend((_cpu_seconds(pid) if pid else (0.0, 0.0), _cpu_seconds(backend_pid)))
 
         await asyncio.gather(cpu_probe(), *(worker(k) for k in range(concurrency)))
     lat = np.asarray(latencies) * 1000.0
     n = len(latencies)
+    measured = bool(pid and n)
+    user = (cpu[2][0] - cpu[0][0]) * 1e6 / n if measured else None
+    system = (cpu[2][1] - cpu[0][1]) * 1e6 / n if measured else None
     return {
-        "router_cpu_us_per_req": (cpu[2] - cpu[0]) * 1e6 / n if pid and n else None,
-        "backend_cpu_us_per_req": (cpu[3] - cpu[1]) * 1e6 / n if n else None,
+        "router_cpu_us_per_req": user + system if user is not None and system is not None else None,
+        "router_user_us_per_req": user,
+        "router_sys_us_per_req": system,
+        "backend_cpu_us_per_req": (sum(cpu[3]) - sum(cpu[1])) * 1e6 / n if n else None,
         "requests": len(latencies),
         "errors": errors,
         "rps": len(latencies) / duration_s,
         "p50_ms": float(np.percentile(lat, 50)) if len(lat) else None,
         "p99_ms": float(np.percentile(lat, 99)) if len(lat) else None,
     }
+
+
+_MEDIAN_KEYS = (
+    "rps",
+    "p50_ms",
+    "p99_ms",
+    "router_cpu_us_per_req",
+    "router_user_us_per_req",
+    "router_sys_us_per_req",
+    "backend_cpu_us_per_req",
+)
 
 
 def _median_rows(raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -204,8 +242,8 @@ def _median_rows(raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
     rows = []
     for (target, size, c), rs in groups.items():
         row: dict[str, Any] = {"target": target, "body_bytes": size, "concurrency": c}
-        for key in ("rps", "p50_ms", "p99_ms", "router_cpu_us_per_req", "backend_cpu_us_per_req"):
-            values = [r[key] for r in rs if r[key] is not None]
+        for key in _MEDIAN_KEYS:
+            values = [r[key] for r in rs if r.get(key) is not None]
             row[key] = float(np.median(values)) if values else None
         row["requests"] = sum(r["requests"] for r in rs)
         row["errors"] = sum(r["errors"] for r in rs)
@@ -351,6 +389,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
         "policy": args.policy,
         "cpus": os.cpu_count(),
         "versions": versions,
+        "python": _python(),
         "state_url": args.state_url,
         "loadavg_1m_at_end": os.getloadavg()[0],
         "rows": _median_rows(raw),
@@ -408,10 +447,19 @@ def print_table(result: dict[str, Any]) -> None:
         for r in result["rows"]
         if r.get("cpu_vs_vllm_router") is not None
     ]
+    caption = []
     if ratios:  # a tenth column would not fit 80 columns
-        table.caption = "router CPU per request over vllm-router's (median of the cycles' " + (
-            "ratios, min-max): " + "; ".join(ratios)
+        caption.append(
+            "router CPU per request over vllm-router's (median of the cycles' ratios, min-max): "
+            + "; ".join(ratios)
         )
+    py = result.get("python")
+    if py:
+        shared = {True: ", libpython shared", False: ", libpython static"}.get(
+            py["libpython_shared"], ""
+        )
+        caption.append(f"Python {py['version']}{shared} ({py['executable']})")
+    table.caption = "\n".join(caption) or None
     Console().print(table)
 
 
@@ -423,15 +471,17 @@ def to_markdown(result: dict[str, Any]) -> str:
 
     lines = [
         "| target | body bytes | concurrency | req/s | p50 ms | p99 ms | added p50 ms "
-        "| router CPU us/req | x vllm-router (min-max) | backend CPU us/req |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| router CPU us/req | user | system | x vllm-router (min-max) | backend CPU us/req |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in result["rows"]:
         lines.append(
             f"| {r['target']} | {r['body_bytes']} | {r['concurrency']} | {fmt(r['rps'], '.0f')} "
             f"| {fmt(r['p50_ms'], '.2f')} | {fmt(r['p99_ms'], '.2f')} "
             f"| {fmt(r.get('added_p50_ms'), '.2f')} | {fmt(r['router_cpu_us_per_req'], '.0f')} "
-            f"| {_ratio_cell(r)} | {fmt(r['backend_cpu_us_per_req'], '.0f')} |"
+            f"| {fmt(r.get('router_user_us_per_req'), '.0f')} "
+            f"| {fmt(r.get('router_sys_us_per_req'), '.0f')} | {_ratio_cell(r)} "
+            f"| {fmt(r['backend_cpu_us_per_req'], '.0f')} |"
         )
     return "\n".join(lines)
 
