@@ -79,3 +79,20 @@ def test_a_circuit_timer_that_fires_early_is_told_how_long_is_left() -> None:
     assert left is not None and 0.0 < left <= 0.0005 + 1e-9
     clock.advance(left)
     assert core.refresh("http://w1") is True and core.reopens_in("http://w1") is None
+
+
+def test_a_settled_breaker_skips_successes_and_a_failure_unsettles_it() -> None:
+    """``settled`` (closed, no failure counted) lets the core skip the breaker on a success;
+    any failure counted clears it until a success resets the count or closes the circuit."""
+    clock = ManualClock()
+    core = _core(clock, cb_failure_threshold=2, cb_success_threshold=1, cb_timeout_s=5.0)
+    breaker = core.health["http://w1"].breaker
+    assert breaker.settled
+    assert core.record_success("http://w1") is False and breaker.settled
+    assert core.record_failure("http://w1") is None and not breaker.settled
+    assert core.record_success("http://w1") is False and breaker.settled
+    assert [core.record_failure("http://w1") for _ in range(2)] == [None, 5.0]
+    assert not breaker.settled and not core.cluster.is_healthy("http://w1")
+    clock.advance(5.0)  # half-open; the success of a request still in flight closes it
+    assert core.record_success("http://w1") is True
+    assert breaker.settled and core.cluster.is_healthy("http://w1")

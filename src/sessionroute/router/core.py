@@ -368,7 +368,9 @@ class RoutingCore:
     def record_success(self, url: str) -> bool:
         """An upstream answer below 500 from ``url``; True if its availability changed."""
         wh = self.health.get(url)
-        return wh is not None and wh.breaker.record_success() and self.refresh(url)
+        if wh is None or wh.breaker.settled:  # the common case: nothing to record
+            return False
+        return wh.breaker.record_success() and self.refresh(url)
 
     def record_failure(self, url: str) -> float | None:
         """An upstream failure (5xx, reset, timeout) from ``url``.

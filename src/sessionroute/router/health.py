@@ -33,8 +33,8 @@ class BreakerState(enum.IntEnum):
 
 
 _CLOSED = BreakerState.CLOSED
-"""The closed state, for :meth:`CircuitBreaker.record_success`, which runs on every answer (on
-Python 3.11 an enum member read through its class takes ``EnumType.__getattr__``'s slow path)."""
+"""The closed state, for :meth:`CircuitBreaker.record_success` (on Python 3.11 an enum member
+read through its class takes ``EnumType.__getattr__``'s slow path)."""
 
 
 class CircuitBreaker:
@@ -46,6 +46,11 @@ class CircuitBreaker:
         timeout_s: seconds the circuit stays open before turning half-open.
         clock: time source (seconds).
         enabled: when False the circuit never opens.
+
+    Attributes:
+        settled: True while the circuit is closed with no failure counted since the last
+            success, so that :meth:`record_success` would change nothing (a caller recording
+            every answer skips the call then).
     """
 
     __slots__ = (
@@ -56,6 +61,7 @@ class CircuitBreaker:
         "_successes",
         "enabled",
         "failure_threshold",
+        "settled",
         "success_threshold",
         "timeout_s",
     )
@@ -78,6 +84,7 @@ class CircuitBreaker:
         self._failures = 0
         self._successes = 0
         self._opened_at = 0.0
+        self.settled = True
 
     @property
     def state(self) -> BreakerState:
@@ -103,12 +110,14 @@ class CircuitBreaker:
     def record_success(self) -> bool:
         """Count a successful request; returns True if the state changed."""
         self._failures = 0
-        if self._state is _CLOSED:  # the common case, without the clock
+        if self._state is _CLOSED:  # without the clock
+            self.settled = True
             return False
         if self.state is BreakerState.HALF_OPEN:
             self._successes += 1
             if self._successes >= self.success_threshold:
                 self._state = BreakerState.CLOSED
+                self.settled = True
                 return True
         return False
 
@@ -123,6 +132,7 @@ class CircuitBreaker:
             return False
         state = self.state
         self._failures += 1
+        self.settled = False
         if not may_open:
             return False
         if state is BreakerState.HALF_OPEN or (
