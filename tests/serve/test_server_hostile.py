@@ -243,3 +243,65 @@ async def test_a_retried_error_body_that_never_ends_does_not_hold_the_retry(
     assert status == 200 and body == OK_BODY
     assert len(worker.heads) == 2  # the 503, then the retry
     writer.close()
+
+
+@pytest.mark.parametrize("extra", [b"H", b"HTTP/1.1 200", b"HTTP/1.1 200 OK\r\n"])
+@pytest.mark.parametrize("separate", [False, True])
+async def test_stray_bytes_after_a_response_close_the_connection(
+    extra: bytes, separate: bool, make_router: MakeRouter
+) -> None:
+    """Bytes of a response the router did not ask for, after a complete one (in the same
+    packet or later, while the connection is idle; even a status line cut short, before any
+    of its fields) close the connection: the next request goes on a new one, and gets its own
+    answer rather than one spliced onto the stray bytes."""
+    answers = 0
+    connections = 0
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal answers, connections
+        connections += 1
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n"):
+                    if line.lower().startswith(b"content-length:"):
+                        length = int(line.split(b":", 1)[1])
+                await reader.readexactly(length)
+                if head.startswith(b"GET "):  # health checks
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+                    continue
+                answers += 1
+                if answers > 1:
+                    writer.write(fixed(b'{"second": true}'))
+                elif separate:
+                    writer.write(fixed())
+                    await writer.drain()
+                    await asyncio.sleep(0.1)
+                    writer.write(extra)
+                else:
+                    writer.write(fixed() + extra)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    try:
+        port = server.sockets[0].getsockname()[1]
+        router = await make_router([f"http://127.0.0.1:{port}"])
+        reader, writer = await _connect(router.port)
+        writer.write(_post())
+        status, _, body = await _response(reader)
+        assert status == 200 and body == OK_BODY
+        await asyncio.sleep(0.3)  # the stray bytes have reached the router
+        opened = connections
+        writer.write(_post())
+        status, _, body = await _response(reader)
+        assert status == 200 and body == b'{"second": true}'
+        assert connections == opened + 1  # the desynchronized connection was not reused
+        writer.close()
+    finally:
+        server.close()
+        await server.wait_closed()

@@ -146,7 +146,13 @@ class WorkerConnection(asyncio.Protocol):
     # -- parser callbacks (an AttributeError while idle is a protocol error) ---------------
     # They fill in the exchange directly (one Python call per callback, none per field). The
     # exchange starts with the fields of an empty head; after an interim (1xx) response,
-    # on_headers_complete empties them again. (No on_message_begin: a callback fewer.)
+    # on_headers_complete empties them again.
+    def on_message_begin(self) -> None:
+        # the first byte of a response: without an exchange awaiting one (idle, or a second
+        # response to one request), a desync, even if the rest never comes
+        if self.exchange is None:
+            raise RuntimeError("unsolicited response")
+
     def on_status(self, status: bytes) -> None:
         self.exchange.reason += status  # type: ignore[union-attr]
 
