@@ -305,3 +305,25 @@ async def test_stray_bytes_after_a_response_close_the_connection(
     finally:
         server.close()
         await server.wait_closed()
+
+
+@pytest.mark.parametrize("extra", [b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nhi", b"H"])
+async def test_a_second_response_on_a_reused_connection_is_not_relayed(
+    extra: bytes, worker: RawBackend, make_router: MakeRouter
+) -> None:
+    """A second response (or its first byte) in the read that completes the first, on a
+    kept-alive connection (the answer driven by callbacks, inline): the first answer reaches
+    the client at once rather than at the request timeout, the rest is dropped with the
+    connection."""
+    answers = [fixed(), fixed(b'{"two": 2}') + extra, fixed(b'{"three": 3}')]
+    worker.respond = lambda head: (answers.pop(0), False)
+    router = await make_router([worker.url])
+    reader, writer = await _connect(router.port)
+    opened = 0
+    for expected in (OK_BODY, b'{"two": 2}', b'{"three": 3}'):
+        opened = worker.connections
+        writer.write(_post())
+        status, _, body = await asyncio.wait_for(_response(reader), 5)
+        assert status == 200 and body == expected
+    assert worker.connections == opened + 1  # the desynchronized connection was not reused
+    writer.close()

@@ -116,10 +116,11 @@ class WorkerConnection(asyncio.Protocol):
             self._parser.feed_data(data)
         except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
             # (the parser callbacks raise nothing else; an upgrade is a 101, refused below)
-            if ex is not None:
+            if ex is not None:  # (a response complete before the error stands)
                 ex._fail(UpstreamError(f"malformed response: {exc.__context__ or exc}"))
             self.close()
-            return
+            if ex is None or ex._inline is None:
+                return  # else the inline exchange is told of its complete response below
         if ex is None:
             return
         inline = ex._inline
