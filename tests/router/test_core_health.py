@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from sessionroute.clock import ManualClock
 from sessionroute.router import RouterConfig, RoutingCore
+from sessionroute.router.health import BreakerState, CircuitBreaker
 from sessionroute.router.policies import create_policy
 from sessionroute.router.state import Cluster
 
@@ -96,3 +102,41 @@ def test_a_settled_breaker_skips_successes_and_a_failure_unsettles_it() -> None:
     clock.advance(5.0)  # half-open; the success of a request still in flight closes it
     assert core.record_success("http://w1") is True
     assert breaker.settled and core.cluster.is_healthy("http://w1")
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    ops=st.lists(
+        st.one_of(
+            st.just(("success",)),
+            st.tuples(st.just("failure"), st.booleans()),
+            st.tuples(st.just("advance"), st.sampled_from([0.5, 2.0, 5.0])),
+        ),
+        max_size=40,
+    ),
+    enabled=st.booleans(),
+)
+def test_skipping_successes_on_a_settled_breaker_changes_no_state(
+    ops: list[tuple[Any, ...]], enabled: bool
+) -> None:
+    """A breaker told of a success only when not ``settled`` goes through exactly the states
+    of one told of every success (failures interleaved, half-open, closing; disabled too)."""
+    clock = ManualClock()
+    skipping, every = (
+        CircuitBreaker(2, 2, 5.0, clock, enabled=enabled),
+        CircuitBreaker(2, 2, 5.0, clock, enabled=enabled),
+    )
+    for op in ops:
+        if op[0] == "success":
+            changed = every.record_success()
+            assert (not skipping.settled and skipping.record_success()) is changed
+        elif op[0] == "failure":
+            assert skipping.record_failure(may_open=op[1]) is every.record_failure(may_open=op[1])
+        else:
+            clock.advance(op[1])
+        assert skipping.state is every.state
+        assert skipping.reopens_in() == every.reopens_in()
+        if skipping.settled:
+            assert skipping.state is BreakerState.CLOSED
+    if not enabled:
+        assert every.state is BreakerState.CLOSED and skipping.settled

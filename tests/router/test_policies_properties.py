@@ -207,3 +207,51 @@ def test_rendezvous_winner_matches_scalar_max_and_first_wins_ties() -> None:
     dup = ["http://same"] * BATCH_MIN
     assert rendezvous_winner("x", dup) == "http://same"
     assert fbi_hash_many([]) == []
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    ops=st.lists(
+        st.one_of(
+            st.tuples(st.just("route"), st.sampled_from(["a", "b", "c", "d", "e", "f"])),
+            st.tuples(st.just("health"), st.integers(0, 5), st.booleans()),
+            st.tuples(st.just("add"), st.integers(0, 5)),
+            st.tuples(st.just("remove"), st.integers(0, 5)),
+        ),
+        max_size=60,
+    )
+)
+def test_consistent_hash_memo_places_as_the_ring_does(ops: list[tuple[Any, ...]]) -> None:
+    """The per-session memo of ``consistent_hash`` gives the ring's owner of the session's
+    key on the current healthy set, through workers added, removed, marked unhealthy and
+    coming back (a fresh policy, with nothing remembered, is the reference)."""
+    core = RoutingCore(create_policy("consistent_hash", clock=ManualClock()), Cluster(URLS[:3]))
+    for op in ops:
+        url = URLS[op[1]] if op[0] != "route" else ""
+        if op[0] == "route":
+            try:
+                got = core.route(RouteRequest(session_id=op[1])).worker
+            except NoWorkerAvailable:
+                assert not core.cluster.healthy()
+                continue
+            fresh = create_policy("consistent_hash", clock=ManualClock())
+            assert got == fresh.select(RouteRequest(session_id=op[1]), core.cluster).worker
+        elif op[0] == "health" and url in core.cluster.workers():
+            core.set_health(url, op[2])
+        elif op[0] == "add" and url not in core.cluster.workers():
+            core.add_worker(url)
+        elif op[0] == "remove" and url in core.cluster.workers():
+            core.remove_worker(url)
+
+
+def test_consistent_hash_memo_is_bounded() -> None:
+    from sessionroute.router.policies.consistent_hash import PLACED_CAPACITY
+
+    policy = create_policy("consistent_hash", clock=ManualClock())
+    cluster = Cluster(URLS[:3])
+    first = policy.select(RouteRequest(session_id="s0"), cluster).worker
+    for i in range(PLACED_CAPACITY + 10):
+        policy.select(RouteRequest(session_id=f"s{i}"), cluster)
+    assert len(policy._placed) == PLACED_CAPACITY  # type: ignore[attr-defined]
+    assert ("x-session-id", "s0") not in policy._placed  # type: ignore[attr-defined]
+    assert policy.select(RouteRequest(session_id="s0"), cluster).worker == first

@@ -117,3 +117,34 @@ def test_bad_options_are_clear(name: str, options: dict[str, Any], needle: str) 
 def test_unknown_policy_error_is_a_config_error() -> None:
     with pytest.raises(ConfigError):
         create_policy("nope", clock=ManualClock())
+
+
+class HoldingPolicy(LastHealthyPolicy):
+    """Holds every request while ``hold`` (an admit of its own)."""
+
+    hold = True
+
+    def admit(self, request: RouteRequest, cluster: ClusterView) -> bool:
+        return not self.hold
+
+
+class InheritingPolicy(HoldingPolicy):
+    """Overrides neither hook: both are inherited from its parents, not Policy's."""
+
+
+@pytest.mark.parametrize("cls", [HoldingPolicy, InheritingPolicy])
+def test_the_core_asks_hooks_that_a_policy_or_its_parents_override(
+    cls: type[HoldingPolicy],
+) -> None:
+    """The core skips admit and on_complete only when they are Policy's own defaults."""
+    from sessionroute.router.admission import Ticket
+
+    policy = cls(clock=ManualClock(), rng=random.Random(0))
+    core = RoutingCore(policy, Cluster(W))
+    readied: list[Any] = []
+    assert isinstance(core.place(RouteRequest(session_id="s"), readied.append), Ticket)
+    policy.hold = False
+    res = core.place(RouteRequest(session_id="t"), readied.append)
+    assert not isinstance(res, Ticket)
+    core.complete(res)
+    assert policy.completed >= 1

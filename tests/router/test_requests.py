@@ -134,3 +134,25 @@ def test_coarsening_any_prompt_length_matches_the_block_by_block_rule(
             expected.append(keys[i])
             last = i
     assert out == expected
+
+
+def test_the_session_id_cache_keeps_every_check() -> None:
+    """Ids are cached by the header value as sent: with or without trailing blanks the same
+    id; an invalid value is refused every time, also after a valid one was cached (and a
+    valid one is not refused after an invalid one); blanks only are no id, every time."""
+    from sessionroute.router.requests import SESSION_ID_CACHE
+
+    b = _builder(max_session_id_bytes=8)
+    for _ in range(2):
+        assert b.session({b"x-session-id": b"abc"}) == ("abc", "x-session-id")
+        assert b.session({b"x-session-id": b"abc \t"}) == ("abc", "x-session-id")
+        assert b.session({b"x-session-id": b" \t "}) is None
+        for bad in (b"abc\x01", b"abc\x01 ", b"123456789", b"123456789 "):
+            with pytest.raises(MalformedRequest):
+                b.session({b"x-session-id": bad})
+        assert b.session({b"x-session-id": b"12345678 "}) == ("12345678", "x-session-id")
+    for i in range(SESSION_ID_CACHE + 5):  # past the bound: the oldest are checked again
+        assert b.session({b"x-session-id": b"s%d" % i}) == (f"s{i}", "x-session-id")
+    assert b.session({b"x-session-id": b"abc"}) == ("abc", "x-session-id")
+    with pytest.raises(MalformedRequest):
+        b.session({b"x-session-id": b"abc\x01"})

@@ -327,3 +327,78 @@ async def test_a_second_response_on_a_reused_connection_is_not_relayed(
         assert status == 200 and body == expected
     assert worker.connections == opened + 1  # the desynchronized connection was not reused
     writer.close()
+
+
+EARLY_HINTS = b"HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n\r\n"
+
+
+@pytest.mark.parametrize(
+    ("pieces", "close"),
+    [
+        ([EARLY_HINTS + fixed(b'{"n": 2}', b"X-Final: 1\r\n")], False),  # one read
+        ([EARLY_HINTS[:20], EARLY_HINTS[20:], fixed(b'{"n": 2}', b"X-Final: 1\r\n")], False),
+        (  # byte by byte
+            [bytes([c]) for c in b"HTTP/1.1 100 Continue\r\n\r\n" + fixed(b'{"n": 2}')],
+            False,
+        ),
+        (  # HTTP/1.0 without a length: the body ends with the connection
+            [b"HTTP/1.0 200 Fine\r\nContent-Type: application/json\r\n\r\n", b'{"n": 2}'],
+            True,
+        ),
+    ],
+)
+async def test_interim_split_and_close_delimited_answers_on_a_reused_connection(
+    pieces: list[bytes], close: bool, make_router: MakeRouter
+) -> None:
+    """The second request of a client goes on the worker's kept-alive connection (driven by
+    callbacks): an interim answer's headers and reason are not relayed, an answer arriving in
+    several reads is relayed whole, and one delimited by the close is too; the next request
+    is answered after each."""
+    answers = 0
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal answers
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n"):
+                    if line.lower().startswith(b"content-length:"):
+                        length = int(line.split(b":", 1)[1])
+                await reader.readexactly(length)
+                if head.startswith(b"GET "):  # health checks
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+                    continue
+                answers += 1
+                if answers != 2:
+                    writer.write(fixed(b'{"n": %d}' % answers))
+                    continue
+                for piece in pieces:
+                    writer.write(piece)
+                    await writer.drain()
+                    await asyncio.sleep(0.002)
+                if close:
+                    break
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    try:
+        port = server.sockets[0].getsockname()[1]
+        router = await make_router([f"http://127.0.0.1:{port}"])
+        reader, writer = await _connect(router.port)
+        for n in (1, 2, 3):
+            writer.write(_post())
+            status, headers, body = await asyncio.wait_for(_response(reader), 5)
+            assert (status, json.loads(body)) == (200, {"n": n})
+            assert "link" not in headers
+            if n == 2 and b"X-Final" in pieces[-1]:
+                assert headers["x-final"] == "1"
+        if pieces[0].startswith(b"HTTP/1.1 103"):
+            assert answers == 3
+        writer.close()
+    finally:
+        server.close()
+        await server.wait_closed()
