@@ -6,6 +6,7 @@ import random
 
 from sessionroute.clock import ManualClock
 from sessionroute.router import RoutingCore
+from sessionroute.router.policies.adaptive_sticky import AdaptiveStickyPolicy
 from sessionroute.router.policies.sticky_least_loaded import StickyLeastLoadedPolicy
 from sessionroute.router.state import Cluster
 from sessionroute.sim.routers import build_fleet
@@ -67,3 +68,20 @@ def test_finish_session_reaches_one_router_with_local_state() -> None:
     for k in range(10):
         shared.finish_session(f"s{k}")
     assert sum(shared.policy.session_counts().values()) == 0
+
+
+def test_a_fleet_asks_the_reached_router_whether_admission_applies() -> None:
+    """adaptive_sticky never holds the next turn of a running session; behind several routers
+    (shared table) neither does the fleet, which once said every request was subject to it."""
+    clock = ManualClock()
+    fleet = build_fleet(
+        lambda k: AdaptiveStickyPolicy(clock=clock, rng=random.Random(k)), 3, "shared", clock
+    )
+    core = RoutingCore(fleet, Cluster(W))
+    first = RouteRequest(session_id="s1", request_id="s1-t0", prompt_tokens=5)
+    assert fleet.admission_applies(first)  # a new session's first turn may be held
+    core.complete(core.route(first))
+    for t in range(1, 6):  # whichever router a later turn reaches
+        later = RouteRequest(session_id="s1", request_id=f"s1-t{t}", prompt_tokens=5)
+        assert not fleet.admission_applies(later)
+    assert fleet.admission_applies(RouteRequest(session_id="s2", request_id="s2-t0"))

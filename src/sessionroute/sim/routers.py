@@ -114,6 +114,9 @@ class RouterFleet(Policy):
             self._views = [_RouterView(cluster) for _ in self.policies]
         return self._views[k]
 
+    def admission_applies(self, request: RouteRequest) -> bool:
+        return self.policies[self._router(request)].admission_applies(request)
+
     def admit(self, request: RouteRequest, cluster: ClusterView) -> bool:
         k = self._router(request)
         return self.policies[k].admit(request, self._view(k, cluster))
