@@ -72,6 +72,11 @@ class RetryPolicy:
         self._jitter = config.retry_jitter_factor
         self._rng = rng
         self.retry_after_send = config.retry_after_send
+        self.retried_statuses: frozenset[int] = (
+            RETRY_STATUSES if self.max_attempts > 1 else frozenset()
+        )
+        """Upstream statuses another attempt may follow (:meth:`retryable`; none when one
+        attempt is all there is)."""
 
     @staticmethod
     def retryable(status: int) -> bool:

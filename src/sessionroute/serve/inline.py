@@ -186,7 +186,7 @@ class InlineProxy(Inline):
         res = self._res
         if res is None:  # pragma: no cover - an exchange exists only once placed
             raise RuntimeError("an inline exchange without a reservation")
-        if ex.complete and status not in router.retried_statuses:
+        if ex.complete and status not in router.core.retry.retried_statuses:
             length = ex.length
             if length is not None and length <= BUFFER_LIMIT:
                 metrics = router.metrics

@@ -147,14 +147,6 @@ class Router:
         )
         """Lower-case request header names never forwarded (hop-by-hop, Host,
         Content-Length, Expect; Authorization when it is the router's or is replaced)."""
-        retry = self.core.retry
-        self.retried_statuses = (
-            frozenset(s for s in range(1000) if retry.retryable(s))
-            if retry.max_attempts > 1
-            else frozenset()
-        )
-        """Upstream statuses a retry may follow (none with one attempt): their answers are
-        not relayed by the inline path (:class:`~sessionroute.serve.inline.InlineProxy`)."""
         self.request_id_names: tuple[bytes, ...] = tuple(
             n.lower().encode("latin-1") for n in settings.request_id_headers
         )
