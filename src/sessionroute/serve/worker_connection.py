@@ -74,9 +74,8 @@ class WorkerConnection(asyncio.Protocol):
 
     Attributes:
         transport: the transport (None before the connection is made).
-        exchange: the exchange awaiting its response on the connection (None while idle and
-            once the response is complete: a response then is a protocol error and closes
-            the connection).
+        exchange: the exchange using the connection (None while idle: a response then is
+            a protocol error and closes the connection).
         lost: the connection is closed.
     """
 
@@ -111,16 +110,17 @@ class WorkerConnection(asyncio.Protocol):
             ex._on_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        ex = self.exchange  # (on_message_complete lets it go)
         try:
             self._parser.feed_data(data)
         except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
             # (the parser callbacks raise nothing else; an upgrade is a 101, refused below)
+            ex = self.exchange
             if ex is not None:  # (a response complete before the error stands)
                 ex._fail(UpstreamError(f"malformed response: {exc.__context__ or exc}"))
             self.close()
             if ex is None or ex._inline is None:
                 return  # else the inline exchange is told of its complete response below
+        ex = self.exchange
         if ex is None:
             return
         inline = ex._inline
@@ -145,14 +145,16 @@ class WorkerConnection(asyncio.Protocol):
             self.transport.close()
 
     # -- parser callbacks (an AttributeError while idle is a protocol error) ---------------
-    # They fill in the exchange directly (one Python call per callback, none per field). The
-    # exchange starts with the fields of an empty head; after an interim (1xx) response,
-    # on_headers_complete empties them again.
+    # They fill in the exchange directly (one Python call per callback, none per field).
     def on_message_begin(self) -> None:
-        # the first byte of a response: without an exchange awaiting one (idle, or a second
-        # response to one request), a desync, even if the rest never comes
-        if self.exchange is None:
+        ex = self.exchange
+        if ex is None or ex.complete:  # a second response to one request: desync
             raise RuntimeError("unsolicited response")
+        self._head_bytes = 0
+        ex.framed = False
+        ex.relay_lines = []
+        ex.length = None
+        ex.reason = b""
 
     def on_status(self, status: bytes) -> None:
         self.exchange.reason += status  # type: ignore[union-attr]
@@ -172,17 +174,12 @@ class WorkerConnection(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         ex: Exchange = self.exchange  # type: ignore[assignment]
         parser = self._parser
-        self._head_bytes = 0
         status = parser.get_status_code()
         if status == 101:  # the router asked for no upgrade: nothing valid can follow
             ex._fail(UpstreamError("unexpected 101 Switching Protocols"))
             return
         if 100 <= status < 200:
             ex._info = True  # an interim response: the real one follows
-            ex.framed = False
-            ex.relay_lines = []
-            ex.length = None
-            ex.reason = b""
             return
         ex.status = status
         ex.keep_alive = parser.should_keep_alive()
@@ -206,6 +203,5 @@ class WorkerConnection(asyncio.Protocol):
             ex._info = False
             return
         ex.complete = True
-        self.exchange = None  # anything more is a second response to one request: desync
         if ex._inline is None:  # an inline one is told after the read (data_received)
             ex._wake()
