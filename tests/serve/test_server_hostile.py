@@ -248,63 +248,28 @@ async def test_a_retried_error_body_that_never_ends_does_not_hold_the_retry(
 @pytest.mark.parametrize("extra", [b"H", b"HTTP/1.1 200", b"HTTP/1.1 200 OK\r\n"])
 @pytest.mark.parametrize("separate", [False, True])
 async def test_stray_bytes_after_a_response_close_the_connection(
-    extra: bytes, separate: bool, make_router: MakeRouter
+    extra: bytes, separate: bool, worker: RawBackend, make_router: MakeRouter
 ) -> None:
     """Bytes of a response the router did not ask for, after a complete one (in the same
     packet or later, while the connection is idle; even a status line cut short, before any
     of its fields) close the connection: the next request goes on a new one, and gets its own
     answer rather than one spliced onto the stray bytes."""
-    answers = 0
-    connections = 0
-
-    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        nonlocal answers, connections
-        connections += 1
-        try:
-            while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = 0
-                for line in head.split(b"\r\n"):
-                    if line.lower().startswith(b"content-length:"):
-                        length = int(line.split(b":", 1)[1])
-                await reader.readexactly(length)
-                if head.startswith(b"GET "):  # health checks
-                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
-                    continue
-                answers += 1
-                if answers > 1:
-                    writer.write(fixed(b'{"second": true}'))
-                elif separate:
-                    writer.write(fixed())
-                    await writer.drain()
-                    await asyncio.sleep(0.1)
-                    writer.write(extra)
-                else:
-                    writer.write(fixed() + extra)
-                await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        finally:
-            writer.close()
-
-    server = await asyncio.start_server(serve, "127.0.0.1", 0)
-    try:
-        port = server.sockets[0].getsockname()[1]
-        router = await make_router([f"http://127.0.0.1:{port}"])
-        reader, writer = await _connect(router.port)
-        writer.write(_post())
-        status, _, body = await _response(reader)
-        assert status == 200 and body == OK_BODY
-        await asyncio.sleep(0.3)  # the stray bytes have reached the router
-        opened = connections
-        writer.write(_post())
-        status, _, body = await _response(reader)
-        assert status == 200 and body == b'{"second": true}'
-        assert connections == opened + 1  # the desynchronized connection was not reused
-        writer.close()
-    finally:
-        server.close()
-        await server.wait_closed()
+    first: list[bytes] = [fixed(), extra] if separate else [fixed() + extra]
+    answers = [first, fixed(b'{"second": true}')]
+    worker.respond = lambda head: (answers.pop(0), False)
+    worker.pause_s = 0.1  # the stray bytes come once the router answered the client
+    router = await make_router([worker.url])
+    reader, writer = await _connect(router.port)
+    writer.write(_post())
+    status, _, body = await _response(reader)
+    assert status == 200 and body == OK_BODY
+    await asyncio.sleep(0.3)  # the stray bytes have reached the router
+    opened = worker.connections
+    writer.write(_post())
+    status, _, body = await _response(reader)
+    assert status == 200 and body == b'{"second": true}'
+    assert worker.connections == opened + 1  # the desynchronized connection was not reused
+    writer.close()
 
 
 @pytest.mark.parametrize("extra", [b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nhi", b"H"])
@@ -348,57 +313,27 @@ EARLY_HINTS = b"HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n\
     ],
 )
 async def test_interim_split_and_close_delimited_answers_on_a_reused_connection(
-    pieces: list[bytes], close: bool, make_router: MakeRouter
+    pieces: list[bytes], close: bool, worker: RawBackend, make_router: MakeRouter
 ) -> None:
     """The second request of a client goes on the worker's kept-alive connection (driven by
     callbacks): an interim answer's headers and reason are not relayed, an answer arriving in
     several reads is relayed whole, and one delimited by the close is too; the next request
     is answered after each."""
-    answers = 0
-
-    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        nonlocal answers
-        try:
-            while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = 0
-                for line in head.split(b"\r\n"):
-                    if line.lower().startswith(b"content-length:"):
-                        length = int(line.split(b":", 1)[1])
-                await reader.readexactly(length)
-                if head.startswith(b"GET "):  # health checks
-                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
-                    continue
-                answers += 1
-                if answers != 2:
-                    writer.write(fixed(b'{"n": %d}' % answers))
-                    continue
-                for piece in pieces:
-                    writer.write(piece)
-                    await writer.drain()
-                    await asyncio.sleep(0.002)
-                if close:
-                    break
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        finally:
-            writer.close()
-
-    server = await asyncio.start_server(serve, "127.0.0.1", 0)
-    try:
-        port = server.sockets[0].getsockname()[1]
-        router = await make_router([f"http://127.0.0.1:{port}"])
-        reader, writer = await _connect(router.port)
-        for n in (1, 2, 3):
-            writer.write(_post())
-            status, headers, body = await asyncio.wait_for(_response(reader), 5)
-            assert (status, json.loads(body)) == (200, {"n": n})
-            assert "link" not in headers
-            if n == 2 and b"X-Final" in pieces[-1]:
-                assert headers["x-final"] == "1"
-        if pieces[0].startswith(b"HTTP/1.1 103"):
-            assert answers == 3
-        writer.close()
-    finally:
-        server.close()
-        await server.wait_closed()
+    answers: list[tuple[bytes | list[bytes], bool]] = [
+        (fixed(b'{"n": 1}'), False),
+        (pieces, close),
+        (fixed(b'{"n": 3}'), False),
+    ]
+    worker.respond = lambda head: answers.pop(0)
+    router = await make_router([worker.url])
+    reader, writer = await _connect(router.port)
+    for n in (1, 2, 3):
+        writer.write(_post())
+        status, headers, body = await asyncio.wait_for(_response(reader), 5)
+        assert (status, json.loads(body)) == (200, {"n": n})
+        assert "link" not in headers
+        if n == 2 and b"X-Final" in pieces[-1]:
+            assert headers["x-final"] == "1"
+    if pieces[0].startswith(b"HTTP/1.1 103"):
+        assert len(worker.heads) == 3
+    writer.close()

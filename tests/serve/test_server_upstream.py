@@ -36,10 +36,12 @@ def fixed(body: bytes = OK_BODY, extra: bytes = b"") -> bytes:
 class RawBackend:
     """A raw HTTP/1.1 worker: records each request's head and body, answers ``respond``.
 
-    ``respond`` returns the response bytes and whether to close the connection after them.
+    ``respond`` returns the response bytes (or a list of pieces, written one after the other
+    ``pause_s`` apart) and whether to close the connection after them.
     """
 
-    respond: Callable[[bytes], tuple[bytes, bool]] = lambda head: (fixed(), False)
+    respond: Callable[[bytes], tuple[bytes | list[bytes], bool]] = lambda head: (fixed(), False)
+    pause_s: float = 0.002
     heads: list[bytes] = field(default_factory=list)
     bodies: list[bytes] = field(default_factory=list)
     connections: int = 0
@@ -71,8 +73,11 @@ class RawBackend:
                 self.heads.append(head)
                 self.bodies.append(body)
                 data, close = self.respond(head)
-                writer.write(data)
-                await writer.drain()
+                for i, piece in enumerate([data] if isinstance(data, bytes) else data):
+                    if i:
+                        await asyncio.sleep(self.pause_s)
+                    writer.write(piece)
+                    await writer.drain()
                 if close:
                     break
         except (asyncio.IncompleteReadError, ConnectionError):
