@@ -185,7 +185,10 @@ async def test_kv_aware_without_session_ids_keeps_conversations_on_their_cache()
             workers: dict[str, list[str]] = {}
             cached: list[int] = []
             async with httpx.AsyncClient(timeout=10.0) as client:
-                for conv in range(6):
+                # a new conversation matches no worker, so its first turn goes by rendezvous hash
+                # of its first block on the workers' URLs (random ports): with 12 conversations,
+                # all on one of 3 workers happens with chance 3 ** -11 (6 gave 1 in 243, and did)
+                for conv in range(12):
                     msgs: list[Any] = [
                         {"role": "system", "content": words(300, f"c{conv}-")},
                         user("go"),
