@@ -189,8 +189,7 @@ class InlineProxy(Inline):
         if ex.complete and status not in router.core.retry.retried_statuses:
             length = ex.length
             if length is not None and length <= BUFFER_LIMIT:
-                metrics = router.metrics
-                metrics.observe_upstream(worker, ex.sent_at, time.perf_counter())
+                router.metrics.observe_answer(worker, status, ex.sent_at, time.perf_counter())
                 if status >= 500:
                     router.record_failure(worker)
                 else:
@@ -199,7 +198,6 @@ class InlineProxy(Inline):
                 lines += (b"x-request-id: ", self._raw_rid, b"\r\n")
                 if router.expose_worker:
                     lines += (b"x-sessionroute-worker: ", worker.encode(), b"\r\n")
-                metrics.count_request(worker, status)
                 self._conn.respond_raw(status, ex.reason, b"".join(lines), ex.body())
                 self._end()
                 return

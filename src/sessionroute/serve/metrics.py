@@ -233,6 +233,19 @@ class RouterMetrics:
         hist.counts[bisect_left(hist.bounds, seconds)] += 1
         hist.total += seconds
 
+    def observe_answer(self, worker: str, status: int, start: float, end: float) -> None:
+        """:meth:`observe_upstream` and :meth:`count_request` at once, for an answer relayed
+        whole as it came (the inline proxy's common case: one call per request, not three)."""
+        hist = self.upstream_seconds.get(worker)
+        if hist is None:
+            hist = self.upstream_seconds[worker] = _Histogram(_LATENCY_BUCKETS)
+        seconds = end - start
+        hist.counts[bisect_left(hist.bounds, seconds)] += 1
+        hist.total += seconds
+        key = (worker, status)
+        requests = self.requests
+        requests[key] = requests.get(key, 0) + 1
+
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""
         return generate_latest(self.registry)
