@@ -264,7 +264,7 @@ class Connection(ResponseWriter, asyncio.BufferedProtocol):
         self._in_head = False
         self._lower = {}  # trailers of a chunked body (on_header again) are not looked up
         pieces = self._target
-        req.target = target = b"".join(pieces)  # (one piece, the common case: that piece)
+        target = b"".join(pieces)  # (one piece, the common case: that piece itself)
         pieces.clear()
         forward = req.forward
         dropped = req.dropped
@@ -290,10 +290,10 @@ class Connection(ResponseWriter, asyncio.BufferedProtocol):
         if parsed is None:
             parsed = self._listener.parse_target(target)
         req.target, req.path, req.query = parsed
-        length = req.lower.get(b"content-length")
+        length = lower.get(b"content-length")
         if length is not None:
-            req.content_length = int(length)  # llhttp checked it is a number
-            if req.content_length > self._max_body:
+            req.content_length = content_length = int(length)  # llhttp checked it is a number
+            if content_length > self._max_body:
                 req.too_large = req.discard = True
         if self._current is None and not self._queue:
             if not self._begin(req):
