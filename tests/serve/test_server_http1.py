@@ -354,6 +354,35 @@ async def test_request_targets_are_parsed_once_and_their_memo_is_bounded() -> No
         await listener.shutdown(1.0)
 
 
+async def test_a_target_split_across_reads_is_joined_and_not_carried_over() -> None:
+    """A request target that arrives in several reads is whole in the request, and the next
+    requests on the connection (one read, pipelined) each get their own target only."""
+    from sessionroute.serve.http1 import Connection, Request
+    from sessionroute.serve.listener import Listener
+    from sessionroute.serve.wire import json_response
+
+    def handle(conn: Connection, req: Request) -> None:
+        conn.respond(json_response([req.target.decode(), req.path, req.query]))
+
+    listener = Listener(handle, max_body=1 << 20)
+    port = await listener.start("127.0.0.1", 0)
+    try:
+        reader, writer = await _connect(port)
+        for piece in (b"GET /sp", b"lit/ta", b"rget?q=", b"1 HTTP/1.1\r\nHost: r\r\n\r\n"):
+            writer.write(piece)
+            await writer.drain()
+            await asyncio.sleep(0.05)  # each its own read
+        status, _, body = await _response(reader)
+        assert (status, json.loads(body)) == (200, ["/split/target?q=1", "/split/target", "q=1"])
+        writer.write(b"GET /a HTTP/1.1\r\nHost: r\r\n\r\nGET /b?c HTTP/1.1\r\nHost: r\r\n\r\n")
+        for expected in (["/a", "/a", ""], ["/b?c", "/b", "c"]):
+            status, _, body = await _response(reader)
+            assert (status, json.loads(body)) == (200, expected)
+        writer.close()
+    finally:
+        await listener.shutdown(1.0)
+
+
 def test_head_starts_follow_the_clock_and_any_number_of_worker_reasons(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

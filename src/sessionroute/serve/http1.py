@@ -117,6 +117,11 @@ class Connection(ResponseWriter, asyncio.BufferedProtocol):
         super().__init__(listener.heads)
         self._listener = listener
         self._max_body = listener.max_body
+        self._target: list[bytes] = []
+        self.on_url: Callable[[bytes], None] = self._target.append
+        """The parser's callback for a piece of the request target (a target split across
+        reads comes in several): the list's own ``append``, fixed when the parser is built,
+        so no Python frame runs per request (:meth:`on_headers_complete` joins them)."""
         self._parser = httptools.HttpRequestParser(self)
         self._parsing: Request | None = None
         self._current: Request | None = None
@@ -241,11 +246,6 @@ class Connection(ResponseWriter, asyncio.BufferedProtocol):
         self._head_bytes = 0
         self.head_sweep = self._listener.sweeps
 
-    def on_url(self, url: bytes) -> None:
-        req = self._parsing
-        if req is not None:
-            req.target += url
-
     def on_header(self, name: bytes, value: bytes) -> None:
         low = name.lower()
         self._lower.setdefault(low, value)  # the first value of a name wins
@@ -263,13 +263,16 @@ class Connection(ResponseWriter, asyncio.BufferedProtocol):
             return
         self._in_head = False
         self._lower = {}  # trailers of a chunked body (on_header again) are not looked up
+        pieces = self._target
+        target = b"".join(pieces)  # (one piece, the common case: that piece itself)
+        pieces.clear()
         forward = req.forward
         dropped = req.dropped
         if len(forward) + len(dropped) > 4 * MAX_HEADERS:  # four pieces a header
             raise HeadTooLarge(f"more than {MAX_HEADERS} headers")
         if self._head_bytes or self._last_read > MAX_HEAD_BYTES:  # else it is smaller
             # a line's pieces are its name, value and 4 bytes (": ", CRLF)
-            size = len(req.target) + sum(map(len, forward)) + sum(map(len, dropped))
+            size = len(target) + sum(map(len, forward)) + sum(map(len, dropped))
             if size > MAX_HEAD_BYTES:
                 raise HeadTooLarge("request line and headers over 64 KiB")
         parser = self._parser
@@ -283,14 +286,14 @@ class Connection(ResponseWriter, asyncio.BufferedProtocol):
         req.http10 = (
             not keep_alive or b"connection" in lower or b"proxy-connection" in lower
         ) and parser.get_http_version() == "1.0"
-        parsed = self._targets.get(req.target)
+        parsed = self._targets.get(target)
         if parsed is None:
-            parsed = self._listener.parse_target(req.target)
+            parsed = self._listener.parse_target(target)
         req.target, req.path, req.query = parsed
-        length = req.lower.get(b"content-length")
+        length = lower.get(b"content-length")
         if length is not None:
-            req.content_length = int(length)  # llhttp checked it is a number
-            if req.content_length > self._max_body:
+            req.content_length = content_length = int(length)  # llhttp checked it is a number
+            if content_length > self._max_body:
                 req.too_large = req.discard = True
         if self._current is None and not self._queue:
             if not self._begin(req):
