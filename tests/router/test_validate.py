@@ -50,3 +50,22 @@ def test_bodies_parse_strictly_and_report_where() -> None:
     assert parse_body(b'{"prompt_embeds": "..."}', "/v1/completions")  # vLLM's alternative
     assert parse_body(b'{"messages": [{"role": "user"}]}', "/v1/embeddings")
     assert parse_body(b"{}", "/v1/other") == {}  # routes without a shape: object only
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b"{}", "'messages' must be a non-empty list of objects (missing)"),
+        (b'{"messages": []}', "'messages' must be a non-empty list of objects (an empty list)"),
+        (b'{"messages": "hi"}', "'messages' must be a non-empty list of objects (a string)"),
+        (b'{"messages": [{"role": "user"}, 3]}', "messages[1] must be an object, got a number"),
+        (b'{"messages": [{"role": "user"}, {}]}', "messages[1] needs a string 'role'"),
+        (b'{"messages": [{"role": null}]}', "messages[0] needs a string 'role'"),
+    ],
+)
+def test_chat_messages_are_checked_element_by_element(body: bytes, message: str) -> None:
+    """Each broken ``messages`` shape gets its own message, naming the first bad element."""
+    with pytest.raises(MalformedRequest) as err:
+        parse_body(body, "/v1/chat/completions")
+    assert str(err.value) == message
+    assert isinstance(parse_body(body, "/v1/other"), dict)  # the chat route's check only
