@@ -225,21 +225,22 @@ class RequestBuilder:
         """
         found = self.session(headers)
         sid, header = found if found is not None else (None, self.session_names[0][1])
-        blocks: list[int] | None = None
-        model: str | None = None
-        payload: dict[str, Any] = {}
-        salt: str | None = None
         encoding = headers.get(b"content-encoding")
-        if encoding is not None and encoding.strip().lower() not in (b"", b"identity"):
+        if encoding is None or encoding.strip().lower() in (b"", b"identity"):
+            # (one piece is joined without a copy)
+            payload = parse_body(b"".join(body), route)
+        elif self.needs_content:
+            raise MalformedRequest(
+                "the policy reads the prompt and the body is compressed "
+                f"(Content-Encoding: {encoding.decode('latin-1')})"
+            )
+        else:
             # a compressed body (gzip, ...) goes to the worker as received, unread: the
             # router does not inflate client bytes (a decompression bomb costs it nothing)
-            if self.needs_content:
-                raise MalformedRequest(
-                    "the policy reads the prompt and the body is compressed "
-                    f"(Content-Encoding: {encoding.decode('latin-1')})"
-                )
-        else:
-            payload = parse_body(body[0] if len(body) == 1 else b"".join(body), route)
+            payload = {}
+        blocks: list[int] | None = None
+        model: str | None = None
+        salt: str | None = None
         if self.needs_content:
             if self.kv_content is not None:
                 blocks = self.kv_content.blocks(payload)
@@ -247,7 +248,7 @@ class RequestBuilder:
                 blocks = text_block_keys(prompt_text(payload), self._block_bytes)
             m = payload.get("model")
             model = m if isinstance(m, str) else None
-            s = payload.get("cache_salt") if isinstance(payload, dict) else None
+            s = payload.get("cache_salt")
             salt = s if isinstance(s, str) and s else None
         # positional (the fields in order): a keyword call costs twice the instructions
         return RouteRequest(
