@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, TypeAlias
 
-__all__ = ["Decision", "DecisionKind", "EngineGauges", "RouteRequest"]
+__all__ = [
+    "Decision",
+    "DecisionKind",
+    "EngineGauges",
+    "RouteRequest",
+    "RouteRequestFields",
+    "make_route_request",
+]
 
 
 class RouteRequest(NamedTuple):
@@ -34,8 +42,9 @@ class RouteRequest(NamedTuple):
 
     Immutable and hashable (while ``blocks`` is None or a tuple): a ``typing.NamedTuple``,
     built once per request and attempt (proxy and simulator), in about half the instructions of a
-    frozen dataclass (which sets each field through ``object.__setattr__``). Derive a
-    changed copy with ``request._replace(field=...)``.
+    frozen dataclass (which sets each field through ``object.__setattr__``); the builders make
+    it with :data:`make_route_request`, cheaper still. Derive a changed copy with
+    ``request._replace(field=...)``.
     """
 
     session_id: str | None = None
@@ -46,6 +55,28 @@ class RouteRequest(NamedTuple):
     session_header: str = "x-session-id"
     stream: bool = False
     cache_salt: str | None = None
+
+
+RouteRequestFields: TypeAlias = tuple[
+    str | None,  # session_id
+    int,  # prompt_tokens
+    Sequence[int] | None,  # blocks
+    str | None,  # model
+    str | None,  # request_id
+    str,  # session_header
+    bool,  # stream
+    str | None,  # cache_salt
+]
+"""The fields of :class:`RouteRequest` in order, as one tuple (:data:`make_route_request`)."""
+
+make_route_request: Callable[[RouteRequestFields], RouteRequest] = functools.partial(
+    tuple.__new__, RouteRequest
+)
+"""``RouteRequest(*fields)``: the same request, made without the Python frame of the
+generated ``NamedTuple.__new__`` that a class call reaches through ``type.__call__`` (about
+1.4 K instructions less per request; the builders of
+:class:`sessionroute.router.requests.RequestBuilder` use it). Takes all eight fields in order,
+as one tuple; mypy checks their number and types against :data:`RouteRequestFields`."""
 
 
 class DecisionKind(enum.StrEnum):

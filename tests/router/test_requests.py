@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import get_args, get_type_hints
 
 import pytest
 from hypothesis import given
@@ -17,6 +18,7 @@ from sessionroute.router.requests import (
     estimate_prompt_tokens,
     text_block_keys,
 )
+from sessionroute.types import RouteRequest, RouteRequestFields, make_route_request
 
 
 def _builder(**config: object) -> RequestBuilder:
@@ -45,6 +47,34 @@ def test_a_simulated_turn_and_its_http_request_look_the_same_to_a_policy() -> No
         assert live == sim
         assert live.prompt_tokens == prompt_tokens
         assert live.blocks is None  # the policy does not read content: no keys
+
+
+def test_built_requests_are_whole_route_requests() -> None:
+    """The builders' fast constructor makes exactly what ``RouteRequest(...)`` makes, and its
+    fields tuple names the class's fields' types in order."""
+    assert list(get_args(RouteRequestFields)) == list(get_type_hints(RouteRequest).values())
+    fields = ("s", 3, (1, 2), "m", "r", "x-session-id", True, "salt")
+    made = make_route_request(fields)
+    assert type(made) is RouteRequest and made == RouteRequest(*fields)
+    assert made._replace(stream=False) == RouteRequest(*fields[:6], False, "salt")
+    content = RequestBuilder(RouterConfig(content_block_tokens=4), needs_content=True)
+    body = json.dumps(
+        {"model": "m", "messages": [{"role": "u", "content": "y" * 40}], "cache_salt": "c"}
+    ).encode()
+    for b in (_builder(), content):
+        live = b.from_http({b"x-session-id": b"s"}, [body], len(body), "r1", "/v1/chat/completions")
+        sim = b.from_turn("s", 20, list(range(5)), 4, "r2", "c")
+        for req in (live, sim):
+            assert type(req) is RouteRequest and len(req) == len(RouteRequest._fields)
+        assert live == RouteRequest(
+            session_id="s",
+            prompt_tokens=len(body) // BYTES_PER_TOKEN,
+            blocks=text_block_keys("y" * 40, 16) if b.needs_content else None,
+            model="m" if b.needs_content else None,
+            request_id="r1",
+            stream=False,
+            cache_salt="c" if b.needs_content else None,
+        )
 
 
 def test_the_size_estimate_is_body_bytes_over_four() -> None:
