@@ -161,6 +161,44 @@ async def test_response_framings_are_relayed(raw: RawBackend, make_router: MakeR
     assert router.router.core.cluster.in_flight(raw.url) == 0
 
 
+@pytest.mark.parametrize(
+    ("status_line", "expected"),
+    [
+        (b"HTTP/1.1 200 Fine", (200, "OK")),
+        (b"HTTP/1.1 404 Gone \xffaway", (404, "Not Found")),
+        (b"HTTP/1.1 201 ", (201, "Created")),
+        (b"HTTP/1.1 599 Custom", (599, "Unknown")),  # no canonical phrase
+    ],
+)
+@pytest.mark.parametrize("chunked", [False, True])
+async def test_the_canonical_reason_phrase_is_relayed_not_the_workers(
+    status_line: bytes,
+    expected: tuple[int, str],
+    chunked: bool,
+    raw: RawBackend,
+    make_router: MakeRouter,
+) -> None:
+    """As vllm-router: the client gets the status's standard phrase whatever the worker
+    wrote, both for an answer relayed in one write and for one streamed (chunked), on a new
+    connection (the coroutine) and on a kept-alive one (callbacks first)."""
+    framing = (
+        b"Transfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (len(OK_BODY), OK_BODY)
+        if chunked
+        else b"Content-Length: %d\r\n\r\n%s" % (len(OK_BODY), OK_BODY)
+    )
+    raw.respond = lambda head: (
+        status_line + b"\r\nContent-Type: application/json\r\n" + framing,
+        False,
+    )
+    router = await make_router([raw.url], disable_retries=True)
+    async with aiohttp.ClientSession() as client:
+        for _ in range(2):
+            async with client.post(router.url + "/v1/chat/completions", json=chat()) as r:
+                assert (r.status, r.reason) == expected
+                assert await r.read() == OK_BODY
+    assert len(raw.heads) == 2 and raw.connections == 2  # (a health check's, then one)
+
+
 async def _raw_request(port: int, request: bytes, *, expect_continue: bool = False) -> bytes:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:

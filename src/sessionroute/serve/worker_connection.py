@@ -11,6 +11,7 @@ errors of an exchange.
 from __future__ import annotations
 
 import asyncio
+from http import HTTPStatus
 from typing import TYPE_CHECKING
 
 import httptools
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
 __all__ = [
     "HOP_BY_HOP",
     "MAX_RESPONSE_HEAD_BYTES",
+    "PHRASES",
     "RESPONSE_DROP",
     "UpstreamConnectError",
     "UpstreamError",
@@ -49,6 +51,12 @@ RESPONSE_DROP = frozenset(
 )
 """Lower-case response header names never relayed to the client (the router writes its own
 framing, ``Date`` and ``x-request-id``); :attr:`Exchange.relay_lines` leaves them out."""
+
+PHRASES: dict[int, bytes] = {s.value: s.phrase.encode("ascii") for s in HTTPStatus}
+"""The canonical reason phrase of each standard status (RFC 9110), the one the router relays
+whatever phrase the worker sent (as vllm-router does); :attr:`Exchange.reason` is empty for
+any other status (the client then sees ``Unknown``, see
+:meth:`~sessionroute.serve.wire.HeadCache.status_line`)."""
 
 MAX_RESPONSE_HEAD_BYTES = 65536
 """Most bytes a worker may send before its response head is complete (the listener's limit on
@@ -154,10 +162,6 @@ class WorkerConnection(asyncio.Protocol):
         ex.framed = False
         ex.relay_lines = []
         ex.length = None
-        ex.reason = b""
-
-    def on_status(self, status: bytes) -> None:
-        self.exchange.reason += status  # type: ignore[union-attr]
 
     def on_header(self, name: bytes, value: bytes) -> None:
         ex: Exchange = self.exchange  # type: ignore[assignment]
@@ -182,6 +186,7 @@ class WorkerConnection(asyncio.Protocol):
             ex._info = True  # an interim response: the real one follows
             return
         ex.status = status
+        ex.reason = PHRASES.get(status, b"")  # (no on_status: the worker's phrase is not read)
         ex.keep_alive = parser.should_keep_alive()
         if ex._inline is None:  # an inline one is told after the read (data_received)
             ex._wake()
