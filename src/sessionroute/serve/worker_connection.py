@@ -64,6 +64,33 @@ request heads too): a worker streaming endless headers is cut off with a 502 ins
 filling the router's memory."""
 
 
+_RELAY, _DROP, _CONTENT_LENGTH, _TRANSFER_ENCODING = range(4)
+"""What a response header is to the router, by its name: relayed, dropped, or one of the two
+framing headers (dropped too; the router writes its own framing)."""
+
+_HEADER_KINDS: dict[bytes, int] = {}
+"""Memo of :func:`_header_kind` by the name as the worker sent it (no ``lower()`` per header);
+bounded by :data:`_HEADER_KINDS_KEPT`, since the names come from the workers."""
+
+_HEADER_KINDS_KEPT = 256
+
+
+def _header_kind(name: bytes) -> int:
+    """The kind (``_RELAY`` ...) of the response header ``name`` (any case), memoized."""
+    low = name.lower()
+    if low not in RESPONSE_DROP:
+        kind = _RELAY
+    elif low == b"content-length":
+        kind = _CONTENT_LENGTH
+    elif low == b"transfer-encoding":
+        kind = _TRANSFER_ENCODING
+    else:
+        kind = _DROP
+    if len(_HEADER_KINDS) < _HEADER_KINDS_KEPT:
+        _HEADER_KINDS[name] = kind
+    return kind
+
+
 class UpstreamError(Exception):
     """The worker connection broke, or its response was malformed."""
 
@@ -166,13 +193,15 @@ class WorkerConnection(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         ex: Exchange = self.exchange  # type: ignore[assignment]
         # the relayed lines as they come (one pass over the headers, not a second one)
-        low = name.lower()
-        if low not in RESPONSE_DROP:
+        kind = _HEADER_KINDS.get(name)
+        if kind is None:
+            kind = _header_kind(name)
+        if kind is _RELAY:
             ex.relay_lines += (name, b": ", value, b"\r\n")
-        elif low == b"content-length":
+        elif kind is _CONTENT_LENGTH:
             ex.length = int(value)  # (llhttp checked it is a number)
             ex.framed = True
-        elif low == b"transfer-encoding":
+        elif kind is _TRANSFER_ENCODING:
             ex.framed = True
 
     def on_headers_complete(self) -> None:
