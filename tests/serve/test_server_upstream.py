@@ -161,6 +161,44 @@ async def test_response_framings_are_relayed(raw: RawBackend, make_router: MakeR
     assert router.router.core.cluster.in_flight(raw.url) == 0
 
 
+@pytest.mark.parametrize(
+    ("status_line", "expected"),
+    [
+        (b"HTTP/1.1 200 Fine", (200, "OK")),
+        (b"HTTP/1.1 404 Gone \xffaway", (404, "Not Found")),
+        (b"HTTP/1.1 201 ", (201, "Created")),
+        (b"HTTP/1.1 599 Custom", (599, "Unknown")),  # no canonical phrase
+    ],
+)
+@pytest.mark.parametrize("chunked", [False, True])
+async def test_the_canonical_reason_phrase_is_relayed_not_the_workers(
+    status_line: bytes,
+    expected: tuple[int, str],
+    chunked: bool,
+    raw: RawBackend,
+    make_router: MakeRouter,
+) -> None:
+    """As vllm-router: the client gets the status's standard phrase whatever the worker
+    wrote, both for an answer relayed in one write and for one streamed (chunked), on a new
+    connection (the coroutine) and on a kept-alive one (callbacks first)."""
+    framing = (
+        b"Transfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (len(OK_BODY), OK_BODY)
+        if chunked
+        else b"Content-Length: %d\r\n\r\n%s" % (len(OK_BODY), OK_BODY)
+    )
+    raw.respond = lambda head: (
+        status_line + b"\r\nContent-Type: application/json\r\n" + framing,
+        False,
+    )
+    router = await make_router([raw.url], disable_retries=True)
+    async with aiohttp.ClientSession() as client:
+        for _ in range(2):
+            async with client.post(router.url + "/v1/chat/completions", json=chat()) as r:
+                assert (r.status, r.reason) == expected
+                assert await r.read() == OK_BODY
+    assert len(raw.heads) == 2 and raw.connections == 2  # (a health check's, then one)
+
+
 async def _raw_request(port: int, request: bytes, *, expect_continue: bool = False) -> bytes:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
@@ -181,6 +219,47 @@ async def _raw_request(port: int, request: bytes, *, expect_continue: bool = Fal
         return head + await reader.readexactly(length)
     finally:
         writer.close()
+
+
+async def test_response_header_names_of_any_case_and_number_are_relayed_or_dropped(
+    raw: RawBackend, make_router: MakeRouter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The relay-or-drop decision is memoized by the name as sent, within a bound (a worker
+    sending ever new names does not grow it), and is the same for every spelling."""
+    from sessionroute.serve import worker_connection
+
+    monkeypatch.setattr(worker_connection, "_HEADER_KINDS", {})  # (a fresh memo)
+    names = [b"X-Unique-%d" % i for i in range(300)]
+    head = b"".join(b"%s: v%d\r\n" % (n, i) for i, n in enumerate(names))
+    raw.respond = lambda _: (
+        b"HTTP/1.1 200 OK\r\nSERVER: w\r\nSet-Cookie: a=1\r\n"
+        + head
+        + b"set-cookie: b=2\r\ncOnTeNt-LeNgTh: %d\r\nDate: x\r\n\r\n" % len(OK_BODY)
+        + OK_BODY,
+        False,
+    )
+    router = await make_router([raw.url])
+    body = json.dumps(chat()).encode()
+    request = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n" % len(body) + body
+    )
+    for _ in range(2):  # (the second on the kept-alive connection, names memoized)
+        answer = await _raw_request(router.port, request)
+        assert answer.endswith(OK_BODY)
+        lines = header_lines(answer.split(b"\r\n\r\n")[0] + b"\r\n\r\n")
+        relayed = [line for line in lines if line.startswith((b"X-Unique-", b"Set-", b"set-"))]
+        assert relayed == [b"Set-Cookie: a=1"] + [
+            b"%s: v%d" % (n, i) for i, n in enumerate(names)
+        ] + [b"set-cookie: b=2"]
+        lower = [line.lower() for line in lines]
+        assert b"server: w" not in lower and b"date: x" not in lower
+        assert lower.count(b"content-length: %d" % len(OK_BODY)) == 1
+    kinds = worker_connection._HEADER_KINDS
+    assert len(kinds) == worker_connection._HEADER_KINDS_KEPT  # full, not grown past it
+    assert kinds[b"SERVER"] == worker_connection._DROP
+    assert kinds[b"Set-Cookie"] == worker_connection._RELAY
+    assert b"cOnTeNt-LeNgTh" not in kinds  # (past the bound: decided each time, as above)
 
 
 async def test_request_headers_go_upstream_as_raw_bytes(

@@ -45,7 +45,9 @@ class Exchange:
         deadline: ``time.monotonic()`` by which the exchange must end (seconds).
         timed_out: True once the watchdog cancelled the owning task for this exchange.
         status: the response status (0 before :meth:`send` returned).
-        reason: the reason phrase as received.
+        reason: the canonical reason phrase of ``status`` (from
+            :data:`~sessionroute.serve.worker_connection.PHRASES`; empty for a non-standard
+            status): the phrase the worker sent is not relayed.
         framed: the response head has a ``Content-Length`` or ``Transfer-Encoding`` (its
             body is not delimited by the connection's close).
         relay_lines: the header lines to relay to the client, as pieces to join (name, ``b": "``,

@@ -166,11 +166,17 @@ class ResponseWriter:
         transport = self.transport
         if transport is None:
             return
+        # (a kept-alive HTTP/1.1 connection, the common case, needs no Connection header)
+        connection = (
+            b""
+            if self._keep and not self._closing and not self._http10
+            else self._connection_header()
+        )
         head = b"%s%sContent-Length: %d\r\n%s\r\n" % (
             self._heads.start(status, reason),
             headers,
             len(body),
-            self._connection_header(),
+            connection,
         )
         if self._head_only or not body:
             transport.write(head)

@@ -11,6 +11,7 @@ errors of an exchange.
 from __future__ import annotations
 
 import asyncio
+from http import HTTPStatus
 from typing import TYPE_CHECKING
 
 import httptools
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
 __all__ = [
     "HOP_BY_HOP",
     "MAX_RESPONSE_HEAD_BYTES",
+    "PHRASES",
     "RESPONSE_DROP",
     "UpstreamConnectError",
     "UpstreamError",
@@ -50,10 +52,43 @@ RESPONSE_DROP = frozenset(
 """Lower-case response header names never relayed to the client (the router writes its own
 framing, ``Date`` and ``x-request-id``); :attr:`Exchange.relay_lines` leaves them out."""
 
+PHRASES: dict[int, bytes] = {s.value: s.phrase.encode("ascii") for s in HTTPStatus}
+"""The canonical reason phrase of each standard status (RFC 9110), the one the router relays
+whatever phrase the worker sent (as vllm-router does); :attr:`Exchange.reason` is empty for
+any other status (the client then sees ``Unknown``, see
+:meth:`~sessionroute.serve.wire.HeadCache.status_line`)."""
+
 MAX_RESPONSE_HEAD_BYTES = 65536
 """Most bytes a worker may send before its response head is complete (the listener's limit on
 request heads too): a worker streaming endless headers is cut off with a 502 instead of
 filling the router's memory."""
+
+
+_RELAY, _DROP, _CONTENT_LENGTH, _TRANSFER_ENCODING = range(4)
+"""What a response header is to the router, by its name: relayed, dropped, or one of the two
+framing headers (dropped too; the router writes its own framing)."""
+
+_HEADER_KINDS: dict[bytes, int] = {}
+"""Memo of :func:`_header_kind` by the name as the worker sent it (no ``lower()`` per header);
+bounded by :data:`_HEADER_KINDS_KEPT`, since the names come from the workers."""
+
+_HEADER_KINDS_KEPT = 256
+
+
+def _header_kind(name: bytes) -> int:
+    """The kind (``_RELAY`` ...) of the response header ``name`` (any case), memoized."""
+    low = name.lower()
+    if low not in RESPONSE_DROP:
+        kind = _RELAY
+    elif low == b"content-length":
+        kind = _CONTENT_LENGTH
+    elif low == b"transfer-encoding":
+        kind = _TRANSFER_ENCODING
+    else:
+        kind = _DROP
+    if len(_HEADER_KINDS) < _HEADER_KINDS_KEPT:
+        _HEADER_KINDS[name] = kind
+    return kind
 
 
 class UpstreamError(Exception):
@@ -154,21 +189,19 @@ class WorkerConnection(asyncio.Protocol):
         ex.framed = False
         ex.relay_lines = []
         ex.length = None
-        ex.reason = b""
-
-    def on_status(self, status: bytes) -> None:
-        self.exchange.reason += status  # type: ignore[union-attr]
 
     def on_header(self, name: bytes, value: bytes) -> None:
         ex: Exchange = self.exchange  # type: ignore[assignment]
         # the relayed lines as they come (one pass over the headers, not a second one)
-        low = name.lower()
-        if low not in RESPONSE_DROP:
+        kind = _HEADER_KINDS.get(name)
+        if kind is None:
+            kind = _header_kind(name)
+        if kind is _RELAY:
             ex.relay_lines += (name, b": ", value, b"\r\n")
-        elif low == b"content-length":
+        elif kind is _CONTENT_LENGTH:
             ex.length = int(value)  # (llhttp checked it is a number)
             ex.framed = True
-        elif low == b"transfer-encoding":
+        elif kind is _TRANSFER_ENCODING:
             ex.framed = True
 
     def on_headers_complete(self) -> None:
@@ -182,6 +215,7 @@ class WorkerConnection(asyncio.Protocol):
             ex._info = True  # an interim response: the real one follows
             return
         ex.status = status
+        ex.reason = PHRASES.get(status, b"")  # (no on_status: the worker's phrase is not read)
         ex.keep_alive = parser.should_keep_alive()
         if ex._inline is None:  # an inline one is told after the read (data_received)
             ex._wake()
