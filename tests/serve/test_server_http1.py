@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from aiohttp import web
@@ -15,6 +15,9 @@ from sessionroute.types import DecisionKind
 
 from .backend import FakeBackend
 from .conftest import MakeRouter
+
+if TYPE_CHECKING:
+    from sessionroute.serve.listener import Listener
 
 BODY = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
 
@@ -310,19 +313,26 @@ async def test_a_client_stalled_mid_body_is_disconnected_and_a_slow_one_is_not()
         await listener.shutdown(1.0)
 
 
-async def test_request_targets_are_parsed_once_and_their_memo_is_bounded() -> None:
-    """Each target's path and query are parsed once and remembered (origin- and absolute-form,
-    fragments left out); a target past the memo's bound, or too long to be remembered, is
-    parsed as well, and an invalid absolute-form one is a 400."""
+async def _target_echo_listener() -> tuple[Listener, int]:
+    """A listener answering each request with its target, path and query (JSON), and its port."""
     from sessionroute.serve.http1 import Connection, Request
-    from sessionroute.serve.listener import TARGET_KEPT_BYTES, TARGETS_KEPT, Listener
+    from sessionroute.serve.listener import Listener
     from sessionroute.serve.wire import json_response
 
     def handle(conn: Connection, req: Request) -> None:
         conn.respond(json_response([req.target.decode(), req.path, req.query]))
 
     listener = Listener(handle, max_body=1 << 20)
-    port = await listener.start("127.0.0.1", 0)
+    return listener, await listener.start("127.0.0.1", 0)
+
+
+async def test_request_targets_are_parsed_once_and_their_memo_is_bounded() -> None:
+    """Each target's path and query are parsed once and remembered (origin- and absolute-form,
+    fragments left out); a target past the memo's bound, or too long to be remembered, is
+    parsed as well, and an invalid absolute-form one is a 400."""
+    from sessionroute.serve.listener import TARGET_KEPT_BYTES, TARGETS_KEPT
+
+    listener, port = await _target_echo_listener()
     try:
         reader, writer = await _connect(port)
 
@@ -357,15 +367,7 @@ async def test_request_targets_are_parsed_once_and_their_memo_is_bounded() -> No
 async def test_a_target_split_across_reads_is_joined_and_not_carried_over() -> None:
     """A request target that arrives in several reads is whole in the request, and the next
     requests on the connection (one read, pipelined) each get their own target only."""
-    from sessionroute.serve.http1 import Connection, Request
-    from sessionroute.serve.listener import Listener
-    from sessionroute.serve.wire import json_response
-
-    def handle(conn: Connection, req: Request) -> None:
-        conn.respond(json_response([req.target.decode(), req.path, req.query]))
-
-    listener = Listener(handle, max_body=1 << 20)
-    port = await listener.start("127.0.0.1", 0)
+    listener, port = await _target_echo_listener()
     try:
         reader, writer = await _connect(port)
         for piece in (b"GET /sp", b"lit/ta", b"rget?q=", b"1 HTTP/1.1\r\nHost: r\r\n\r\n"):

@@ -189,7 +189,7 @@ class InlineProxy(Inline):
         if ex.complete and status not in router.core.retry.retried_statuses:
             length = ex.length
             if length is not None and length <= BUFFER_LIMIT:
-                router.metrics.observe_answer(worker, status, ex.sent_at, time.perf_counter())
+                router.metrics.observe_upstream(worker, ex.sent_at, time.perf_counter(), status)
                 if status >= 500:
                     router.record_failure(worker)
                 else:

@@ -224,27 +224,22 @@ class RouterMetrics:
         hist.counts[bisect_left(hist.bounds, seconds)] += 1  # inline: one call per request
         hist.total += seconds
 
-    def observe_upstream(self, worker: str, start: float, end: float) -> None:
-        """Record the time to upstream response headers (``time.perf_counter`` readings)."""
+    def observe_upstream(
+        self, worker: str, start: float, end: float, status: int | None = None
+    ) -> None:
+        """Record the time to upstream response headers (``time.perf_counter`` readings),
+        and with ``status`` also count the request as finished (:meth:`count_request`: an
+        answer relayed whole as it came, the inline proxy's case, in one call, not two)."""
         hist = self.upstream_seconds.get(worker)
         if hist is None:
             hist = self.upstream_seconds[worker] = _Histogram(_LATENCY_BUCKETS)
         seconds = end - start
         hist.counts[bisect_left(hist.bounds, seconds)] += 1
         hist.total += seconds
-
-    def observe_answer(self, worker: str, status: int, start: float, end: float) -> None:
-        """:meth:`observe_upstream` and :meth:`count_request` at once, for an answer relayed
-        whole as it came (the inline proxy's common case: one call per request, not three)."""
-        hist = self.upstream_seconds.get(worker)
-        if hist is None:
-            hist = self.upstream_seconds[worker] = _Histogram(_LATENCY_BUCKETS)
-        seconds = end - start
-        hist.counts[bisect_left(hist.bounds, seconds)] += 1
-        hist.total += seconds
-        key = (worker, status)
-        requests = self.requests
-        requests[key] = requests.get(key, 0) + 1
+        if status is not None:
+            key = (worker, status)
+            requests = self.requests
+            requests[key] = requests.get(key, 0) + 1
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""
