@@ -99,6 +99,9 @@ class UpstreamPool:
         self._targets: dict[str, _Target] = {}
         self.heads: dict[tuple[str, str, bytes], bytes] = {}
         """Memo of :meth:`request_head` by (worker, method, request target)."""
+        self.header_kinds: dict[bytes, int] = {}
+        """What each response header name (as the workers send it) is to the router: relayed,
+        dropped, or a framing header (a bounded memo kept by the worker connections)."""
         self._inflight: dict[Exchange, None] = {}
         """Exchanges in deadline order (the watchdog stops at the first live one)."""
         self._watchdog: asyncio.Task[None] | None = None

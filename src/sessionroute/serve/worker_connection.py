@@ -68,15 +68,14 @@ _RELAY, _DROP, _CONTENT_LENGTH, _TRANSFER_ENCODING = range(4)
 """What a response header is to the router, by its name: relayed, dropped, or one of the two
 framing headers (dropped too; the router writes its own framing)."""
 
-_HEADER_KINDS: dict[bytes, int] = {}
-"""Memo of :func:`_header_kind` by the name as the worker sent it (no ``lower()`` per header);
-bounded by :data:`_HEADER_KINDS_KEPT`, since the names come from the workers."""
-
 _HEADER_KINDS_KEPT = 256
+"""Most names in a pool's memo of header kinds (``UpstreamPool.header_kinds``): the names come
+from the workers, so a worker sending ever new ones does not grow it."""
 
 
-def _header_kind(name: bytes) -> int:
-    """The kind (``_RELAY`` ...) of the response header ``name`` (any case), memoized."""
+def _header_kind(name: bytes, memo: dict[bytes, int]) -> int:
+    """The kind (``_RELAY`` ...) of the response header ``name`` (any case), entered in
+    ``memo`` (by the name as sent, so the next one needs no ``lower()``) while it has room."""
     low = name.lower()
     if low not in RESPONSE_DROP:
         kind = _RELAY
@@ -86,8 +85,8 @@ def _header_kind(name: bytes) -> int:
         kind = _TRANSFER_ENCODING
     else:
         kind = _DROP
-    if len(_HEADER_KINDS) < _HEADER_KINDS_KEPT:
-        _HEADER_KINDS[name] = kind
+    if len(memo) < _HEADER_KINDS_KEPT:
+        memo[name] = kind
     return kind
 
 
@@ -193,15 +192,16 @@ class WorkerConnection(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         ex: Exchange = self.exchange  # type: ignore[assignment]
         # the relayed lines as they come (one pass over the headers, not a second one)
-        kind = _HEADER_KINDS.get(name)
+        kinds = ex._pool.header_kinds
+        kind = kinds.get(name)
         if kind is None:
-            kind = _header_kind(name)
-        if kind is _RELAY:
+            kind = _header_kind(name, kinds)
+        if kind == _RELAY:
             ex.relay_lines += (name, b": ", value, b"\r\n")
-        elif kind is _CONTENT_LENGTH:
+        elif kind == _CONTENT_LENGTH:
             ex.length = int(value)  # (llhttp checked it is a number)
             ex.framed = True
-        elif kind is _TRANSFER_ENCODING:
+        elif kind == _TRANSFER_ENCODING:
             ex.framed = True
 
     def on_headers_complete(self) -> None:
