@@ -45,9 +45,6 @@ class Exchange:
         deadline: ``time.monotonic()`` by which the exchange must end (seconds).
         timed_out: True once the watchdog cancelled the owning task for this exchange.
         status: the response status (0 before :meth:`send` returned).
-        reason: the canonical reason phrase of ``status`` (from
-            :data:`~sessionroute.serve.worker_connection.PHRASES`; empty for a non-standard
-            status): the phrase the worker sent is not relayed.
         framed: the response head has a ``Content-Length`` or ``Transfer-Encoding`` (its
             body is not delimited by the connection's close).
         relay_lines: the header lines to relay to the client, as pieces to join (name, ``b": "``,
@@ -76,7 +73,6 @@ class Exchange:
         "framed",
         "keep_alive",
         "length",
-        "reason",
         "relay_lines",
         "sent_all",
         "sent_at",
@@ -108,7 +104,6 @@ class Exchange:
         self.deadline = time.monotonic() + pool.timeout_s
         self.timed_out = False
         self.status = 0
-        self.reason = b""
         self.framed = False
         self.relay_lines: list[bytes] = []
         self.length: int | None = None

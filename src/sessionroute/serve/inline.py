@@ -198,7 +198,7 @@ class InlineProxy(Inline):
                 lines += (b"x-request-id: ", self._raw_rid, b"\r\n")
                 if router.expose_worker:
                     lines += (b"x-sessionroute-worker: ", worker.encode(), b"\r\n")
-                self._conn.respond_raw(status, ex.reason, b"".join(lines), ex.body())
+                self._conn.respond_raw(status, None, b"".join(lines), ex.body())
                 self._end()
                 return
         self._ex = self._res = None  # the coroutine owns both now

@@ -409,7 +409,6 @@ async def _relay(conn: Connection, router: Router, ex: Exchange, worker: str, ri
         headers += b"x-request-id: " + rid + b"\r\n"
         if router.expose_worker:
             headers += b"x-sessionroute-worker: " + worker.encode() + b"\r\n"
-        reason = ex.reason
         if length is not None and length <= BUFFER_LIMIT:
             try:
                 data = ex.body() if ex.complete else await ex.read()
@@ -432,9 +431,9 @@ async def _relay(conn: Connection, router: Router, ex: Exchange, worker: str, ri
                 timeout_reading(conn, router, worker, rid)
                 return True
             metrics.count_request(worker, status)
-            conn.respond_raw(status, reason, headers, data)
+            conn.respond_raw(status, None, headers, data)
             return True
-        conn.start_response(status, reason, headers, length)
+        conn.start_response(status, None, headers, length)
         try:
             await ex.relay(conn)  # written piece by piece as it arrives
         except (UpstreamError, asyncio.CancelledError) as exc:

@@ -34,15 +34,16 @@ class HeadCache:
         self._date_line = b""
 
     def status_line(self, status: int, reason: bytes | None = None) -> bytes:
-        """``HTTP/1.1 <status> <reason>\\r\\n`` (memoized; ``reason`` as a worker sent it,
-        the standard phrase when it is None or empty; CR/LF in a reason become spaces)."""
+        """``HTTP/1.1 <status> <reason>\\r\\n`` (memoized; ``reason`` a caller's own phrase,
+        the standard one when it is None or empty, ``Unknown`` for a non-standard status;
+        CR/LF in a reason become spaces)."""
         key = (status, reason)
         line = self._lines.get(key)
         if line is None:
             phrase = reason or REASONS.get(status, "Unknown").encode("latin-1", "replace")
             phrase = phrase.replace(b"\r", b" ").replace(b"\n", b" ")
             line = b"HTTP/1.1 %d %s\r\n" % (status, phrase)
-            if len(self._lines) < 1024:  # reasons come from workers: bounded
+            if len(self._lines) < 1024:  # bounded, whatever reasons callers pass
                 self._lines[key] = line
         return line
 
@@ -58,7 +59,7 @@ class HeadCache:
         start = self._starts.get(key)
         if start is None:
             start = self.status_line(status, reason) + self._date_line
-            if len(self._starts) < 1024:  # reasons come from workers: bounded
+            if len(self._starts) < 1024:  # bounded, whatever reasons callers pass
                 self._starts[key] = start
         return start
 

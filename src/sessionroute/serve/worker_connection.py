@@ -3,15 +3,18 @@ response parser (see :mod:`sessionroute.serve.upstream`).
 
 The parser's callbacks fill in the :class:`~sessionroute.serve.exchange.Exchange` using the
 connection (one Python call per callback, none per field); the exchange sends the request and
-hands the answer on. Also here: what a worker's response may and may not carry through the
-router (:data:`HOP_BY_HOP`, :data:`RESPONSE_DROP`, :data:`MAX_RESPONSE_HEAD_BYTES`) and the
-errors of an exchange.
+hands the answer on. There is no ``on_status`` callback: the worker's reason phrase is not read,
+and the client gets the standard phrase of the status (as vllm-router, whose hyper writes the
+canonical one), so httptools makes no call and no ``bytes`` for it per response.
+
+Also here: what a worker's response may and may not carry through the router
+(:data:`HOP_BY_HOP`, :data:`RESPONSE_DROP`, :data:`MAX_RESPONSE_HEAD_BYTES`) and the errors of
+an exchange.
 """
 
 from __future__ import annotations
 
 import asyncio
-from http import HTTPStatus
 from typing import TYPE_CHECKING
 
 import httptools
@@ -22,7 +25,6 @@ if TYPE_CHECKING:
 __all__ = [
     "HOP_BY_HOP",
     "MAX_RESPONSE_HEAD_BYTES",
-    "PHRASES",
     "RESPONSE_DROP",
     "UpstreamConnectError",
     "UpstreamError",
@@ -51,12 +53,6 @@ RESPONSE_DROP = frozenset(
 )
 """Lower-case response header names never relayed to the client (the router writes its own
 framing, ``Date`` and ``x-request-id``); :attr:`Exchange.relay_lines` leaves them out."""
-
-PHRASES: dict[int, bytes] = {s.value: s.phrase.encode("ascii") for s in HTTPStatus}
-"""The canonical reason phrase of each standard status (RFC 9110), the one the router relays
-whatever phrase the worker sent (as vllm-router does); :attr:`Exchange.reason` is empty for
-any other status (the client then sees ``Unknown``, see
-:meth:`~sessionroute.serve.wire.HeadCache.status_line`)."""
 
 MAX_RESPONSE_HEAD_BYTES = 65536
 """Most bytes a worker may send before its response head is complete (the listener's limit on
@@ -215,7 +211,6 @@ class WorkerConnection(asyncio.Protocol):
             ex._info = True  # an interim response: the real one follows
             return
         ex.status = status
-        ex.reason = PHRASES.get(status, b"")  # (no on_status: the worker's phrase is not read)
         ex.keep_alive = parser.should_keep_alive()
         if ex._inline is None:  # an inline one is told after the read (data_received)
             ex._wake()
