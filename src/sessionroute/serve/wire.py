@@ -25,27 +25,21 @@ REASONS: dict[int, str] = {s.value: s.phrase for s in HTTPStatus}
 class HeadCache:
     """Memoized response-head pieces; one per listener (no module-level state)."""
 
-    __slots__ = ("_date_line", "_date_second", "_lines", "_starts")
+    __slots__ = ("_date_line", "_date_second", "_starts")
 
     def __init__(self) -> None:
-        self._lines: dict[tuple[int, bytes | None], bytes] = {}
         self._starts: dict[tuple[int, bytes | None], bytes] = {}
         self._date_second = -1
         self._date_line = b""
 
     def status_line(self, status: int, reason: bytes | None = None) -> bytes:
-        """``HTTP/1.1 <status> <reason>\\r\\n`` (memoized; ``reason`` a caller's own phrase,
-        the standard one when it is None or empty, ``Unknown`` for a non-standard status;
-        CR/LF in a reason become spaces)."""
-        key = (status, reason)
-        line = self._lines.get(key)
-        if line is None:
-            phrase = reason or REASONS.get(status, "Unknown").encode("latin-1", "replace")
-            phrase = phrase.replace(b"\r", b" ").replace(b"\n", b" ")
-            line = b"HTTP/1.1 %d %s\r\n" % (status, phrase)
-            if len(self._lines) < 1024:  # bounded, whatever reasons callers pass
-                self._lines[key] = line
-        return line
+        """``HTTP/1.1 <status> <reason>\\r\\n`` (``reason`` a caller's own phrase, the
+        standard one when it is None or empty, ``Unknown`` for a non-standard status; CR/LF in
+        a reason become spaces). Not memoized itself: :meth:`start` memoizes it with the
+        ``Date`` line."""
+        phrase = reason or REASONS.get(status, "Unknown").encode("latin-1", "replace")
+        phrase = phrase.replace(b"\r", b" ").replace(b"\n", b" ")
+        return b"HTTP/1.1 %d %s\r\n" % (status, phrase)
 
     def start(self, status: int, reason: bytes | None = None) -> bytes:
         """The :meth:`status_line` and ``Date: <IMF-fixdate>\\r\\n`` for the current second
