@@ -48,7 +48,11 @@ def register(sub: Any) -> None:
         ),
     )
     parser.add_argument(
-        "--policies", help="comma-separated policies, one arm each (replaces FILE's arms)"
+        "--policies",
+        help="comma-separated policies, one arm each (replaces FILE's arms); each is a name, "
+        "name(key=value, ...) with the policy's options (sessionroute policies NAME lists "
+        "them), or @FILE, a policy file such as one `sessionroute tune` writes; e.g. "
+        "'consistent_hash_bounded_load(c=1.05),adaptive_sticky'",
     )
     parser.add_argument(
         "--steps",
@@ -104,10 +108,7 @@ def experiment_from_args(args: argparse.Namespace) -> Any:
 
     policy_arms: list[dict[str, Any]] | None = None
     if args.policies is not None:
-        names = [p.strip() for p in args.policies.split(",") if p.strip()]
-        if not names:
-            raise ValueError("--policies needs at least one policy name")
-        policy_arms = [{"policy": n} for n in names]
+        policy_arms = policy_arms_from_text(args.policies)
     if args.file:
         spec = load_experiment(args.file, arms=policy_arms)
     else:
@@ -140,11 +141,44 @@ def experiment_from_args(args: argparse.Namespace) -> Any:
         data["arms"] = policy_arms
         changed.append(f"--policies {args.policies}")
         if not args.file:  # the built-in description lists its five arms: say these instead
-            names = [a["policy"] for a in policy_arms]
+            names = [a.get("name", a["policy"]) for a in policy_arms]
             data["description"] = names[0] + (" vs " + ", ".join(names[1:]) if names[1:] else "")
     if changed and data.get("description"):
         data["description"] += f" (changed on the command line: {', '.join(changed)})"
     return parse_experiment(data, source=args.file or "<built-in default>")
+
+
+def policy_arms_from_text(text: str) -> list[dict[str, Any]]:
+    """``--policies`` as experiment arms: ``name``, ``name(key=value, ...)`` or ``@FILE`` (a
+    policy file, e.g. one ``sessionroute tune`` wrote), comma-separated
+    (:mod:`sessionroute.router.policies.options`). An arm with options is named as written, so
+    one policy may run with several settings.
+
+    Raises:
+        ValueError: for a list with no policy. ConfigError: for an unreadable entry or policy
+            file (named).
+    """
+    from sessionroute.router.policies.options import (
+        format_policy,
+        load_policy_file,
+        parse_policy,
+        split_policies,
+    )
+
+    if not text.replace(",", "").strip():
+        raise ValueError("--policies needs at least one policy name")
+    arms: list[dict[str, Any]] = []
+    for entry in split_policies(text):
+        if entry.startswith("@"):
+            name, options = load_policy_file(entry[1:])
+        else:
+            name, options = parse_policy(entry)
+        arm: dict[str, Any] = {"policy": name}
+        if options:
+            arm["policy_options"] = options
+            arm["name"] = format_policy(name, options)
+        arms.append(arm)
+    return arms
 
 
 def _replace_workload(data: dict[str, Any], kind: str) -> None:
@@ -181,7 +215,7 @@ def _note_dropped_options(
 ) -> None:
     """Say on stderr which of the replaced arms' policy options ``--policies`` does not keep
     (its arms run each policy with its defaults)."""
-    named = {a["policy"] for a in policy_arms}
+    named = {a["policy"] for a in policy_arms if not a.get("policy_options")}
     for arm in file_arms:
         options = arm.get("policy_options") or {}
         if arm["policy"] in named and options:

@@ -62,8 +62,8 @@ def register(sub: Any) -> None:
     parser.add_argument(
         "--policies",
         default=None,
-        help="comma-separated policies (default: the experiment's arms, with their options; "
-        "the default experiment's five)",
+        help="comma-separated policies, as for compare: name, name(key=value, ...) or @FILE "
+        "(default: the experiment's arms, with their options; the default experiment's five)",
     )
     parser.add_argument("--seeds", type=int, default=1, help="seeds per point (default 1)")
     parser.add_argument("--workload", help="replace FILE's workload (as for compare)")
@@ -126,7 +126,11 @@ def _run(args: argparse.Namespace) -> int:
         base = experiment_from_args(args).model_dump(exclude_none=True)
         values = list(knob.default_values) if args.values is None else _values(args.values, knob)
         policies = [
-            {"policy": a["policy"], "policy_options": a.get("policy_options", {})}
+            {
+                "policy": a["policy"],
+                "policy_options": a.get("policy_options", {}),
+                "name": a.get("name") or a["policy"],
+            }
             for a in base["arms"]
         ]
         spec = sweep_experiment(base, knob, values, policies, args.seeds)

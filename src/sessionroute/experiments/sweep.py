@@ -162,8 +162,10 @@ def sweep_experiment(
         base: an experiment as a dict (its arms are replaced).
         knob: what to vary.
         values: the knob's values (at least 2, distinct).
-        policies: registry names, or arms (``{"policy", "policy_options"}``, at least 1);
-            each arm is named ``<policy>@<value>``, so a policy appears once.
+        policies: registry names, or arms (``{"policy", "policy_options"}`` and an optional
+            ``"name"``, at least 1); each arm is named ``<name>@<value>`` (the name defaults
+            to the policy's), so a name appears once: one policy may run with several option
+            settings under different names.
         seeds: repeats per arm (>= 1).
 
     Raises:
@@ -181,7 +183,7 @@ def sweep_experiment(
     if not policies:
         raise ConfigError("a sweep needs at least one policy")
     chosen: list[dict[str, Any]] = [p if isinstance(p, dict) else {"policy": p} for p in policies]
-    names = [str(p["policy"]) for p in chosen]
+    names = [str(p.get("name") or p["policy"]) for p in chosen]
     if len(set(names)) != len(names):
         raise ConfigError(f"a sweep runs each policy once, got {names}")
     arms = []
@@ -191,10 +193,10 @@ def sweep_experiment(
             override: dict[str, Any] = {"workload": {"options": {knob.key: value}}}
         else:
             override = {knob.section: {knob.key: value}}
-        for p in chosen:
+        for name, p in zip(names, chosen, strict=True):
             arms.append(
                 {
-                    "name": f"{p['policy']}@{value}",
+                    "name": f"{name}@{value}",
                     "policy": p["policy"],
                     "policy_options": dict(p.get("policy_options") or {}),
                     "overrides": override,
@@ -288,11 +290,12 @@ def summarize(knob: Knob, results: list[ArmResult], arms: list[ResolvedArm]) -> 
     values: list[float] = []
     policies: list[str] = []
     for arm, res in zip(arms, results, strict=True):
-        value = float(arm.name.rsplit("@", 1)[1])
+        label, _, shown_value_text = arm.name.rpartition("@")
+        value = float(shown_value_text)
         if value not in values:
             values.append(value)
-        if arm.policy not in policies:
-            policies.append(arm.policy)
+        if label not in policies:
+            policies.append(label)
         stats: dict[str, tuple[float, float, float]] = {}
         for path, _ in SWEEP_METRICS:
             nums = [shown_value(r.metrics, path) for r in res.runs]  # None: measured nothing
@@ -301,10 +304,10 @@ def summarize(knob: Knob, results: list[ArmResult], arms: list[ResolvedArm]) -> 
                 m, lo, hi = mean_ci95([float(x) for x in nums])
                 d_lo, d_hi = metric_domain(path)
                 stats[path] = (m, max(lo, d_lo), min(hi, d_hi))
-        points.append(SweepPoint(arm.policy, value, stats, len(res.runs)))
+        points.append(SweepPoint(label, value, stats, len(res.runs)))
         for r in res.runs:
             shown = knob.cast(value)  # replicas 2, not 2.0, in sweep.csv
-            row: dict[str, Any] = {knob.name: shown, "policy": arm.policy, "seed": r.seed}
+            row: dict[str, Any] = {knob.name: shown, "policy": label, "seed": r.seed}
             for path, _ in SWEEP_METRICS:
                 row[path] = shown_value(r.metrics, path)
             runs.append(row)

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from sessionroute.errors import ConfigError
 from sessionroute.router.config import DEFAULT_SESSION_HEADERS, RouterConfig, header_names
+from sessionroute.router.policies.options import load_policy_file, parse_policy
 from sessionroute.router.policies.registry import policy_class, takes_option
 from sessionroute.serve.flags import (
     DEFAULT_REQUEST_ID_HEADERS,
@@ -109,6 +110,7 @@ class RouterSettings(BaseModel):
     admission_max_waiting: int = Field(DEFAULTS["admission_max_waiting"], ge=0)
     admission_max_wait_secs: float = Field(DEFAULTS["admission_max_wait_secs"], ge=0)
     policy_option: tuple[str, ...] = ()
+    policy_config: str | None = None
     state_url: str | None = DEFAULTS["state_url"]
     state_key_prefix: str = Field(DEFAULTS["state_key_prefix"], min_length=1)
     state_lease_secs: float = Field(DEFAULTS["state_lease_secs"], gt=0)
@@ -193,22 +195,49 @@ class RouterSettings(BaseModel):
             retry_after_send=self.retry_after_send,
         )
 
-    def policy_options(self) -> dict[str, Any]:
-        """The policy options given as flags: ``--cache-threshold`` and the two balance
-        thresholds, passed under their own names to a policy whose ``Config`` has them, then
-        every ``--policy-option KEY=VALUE`` (which wins; the session TTL is given by
-        :func:`~sessionroute.router.choose_policy`).
+    def _written_policy(self) -> tuple[str, dict[str, Any]]:
+        """``--policy NAME(key=value, ...)`` and ``--policy-config FILE`` as a name and the
+        options written with it (the inline ones win over the file's)."""
+        name, inline = parse_policy(self.policy)
+        if self.policy_config is None:
+            return name, inline
+        file_name, file_options = load_policy_file(self.policy_config)
+        if self.policy != DEFAULTS["policy"] and name != file_name:
+            raise ConfigError(
+                f"--policy {self.policy!r} and --policy-config {self.policy_config!r} (policy "
+                f"{file_name!r}) name different policies; give one"
+            )
+        return file_name, {**file_options, **inline}
+
+    def policy_name(self) -> str:
+        """The policy's registry name or ``module:Class``: ``--policy`` without its inline
+        options, or the policy of ``--policy-config FILE``.
 
         Raises:
-            ConfigError: a ``--policy-option`` without ``=`` or with an empty key.
+            ConfigError: for an unreadable ``--policy`` or policy file.
         """
-        cls = policy_class(self.policy)
+        return self._written_policy()[0]
+
+    def policy_options(self) -> dict[str, Any]:
+        """The policy's options, each source overriding the ones before it: ``--cache-threshold``
+        and the two balance thresholds (passed under their own names to a policy whose
+        ``Config`` has them), the options of ``--policy-config FILE``, the inline options of
+        ``--policy NAME(key=value, ...)``, then every ``--policy-option KEY=VALUE`` (the session
+        TTL is given by :func:`~sessionroute.router.choose_policy`).
+
+        Raises:
+            ConfigError: a ``--policy-option`` without ``=`` or with an empty key, or an
+                unreadable ``--policy`` or policy file.
+        """
+        name, written = self._written_policy()
+        cls = policy_class(name)
         candidates: dict[str, Any] = {
             "cache_threshold": self.cache_threshold,
             "balance_abs_threshold": self.balance_abs_threshold,
             "balance_rel_threshold": self.balance_rel_threshold,
         }
         options = {k: v for k, v in candidates.items() if takes_option(cls, k)}
+        options.update(written)
         options.update(parse_policy_options(self.policy_option))
         return options
 

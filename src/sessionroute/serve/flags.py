@@ -158,8 +158,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a(
         "--policy",
         default=d["policy"],
-        help=f"routing policy: {', '.join(policy_names())}, or package.module:Class "
-        "(default: %(default)s)",
+        help=f"routing policy: {', '.join(policy_names())}, or package.module:Class; options "
+        "may follow in parentheses, e.g. 'consistent_hash_bounded_load(c=1.05)' "
+        "(sessionroute only; default: %(default)s)",
+    )
+    a(
+        "--policy-config",
+        metavar="FILE",
+        default=None,
+        help="a policy file (TOML: policy = NAME and an [options] table, as `sessionroute tune` "
+        "writes it); its options give way to --policy's inline ones and to --policy-option "
+        "(sessionroute only)",
     )
     a(
         "--policy-option",

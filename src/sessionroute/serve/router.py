@@ -80,7 +80,7 @@ class Router:
         self.rng = rng if rng is not None else random.Random()
         config = settings.router_config()
         choice = choose_policy(
-            settings.policy,
+            settings.policy_name(),
             settings.policy_options(),
             session_ttl_s=config.session_ttl_s,
             session_table_max_bytes=config.session_table_max_bytes,
@@ -109,7 +109,7 @@ class Router:
         """The policy's KV index fed by ``--kv-events`` (None for policies without one)."""
         if settings.kv_events and not isinstance(self.kv_index, KvIndex):
             raise ConfigError(
-                f"--kv-events given, but policy {settings.policy!r} does not read KV events "
+                f"--kv-events given, but policy {settings.policy_name()!r} does not read KV events "
                 "(use kv_aware)"
             )
         self.kv_subscribers: list[KvEventSubscriber] = []

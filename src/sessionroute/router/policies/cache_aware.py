@@ -35,6 +35,7 @@ from sessionroute.router.policies._prefix import TidiesInSweeps
 from sessionroute.router.policies._radix import ApproxRadixTree, Content, RetiredTrees
 from sessionroute.router.policies.base import Policy, require_healthy
 from sessionroute.router.policies.least_loaded import LeastRecentlyChosen
+from sessionroute.router.policies.options import knob
 from sessionroute.router.state.cluster import ClusterView
 from sessionroute.types import Decision, DecisionKind, RouteRequest
 
@@ -57,9 +58,9 @@ class CacheAwareConfig:
         ConfigError: on a value out of range (the message names it).
     """
 
-    cache_threshold: float = 0.3
-    balance_abs_threshold: int = 64
-    balance_rel_threshold: float = 1.5
+    cache_threshold: float = knob(0.3, 0.0, 1.0)
+    balance_abs_threshold: int = knob(64, 1, 256, log=True)
+    balance_rel_threshold: float = knob(1.5, 1.0, 4.0)
     max_tree_size: int = 1 << 24
 
     def __post_init__(self) -> None:

@@ -36,6 +36,7 @@ from sessionroute.errors import ConfigError
 from sessionroute.router.policies._ring import HashRing, KeyHashCache
 from sessionroute.router.policies._sessions import SessionPolicy
 from sessionroute.router.policies.least_loaded import LeastRecentlyChosen
+from sessionroute.router.policies.options import knob
 from sessionroute.router.state.cluster import ClusterView
 from sessionroute.router.state.sessions import DEFAULT_MAX_BYTES
 from sessionroute.types import RouteRequest
@@ -60,7 +61,7 @@ class ConsistentHashBoundedLoadConfig:
         ConfigError: if ``c`` is not a finite number >= 1 or ``sweep_interval_s < 0``.
     """
 
-    c: float = 1.25
+    c: float = knob(1.25, 1.0, 2.0)
     session_ttl_s: float = 7200.0
     sweep_interval_s: float = 60.0
     max_sessions: int = 1_000_000
