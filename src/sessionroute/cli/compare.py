@@ -11,6 +11,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from sessionroute.cli.executing import add_ray_argument, executor_from_args, failed_runs_text
+
 __all__ = ["experiment_from_args", "register"]
 
 _EPILOG = """\
@@ -73,6 +75,7 @@ def register(sub: Any) -> None:
             "count: runs of unequal length then share the cores instead of queueing)"
         ),
     )
+    add_ray_argument(parser)
     parser.add_argument(
         "--wandb",
         metavar="PROJECT",
@@ -276,6 +279,9 @@ def _run(args: argparse.Namespace) -> int:
     try:
         spec = experiment_from_args(args)
         jobs = _jobs(args, spec)
+        if args.live and args.ray is not None:
+            raise ValueError("--ray runs simulations; a --live experiment runs here")
+        executor = executor_from_args(args, jobs)
     except (SessionRouteError, ValueError) as exc:
         err_console.print(f"[red]error:[/red] {escape(str(exc))}", markup=True, highlight=False)
         return 2
@@ -328,10 +334,14 @@ def _run(args: argparse.Namespace) -> int:
 
                 output = run_live_experiment(spec, reporter)
             else:
-                output = run_experiment(spec, simulate_arm, reporter, jobs=jobs)
+                output = run_experiment(spec, simulate_arm, reporter, executor=executor)
     except SessionRouteError as exc:
         err_console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         return 2
+    if output.failed:
+        err_console.print(escape(failed_runs_text(output.failed)), highlight=False)
+        if not output.results:
+            return 1
     out_dir = default_out_dir(spec.name) if args.out is None else Path(args.out)
     paths = write_outputs(output, out_dir)
     print_comparison(output.results, out_console)
@@ -366,4 +376,4 @@ def _run(args: argparse.Namespace) -> int:
     )
     if args.json:
         sys.stdout.write(paths["results"].read_text("utf-8") + "\n")
-    return 0
+    return 1 if output.failed else 0

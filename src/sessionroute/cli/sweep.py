@@ -8,6 +8,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sessionroute.cli.executing import add_ray_argument, executor_from_args, failed_runs_text
+
 if TYPE_CHECKING:
     from sessionroute.experiments.sweep import Knob
 
@@ -77,6 +79,7 @@ def register(sub: Any) -> None:
     parser.add_argument(
         "--jobs", type=int, default=None, help="runs in parallel processes (default: CPU count)"
     )
+    add_ray_argument(parser)
     parser.set_defaults(
         handler=_run, repeats=None, live=False, dry_run=False, json=False, wandb=None
     )
@@ -152,11 +155,16 @@ def _run(args: argparse.Namespace) -> int:
     jobs = args.jobs or max(1, min(os.cpu_count() or 1, runs))
     t0 = time.monotonic()
     try:
+        executor = executor_from_args(args, jobs)
         with OverallReporter(console, f"sweep {knob.name}", runs) as reporter:
-            output = run_experiment(spec, light_simulate_arm, reporter, jobs=jobs)
+            output = run_experiment(spec, light_simulate_arm, reporter, executor=executor)
     except SessionRouteError as exc:
         console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         return 2
+    if output.failed:
+        console.print(escape(failed_runs_text(output.failed)), highlight=False)
+        if not output.results:
+            return 1
     import tomli_w
 
     from sessionroute.experiments.runner import clean_toml
@@ -172,8 +180,9 @@ def _run(args: argparse.Namespace) -> int:
     for line in result.verdicts:
         out.print(line, highlight=False)
     out.print(
-        f"wall time {time.monotonic() - t0:.1f} s ({runs} runs, {jobs} processes); "
+        f"wall time {time.monotonic() - t0:.1f} s ({runs} runs, "
+        f"{'on Ray' if args.ray is not None else f'{jobs} processes'}); "
         f"report: {paths['report']}  csv: {paths['csv']}  json: {paths['json']}",
         highlight=False,
     )
-    return 0
+    return 1 if output.failed else 0

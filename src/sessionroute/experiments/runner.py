@@ -9,19 +9,24 @@ from __future__ import annotations
 
 import csv
 import json
-import multiprocessing
 import re
-from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import tomli_w
 
+from sessionroute.experiments.executor import (
+    ArmRunner,
+    Executor,
+    LocalExecutor,
+    ProgressReporter,
+    RunFailed,
+    Task,
+)
 from sessionroute.experiments.report import write_report
-from sessionroute.experiments.results import ArmResult, RunOutput, results_document
+from sessionroute.experiments.results import ArmResult, results_document
 from sessionroute.experiments.spec import ExperimentSpec, ResolvedArm, resolve_arms
 
 __all__ = [
@@ -33,31 +38,23 @@ __all__ = [
     "write_outputs",
 ]
 
-ProgressFn = Callable[[float], None]
-"""Called with the fraction done of the current run, in [0, 1]."""
-
-
-class ArmRunner(Protocol):
-    """Executes one arm once: ``(arm, seed, progress) -> RunOutput``."""
-
-    def __call__(self, arm: ResolvedArm, seed: int, progress: ProgressFn) -> RunOutput: ...
-
-
-class ProgressReporter(Protocol):
-    """What the runner tells about progress (a rich progress display in the CLI)."""
-
-    def start_run(self, label: str) -> ProgressFn: ...
-
-    def end_run(self, label: str) -> None: ...
-
 
 @dataclass(slots=True)
 class ExperimentOutput:
-    """The results of a whole experiment."""
+    """The results of a whole experiment.
+
+    Attributes:
+        spec: the experiment.
+        arms: the arms that finished at least one run.
+        results: their runs.
+        failed: the runs that failed (an arm none of whose runs finished is left out of
+            ``arms`` and ``results``).
+    """
 
     spec: ExperimentSpec
     arms: list[ResolvedArm]
     results: list[ArmResult]
+    failed: list[RunFailed] = field(default_factory=list)
 
     def document(self) -> dict[str, Any]:
         """The ``results.json`` document."""
@@ -84,20 +81,24 @@ def run_experiment(
     arm_runner: ArmRunner,
     reporter: ProgressReporter | None = None,
     jobs: int = 1,
+    executor: Executor | None = None,
 ) -> ExperimentOutput:
     """Run every arm ``spec.run.repeats`` times (repeat k uses seed ``run.seed + k``).
 
     Args:
         spec: the experiment.
         arm_runner: executes one run; must be a picklable module-level callable when
-            ``jobs > 1``.
+            ``jobs > 1`` or with a Ray executor.
         reporter: receives progress.
-        jobs: runs executed in parallel worker processes (1 runs in this process). Results
-            do not depend on it: every run is independent and seeded.
+        jobs: runs executed in parallel worker processes (1 runs in this process), when no
+            ``executor`` is given.
+        executor: where the runs execute (:mod:`~sessionroute.experiments.executor`; a
+            :class:`LocalExecutor` of ``jobs`` when omitted). Results do not depend on it:
+            every run is independent and seeded.
 
     Raises:
-        ConfigError: if the arms do not match (see :func:`resolve_arms`), or what the arm
-            runner raises.
+        ConfigError: if the arms do not match (see :func:`resolve_arms`). A run that raises is
+            recorded in :attr:`ExperimentOutput.failed`; the others go on.
     """
     arms = resolve_arms(spec)
     tasks: list[tuple[int, ResolvedArm, int, str]] = []
@@ -105,59 +106,19 @@ def run_experiment(
         for k in range(spec.run.repeats):
             label = arm.name if spec.run.repeats == 1 else f"{arm.name} #{k + 1}"
             tasks.append((i, arm, spec.run.seed + k, label))
-    if jobs > 1 and len(tasks) > 1:
-        outputs = _run_parallel(tasks, arm_runner, reporter, jobs)
-    else:
-        outputs = []
-        for _, arm, seed, label in tasks:
-            progress: ProgressFn = reporter.start_run(label) if reporter else _ignore
-            outputs.append(arm_runner(arm, seed, progress))
-            if reporter:
-                reporter.end_run(label)
+    runs = executor if executor is not None else LocalExecutor(jobs)
+    outputs = runs.run(
+        [Task(arm, seed, label) for _, arm, seed, label in tasks], arm_runner, reporter
+    )
     results = [ArmResult(a.name, a.policy, a.policy_options) for a in arms]
+    failed: list[RunFailed] = []
     for (i, _, _, _), out in zip(tasks, outputs, strict=True):
-        results[i].runs.append(out)
-    return ExperimentOutput(spec, arms, results)
-
-
-def _ignore(fraction: float) -> None:
-    return None
-
-
-def _run_task(
-    arm_runner: ArmRunner, arm: ResolvedArm, seed: int, label: str, queue: Any
-) -> RunOutput:
-    def progress(fraction: float) -> None:
-        queue.put((label, fraction))
-
-    return arm_runner(arm, seed, progress)
-
-
-def _run_parallel(
-    tasks: list[tuple[int, ResolvedArm, int, str]],
-    arm_runner: ArmRunner,
-    reporter: ProgressReporter | None,
-    jobs: int,
-) -> list[RunOutput]:
-    ctx = multiprocessing.get_context("spawn")
-    with ctx.Manager() as manager, ProcessPoolExecutor(jobs, mp_context=ctx) as pool:
-        queue = manager.Queue()
-        updaters = {label: reporter.start_run(label) for *_, label in tasks} if reporter else {}
-        futures = [
-            pool.submit(_run_task, arm_runner, arm, seed, label, queue)
-            for _, arm, seed, label in tasks
-        ]
-        pending = set(futures)
-        while pending:
-            _done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
-            while not queue.empty():
-                label, fraction = queue.get()
-                if label in updaters:
-                    updaters[label](fraction)
-        for *_, label in tasks:
-            if reporter:
-                reporter.end_run(label)
-        return [f.result() for f in futures]
+        if isinstance(out, RunFailed):
+            failed.append(out)
+        else:
+            results[i].runs.append(out)
+    kept = [k for k, r in enumerate(results) if r.runs]
+    return ExperimentOutput(spec, [arms[k] for k in kept], [results[k] for k in kept], failed)
 
 
 def _slug(name: str) -> str:
