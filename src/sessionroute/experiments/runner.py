@@ -21,14 +21,21 @@ from typing import Any, Protocol
 import tomli_w
 
 from sessionroute.experiments.report import write_report
-from sessionroute.experiments.results import ArmResult, RunOutput, results_document
+from sessionroute.experiments.results import (
+    ArmResult,
+    RunOutput,
+    add_slo_metrics,
+    results_document,
+)
 from sessionroute.experiments.spec import ExperimentSpec, ResolvedArm, resolve_arms
+from sessionroute.experiments.verdict import ArmRuns, Verdict, judge
 
 __all__ = [
     "ArmRunner",
     "ExperimentOutput",
     "clean_toml",
     "default_out_dir",
+    "experiment_verdict",
     "run_experiment",
     "write_outputs",
 ]
@@ -60,8 +67,38 @@ class ExperimentOutput:
     results: list[ArmResult]
 
     def document(self) -> dict[str, Any]:
-        """The ``results.json`` document."""
-        return results_document(resolved_experiment(self.spec, self.arms), self.results)
+        """The ``results.json`` document, with the objective and the verdict."""
+        from sessionroute.experiments.verdict_text import verdict_document
+
+        doc = results_document(resolved_experiment(self.spec, self.arms), self.results)
+        verdict = self.verdict()
+        doc["objective"] = verdict.objective.as_dict()
+        doc["verdict"] = verdict_document(verdict)
+        return doc
+
+    def verdict(self) -> Verdict:
+        """The verdict on the experiment's objective (:mod:`~sessionroute.experiments.verdict`;
+        with one repeat, the noise is the seed spread measured on the same workload, when
+        ``data/seed_spread.json`` has it)."""
+        return experiment_verdict(self.spec, self.arms, self.results)
+
+
+def experiment_verdict(
+    spec: ExperimentSpec, arms: list[ResolvedArm], results: list[ArmResult]
+) -> Verdict:
+    """The verdict of ``results`` on ``spec``'s objective, citing the reference spread of the
+    arms' workload (:func:`~sessionroute.experiments.spread.reference_for`) when there is one."""
+    from sessionroute.experiments.spread import reference_for
+
+    objective = spec.resolved_objective()
+    ref = reference_for(arms[0].settings) if arms else None
+    spread = ref.relative_spread.get(objective.metric) if ref else None
+    return judge(
+        objective,
+        [ArmRuns(r.name, tuple(run.metrics for run in r.runs)) for r in results],
+        reference_spread=spread,
+        reference_source=ref.source if ref and spread is not None else "",
+    )
 
 
 def resolved_experiment(spec: ExperimentSpec, arms: list[ResolvedArm]) -> dict[str, Any]:
@@ -100,18 +137,20 @@ def run_experiment(
             runner raises.
     """
     arms = resolve_arms(spec)
+    objective = spec.resolved_objective()
+    slo = (objective.slo_ttft_s, objective.slo_itl_s)
     tasks: list[tuple[int, ResolvedArm, int, str]] = []
     for i, arm in enumerate(arms):
         for k in range(spec.run.repeats):
             label = arm.name if spec.run.repeats == 1 else f"{arm.name} #{k + 1}"
             tasks.append((i, arm, spec.run.seed + k, label))
     if jobs > 1 and len(tasks) > 1:
-        outputs = _run_parallel(tasks, arm_runner, reporter, jobs)
+        outputs = _run_parallel(tasks, arm_runner, reporter, jobs, slo)
     else:
         outputs = []
         for _, arm, seed, label in tasks:
             progress: ProgressFn = reporter.start_run(label) if reporter else _ignore
-            outputs.append(arm_runner(arm, seed, progress))
+            outputs.append(add_slo_metrics(arm_runner(arm, seed, progress), *slo))
             if reporter:
                 reporter.end_run(label)
     results = [ArmResult(a.name, a.policy, a.policy_options) for a in arms]
@@ -125,12 +164,18 @@ def _ignore(fraction: float) -> None:
 
 
 def _run_task(
-    arm_runner: ArmRunner, arm: ResolvedArm, seed: int, label: str, queue: Any
+    arm_runner: ArmRunner,
+    arm: ResolvedArm,
+    seed: int,
+    label: str,
+    queue: Any,
+    slo: tuple[float, float],
 ) -> RunOutput:
     def progress(fraction: float) -> None:
         queue.put((label, fraction))
 
-    return arm_runner(arm, seed, progress)
+    # the SLO goodput is counted in the worker: the per-turn samples it reads stay there
+    return add_slo_metrics(arm_runner(arm, seed, progress), *slo)
 
 
 def _run_parallel(
@@ -138,13 +183,14 @@ def _run_parallel(
     arm_runner: ArmRunner,
     reporter: ProgressReporter | None,
     jobs: int,
+    slo: tuple[float, float],
 ) -> list[RunOutput]:
     ctx = multiprocessing.get_context("spawn")
     with ctx.Manager() as manager, ProcessPoolExecutor(jobs, mp_context=ctx) as pool:
         queue = manager.Queue()
         updaters = {label: reporter.start_run(label) for *_, label in tasks} if reporter else {}
         futures = [
-            pool.submit(_run_task, arm_runner, arm, seed, label, queue)
+            pool.submit(_run_task, arm_runner, arm, seed, label, queue, slo)
             for _, arm, seed, label in tasks
         ]
         pending = set(futures)
@@ -201,6 +247,7 @@ def write_outputs(output: ExperimentOutput, out_dir: Path) -> dict[str, Path]:
         output.results,
         toml_text,
         output.spec.description,
+        verdict=output.verdict(),
     )
     return paths
 
