@@ -23,6 +23,8 @@ examples:
   sessionroute compare --workload toy --repeats 3   # small, with 95 % intervals
   sessionroute compare examples/replica_failure.toml --dry-run
   sessionroute compare --live examples/live_side_by_side.toml   # real HTTP, emulated replicas
+  sessionroute compare --objective "min step_time_s.mean; ttft_s.p99 <= 60"
+  sessionroute compare --explain                    # the objective, the verdict and the terms
 """
 
 
@@ -89,6 +91,18 @@ def register(sub: Any) -> None:
         "(emulated replicas by default; docs/live.md); arms run one after another",
     )
     parser.add_argument(
+        "--objective",
+        metavar="TEXT",
+        help="what the verdict judges arms on (replaces FILE's [objective]): 'rl', 'serving', "
+        "or 'min|max METRIC; METRIC <= N; ...' (default: the workload's, docs/objectives.md)",
+    )
+    parser.add_argument(
+        "--explain",
+        action="store_true",
+        help="print the experiment's objective, how the verdict is reached and a glossary of "
+        "the table's terms, and exit",
+    )
+    parser.add_argument(
         "--dry-run",
         action="store_true",
         help="print a short plan (workload, replicas, one line per arm) and exit",
@@ -137,6 +151,10 @@ def experiment_from_args(args: argparse.Namespace) -> Any:
         data["run"]["seed"] = args.seed
     if args.repeats is not None:
         data["run"]["repeats"] = args.repeats
+    if getattr(args, "objective", None):
+        from sessionroute.experiments.objective import objective_from_text
+
+        data["objective"] = objective_from_text(args.objective, data.get("objective"))
     if getattr(args, "wandb", None):
         data["wandb"] = {**data.get("wandb", {}), "project": args.wandb}
     if policy_arms is not None:
@@ -299,6 +317,11 @@ def _run(args: argparse.Namespace) -> int:
     except (SessionRouteError, ValueError) as exc:
         err_console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         return 2
+    if args.explain:
+        from sessionroute.experiments.verdict_text import explain_text
+
+        print(explain_text(spec.resolved_objective()))
+        return 0
     if args.dry_run:
         if args.json:
             print(json.dumps(resolved_experiment(spec, arms), indent=2))
@@ -345,6 +368,9 @@ def _run(args: argparse.Namespace) -> int:
     out_dir = default_out_dir(spec.name) if args.out is None else Path(args.out)
     paths = write_outputs(output, out_dir)
     print_comparison(output.results, out_console)
+    from sessionroute.experiments.verdict_text import print_verdict
+
+    print_verdict(output.verdict(), arms, out_console)
     if spec.wandb.project:
         from sessionroute.experiments.tracking import log_experiment, resolve_mode
 

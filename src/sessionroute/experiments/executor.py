@@ -34,6 +34,7 @@ from sessionroute.experiments.spec import ResolvedArm
 __all__ = [
     "Executor",
     "LocalExecutor",
+    "ProgressFn",
     "RayExecutor",
     "RunFailed",
     "Task",
@@ -41,6 +42,7 @@ __all__ = [
 ]
 
 ProgressFn = Callable[[float], None]
+"""Called with the fraction done of the current run, in [0, 1]."""
 
 
 class ArmRunner(Protocol):

@@ -15,7 +15,7 @@ import html
 import io
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import matplotlib
 
@@ -33,6 +33,9 @@ from sessionroute.experiments.table import (
     shown_value,
     visible_metrics,
 )
+
+if TYPE_CHECKING:
+    from sessionroute.experiments.verdict import Verdict
 
 __all__ = ["render_plots", "write_report"]
 
@@ -216,7 +219,7 @@ def _table_html(arms: Sequence[ArmResult]) -> str:
             note = runs_note(arm, path) if v is not None else None
             if note is not None:
                 cell += f" <small>{note}</small>"
-            delta = delta_text(v, shown_value(base, path)) if i and base_arm else None
+            delta = delta_text(v, shown_value(base, path), path) if i and base_arm else None
             if delta is not None and base_arm is not None:
                 verdict = better(arm, base_arm, path, direction)
                 cls = "good" if verdict > 0 else "bad" if verdict < 0 else ""
@@ -236,9 +239,18 @@ pre{background:#f6f6f6;padding:1em;overflow:auto}
 
 
 def write_report(
-    path: Path, title: str, arms: Sequence[ArmResult], experiment_toml: str, notes: str = ""
+    path: Path,
+    title: str,
+    arms: Sequence[ArmResult],
+    experiment_toml: str,
+    notes: str = "",
+    *,
+    verdict: Verdict | None = None,
 ) -> Path:
-    """Write the self-contained HTML report to ``path`` and return it."""
+    """Write the self-contained HTML report to ``path`` and return it: the verdict (when
+    given) first, then the table, the plots, the experiment and the glossary."""
+    from sessionroute.experiments.verdict_text import glossary_html, verdict_html
+
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'>",
         f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body>",
@@ -246,16 +258,20 @@ def write_report(
     ]
     if notes:
         parts.append(f"<p>{html.escape(notes)}</p>")
+    if verdict is not None:
+        parts.append(verdict_html(verdict))
     parts.append("<h2>Comparison</h2>")
     parts.append(_table_html(arms))
     parts.append(
-        "<p><small>Δ is relative to the first arm. With repeats, cells show mean "
+        "<p><small>Δ is the change from the first arm: a difference for shares and rates in "
+        "[0, 1] (hit rates, timed-out share), else a percentage. With repeats, cells show mean "
         "[95 % interval]; green/red mark a better/worse value whose interval does not overlap "
         "the first arm's, on metrics with a clear better direction only (one repeat colours "
         "nothing).</small></p>"
     )
     for plot_title, png in render_plots(arms):
         parts.append(f"<h2>{html.escape(plot_title)}</h2><img src='data:image/png;base64,{png}'>")
-    parts.append(f"<h2>Experiment</h2><pre>{html.escape(experiment_toml)}</pre></body></html>")
+    parts.append(f"<h2>Experiment</h2><pre>{html.escape(experiment_toml)}</pre>")
+    parts.append(glossary_html() + "</body></html>")
     path.write_text("\n".join(parts), encoding="utf-8")
     return path

@@ -21,11 +21,13 @@ __all__ = [
     "SCHEMA_ID",
     "ArmResult",
     "RunOutput",
+    "add_slo_metrics",
     "aggregate_metrics",
     "get_path",
     "mean_ci95",
     "metric_domain",
     "results_document",
+    "slo_metrics",
 ]
 
 SCHEMA_ID = "sessionroute.results/1"
@@ -106,11 +108,85 @@ def metric_domain(key: str) -> tuple[float, float]:
     """The values a metric can take, ``(lo, hi)``: [0, 1] for hit rates, shares, fractions and
     KV usage; [0, inf) for everything else ``results.json`` holds (counts, rates, seconds,
     CoVs, ratios)."""
+    if key.endswith("slo_goodput"):  # a share of turns (slo_goodput_per_s is a rate)
+        return 0.0, 1.0
     if key.endswith("_cov"):  # a CoV of shares (kv_usage_cov) still reaches sqrt(n - 1)
         return 0.0, math.inf
     if any(m in key for m in _UNIT_MARKERS):
         return 0.0, 1.0
     return 0.0, math.inf
+
+
+def slo_metrics(
+    ttft_s: Sequence[float],
+    turn_itl_s: Sequence[float],
+    *,
+    slo_ttft_s: float,
+    slo_itl_s: float,
+    turns_refused: int = 0,
+    duration_s: float | None = None,
+) -> dict[str, Any]:
+    """The SLO goodput keys of one run.
+
+    A turn meets the SLO when its TTFT is at most ``slo_ttft_s`` and its mean inter-token gap
+    at most ``slo_itl_s`` (a one-token answer has no gap and meets the ITL part).
+
+    Args:
+        ttft_s: TTFT per finished turn (seconds).
+        turn_itl_s: mean inter-token gap per finished turn, aligned with ``ttft_s``
+            (:attr:`~sessionroute.record.recorder.Recorder.turn_itl_s`).
+        slo_ttft_s, slo_itl_s: the SLO (seconds).
+        turns_refused: turns the router or a replica refused or failed; they miss the SLO.
+        duration_s: the run's length on its own clock; None: no ``slo_goodput_per_s``.
+
+    Returns:
+        ``{"slo_goodput": share of turns (finished + refused) meeting the SLO, in [0, 1]
+        (None with no turn), "slo_goodput_per_s": those turns per second (None without
+        ``duration_s``), "slo": {"ttft_s", "itl_s"}}``.
+
+    Raises:
+        ValueError: if the two lists differ in length.
+    """
+    if len(ttft_s) != len(turn_itl_s):
+        raise ValueError(f"ttft_s has {len(ttft_s)} turns, turn_itl_s {len(turn_itl_s)}")
+    good = 0
+    if ttft_s:
+        t = np.asarray(ttft_s, dtype=float)
+        i = np.asarray(turn_itl_s, dtype=float)
+        good = int(np.count_nonzero((t <= slo_ttft_s) & (i <= slo_itl_s)))
+    turns = len(ttft_s) + turns_refused
+    return {
+        "slo_goodput": good / turns if turns else None,
+        "slo_goodput_per_s": good / duration_s if duration_s else None,
+        "slo": {"ttft_s": slo_ttft_s, "itl_s": slo_itl_s},
+    }
+
+
+def add_slo_metrics(run: RunOutput, slo_ttft_s: float, slo_itl_s: float) -> RunOutput:
+    """Add :func:`slo_metrics` to ``run.metrics`` from its ``ttft_s`` and ``turn_itl_s``
+    samples, and drop ``turn_itl_s`` (read only here). A run without those samples (a live arm
+    that does not stream) gets ``slo_goodput`` None. Turns refused (``requests_rejected``,
+    ``requests_failed``) count as missed. Returns ``run``."""
+    ttft = run.samples.get("ttft_s")
+    itl = run.samples.pop("turn_itl_s", None)
+    m = run.metrics
+    if ttft is None or itl is None or len(ttft) != len(itl):
+        m.update(slo_goodput=None, slo_goodput_per_s=None)
+        m["slo"] = {"ttft_s": slo_ttft_s, "itl_s": slo_itl_s}
+        return run
+    refused = sum(int(m.get(k) or 0) for k in ("requests_rejected", "requests_failed"))
+    duration = m.get("simulated_seconds") or m.get("wall_seconds")
+    m.update(
+        slo_metrics(
+            ttft,
+            itl,
+            slo_ttft_s=slo_ttft_s,
+            slo_itl_s=slo_itl_s,
+            turns_refused=refused,
+            duration_s=float(duration) if duration else None,
+        )
+    )
+    return run
 
 
 def _is_num(v: Any) -> bool:

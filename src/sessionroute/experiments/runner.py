@@ -21,19 +21,27 @@ from sessionroute.experiments.executor import (
     ArmRunner,
     Executor,
     LocalExecutor,
+    ProgressFn,
     ProgressReporter,
     RunFailed,
     Task,
 )
 from sessionroute.experiments.report import write_report
-from sessionroute.experiments.results import ArmResult, results_document
+from sessionroute.experiments.results import (
+    ArmResult,
+    RunOutput,
+    add_slo_metrics,
+    results_document,
+)
 from sessionroute.experiments.spec import ExperimentSpec, ResolvedArm, resolve_arms
+from sessionroute.experiments.verdict import ArmRuns, Verdict, judge
 
 __all__ = [
     "ArmRunner",
     "ExperimentOutput",
     "clean_toml",
     "default_out_dir",
+    "experiment_verdict",
     "run_experiment",
     "write_outputs",
 ]
@@ -57,8 +65,38 @@ class ExperimentOutput:
     failed: list[RunFailed] = field(default_factory=list)
 
     def document(self) -> dict[str, Any]:
-        """The ``results.json`` document."""
-        return results_document(resolved_experiment(self.spec, self.arms), self.results)
+        """The ``results.json`` document, with the objective and the verdict."""
+        from sessionroute.experiments.verdict_text import verdict_document
+
+        doc = results_document(resolved_experiment(self.spec, self.arms), self.results)
+        verdict = self.verdict()
+        doc["objective"] = verdict.objective.as_dict()
+        doc["verdict"] = verdict_document(verdict)
+        return doc
+
+    def verdict(self) -> Verdict:
+        """The verdict on the experiment's objective (:mod:`~sessionroute.experiments.verdict`;
+        with one repeat, the noise is the seed spread measured on the same workload, when
+        ``data/seed_spread.json`` has it)."""
+        return experiment_verdict(self.spec, self.arms, self.results)
+
+
+def experiment_verdict(
+    spec: ExperimentSpec, arms: list[ResolvedArm], results: list[ArmResult]
+) -> Verdict:
+    """The verdict of ``results`` on ``spec``'s objective, citing the reference spread of the
+    arms' workload (:func:`~sessionroute.experiments.spread.reference_for`) when there is one."""
+    from sessionroute.experiments.spread import reference_for
+
+    objective = spec.resolved_objective()
+    ref = reference_for(arms[0].settings) if arms else None
+    spread = ref.relative_spread.get(objective.metric) if ref else None
+    return judge(
+        objective,
+        [ArmRuns(r.name, tuple(run.metrics for run in r.runs)) for r in results],
+        reference_spread=spread,
+        reference_source=ref.source if ref and spread is not None else "",
+    )
 
 
 def resolved_experiment(spec: ExperimentSpec, arms: list[ResolvedArm]) -> dict[str, Any]:
@@ -101,6 +139,8 @@ def run_experiment(
             recorded in :attr:`ExperimentOutput.failed`; the others go on.
     """
     arms = resolve_arms(spec)
+    objective = spec.resolved_objective()
+    slo = (objective.slo_ttft_s, objective.slo_itl_s)
     tasks: list[tuple[int, ResolvedArm, int, str]] = []
     for i, arm in enumerate(arms):
         for k in range(spec.run.repeats):
@@ -108,7 +148,9 @@ def run_experiment(
             tasks.append((i, arm, spec.run.seed + k, label))
     runs = executor if executor is not None else LocalExecutor(jobs)
     outputs = runs.run(
-        [Task(arm, seed, label) for _, arm, seed, label in tasks], arm_runner, reporter
+        [Task(arm, seed, label) for _, arm, seed, label in tasks],
+        WithSloMetrics(arm_runner, *slo),
+        reporter,
     )
     results = [ArmResult(a.name, a.policy, a.policy_options) for a in arms]
     failed: list[RunFailed] = []
@@ -119,6 +161,21 @@ def run_experiment(
             results[i].runs.append(out)
     kept = [k for k, r in enumerate(results) if r.runs]
     return ExperimentOutput(spec, [arms[k] for k in kept], [results[k] for k in kept], failed)
+
+
+@dataclass(frozen=True, slots=True)
+class WithSloMetrics:
+    """An arm runner whose runs also count the SLO goodput
+    (:func:`~sessionroute.experiments.results.add_slo_metrics`), where they run: the per-turn
+    samples it reads stay in the worker."""
+
+    arm_runner: ArmRunner
+    slo_ttft_s: float
+    slo_itl_s: float
+
+    def __call__(self, arm: ResolvedArm, seed: int, progress: ProgressFn) -> RunOutput:
+        run = self.arm_runner(arm, seed, progress)
+        return add_slo_metrics(run, self.slo_ttft_s, self.slo_itl_s)
 
 
 def _slug(name: str) -> str:
@@ -162,6 +219,7 @@ def write_outputs(output: ExperimentOutput, out_dir: Path) -> dict[str, Path]:
         output.results,
         toml_text,
         output.spec.description,
+        verdict=output.verdict(),
     )
     return paths
 

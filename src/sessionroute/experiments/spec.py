@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sessionroute.errors import ConfigError
 from sessionroute.experiments.live_section import LiveSection, expand_experiment_env
+from sessionroute.experiments.objective import Objective, ObjectiveSection, resolve_objective
 from sessionroute.router.policies.registry import make_config, policy_class
 from sessionroute.sim import (
     FaultSection,
@@ -123,6 +124,8 @@ class ExperimentSpec(_Strict):
         arms: at least one arm.
         allow_differences: dotted keys (e.g. ``router.finish_sessions``) arms may differ in.
         wandb: experiment tracking (:class:`WandbSection`).
+        objective: what the verdict judges arms on (``docs/objectives.md``); the workload
+            kind's default where not declared (:meth:`resolved_objective`).
     """
 
     name: str = "experiment"
@@ -137,6 +140,21 @@ class ExperimentSpec(_Strict):
     arms: list[ArmSpec] = Field(min_length=1)
     allow_differences: list[str] = Field(default_factory=list)
     wandb: WandbSection = Field(default_factory=WandbSection)
+    objective: ObjectiveSection = Field(default_factory=ObjectiveSection)
+
+    def resolved_objective(self) -> Objective:
+        """The objective: ``[objective]`` over the workload kind's default (the group-latency
+        bound of the RL default is the workload's ``rollout_timeout_s``).
+
+        Raises:
+            ConfigError: for a bad metric path or constraint.
+        """
+        timeout = self.workload.options.get("rollout_timeout_s", 3600.0)
+        return resolve_objective(
+            self.objective,
+            self.workload.kind,
+            rollout_timeout_s=float(timeout) if isinstance(timeout, int | float) else 3600.0,
+        )
 
 
 class ResolvedArm(BaseModel):
@@ -182,6 +200,7 @@ def parse_experiment(
         raise ConfigError(_format_validation(err, source)) from None
     try:  # refuse unmatched arms, bad policies and bad workloads early
         resolve_arms(spec)
+        spec.resolved_objective()
     except ConfigError as err:
         raise type(err)(f"{source}: {err}") from None
     return spec

@@ -1,13 +1,14 @@
 """The comparison table printed at the end of ``sessionroute compare`` (rich).
 
-Each metric is a row, each arm a column. A cell is ``mean [lo, hi] (Δ%)``: the 95 % interval
+Each metric is a row, each arm a column. A cell is ``mean [lo, hi] (Δ)``: the 95 % interval
 (Student t, clipped to the metric's domain) when the arm ran two or more repeats, and the change
-against the first arm. A cell is coloured only when the metric has a clear better direction
-(:data:`TABLE_METRICS`) and the two arms' intervals do not overlap; a single repeat colours
-nothing (one seed cannot tell a difference from noise). Latencies whose direction depends on
-the trade-off (ITL, turn latency) and times of the run itself are never coloured. When the
-arms do not fit the console's width the table is printed in parts, each with the first arm for
-reference; no cell or name is ever broken inside a word.
+against the first arm (a difference for shares and rates in [0, 1], else a percentage). A cell
+is coloured only when the metric has a clear better direction (:data:`TABLE_METRICS`) and the
+two arms' intervals do not overlap; a single repeat colours nothing (one seed cannot tell a
+difference from noise). Latencies whose direction depends on the trade-off (ITL, turn latency)
+and times of the run itself are never coloured. When the arms do not fit the console's width the
+table is printed in parts, each with the first arm for reference; no cell or name is ever broken
+inside a word.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from sessionroute.experiments.results import ArmResult, get_path
+from sessionroute.experiments.results import ArmResult, get_path, metric_domain
 
 __all__ = [
     "TABLE_METRICS",
@@ -42,6 +43,7 @@ TABLE_METRICS: tuple[tuple[str, str, int], ...] = (
     ("sessions_cancelled", "sessions cancelled", -1),
     ("rollouts_timed_out", "rollouts timed out", -1),
     ("rollouts_timed_out_share", "timed-out share", -1),
+    ("step_time_s.mean", "RL step mean (s)", -1),
     ("step_time_s.p50", "RL step p50 (s)", -1),
     ("step_time_s.max", "RL step max (s)", -1),
     ("group_latency_s.p50", "group latency p50 (s)", -1),
@@ -55,6 +57,7 @@ TABLE_METRICS: tuple[tuple[str, str, int], ...] = (
     ("running_cov", "running CoV", -1),
     ("output_tokens_cov", "output tokens CoV", -1),
     ("kv_usage_cov", "KV usage CoV", -1),
+    ("slo_goodput", "SLO goodput", +1),
     ("ttft_s.p50", "TTFT p50 (s)", 0),
     ("ttft_s.p99", "TTFT p99 (s)", -1),
     ("itl_s.p50", "ITL p50 (s)", 0),
@@ -128,7 +131,7 @@ def _cell(
 ) -> Text:
     v = shown_value(arm.metrics, path)
     text = Text(format_value(v))
-    delta = None if first else delta_text(v, shown_value(base.metrics, path))
+    delta = None if first else delta_text(v, shown_value(base.metrics, path), path)
     if delta is not None:
         verdict = better(arm, base, path, direction)
         style = "green" if verdict > 0 else "red" if verdict < 0 else ""
@@ -143,14 +146,20 @@ def _cell(
     return text
 
 
-def delta_text(v: Any, base: Any) -> str | None:
-    """The change from the first arm's value: ``"+12.5%"``, or the difference itself when
-    the first arm's value is 0 (``"+701"``: no percentage of 0, but a change all the same, to
-    be coloured like any other); None when either is not a number or they are equal at 0."""
+def delta_text(v: Any, base: Any, path: str = "") -> str | None:
+    """The change from the first arm's value: ``"+12.5%"``; the difference itself for a share
+    or rate in [0, 1] (``path``'s :func:`~sessionroute.experiments.results.metric_domain`: a hit
+    rate from 0.051 to 0.806 reads ``"+0.755"``, not ``"+1472.8%"``) and when the first arm's
+    value is 0 (``"+701"``: no percentage of 0, but a change all the same, to be coloured like
+    any other); None when either is not a number or they are equal at 0."""
     if not isinstance(v, int | float) or not isinstance(base, int | float):
         return None
     if isinstance(v, bool) or isinstance(base, bool):
         return None
+    if path and metric_domain(path) == (0.0, 1.0):
+        if v == base:
+            return None if not v else "+0.000"
+        return f"{float(v) - float(base):+.3f}"
     if base:
         return f"{(float(v) - float(base)) / abs(float(base)) * 100.0:+.1f}%"
     if not v:
@@ -185,12 +194,14 @@ def _header(name: str, width: int) -> str:
 
 
 def visible_metrics(arms: Sequence[ArmResult]) -> list[tuple[str, str, int]]:
-    """The rows of :data:`TABLE_METRICS` that have data (RL rows only for RL workloads)."""
+    """The rows of :data:`TABLE_METRICS` that have data (RL rows only for RL workloads, the
+    SLO goodput only for the others: a serving SLO says little of an agent's rollout)."""
     rl = any(get_path(a.metrics, "steps") for a in arms)
     return [
         row
         for row in TABLE_METRICS
         if (rl or not row[0].startswith(("step_time_s", "group_latency_s", "rollouts_")))
+        and not (rl and row[0] == "slo_goodput")
         and any(shown_value(a.metrics, row[0]) is not None for a in arms)
     ]
 
@@ -235,9 +246,11 @@ def comparison_tables(arms: Sequence[ArmResult], width: int = 10_000) -> list[Ta
         groups = [[base]]
     repeats = min(len(a.runs) for a in arms)
     caption = (
-        f"(Δ) vs {base.name}; green/red: better/worse with 95 % intervals apart"
+        f"(Δ) vs {base.name} (shares: difference; others: %); green/red: better/worse with "
+        "95 % intervals apart"
         if repeats >= 2
-        else f"(Δ) vs {base.name}; one repeat: no intervals, nothing coloured"
+        else f"(Δ) vs {base.name} (shares: difference; others: %); one repeat: no intervals, "
+        "nothing coloured"
     )
     tables = []
     for k, group in enumerate(groups):

@@ -54,6 +54,10 @@ class Recorder:
     Attributes:
         ttft_s: client-side time to first token per finished request.
         itl_s: mean inter-token gap per finished request with more than one output token.
+        turn_itl_s: mean inter-token gap per request of :attr:`ttft_s`, aligned with it (entry
+            ``i`` is the same request), 0.0 for a request with one output token (it has no gap):
+            with :attr:`ttft_s`, what the SLO goodput reads
+            (:func:`sessionroute.experiments.results.slo_metrics`).
         turn_latency_s: request sent to last token received, per finished request.
         queue_s: engine queue time per finished request (simulator only).
         session_latency_s: first turn sent to session end, per ended session.
@@ -78,6 +82,7 @@ class Recorder:
     def __init__(self) -> None:
         self.ttft_s: list[float] = []
         self.itl_s: list[float] = []
+        self.turn_itl_s: list[float] = []
         self.turn_latency_s: list[float] = []
         self.queue_s: list[float] = []
         self.session_latency_s: list[float] = []
@@ -121,6 +126,7 @@ class Recorder:
         self.output_tokens += output_tokens
         self.cached_tokens += cached_tokens
         self.ttft_s.append(ttft)
+        self.turn_itl_s.append(itl if output_tokens > 1 else 0.0)
         if output_tokens > 1:
             self.itl_s.append(itl)
         self.turn_latency_s.append(latency)
@@ -155,6 +161,7 @@ class Recorder:
         return {
             "ttft_s": list(self.ttft_s),
             "itl_s": list(self.itl_s),
+            "turn_itl_s": list(self.turn_itl_s),
             "turn_latency_s": list(self.turn_latency_s),
             "session_latency_s": list(self.session_latency_s),
             "group_latency_s": list(self.group_latency_s),

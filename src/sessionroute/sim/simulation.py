@@ -130,6 +130,7 @@ class Simulation(ReplicaWakeups):
         self._nblocks = config.num_blocks
         self._ttft = recorder.ttft_s
         self._itl = recorder.itl_s
+        self._turn_itl = recorder.turn_itl_s
         self._latency = recorder.turn_latency_s
         self._queue_s = recorder.queue_s
         # bound methods made once (scheduling ``self._deliver`` made a new one every time)
@@ -319,6 +320,9 @@ class Simulation(ReplicaWakeups):
         self._ttft.append(r.first_token_s + d - sent)
         if output > 1:
             self._itl.append(r.itl_mean_s)
+            self._turn_itl.append(r.itl_mean_s)
+        else:
+            self._turn_itl.append(0.0)
         self._latency.append(done - sent)
         self._queue_s.append(r.queue_time_s)
         rec.ideal_work_s += ideal_work_s(

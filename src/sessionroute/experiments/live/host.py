@@ -362,7 +362,11 @@ class LiveHost(Host):
         if first is not None:
             rec.ttft_s.append((first - w0) * self.scale)
             if last is not None and out > 1:
-                rec.itl_s.append((last - first) * self.scale / (out - 1))
+                itl = (last - first) * self.scale / (out - 1)
+                rec.itl_s.append(itl)
+                rec.turn_itl_s.append(itl)
+            else:
+                rec.turn_itl_s.append(0.0)
         return cached
 
     async def _stream(

@@ -1,0 +1,323 @@
+"""The verdict: which arm is best on the declared objective, which are within noise of it, the
+Pareto front, and what each arm costs against the best. Pure: metrics in, a :class:`Verdict`
+out (rendering: :mod:`sessionroute.experiments.verdict_text`).
+
+Rules (``docs/objectives.md``):
+
+* An arm's value of a metric is its mean over the runs (seeds) that measured it.
+* Eligible arms meet every constraint on those means; a constraint whose metric an arm did not
+  measure is not held against it. The best arm is the eligible arm with the best objective
+  (the first in arm order on a tie); when no arm is eligible, the best on the objective alone,
+  flagged (:attr:`Verdict.eligible` False). An exact tie on the objective goes to the lower
+  TTFT p99, then the lower timed-out share. Arms that did not measure the objective are never
+  best.
+* Within noise: with 2 or more runs per arm, an arm whose mean differs from the best's by no
+  more than the larger of the two arms' seed ranges (max - min over seeds); with one run, by no
+  more than a reference spread measured on the same workload (a fraction of the best's value),
+  when there is one; otherwise no arm is within noise and the verdict says that no ranking is
+  possible below the seed spread.
+* The Pareto front: arms not dominated on (objective, TTFT p99, timed-out share), each axis
+  that every arm measured.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from sessionroute.experiments.objective import Objective, metric_label
+from sessionroute.experiments.results import get_path, metric_domain
+
+__all__ = [
+    "PARETO_AXES",
+    "ArmJudgement",
+    "ArmRuns",
+    "Noise",
+    "Verdict",
+    "change_text",
+    "judge",
+    "metric_value",
+]
+
+PARETO_AXES: tuple[tuple[str, int], ...] = (
+    ("ttft_s.p99", -1),
+    ("rollouts_timed_out_share", -1),
+)
+"""The axes besides the objective on which the Pareto front is taken (lower is better)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ArmRuns:
+    """One arm's runs: its name and each run's (seed's) ``metrics`` dict."""
+
+    name: str
+    runs: tuple[Mapping[str, Any], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Noise:
+    """How the verdict tells noise.
+
+    Attributes:
+        kind: ``repeats`` (seed ranges of this experiment), ``reference`` (a spread measured
+            earlier on the same workload, one run per arm here) or ``none``.
+        relative: the reference spread as a fraction of the best's value (``reference``).
+        source: where the reference comes from, in words.
+        runs: the fewest runs any arm has.
+    """
+
+    kind: Literal["repeats", "reference", "none"]
+    relative: float | None = None
+    source: str = ""
+    runs: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class ArmJudgement:
+    """One arm in the verdict.
+
+    Attributes:
+        name: the arm.
+        value: its objective (mean over the runs that measured it); None: not measured.
+        seed_values: the objective of each run that measured it.
+        violations: the constraints it breaks, each with its value.
+        within_noise: its objective is within noise of the best's (False for the best).
+        pareto: on the Pareto front.
+        costs: phrases, what it costs against the best (empty for the best).
+    """
+
+    name: str
+    value: float | None
+    seed_values: tuple[float, ...]
+    violations: tuple[str, ...]
+    within_noise: bool
+    pareto: bool
+    costs: tuple[str, ...]
+
+    @property
+    def eligible(self) -> bool:
+        """Measured the objective and meets every constraint."""
+        return self.value is not None and not self.violations
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """The verdict of one experiment (or one sweep point).
+
+    Attributes:
+        objective: what it judged on.
+        best: the best arm's name (None: no arm measured the objective).
+        eligible: the best meets every constraint (False: none does).
+        arms: every arm, best first, then eligible arms by objective, then the rest.
+        noise: how noise was told.
+        pareto_axes: the axes of the Pareto front (the objective's first).
+    """
+
+    objective: Objective
+    best: str | None
+    eligible: bool
+    arms: tuple[ArmJudgement, ...]
+    noise: Noise
+    pareto_axes: tuple[str, ...]
+
+    def arm(self, name: str) -> ArmJudgement:
+        """The judgement of arm ``name``."""
+        for a in self.arms:
+            if a.name == name:
+                return a
+        raise KeyError(name)
+
+    @property
+    def within_noise(self) -> tuple[str, ...]:
+        """The arms within noise of the best."""
+        return tuple(a.name for a in self.arms if a.within_noise)
+
+    @property
+    def pareto(self) -> tuple[str, ...]:
+        """The arms on the Pareto front."""
+        return tuple(a.name for a in self.arms if a.pareto)
+
+
+def metric_value(metrics: Mapping[str, Any], path: str) -> float | None:
+    """The number at ``path``; None when absent, not a number, NaN, or a statistic of a
+    summary that measured nothing (``count`` 0)."""
+    parent, _, _ = path.rpartition(".")
+    if parent and get_path(metrics, f"{parent}.count") == 0:
+        return None
+    v = get_path(metrics, path)
+    if isinstance(v, bool) or not isinstance(v, int | float) or math.isnan(v):
+        return None
+    return float(v)
+
+
+def _mean(runs: Sequence[Mapping[str, Any]], path: str) -> tuple[float | None, tuple[float, ...]]:
+    vals = tuple(x for x in (metric_value(r, path) for r in runs) if x is not None)
+    return (sum(vals) / len(vals) if vals else None), vals
+
+
+def _unit(path: str) -> bool:
+    return metric_domain(path) == (0.0, 1.0)
+
+
+def change_text(path: str, value: float, base: float) -> str:
+    """How ``value`` differs from ``base`` on ``path``, as a reader should see it: the
+    difference for a share or rate in [0, 1] (``"+0.755"``), a ratio when it is 1.5x or more
+    either way (``"×31"``), else a percentage (``"+0.6 %"``); ``"same"`` when equal."""
+    if value == base:
+        return "same"
+    if _unit(path):
+        return f"{value - base:+.3f}"
+    if base == 0:
+        return f"{value - base:+,.3g}"
+    ratio = value / base
+    if ratio >= 1.5 or 0 < ratio <= 1 / 1.5:
+        return f"×{ratio:.3g}" if ratio < 10 else f"×{ratio:,.0f}"
+    return f"{(ratio - 1) * 100:+.1f} %"
+
+
+def _fmt(v: float) -> str:
+    a = abs(v)
+    if a >= 1000:
+        return f"{v:,.0f}"
+    if a >= 10:
+        return f"{v:.1f}"
+    if a >= 1:
+        return f"{v:.2f}"
+    return f"{v:.3f}"
+
+
+def _within(
+    value: float,
+    seeds: tuple[float, ...],
+    best: float,
+    best_seeds: tuple[float, ...],
+    noise: Noise,
+) -> bool:
+    diff = abs(value - best)
+    if noise.kind == "repeats" and len(seeds) >= 2 and len(best_seeds) >= 2:
+        spread = max(max(seeds) - min(seeds), max(best_seeds) - min(best_seeds))
+        return diff <= spread
+    if noise.kind == "reference" and noise.relative is not None:
+        return diff <= noise.relative * abs(best)
+    return False
+
+
+def _dominates(a: Sequence[float], b: Sequence[float]) -> bool:
+    """``a`` at least as good on every (higher-is-better) axis and better on one."""
+    return all(x >= y for x, y in zip(a, b, strict=True)) and any(
+        x > y for x, y in zip(a, b, strict=True)
+    )
+
+
+def judge(
+    objective: Objective,
+    arms: Sequence[ArmRuns],
+    *,
+    reference_spread: float | None = None,
+    reference_source: str = "",
+) -> Verdict:
+    """Judge ``arms`` on ``objective`` (rules in the module docstring).
+
+    Args:
+        objective: the objective and constraints.
+        arms: every arm with its runs' metrics, in arm order.
+        reference_spread: the objective's seed spread measured on this workload, as a fraction
+            of its value; used when an arm has a single run.
+        reference_source: where that spread comes from, in words.
+
+    Raises:
+        ValueError: for duplicate arm names.
+    """
+    names = [a.name for a in arms]
+    if len(set(names)) != len(names):
+        raise ValueError(f"duplicate arm names: {names}")
+    runs = min((len(a.runs) for a in arms), default=1)
+    if runs >= 2:
+        noise = Noise("repeats", runs=runs)
+    elif reference_spread is not None:
+        noise = Noise("reference", reference_spread, reference_source, runs)
+    else:
+        noise = Noise("none", runs=runs)
+    values: dict[str, tuple[float | None, tuple[float, ...]]] = {}
+    violations: dict[str, tuple[str, ...]] = {}
+    for a in arms:
+        values[a.name] = _mean(a.runs, objective.metric)
+        broken = []
+        for c in objective.constraints:
+            v, _ = _mean(a.runs, c.metric)
+            if v is not None and not c.holds(v):
+                broken.append(f"breaks {c} ({_fmt(v)})")
+        violations[a.name] = tuple(broken)
+    d = objective.direction
+    measured = [a.name for a in arms if values[a.name][0] is not None]
+    eligible = [n for n in measured if not violations[n]]
+    pool = eligible or measured
+
+    def score(name: str) -> float:
+        v = values[name][0]
+        return d * v if v is not None else -math.inf
+
+    by_name = {a.name: a for a in arms}
+
+    def tie_break(name: str) -> tuple[float, ...]:
+        """The objective, then (on an exact tie) the Pareto axes, lower first."""
+        rest = (_mean(by_name[name].runs, p)[0] for p, _ in PARETO_AXES)
+        return (score(name), *(-x if x is not None else -math.inf for x in rest))
+
+    best = max(pool, key=tie_break) if pool else None  # max keeps the first of equal keys
+    # Pareto front over the axes every measured arm has
+    axes = [(objective.metric, d)]
+    for path, direction in PARETO_AXES:
+        if path != objective.metric and all(
+            _mean(a.runs, path)[0] is not None for a in arms if a.name in measured
+        ):
+            axes.append((path, direction))
+    points = {
+        a.name: [direction * (_mean(a.runs, p)[0] or 0.0) for p, direction in axes]
+        for a in arms
+        if a.name in measured
+    }
+    front = {n for n in points if not any(_dominates(points[m], points[n]) for m in points)}
+    judged: list[ArmJudgement] = []
+    bv, bseeds = values[best] if best is not None else (None, ())
+    for a in arms:
+        v, seeds = values[a.name]
+        costs: list[str] = []
+        near = False
+        if best is not None and bv is not None and a.name != best:
+            if v is not None:
+                near = _within(v, seeds, bv, bseeds, noise)
+                costs.append(f"{objective.label} {change_text(objective.metric, v, bv)}")
+            else:
+                costs.append(f"{objective.label} not measured")
+            for path, _ in axes[1:]:
+                mine, theirs = _mean(a.runs, path)[0], _mean(by_name[best].runs, path)[0]
+                if mine is not None and theirs is not None:
+                    costs.append(f"{metric_label(path)} {change_text(path, mine, theirs)}")
+        judged.append(
+            ArmJudgement(
+                a.name,
+                v,
+                seeds,
+                violations[a.name],
+                near,
+                a.name in front,
+                tuple(costs),
+            )
+        )
+
+    def order(j: ArmJudgement) -> tuple[int, float]:
+        rank = 0 if j.name == best else 1 if j.eligible else 2 if j.value is not None else 3
+        return rank, -score(j.name) if j.value is not None else 0.0
+
+    judged.sort(key=order)  # stable: arm order among equals
+    return Verdict(
+        objective,
+        best,
+        best is not None and not violations[best],
+        tuple(judged),
+        noise,
+        tuple(p for p, _ in axes),
+    )

@@ -1,0 +1,200 @@
+"""The verdict: never names an arm that is not best on the declared objective (property test
+over random result tables), noise, Pareto front and the words."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sessionroute.errors import ConfigError
+from sessionroute.experiments.objective import (
+    Constraint,
+    Objective,
+    ObjectiveSection,
+    default_objective,
+    objective_from_text,
+    parse_constraint,
+    resolve_objective,
+)
+from sessionroute.experiments.verdict import ArmRuns, change_text, judge, metric_value
+from sessionroute.experiments.verdict_text import (
+    explain_text,
+    glossary_text,
+    verdict_document,
+    verdict_lines,
+)
+
+_METRICS = ("step_time_s.mean", "ttft_s.p99", "rollouts_timed_out_share", "slo_goodput")
+
+
+def _run(step: float | None, ttft: float, timed_out: float, goodput: float) -> dict[str, Any]:
+    return {
+        "step_time_s": {"mean": step, "count": 0 if step is None else 5},
+        "ttft_s": {"p99": ttft, "count": 10},
+        "rollouts_timed_out_share": timed_out,
+        "slo_goodput": goodput,
+    }
+
+
+_value = st.floats(min_value=0.0, max_value=1e4, allow_nan=False)
+_share = st.floats(min_value=0.0, max_value=1.0, allow_nan=False)
+_runs = st.lists(
+    st.builds(_run, st.one_of(st.none(), _value), _value, _share, _share),
+    min_size=1,
+    max_size=3,
+)
+_objectives = st.builds(
+    Objective,
+    st.sampled_from(_METRICS),
+    st.sampled_from((-1, 1)),
+    st.lists(
+        st.builds(
+            Constraint,
+            st.sampled_from(_METRICS),
+            st.sampled_from(("<=", ">=")),
+            st.floats(min_value=0.0, max_value=1e4, allow_nan=False),
+        ),
+        max_size=2,
+    ).map(tuple),
+)
+
+
+def _mean(runs: tuple[dict[str, Any], ...], path: str) -> float | None:
+    vals = [v for v in (metric_value(r, path) for r in runs) if v is not None]
+    return sum(vals) / len(vals) if vals else None
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    objective=_objectives,
+    tables=st.lists(_runs, min_size=1, max_size=6),
+    spread=st.one_of(st.none(), st.floats(min_value=0.0, max_value=0.5)),
+)
+def test_the_verdict_names_only_the_best_arm_on_the_declared_objective(
+    objective: Objective, tables: list[list[dict[str, Any]]], spread: float | None
+) -> None:
+    arms = [ArmRuns(f"arm{i}", tuple(runs)) for i, runs in enumerate(tables)]
+    v = judge(objective, arms, reference_spread=spread, reference_source="test")
+    means = {a.name: _mean(a.runs, objective.metric) for a in arms}
+    measured = [a for a in arms if means[a.name] is not None]
+
+    def meets(a: ArmRuns) -> bool:
+        for c in objective.constraints:
+            m = _mean(a.runs, c.metric)
+            if m is not None and not c.holds(m):
+                return False
+        return True
+
+    eligible = [a for a in measured if meets(a)]
+    if not measured:
+        assert v.best is None
+        return
+    pool = eligible or measured
+    best = means[v.best] if v.best is not None else None
+    assert v.best in {a.name for a in pool}
+    assert best is not None
+    for a in pool:  # no arm of the pool beats the named one on the objective
+        other = means[a.name]
+        assert other is not None
+        assert objective.direction * other <= objective.direction * best
+    assert v.eligible == bool(eligible)
+    # the words name the same arm, and only as best
+    lines = verdict_lines(v)
+    assert any(line.endswith(f": {v.best}") or f" {v.best} (" in line for line in lines[1:2])
+    doc = verdict_document(v)
+    assert doc["best"] == v.best and doc["arms"][0]["name"] == v.best
+    assert v.best not in v.within_noise
+
+
+def test_ties_on_the_objective_go_to_the_lower_ttft_p99() -> None:
+    obj = default_objective("trace:weka")
+    arms = [
+        ArmRuns("a", (_run(None, 5.0, 0.0, 1.0),)),
+        ArmRuns("b", (_run(None, 2.0, 0.0, 1.0),)),
+    ]
+    assert judge(obj, arms).best == "b"
+
+
+def test_constraints_exclude_an_arm_and_the_costs_read_as_differences_and_ratios() -> None:
+    obj = default_objective("swe-rl")
+    arms = [
+        ArmRuns("fast_but_drops", (_run(400.0, 300.0, 0.06, 0.0),)),
+        ArmRuns("steady", (_run(514.0, 6.0, 0.0, 0.0),)),
+        ArmRuns("slow", (_run(517.0, 186.0, 0.0, 0.0),)),
+    ]
+    v = judge(obj, arms)
+    assert v.best == "steady" and v.eligible
+    drops = v.arm("fast_but_drops")
+    assert drops.violations == ("breaks timed-out share <= 0.01 (0.060)",)
+    assert "timed-out share +0.060" in drops.costs
+    slow = v.arm("slow")
+    assert slow.costs == ("mean RL step time +0.6 %", "TTFT p99 ×31", "timed-out share same")
+    assert v.pareto == ("steady", "fast_but_drops")  # slow is dominated by steady
+    assert [a.name for a in v.arms] == ["steady", "slow", "fast_but_drops"]
+
+
+def test_noise_from_repeats_and_from_a_reference_spread() -> None:
+    obj = Objective("step_time_s.mean", -1)
+    a = ArmRuns("a", (_run(500.0, 1, 0, 0), _run(510.0, 1, 0, 0)))
+    b = ArmRuns("b", (_run(505.0, 1, 0, 0), _run(520.0, 1, 0, 0)))  # 7.5 s worse, ranges 10/15
+    c = ArmRuns("c", (_run(560.0, 1, 0, 0), _run(562.0, 1, 0, 0)))
+    v = judge(obj, [a, b, c])
+    assert v.noise.kind == "repeats" and v.within_noise == ("b",)
+    one = [ArmRuns(x.name, x.runs[:1]) for x in (a, b, c)]
+    assert judge(obj, one).within_noise == ()
+    ref = judge(obj, one, reference_spread=0.02, reference_source="default workload, seeds 0-2")
+    assert ref.noise.kind == "reference" and ref.within_noise == ("b",)
+    assert "±2.0 %" in verdict_lines(ref)[2]
+    assert "no ranking is possible" in verdict_lines(judge(obj, one))[2]
+
+
+def test_no_arm_meets_the_constraints() -> None:
+    obj = Objective("step_time_s.mean", -1, (Constraint("ttft_s.p99", "<=", 1.0),))
+    arms = [ArmRuns("a", (_run(500.0, 9, 0, 0),)), ArmRuns("b", (_run(400.0, 8, 0, 0),))]
+    v = judge(obj, arms)
+    assert v.best == "b" and not v.eligible
+    assert verdict_lines(v)[1].startswith("no arm meets every constraint; best on mean RL")
+
+
+def test_change_text() -> None:
+    assert change_text("worst_window_hit_rate", 0.806, 0.051) == "+0.755"
+    assert change_text("ttft_s.p99", 186.0, 6.0) == "×31"
+    assert change_text("ttft_s.p99", 1.0, 4.0) == "×0.25"
+    assert change_text("step_time_s.mean", 517.0, 514.0) == "+0.6 %"
+    assert change_text("preemptions", 3.0, 0.0) == "+3"
+    assert change_text("slo_goodput", 0.5, 0.5) == "same"
+
+
+def test_objectives_resolve_from_defaults_sections_and_text() -> None:
+    rl = resolve_objective(None, "swe-rl", rollout_timeout_s=1800)
+    assert rl.metric == "step_time_s.mean" and rl.direction == -1
+    assert [str(c) for c in rl.constraints] == [
+        "timed-out share <= 0.01",
+        "group latency p90 <= 1800",
+    ]
+    serving = resolve_objective(None, "examples/x.csv")
+    assert serving.metric == "slo_goodput" and serving.direction == 1
+    sec = ObjectiveSection.model_validate(objective_from_text("min ttft_s.p99; slo_goodput >= 0.9"))
+    o = resolve_objective(sec, "swe-rl")
+    assert (o.metric, o.direction, o.origin) == ("ttft_s.p99", -1, "declared")
+    assert o.constraints == (Constraint("slo_goodput", ">=", 0.9),)
+    assert resolve_objective(
+        ObjectiveSection.model_validate(objective_from_text("serving")), "swe-rl"
+    ).metric == ("slo_goodput")
+    with pytest.raises(ConfigError, match="give direction"):
+        resolve_objective(ObjectiveSection(metric="cached_tokens"), "swe-rl")
+    with pytest.raises(ConfigError, match="--objective"):
+        objective_from_text("fastest please")
+    with pytest.raises(ConfigError, match="constraints\\[0\\]"):
+        resolve_objective(ObjectiveSection(constraints=["ttft < 3"]), "toy")
+    assert parse_constraint("ttft_s.p99<=60") == Constraint("ttft_s.p99", "<=", 60.0)
+
+
+def test_explain_has_the_glossary() -> None:
+    text = explain_text(default_objective("swe-rl"))
+    assert text.startswith("objective: minimise mean RL step time subject to")
+    for term in ("thrash share", "worst 10 s hit", "running CoV", "KV usage CoV"):
+        assert term in glossary_text()
