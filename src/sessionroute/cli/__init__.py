@@ -21,6 +21,7 @@ _COMMANDS: tuple[str, ...] = (
     "serve",
     "emulate",
     "policies",
+    "tune",
     "bench",
     "tiny_model",
 )
