@@ -3,6 +3,7 @@ over random result tables), noise, Pareto front and the words."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
@@ -62,7 +63,7 @@ _objectives = st.builds(
 )
 
 
-def _mean(runs: tuple[dict[str, Any], ...], path: str) -> float | None:
+def _mean(runs: tuple[Mapping[str, Any], ...], path: str) -> float | None:
     vals = [v for v in (metric_value(r, path) for r in runs) if v is not None]
     return sum(vals) / len(vals) if vals else None
 
@@ -136,18 +137,23 @@ def test_constraints_exclude_an_arm_and_the_costs_read_as_differences_and_ratios
     assert [a.name for a in v.arms] == ["steady", "slow", "fast_but_drops"]
 
 
-def test_noise_from_repeats_and_from_a_reference_spread() -> None:
+def test_noise_from_matched_seeds_and_from_a_reference_spread() -> None:
     obj = Objective("step_time_s.mean", -1)
     a = ArmRuns("a", (_run(500.0, 1, 0, 0), _run(510.0, 1, 0, 0)))
-    b = ArmRuns("b", (_run(505.0, 1, 0, 0), _run(520.0, 1, 0, 0)))  # 7.5 s worse, ranges 10/15
-    c = ArmRuns("c", (_run(560.0, 1, 0, 0), _run(562.0, 1, 0, 0)))
-    v = judge(obj, [a, b, c])
+    b = ArmRuns("b", (_run(515.0, 1, 0, 0), _run(505.0, 1, 0, 0)))  # +15, -5: mean 5, range 20
+    c = ArmRuns("c", (_run(560.0, 1, 0, 0), _run(562.0, 1, 0, 0)))  # +60, +52: always worse
+    d = ArmRuns("d", (_run(503.0, 1, 0, 0), _run(514.0, 1, 0, 0)))  # +3, +4: small, but always
+    v = judge(obj, [a, b, c, d])
     assert v.noise.kind == "repeats" and v.within_noise == ("b",)
+    assert "2 seeds; a difference no larger than its own range" in verdict_lines(v)[2]
+    # unmatched seeds: the larger of the two arms' own ranges (d's 11 s covers its 3.5 s)
+    shifted = [ArmRuns(x.name, x.runs, (10 * i, 10 * i + 1)) for i, x in enumerate((a, d))]
+    assert judge(obj, shifted).within_noise == ("d",)
     one = [ArmRuns(x.name, x.runs[:1]) for x in (a, b, c)]
     assert judge(obj, one).within_noise == ()
-    ref = judge(obj, one, reference_spread=0.02, reference_source="default workload, seeds 0-2")
+    ref = judge(obj, one, reference_spread=0.04, reference_source="default workload, seeds 0-2")
     assert ref.noise.kind == "reference" and ref.within_noise == ("b",)
-    assert "±2.0 %" in verdict_lines(ref)[2]
+    assert "±4.0 %" in verdict_lines(ref)[2]
     assert "no ranking is possible" in verdict_lines(judge(obj, one))[2]
 
 
@@ -162,7 +168,8 @@ def test_no_arm_meets_the_constraints() -> None:
 def test_change_text() -> None:
     assert change_text("worst_window_hit_rate", 0.806, 0.051) == "+0.755"
     assert change_text("ttft_s.p99", 186.0, 6.0) == "×31"
-    assert change_text("ttft_s.p99", 1.0, 4.0) == "×0.25"
+    assert change_text("ttft_s.p99", 1.0, 4.0) == "÷4"
+    assert change_text("ttft_s.p99", 2.7, 84.6) == "÷31"
     assert change_text("step_time_s.mean", 517.0, 514.0) == "+0.6 %"
     assert change_text("preemptions", 3.0, 0.0) == "+3"
     assert change_text("slo_goodput", 0.5, 0.5) == "same"

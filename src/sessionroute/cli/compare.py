@@ -303,6 +303,11 @@ def _run(args: argparse.Namespace) -> int:
     except (SessionRouteError, ValueError) as exc:
         err_console.print(f"[red]error:[/red] {escape(str(exc))}", markup=True, highlight=False)
         return 2
+    if args.explain:
+        from sessionroute.experiments.verdict_text import explain_text
+
+        print(explain_text(spec.resolved_objective()))
+        return 0
     from sessionroute.experiments.runner import (
         default_out_dir,
         resolved_experiment,
@@ -317,11 +322,6 @@ def _run(args: argparse.Namespace) -> int:
     except (SessionRouteError, ValueError) as exc:
         err_console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         return 2
-    if args.explain:
-        from sessionroute.experiments.verdict_text import explain_text
-
-        print(explain_text(spec.resolved_objective()))
-        return 0
     if args.dry_run:
         if args.json:
             print(json.dumps(resolved_experiment(spec, arms), indent=2))

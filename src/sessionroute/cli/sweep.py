@@ -28,6 +28,7 @@ examples:
   sessionroute sweep --knob replicas --values 2,3,4 --seeds 2
   sessionroute sweep --workload trace:weka --knob concurrency --values 32,64,96,128
   sessionroute sweep --workload trace:mooncake --knob time-scale --values 0.25,0.5,1,2
+  sessionroute sweep --objective "max output_tokens_per_s; rollouts_timed_out_share <= 0.01"
 """
 
 
@@ -41,8 +42,9 @@ def register(sub: Any) -> None:
             "Run FILE's experiment (or the built-in default) at several values of one load\n"
             "knob, once per policy and seed, in parallel processes. Writes sweep.csv (one row\n"
             "per run), sweep.json and report.html (output tok/s, RL step time p50/max and\n"
-            "timeouts against load per policy, the knee marked) and prints which policy is\n"
-            "best at each point and which are within noise of it."
+            "timeouts against load per policy, the knee marked) and prints, per point, a\n"
+            "verdict on the objective (docs/objectives.md): the best policy among those meeting\n"
+            "the constraints, those within noise of it, and what each other policy costs."
         ),
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -75,13 +77,19 @@ def register(sub: Any) -> None:
         help=f"RL steps per run (swe-rl; default {DEFAULT_STEPS} unless FILE is given)",
     )
     parser.add_argument("--seed", type=int, help="base seed (seed k is seed + k)")
+    parser.add_argument(
+        "--objective",
+        metavar="TEXT",
+        help="what the verdicts and the knee judge on: 'rl', 'serving', or 'min|max METRIC; "
+        "METRIC <= N; ...' (default: FILE's [objective], else the workload's)",
+    )
     parser.add_argument("--out", metavar="DIR", help="output directory (default runs/...)")
     parser.add_argument(
         "--jobs", type=int, default=None, help="runs in parallel processes (default: CPU count)"
     )
     add_ray_argument(parser)
     parser.set_defaults(
-        handler=_run, repeats=None, live=False, dry_run=False, json=False, wandb=None
+        handler=_run, repeats=None, live=False, dry_run=False, json=False, wandb=None, explain=False
     )
 
 
@@ -169,16 +177,30 @@ def _run(args: argparse.Namespace) -> int:
 
     from sessionroute.experiments.runner import clean_toml
 
-    result = summarize(knob, output.results, output.arms)
+    result = summarize(knob, output.results, output.arms, spec.resolved_objective())
     out_dir = Path(args.out) if args.out else default_out_dir(spec.name)
     toml_text = tomli_w.dumps(clean_toml(resolved_experiment(spec, output.arms)))
     paths = write_sweep(result, out_dir, toml_text)
+    from sessionroute.experiments.spread import short_run_warning
+    from sessionroute.experiments.sweep import value_label
+    from sessionroute.experiments.verdict_text import verdict_lines
+
+    out.print(f"objective: {result.objective.describe()}", highlight=False, markup=False)
     if result.knee is not None:
         out.print(f"knee: {result.knee:g} ({knob.label})", highlight=False)
     else:
-        out.print("knee: none in this range (throughput kept up with load)", highlight=False)
-    for line in result.verdicts:
-        out.print(line, highlight=False)
+        out.print(
+            f"knee: none in this range ({result.objective.label} kept up with load)",
+            highlight=False,
+        )
+    for value, verdict in zip(result.values, result.judgements, strict=True):
+        lines = verdict_lines(verdict, title=f"at {value_label(knob, value)}")
+        out.print(lines[0].split(":", 1)[0] + ":", style="bold", highlight=False, markup=False)
+        for line in lines[1:]:
+            out.print("  " + line, highlight=False, markup=False)
+    warning = short_run_warning(output.arms[0].settings) if output.arms else None
+    if warning:
+        out.print(f"warning: {warning}", style="yellow", highlight=False, markup=False)
     out.print(
         f"wall time {time.monotonic() - t0:.1f} s ({runs} runs, "
         f"{'on Ray' if args.ray is not None else f'{jobs} processes'}); "

@@ -321,7 +321,13 @@ def objective_from_text(text: str, base: Mapping[str, Any] | None = None) -> dic
             out["metric"] = _check_path(words[1], "--objective")
             out["direction"] = words[0]
             continue
-        parse_constraint(clause, "--objective")
+        try:
+            parse_constraint(clause, "--objective")
+        except ConfigError as err:
+            raise ConfigError(
+                f"{err}; --objective takes 'rl', 'serving', or 'min|max METRIC' and/or "
+                "constraints 'METRIC <= N' separated by ';'"
+            ) from None
         constraints.append(clause)
     if constraints:
         out["constraints"] = constraints

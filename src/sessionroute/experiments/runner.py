@@ -93,7 +93,10 @@ def experiment_verdict(
     spread = ref.relative_spread.get(objective.metric) if ref else None
     return judge(
         objective,
-        [ArmRuns(r.name, tuple(run.metrics for run in r.runs)) for r in results],
+        [
+            ArmRuns(r.name, tuple(run.metrics for run in r.runs), tuple(run.seed for run in r.runs))
+            for r in results
+        ],
         reference_spread=spread,
         reference_source=ref.source if ref and spread is not None else "",
     )

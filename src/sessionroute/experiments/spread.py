@@ -46,7 +46,7 @@ class Reference:
     def source(self) -> str:
         """Where the numbers come from, in words."""
         seeds = f"seeds {self.seeds[0]}-{self.seeds[-1]}" if self.seeds else "no seeds"
-        return f"{self.name} workload, {seeds}"
+        return f"{self.name}, {seeds}"
 
 
 @cache

@@ -6,14 +6,20 @@ other difference, and every arm of every point runs the same seeds. The result p
 policy is the mean and 95 % interval over seeds (:func:`~sessionroute.experiments.results.
 mean_ci95`) of :data:`SWEEP_METRICS`.
 
-The knee is the first point, in order of increasing load, at which the best policy's output
-tokens per second per unit of load fall below :data:`KNEE_EFFICIENCY` of their value at the
-lightest point: past it, more load no longer buys throughput in proportion (the fleet
+Each point gets a verdict on the experiment's objective (:mod:`~sessionroute.experiments.
+verdict`: the best policy among those meeting the constraints, those within noise, the Pareto
+front and each policy's cost).
+
+The knee comes from the objective too: the first point, in order of increasing load, at which
+no policy meets the constraints, or the best policy's objective falls below
+:data:`KNEE_EFFICIENCY` of its value at the lightest point, per unit of load for an objective
+that is a rate of work (tokens or turns per second, or steps per second: the inverse of an RL
+step time), as it is: past it, more load no longer buys the objective in proportion (the fleet
 saturates, caches thrash, rollouts queue). Load is the knob's value for ``inflight`` and
 ``concurrency`` and its inverse for ``time-scale`` (arrivals come faster). ``replicas``
-changes the capacity, not the work offered, so its throughput should hold, not scale: its
-knee is the first replica count, going down, at which the best policy's tok/s fall below
-:data:`KNEE_EFFICIENCY` of their value at the most replicas (the fleet became the bottleneck).
+changes the capacity, not the work offered, so the objective should hold, not scale: its
+knee is the first replica count, going down, at which the best policy's objective falls below
+:data:`KNEE_EFFICIENCY` of its value at the most replicas (the fleet became the bottleneck).
 """
 
 from __future__ import annotations
@@ -21,11 +27,12 @@ from __future__ import annotations
 import csv
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from sessionroute.errors import ConfigError
+from sessionroute.experiments.objective import Objective
 from sessionroute.experiments.results import (
     ArmResult,
     RunOutput,
@@ -33,7 +40,14 @@ from sessionroute.experiments.results import (
     metric_domain,
 )
 from sessionroute.experiments.spec import ExperimentSpec, ResolvedArm, parse_experiment
+from sessionroute.experiments.sweep_verdict import (
+    KNEE_EFFICIENCY,
+    objective_knee,
+    value_label,
+    verdict_line,
+)
 from sessionroute.experiments.table import shown_value
+from sessionroute.experiments.verdict import ArmRuns, Verdict, judge
 
 __all__ = [
     "KNEE_EFFICIENCY",
@@ -45,11 +59,12 @@ __all__ = [
     "light_simulate_arm",
     "summarize",
     "sweep_experiment",
+    "value_label",
     "write_sweep",
 ]
 
-KNEE_EFFICIENCY = 0.9
-"""The knee: best output tok/s per unit of load below this fraction of the lightest point's."""
+THROUGHPUT = Objective("output_tokens_per_s", +1, origin="throughput")
+"""The objective of :func:`summarize` when none is given (the sweep's rule before objectives)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,9 +146,12 @@ KNOBS: dict[str, Knob] = {
 
 SWEEP_METRICS: tuple[tuple[str, str], ...] = (
     ("output_tokens_per_s", "output tok/s"),
+    ("step_time_s.mean", "RL step time mean (s)"),
     ("step_time_s.p50", "RL step time p50 (s)"),
     ("step_time_s.max", "RL step time max (s)"),
     ("rollouts_timed_out_share", "rollouts timed out (share)"),
+    ("group_latency_s.p90", "group latency p90 (s)"),
+    ("slo_goodput", "SLO goodput"),
     ("prefix_cache_hit_rate", "prefix-cache hit rate"),
     ("worst_window_hit_rate", "worst replica 10 s hit rate"),
     ("thrash_share", "thrash share"),
@@ -217,7 +235,11 @@ def light_simulate_arm(arm: ResolvedArm, seed: int, progress: Callable[[float], 
 
     out = simulate_arm(arm, seed, progress)
     out.metrics.pop("per_replica", None)
-    return RunOutput(seed=out.seed, metrics=out.metrics, steps=out.steps)
+    # only what the SLO goodput reads (run_experiment counts it, then drops turn_itl_s)
+    samples: dict[str, list[float]] = {
+        k: out.samples[k] for k in ("ttft_s", "turn_itl_s") if k in out.samples
+    }
+    return RunOutput(seed=out.seed, metrics=out.metrics, steps=out.steps, samples=samples)
 
 
 @dataclass(slots=True)
@@ -239,9 +261,11 @@ class SweepResult:
         values: its values, in sweep order.
         policies: the policies, in arm order.
         points: one per policy and value.
-        knee: the value at the knee (None: throughput scaled over the whole range).
+        knee: the value at the knee (None: the objective kept up over the whole range).
         verdicts: one actionable line per value.
         runs: every run's flat row (the CSV).
+        objective: what the verdicts and the knee judge on.
+        judgements: the verdict of each value, in :attr:`values` order.
     """
 
     knob: Knob
@@ -251,6 +275,8 @@ class SweepResult:
     knee: float | None
     verdicts: list[str]
     runs: list[dict[str, Any]]
+    objective: Objective = THROUGHPUT
+    judgements: list[Verdict] = field(default_factory=list)
 
     def point(self, policy: str, value: float) -> SweepPoint:
         """The point of ``policy`` at ``value``."""
@@ -260,31 +286,14 @@ class SweepResult:
         raise KeyError((policy, value))
 
 
-def _value_label(knob: Knob, value: float) -> str:
-    v = f"{value:g}"
-    return {
-        "inflight": f"{v} in flight",
-        "concurrency": f"concurrency {v}",
-        "replicas": f"{v} replicas",
-    }.get(knob.name, f"time scale {v}")
-
-
-def _verdict(knob: Knob, value: float, points: list[SweepPoint]) -> str:
-    key = "output_tokens_per_s"
-    ranked = sorted(points, key=lambda p: -p.stats[key][0])
-    best = ranked[0]
-    m, lo, _hi = best.stats[key]
-    label = _value_label(knob, value)
-    head = f"at {label}: best {best.policy} ({m:,.0f} output tok/s)"
-    if best.seeds < 2:
-        close = [p.policy for p in ranked[1:] if p.stats[key][0] >= 0.98 * m]
-        return head + (f"; within 2 % (one seed, no noise estimate): {', '.join(close) or 'none'}")
-    noise = [p.policy for p in ranked[1:] if p.stats[key][2] >= lo]
-    return head + f"; within noise: {', '.join(noise) or 'none'}"
-
-
-def summarize(knob: Knob, results: list[ArmResult], arms: list[ResolvedArm]) -> SweepResult:
-    """Means, intervals, the knee and the verdicts of a finished sweep."""
+def summarize(
+    knob: Knob,
+    results: list[ArmResult],
+    arms: list[ResolvedArm],
+    objective: Objective = THROUGHPUT,
+) -> SweepResult:
+    """Means, intervals, the knee and the verdicts of a finished sweep, on ``objective`` (the
+    experiment's: :meth:`ExperimentSpec.resolved_objective`)."""
     points: list[SweepPoint] = []
     runs: list[dict[str, Any]] = []
     values: list[float] = []
@@ -297,7 +306,7 @@ def summarize(knob: Knob, results: list[ArmResult], arms: list[ResolvedArm]) -> 
         if label not in policies:
             policies.append(label)
         stats: dict[str, tuple[float, float, float]] = {}
-        for path, _ in SWEEP_METRICS:
+        for path in _stat_paths(objective):
             nums = [shown_value(r.metrics, path) for r in res.runs]  # None: measured nothing
             nums = [x for x in nums if x is not None]
             if nums and all(isinstance(x, int | float) for x in nums):
@@ -311,23 +320,40 @@ def summarize(knob: Knob, results: list[ArmResult], arms: list[ResolvedArm]) -> 
             for path, _ in SWEEP_METRICS:
                 row[path] = shown_value(r.metrics, path)
             runs.append(row)
-    by_load = sorted(values, key=knob.load)
-    best = {
-        v: max(p.stats["output_tokens_per_s"][0] for p in points if p.value == v) for v in values
-    }
+    judgements = [
+        judge(
+            objective,
+            [
+                ArmRuns(
+                    arm.policy,
+                    tuple(r.metrics for r in res.runs),
+                    tuple(r.seed for r in res.runs),
+                )
+                for arm, res in zip(arms, results, strict=True)
+                if float(arm.name.rsplit("@", 1)[1]) == v
+            ],
+        )
+        for v in values
+    ]
+    knee = objective_knee(knob, values, judgements)
+    verdicts = [verdict_line(knob, v, j) for v, j in zip(values, judgements, strict=True)]
+    return SweepResult(knob, values, policies, points, knee, verdicts, runs, objective, judgements)
 
-    def efficiency(v: float) -> float:  # tok/s per unit of offered load, or tok/s itself
-        return best[v] / knob.load(v) if knob.offers_load else best[v]
 
-    eff0 = efficiency(by_load[0])
-    knee = next((v for v in by_load[1:] if efficiency(v) < KNEE_EFFICIENCY * eff0), None)
-    verdicts = [_verdict(knob, v, [p for p in points if p.value == v]) for v in values]
-    return SweepResult(knob, values, policies, points, knee, verdicts, runs)
+def _stat_paths(objective: Objective) -> list[str]:
+    """:data:`SWEEP_METRICS` and the objective's metrics."""
+    paths = [p for p, _ in SWEEP_METRICS]
+    for p in (objective.metric, *(c.metric for c in objective.constraints)):
+        if p not in paths:
+            paths.append(p)
+    return paths
 
 
 def sweep_document(result: SweepResult) -> dict[str, Any]:
     """The ``sweep.json`` document (schema ``sessionroute.sweep/1``); knob values in the
     knob's type (replicas 2, not 2.0)."""
+    from sessionroute.experiments.verdict_text import verdict_document
+
     cast = result.knob.cast
     return {
         "schema": "sessionroute.sweep/1",
@@ -335,11 +361,17 @@ def sweep_document(result: SweepResult) -> dict[str, Any]:
         "values": [cast(v) for v in result.values],
         "policies": result.policies,
         "knee": None if result.knee is None else cast(result.knee),
+        "objective": result.objective.as_dict(),
         "knee_rule": (
-            f"first value (by increasing load) where the best output tok/s per unit load is "
-            f"below {KNEE_EFFICIENCY} x the lightest point's"
+            f"first value (by increasing load) where no policy meets the constraints or the "
+            f"best {result.objective.label} (per unit of load for a rate of work) is below "
+            f"{KNEE_EFFICIENCY} x the lightest point's"
         ),
         "verdicts": result.verdicts,
+        "verdict_details": [
+            {"value": cast(v), **verdict_document(j)}
+            for v, j in zip(result.values, result.judgements, strict=True)
+        ],
         "points": [
             {
                 "policy": p.policy,

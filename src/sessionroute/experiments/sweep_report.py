@@ -62,17 +62,20 @@ def sweep_figure(result: SweepResult) -> str | None:
 
 def write_sweep_report(path: Path, result: SweepResult, experiment_toml: str) -> Path:
     """Write the self-contained sweep report to ``path`` and return it."""
+    from sessionroute.experiments.verdict_text import glossary_html
+
     knee = (
         f"knee at {result.knee:g} ({html.escape(result.knob.label)})"
         if result.knee is not None
-        else "no knee in this range (throughput kept up with load)"
+        else f"no knee in this range ({html.escape(result.objective.label)} kept up with load)"
     )
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'>",
         f"<title>sessionroute sweep: {html.escape(result.knob.name)}</title>",
         f"<style>{_CSS}</style></head><body>",
         f"<h1>sessionroute sweep: {html.escape(result.knob.label)}</h1>",
-        f"<p><b>{knee}</b></p><ul>",
+        f"<p>objective: {html.escape(result.objective.describe())}</p>",
+        f"<p><b>{knee}</b></p><h2>Verdict per load point</h2><ul>",
         *(f"<li>{html.escape(v)}</li>" for v in result.verdicts),
         "</ul>",
     ]
@@ -81,11 +84,13 @@ def write_sweep_report(path: Path, result: SweepResult, experiment_toml: str) ->
         parts.append(f"<img src='data:image/png;base64,{png}'>")
     parts.append(
         "<p><small>Mean over seeds with the 95 % interval (Student t) shaded where there are "
-        "two or more seeds. The knee: the first value, by increasing load, at which the best "
-        "policy's output tok/s per unit of load falls below 0.9 x the lightest point's (for "
-        "replicas, which change capacity rather than load: its tok/s themselves)."
-        "</small></p>"
+        "two or more seeds. The knee: the first value, by increasing load, at which no policy "
+        "meets the objective's constraints or the best policy's objective falls below 0.9 x "
+        "the lightest point's, per unit of load for a rate of work (tok/s, turns/s, RL steps/s "
+        "for a step time); for replicas, which change capacity rather than load, the objective "
+        "itself (docs/objectives.md).</small></p>"
     )
-    parts.append(f"<h2>Experiment</h2><pre>{html.escape(experiment_toml)}</pre></body></html>")
+    parts.append(f"<h2>Experiment</h2><pre>{html.escape(experiment_toml)}</pre>")
+    parts.append(glossary_html() + "</body></html>")
     path.write_text("\n".join(parts), encoding="utf-8")
     return path

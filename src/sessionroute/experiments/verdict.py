@@ -11,11 +11,13 @@ Rules (``docs/objectives.md``):
   flagged (:attr:`Verdict.eligible` False). An exact tie on the objective goes to the lower
   TTFT p99, then the lower timed-out share. Arms that did not measure the objective are never
   best.
-* Within noise: with 2 or more runs per arm, an arm whose mean differs from the best's by no
-  more than the larger of the two arms' seed ranges (max - min over seeds); with one run, by no
-  more than a reference spread measured on the same workload (a fraction of the best's value),
-  when there is one; otherwise no arm is within noise and the verdict says that no ranking is
-  possible below the seed spread.
+* Within noise: with 2 or more runs per arm on the same seeds (a matched experiment), an arm
+  whose mean difference from the best is no larger than the range over seeds of that
+  difference (seed by seed: the difference is smaller than its own seed-to-seed change); on
+  unmatched seeds, no larger than the larger of the two arms' seed ranges; with one run, no
+  larger than a reference spread measured on the same workload (a fraction of the best's
+  value), when there is one; otherwise no arm is within noise and the verdict says that no
+  ranking is possible below the seed spread.
 * The Pareto front: arms not dominated on (objective, TTFT p99, timed-out share), each axis
   that every arm measured.
 """
@@ -50,10 +52,22 @@ PARETO_AXES: tuple[tuple[str, int], ...] = (
 
 @dataclass(frozen=True, slots=True)
 class ArmRuns:
-    """One arm's runs: its name and each run's (seed's) ``metrics`` dict."""
+    """One arm's runs: its name, each run's ``metrics`` dict, and each run's seed (empty:
+    run ``k`` of every arm shares a seed, as in ``run_experiment``)."""
 
     name: str
     runs: tuple[Mapping[str, Any], ...]
+    seeds: tuple[int, ...] = ()
+
+    def by_seed(self, path: str) -> dict[int, float]:
+        """seed -> the value at ``path`` of the runs that measured it."""
+        seeds = self.seeds if len(self.seeds) == len(self.runs) else range(len(self.runs))
+        out = {}
+        for seed, run in zip(seeds, self.runs, strict=True):
+            v = metric_value(run, path)
+            if v is not None:
+                out[seed] = v
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,7 +178,8 @@ def _unit(path: str) -> bool:
 def change_text(path: str, value: float, base: float) -> str:
     """How ``value`` differs from ``base`` on ``path``, as a reader should see it: the
     difference for a share or rate in [0, 1] (``"+0.755"``), a ratio when it is 1.5x or more
-    either way (``"×31"``), else a percentage (``"+0.6 %"``); ``"same"`` when equal."""
+    either way (``"×31"``, ``"÷31"``), else a percentage (``"+0.6 %"``); ``"same"`` when
+    equal."""
     if value == base:
         return "same"
     if _unit(path):
@@ -172,8 +187,10 @@ def change_text(path: str, value: float, base: float) -> str:
     if base == 0:
         return f"{value - base:+,.3g}"
     ratio = value / base
-    if ratio >= 1.5 or 0 < ratio <= 1 / 1.5:
+    if ratio >= 1.5:
         return f"×{ratio:.3g}" if ratio < 10 else f"×{ratio:,.0f}"
+    if 0 < ratio <= 1 / 1.5:
+        return f"÷{1 / ratio:.3g}" if ratio > 0.1 else f"÷{1 / ratio:,.0f}"
     return f"{(ratio - 1) * 100:+.1f} %"
 
 
@@ -189,18 +206,23 @@ def _fmt(v: float) -> str:
 
 
 def _within(
-    value: float,
-    seeds: tuple[float, ...],
-    best: float,
-    best_seeds: tuple[float, ...],
-    noise: Noise,
+    arm: Mapping[int, float], best: Mapping[int, float], noise: Noise, best_value: float
 ) -> bool:
-    diff = abs(value - best)
-    if noise.kind == "repeats" and len(seeds) >= 2 and len(best_seeds) >= 2:
-        spread = max(max(seeds) - min(seeds), max(best_seeds) - min(best_seeds))
-        return diff <= spread
+    """Whether the objective of ``arm`` (seed -> value) is within noise of ``best``'s."""
+    if not arm or not best:
+        return False
+    diff = abs(sum(arm.values()) / len(arm) - sum(best.values()) / len(best))
+    if noise.kind == "repeats":
+        common = sorted(set(arm) & set(best))
+        if len(common) >= 2:  # matched seeds: the difference against its own seed-to-seed range
+            d = [arm[k] - best[k] for k in common]
+            return abs(sum(d) / len(d)) <= max(d) - min(d)
+        if len(arm) >= 2 and len(best) >= 2:
+            a, b = list(arm.values()), list(best.values())
+            return diff <= max(max(a) - min(a), max(b) - min(b))
+        return False
     if noise.kind == "reference" and noise.relative is not None:
-        return diff <= noise.relative * abs(best)
+        return diff <= noise.relative * abs(best_value)
     return False
 
 
@@ -281,14 +303,19 @@ def judge(
     }
     front = {n for n in points if not any(_dominates(points[m], points[n]) for m in points)}
     judged: list[ArmJudgement] = []
-    bv, bseeds = values[best] if best is not None else (None, ())
+    bv = values[best][0] if best is not None else None
     for a in arms:
         v, seeds = values[a.name]
         costs: list[str] = []
         near = False
         if best is not None and bv is not None and a.name != best:
             if v is not None:
-                near = _within(v, seeds, bv, bseeds, noise)
+                near = _within(
+                    a.by_seed(objective.metric),
+                    by_name[best].by_seed(objective.metric),
+                    noise,
+                    bv,
+                )
                 costs.append(f"{objective.label} {change_text(objective.metric, v, bv)}")
             else:
                 costs.append(f"{objective.label} not measured")

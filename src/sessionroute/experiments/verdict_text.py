@@ -7,10 +7,12 @@ The decisions are :mod:`sessionroute.experiments.verdict`'s; this module only wo
 from __future__ import annotations
 
 import html
+import textwrap
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from sessionroute.experiments.objective import Objective, metric_label
+from sessionroute.experiments.results import metric_domain
 from sessionroute.experiments.verdict import Verdict
 
 if TYPE_CHECKING:
@@ -89,9 +91,10 @@ GLOSSARY: tuple[tuple[str, str], ...] = (
     ),
     (
         "within noise",
-        "a difference no larger than the seed spread: the larger of the two arms' ranges "
-        "over seeds (with --repeats >= 2), or the spread measured on the same workload over "
-        "seeds 0-2 (one repeat); no ranking is possible below it.",
+        "a difference no larger than the seed spread: with --repeats >= 2, the range over the "
+        "seeds of the seed-by-seed difference between the two arms (arms run the same seeds); "
+        "with one repeat, the spread of that difference measured on the same workload over "
+        "seeds 0-2, when it was measured. No ranking is possible below it.",
     ),
     (
         "Pareto front",
@@ -108,7 +111,9 @@ GLOSSARY: tuple[tuple[str, str], ...] = (
 results builder)."""
 
 
-def _v(x: float) -> str:
+def _v(x: float, path: str = "") -> str:
+    if path and metric_domain(path) == (0.0, 1.0):
+        return f"{x:.3f}"  # a share: 1.000, not 1.00
     a = abs(x)
     if a >= 1000:
         return f"{x:,.0f}"
@@ -123,12 +128,15 @@ def _noise_line(v: Verdict) -> str:
     n = v.noise
     near = ", ".join(v.within_noise) or "none"
     if n.kind == "repeats":
-        return f"within noise of it ({n.runs} seeds: difference <= the larger seed range): {near}"
+        return (
+            f"within noise of it ({n.runs} seeds; a difference no larger than its own range "
+            f"over the seeds): {near}"
+        )
     if n.kind == "reference" and n.relative is not None:
         return (
-            f"within noise of it (one seed; the seed spread measured on this workload is "
-            f"±{n.relative * 100:.1f} % of the objective, {n.source}; no ranking is possible "
-            f"below it): {near}"
+            f"within noise of it (one seed; the seed spread measured on this workload, "
+            f"{n.source}, is ±{n.relative * 100:.1f} % of the objective: no ranking is "
+            f"possible below it): {near}"
         )
     return (
         "one seed and no spread measured for this workload: no ranking is possible below the "
@@ -142,7 +150,9 @@ def verdict_lines(v: Verdict, *, title: str = "verdict") -> list[str]:
     if v.best is None:
         return [*lines, f"no arm measured {v.objective.label}: no verdict"]
     best = v.arm(v.best)
-    value = _v(best.value) if best.value is not None else "-"
+    value = _v(best.value, v.objective.metric) if best.value is not None else "-"
+    if best.value is not None and v.objective.metric.split(".")[0].endswith("_s"):
+        value += " s"
     if v.eligible:
         lines.append(f"best: {v.best} ({v.objective.label} {value}; meets every constraint)")
     else:
@@ -212,8 +222,11 @@ def verdict_document(v: Verdict) -> dict[str, Any]:
 
 def glossary_text() -> str:
     """The glossary as plain text (``compare --explain``)."""
-    width = max(len(t) for t, _ in GLOSSARY)
-    return "\n".join(f"{t.ljust(width)}  {d}" for t, d in GLOSSARY)
+    width = max(len(t) for t, _ in GLOSSARY) + 2
+    return "\n".join(
+        textwrap.fill(d, 96, initial_indent=t.ljust(width), subsequent_indent=" " * width)
+        for t, d in GLOSSARY
+    )
 
 
 def glossary_html() -> str:
