@@ -18,9 +18,7 @@ from sessionroute.router.policies.options import Knob, load_policy_file
 
 pytest.importorskip("optuna")
 
-STEP = Objective(
-    "step_time_s.mean", -1, (Constraint("rollouts_timed_out_share", "<=", 0.01),)
-)
+STEP = Objective("step_time_s.mean", -1, (Constraint("rollouts_timed_out_share", "<=", 0.01),))
 
 
 def _point(steps: list[float], timed_out: list[float]) -> ArmResult:
@@ -36,7 +34,7 @@ def test_score_is_the_mean_over_points_and_the_worst_point_breaks_constraints() 
     score = score_runs(STEP, [_point([500, 520], [0, 0]), _point([600, 640], [0.0, 0.04])])
     assert score.value == pytest.approx((510 + 620) / 2)
     assert [round(m) for m, _, _ in score.per_point] == [510, 620]
-    assert score.violations == (pytest.approx((0.02 - 0.01) / 0.01),) and not score.feasible
+    assert score.violations[0] == pytest.approx((0.02 - 0.01) / 0.01) and not score.feasible
     assert score_runs(STEP, [_point([500], [0.0])]).feasible
 
 
@@ -113,9 +111,19 @@ def test_tune_errors_name_the_problem(
 
 
 def test_dry_run_prints_the_space(capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["tune", "--workload", "toy", "--dry-run", "--policy", "cache_aware",
-            "--space", "cache_threshold=0.1:0.6", "--space", "balance_rel_threshold=fixed"]  # fmt: skip
+    argv = ["tune", "--workload", "toy", "--dry-run", "--policy", "cache_aware", "--space",
+            "cache_threshold=0.1:0.6", "--space", "balance_rel_threshold=fixed"]  # fmt: skip
     assert main(argv) == 0
     text = capsys.readouterr().out
     assert "cache_threshold: 0.1 .. 0.6" in text and "balance_rel_threshold" not in text
     assert "[default for toy]" in text or "SLO goodput" in text
+
+
+def test_without_optuna_tune_says_what_to_install(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "optuna", None)
+    assert main(["tune", "--workload", "toy", "--policy", "cache_aware"]) == 2
+    assert "sessionroute[tune]" in capsys.readouterr().err

@@ -177,6 +177,15 @@ def _run(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     out = Console()
     try:
+        import optuna  # noqa: F401
+    except ImportError:
+        console.print(
+            "[red]error:[/red] sessionroute tune needs Optuna: "
+            + escape("pip install 'sessionroute[tune]'"),
+            highlight=False,
+        )
+        return 2
+    try:
         setup = _setup(args)
         jobs = args.jobs or max(1, min(os.cpu_count() or 1, setup.runs_per_trial()))
         executor = executor_from_args(args, jobs)

@@ -193,10 +193,6 @@ def _suggest(trial: Any, space: Mapping[str, Knob]) -> dict[str, Any]:
     return params
 
 
-def _constraints(trial: Any) -> Sequence[float]:
-    return tuple(trial.user_attrs.get("violations", (1.0,)))
-
-
 def open_study(setup: TuneSetup, path: Path, resume: bool) -> Any:
     """The Optuna study stored in ``path`` (a journal file): created, or loaded when
     ``resume``.
@@ -215,9 +211,7 @@ def open_study(setup: TuneSetup, path: Path, resume: bool) -> Any:
     if not resume and path.exists():
         raise ConfigError(f"a study exists at {str(path)!r}: add --resume, or choose another --out")
     storage = JournalStorage(JournalFileBackend(str(path)))
-    sampler = optuna.samplers.TPESampler(
-        seed=setup.seed, constraints_func=_constraints, n_startup_trials=8
-    )
+    sampler = optuna.samplers.TPESampler(seed=setup.seed, n_startup_trials=8)
     direction = (
         optuna.study.StudyDirection.MINIMIZE
         if setup.objective.direction < 0
@@ -287,6 +281,8 @@ def run_study(
         output = run_experiment(spec, light_simulate_arm, reporter, executor=executor)
         score = score_runs(setup.objective, _points(output.results, name))
         trial.set_user_attr("violations", list(score.violations))
+        for c, v in zip(setup.objective.constraints, score.violations, strict=True):
+            trial.set_constraint(str(c), v)  # the sampler's feasibility (<= 0: met)
         trial.set_user_attr("per_point", [list(p) for p in score.per_point])
         if score.value is None or output.failed:
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
