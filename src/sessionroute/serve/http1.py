@@ -134,7 +134,6 @@ class Connection(ResponseWriter, asyncio.BufferedProtocol):
         self._forward: list[bytes] = []
         self._dropped: list[bytes] = []
         self._drop = listener.forward_drop
-        self._targets = listener.targets
         self._read_paused = False
         self._bad = False
         self._lingering: Request | None = None
@@ -280,10 +279,7 @@ class Connection(ResponseWriter, asyncio.BufferedProtocol):
         req.http10 = (
             not keep_alive or b"connection" in lower or b"proxy-connection" in lower
         ) and parser.get_http_version() == "1.0"
-        parsed = self._targets.get(target)
-        if parsed is None:
-            parsed = self._listener.parse_target(target)
-        req.target, req.path, req.query = parsed
+        req.target, req.path, req.query = self._listener.parse_target(target)
         length = lower.get(b"content-length")
         if length is not None:
             req.content_length = content_length = int(length)  # llhttp checked it is a number
