@@ -46,6 +46,7 @@ class Exchange:
 
     Attributes:
         worker: the worker base URL.
+        started: ``time.monotonic()`` when the exchange was created (seconds).
         deadline: ``time.monotonic()`` by which the exchange must end (seconds).
         timed_out: True once the deadline passed.
         status: the response status (0 before the head arrived).
