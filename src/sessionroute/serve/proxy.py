@@ -1,4 +1,4 @@
-r"""Proxying one generation request: route, forward, retry, relay, release.
+"""Proxying one generation request: route, forward, retry, relay, release.
 
 Every routing decision is the router core's (:class:`~sessionroute.router.RoutingCore`): the
 policy's request is built by ``core.requests`` (session id, size estimate, content keys),
@@ -9,14 +9,14 @@ retry); the common case runs from protocol callbacks in :mod:`sessionroute.serve
 which hands over to the coroutines here where it must wait. The body is read once (as the pieces
 it arrived in), parsed and checked before placement under every policy
 (:mod:`sessionroute.router.validate`: 415, 400, nothing pinned), and forwarded as received,
-never re-serialized. Requests go upstream as :class:`~sessionroute.serve.exchange.Exchange`\ s
-on the :class:`~sessionroute.serve.upstream.UpstreamPool`'s connections, with the client's
+never re-serialized. Each attempt is an :class:`~sessionroute.serve.exchange.Exchange` on a
+connection of the :class:`~sessionroute.serve.upstream.UpstreamPool`, with the client's
 headers forwarded as the raw bytes it sent. Responses with a known length up to
 :data:`~sessionroute.serve.messages.BUFFER_LIMIT` bytes are relayed in one write; everything
-else (server-sent event streams in particular) is relayed chunk by chunk as it arrives, written
-straight to the client connection (:class:`~sessionroute.serve.http1.Connection`) with its flow
-control. The bytes written either way, and the router's own error answers, are
-:mod:`sessionroute.serve.messages`'s (shared with the inline path).
+else (server-sent event streams in particular) is relayed chunk by chunk as it arrives,
+written straight to the client connection (:class:`~sessionroute.serve.http1.Connection`)
+with its flow control. The bytes written either way, and the router's own error answers,
+come from :mod:`sessionroute.serve.messages` (shared with the inline path).
 Retries (on :data:`~sessionroute.router.retry.RETRY_STATUSES` and connection errors, with
 exponential backoff and jitter) happen only before the first byte of a response is sent to
 the client. A worker that refuses connections is marked unavailable at once, so the next
