@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 import enum
-import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple, TypeAlias
+from typing import NamedTuple
 
 __all__ = [
     "Decision",
     "DecisionKind",
     "EngineGauges",
     "RouteRequest",
-    "RouteRequestFields",
-    "make_route_request",
 ]
 
 
@@ -41,10 +38,8 @@ class RouteRequest(NamedTuple):
             set only for policies that read content.
 
     Immutable and hashable (while ``blocks`` is None or a tuple): a ``typing.NamedTuple``,
-    built once per request and attempt (proxy and simulator), in about half the instructions of a
-    frozen dataclass (which sets each field through ``object.__setattr__``); the builders make
-    it with :data:`make_route_request`, cheaper still. Derive a changed copy with
-    ``request._replace(field=...)``.
+    built once per request and attempt (proxy and simulator), which is cheaper to build than a
+    frozen dataclass. Derive a changed copy with ``request._replace(field=...)``.
     """
 
     session_id: str | None = None
@@ -55,28 +50,6 @@ class RouteRequest(NamedTuple):
     session_header: str = "x-session-id"
     stream: bool = False
     cache_salt: str | None = None
-
-
-RouteRequestFields: TypeAlias = tuple[
-    str | None,  # session_id
-    int,  # prompt_tokens
-    Sequence[int] | None,  # blocks
-    str | None,  # model
-    str | None,  # request_id
-    str,  # session_header
-    bool,  # stream
-    str | None,  # cache_salt
-]
-"""The fields of :class:`RouteRequest` in order, as one tuple (:data:`make_route_request`)."""
-
-make_route_request: Callable[[RouteRequestFields], RouteRequest] = functools.partial(
-    tuple.__new__, RouteRequest
-)
-"""``RouteRequest(*fields)``: the same request, made without the Python frame of the
-generated ``NamedTuple.__new__`` that a class call reaches through ``type.__call__`` (about
-1.4 K instructions less per request; the builders of
-:class:`sessionroute.router.requests.RequestBuilder` use it). Takes all eight fields in order,
-as one tuple; mypy checks their number and types against :data:`RouteRequestFields`."""
 
 
 class DecisionKind(enum.StrEnum):

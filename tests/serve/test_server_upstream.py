@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 import aiohttp
 import pytest
 
-from sessionroute.serve.upstream import Exchange, UpstreamConnectError, UpstreamPool
+from sessionroute.serve.exchange import Exchange
+from sessionroute.serve.upstream import UpstreamConnectError, UpstreamError, UpstreamPool
 
 from .backend import FakeBackend
 from .conftest import MakeRouter, chat, post_chat
@@ -224,11 +225,8 @@ async def _raw_request(port: int, request: bytes, *, expect_continue: bool = Fal
 async def test_response_header_names_of_any_case_and_number_are_relayed_or_dropped(
     raw: RawBackend, make_router: MakeRouter
 ) -> None:
-    """The relay-or-drop decision is memoized (per router) by the name as sent, within a
-    bound (a worker sending ever new names does not grow it), and is the same for every
-    spelling."""
-    from sessionroute.serve import worker_connection
-
+    """Every response header is relayed in order or dropped by its name in any spelling,
+    however many names a worker sends."""
     names = [b"X-Unique-%d" % i for i in range(300)]
     head = b"".join(b"%s: v%d\r\n" % (n, i) for i, n in enumerate(names))
     raw.respond = lambda _: (
@@ -244,7 +242,7 @@ async def test_response_header_names_of_any_case_and_number_are_relayed_or_dropp
         b"POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nContent-Type: application/json\r\n"
         b"Content-Length: %d\r\n\r\n" % len(body) + body
     )
-    for _ in range(2):  # (the second on the kept-alive connection, names memoized)
+    for _ in range(2):  # (the second on the kept-alive connection)
         answer = await _raw_request(router.port, request)
         assert answer.endswith(OK_BODY)
         lines = header_lines(answer.split(b"\r\n\r\n")[0] + b"\r\n\r\n")
@@ -255,11 +253,6 @@ async def test_response_header_names_of_any_case_and_number_are_relayed_or_dropp
         lower = [line.lower() for line in lines]
         assert b"server: w" not in lower and b"date: x" not in lower
         assert lower.count(b"content-length: %d" % len(OK_BODY)) == 1
-    kinds = router.router.upstream.header_kinds
-    assert len(kinds) == worker_connection._HEADER_KINDS_KEPT  # full, not grown past it
-    assert kinds[b"SERVER"] == worker_connection._DROP
-    assert kinds[b"Set-Cookie"] == worker_connection._RELAY
-    assert b"cOnTeNt-LeNgTh" not in kinds  # (past the bound: decided each time, as above)
 
 
 async def test_request_headers_go_upstream_as_raw_bytes(
@@ -465,4 +458,83 @@ async def test_a_connection_idle_past_the_keepalive_is_not_reused(raw: RawBacken
         assert raw.connections == 2  # a new connection; the stale one was closed
         assert pool.idle_count(raw.url) == 1
     finally:
+        await pool.close()
+
+
+class _Recorder:
+    """A :class:`ResponseHandler` that writes down what its connection tells it."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[object, ...]] = []
+        self.done = asyncio.get_running_loop().create_future()
+
+    def request_sent(self) -> None:
+        self.events.append(("sent",))
+
+    def response_head(
+        self, status: int, keep_alive: bool, framed: bool, length: int | None, lines: list[bytes]
+    ) -> None:
+        self.events.append(("head", status, keep_alive, framed, length, b"".join(lines)))
+
+    def response_body(self, piece: bytes) -> None:
+        self.events.append(("body", piece))
+
+    def response_complete(self) -> None:
+        self.events.append(("complete",))
+
+    def read_done(self) -> None:
+        if self.events and self.events[-1] != ("read",):
+            self.events.append(("read",))
+        if ("complete",) in self.events and not self.done.done():
+            self.done.set_result(None)
+
+    def fail(self, error: UpstreamError) -> None:
+        self.events.append(("fail", str(error)))
+        if not self.done.done():
+            self.done.set_result(None)
+
+    def connection_closed(self, exc: BaseException | None) -> None:
+        self.events.append(("closed",))
+
+
+async def test_a_worker_connection_tells_its_handler_what_arrived(raw: RawBackend) -> None:
+    """The whole interface between a connection and its exchange: a 1xx is skipped, the
+    head comes once with the lines to relay (framing, Date and Server left out), then each
+    body piece, the end, and after each read ``read_done``; a response nobody asked for is
+    a failure and closes the connection."""
+    raw.respond = lambda head: (
+        [
+            b"HTTP/1.1 100 Continue\r\nX-Early: 1\r\n\r\n",
+            b"HTTP/1.1 201 Made\r\nX-A: 1\r\nServer: w\r\nDate: d\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n2\r\nab\r\n",
+            b"2\r\ncd\r\n0\r\n\r\n",
+        ],
+        False,
+    )
+    pool = UpstreamPool(timeout_s=5.0, connect_timeout_s=5.0)
+    conn = await pool.connect(raw.url)
+    try:
+        first = _Recorder()
+        request = pool.request_head(raw.url, "POST", b"/v1/x") + b"Content-Length: 0\r\n\r\n"
+        assert conn.send(first, [request])  # written at once
+        await first.done
+        events = [e for e in first.events if e != ("read",)]
+        assert events == [
+            ("head", 201, True, True, None, b"X-A: 1\r\n"),
+            ("body", b"ab"),
+            ("body", b"cd"),
+            ("complete",),
+        ]
+        assert first.events[-1] == ("read",) and first.events.count(("read",)) >= 2
+        # a second response to the one request: a protocol error, the connection closes
+        conn.data_received(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+        assert [e for e in first.events if e[0] == "fail"] == [
+            ("fail", "malformed response: unsolicited response")
+        ]
+        assert conn.lost
+        conn.release()
+        with pytest.raises(UpstreamError, match="closed"):
+            conn.send(_Recorder(), [request])
+    finally:
+        conn.close()
         await pool.close()

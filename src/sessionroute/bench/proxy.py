@@ -96,9 +96,9 @@ def _cpu_seconds(pid: int) -> tuple[float, float]:
 
 def _python() -> dict[str, Any]:
     """The Python running this bench (and the routers it starts): version, executable, and
-    whether libpython is a shared library (on the project's VM, pyenv's default build, shared
-    and without PGO or LTO, took 16-25 % more user time per small request at concurrency 1
-    than Debian's statically linked ``python3.11``: ``docs/benchmarks.md``)."""
+    whether libpython is a shared library (a shared build without PGO or LTO, such as pyenv's
+    default, spends noticeably more user time per request than a distribution's optimized,
+    statically linked one: compare routers only on the same build)."""
     try:
         shared: bool | None = "/libpython" in Path("/proc/self/maps").read_text()
     except OSError:  # not Linux

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from sessionroute.errors import MalformedRequest
 from sessionroute.router.config import RouterConfig
 from sessionroute.router.validate import check_session_id, parse_body
-from sessionroute.types import RouteRequest, make_route_request
+from sessionroute.types import RouteRequest
 
 if TYPE_CHECKING:
     from sessionroute.router.kv.content import KvContent
@@ -250,17 +250,15 @@ class RequestBuilder:
             model = m if isinstance(m, str) else None
             s = payload.get("cache_salt")
             salt = s if isinstance(s, str) and s else None
-        return make_route_request(
-            (
-                sid,  # session_id
-                estimate_prompt_tokens(body_bytes),  # prompt_tokens
-                blocks,
-                model,
-                request_id,
-                header,  # session_header
-                payload.get("stream") is True,  # stream
-                salt,  # cache_salt
-            )
+        return RouteRequest(  # (the fields in order)
+            sid,  # session_id
+            estimate_prompt_tokens(body_bytes),  # prompt_tokens
+            blocks,
+            model,
+            request_id,
+            header,  # session_header
+            payload.get("stream") is True,  # stream
+            salt,  # cache_salt
         )
 
     def from_turn(
@@ -293,17 +291,15 @@ class RequestBuilder:
             if self.needs_content
             else None
         )
-        return make_route_request(
-            (
-                sid,  # session_id
-                estimate_prompt_tokens(prompt_tokens * BYTES_PER_TOKEN),  # prompt_tokens
-                blocks,
-                None,  # model
-                request_id,
-                header,  # session_header
-                False,  # stream
-                cache_salt if self.needs_content else None,  # cache_salt
-            )
+        return RouteRequest(  # (the fields in order, as in from_http)
+            sid,  # session_id
+            estimate_prompt_tokens(prompt_tokens * BYTES_PER_TOKEN),  # prompt_tokens
+            blocks,
+            None,  # model
+            request_id,
+            header,  # session_header
+            False,  # stream
+            cache_salt if self.needs_content else None,  # cache_salt
         )
 
     def _session_of_turn(self, session_id: str | None) -> tuple[str | None, str]:

@@ -116,18 +116,7 @@ def parse_body(data: bytes, route: str) -> dict[str, Any]:
     if model is not None and not isinstance(model, str):
         raise MalformedRequest(f"'model' must be a string, got {_kind(model)}")
     if route == "/v1/chat/completions":
-        # the messages check, inline (every chat request passes here: a call saved)
-        messages = payload.get("messages")
-        if not isinstance(messages, list) or not messages:
-            what = "missing" if messages is None else _kind(messages)
-            raise MalformedRequest(f"'messages' must be a non-empty list of objects ({what})")
-        for m in messages:
-            if not isinstance(m, dict):
-                raise MalformedRequest(
-                    f"messages[{_index(messages, m)}] must be an object, got {_kind(m)}"
-                )
-            if not isinstance(m.get("role"), str):
-                raise MalformedRequest(f"messages[{_index(messages, m)}] needs a string 'role'")
+        _check_messages(payload.get("messages"))
     elif route == "/v1/completions":
         if "prompt_embeds" not in payload:
             _check_list_or_str(payload, "prompt")
@@ -136,9 +125,15 @@ def parse_body(data: bytes, route: str) -> dict[str, Any]:
     return payload
 
 
-def _index(values: list[Any], value: Any) -> int:
-    """The index of ``value`` (an element of ``values``, found by identity)."""
-    return next(i for i, v in enumerate(values) if v is value)
+def _check_messages(messages: Any) -> None:
+    if not isinstance(messages, list) or not messages:
+        what = "missing" if messages is None else _kind(messages)
+        raise MalformedRequest(f"'messages' must be a non-empty list of objects ({what})")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise MalformedRequest(f"messages[{i}] must be an object, got {_kind(m)}")
+        if not isinstance(m.get("role"), str):
+            raise MalformedRequest(f"messages[{i}] needs a string 'role'")
 
 
 def _check_list_or_str(payload: dict[str, Any], key: str) -> None:

@@ -1,19 +1,15 @@
 """The router's HTTP/1.1 listener: an :class:`asyncio.Protocol` on the ``httptools`` parser.
 
-Why not aiohttp's server: issue 6 requires the router to spend no more CPU per proxied request
-than vllm-router (Rust). Measured with callgrind, aiohttp's server layer (``web.Server`` and
+Why not aiohttp's server: per proxied request, its server layer (``web.Server`` and
 ``RequestHandler``: request objects, a task and a ``StreamReader`` per request, response
-serialization) was about half of the router's instructions, as much as a whole request of
-vllm-router. That target wins over ``DESIGN.md``'s "aiohttp for HTTP" on the proxied path (the
-worker side, :mod:`sessionroute.serve.worker_connection`, is a protocol of ours too; aiohttp
-stays the client of health checks and admin calls). The parser is ``httptools`` (the ``llhttp``
-C parser with callbacks; uvicorn's), not aiohttp's C ``HttpRequestParser`` as first planned:
-the latter builds a ``CIMultiDict``, a URL and a ``StreamReader`` per request and parsed a
-small chat request in about 4x the time of ``httptools`` with our callbacks (7.5 against 31
-microseconds in a loop on the project's VM). Callbacks are kept minimal: ``on_header`` runs
-once per header, enters it in the case-folded lookup dict (the first value of a name wins; a
-separate pass over the headers to build that dict cost more) and appends its line to the
-forwarded or the dropped ones.
+serialization) cost about as much CPU as vllm-router (Rust) spends on a whole request, and
+the router must stay cheaper than vllm-router (``sessionroute bench proxy``). So the proxied
+path uses protocols of ours on both sides (the worker side is
+:mod:`sessionroute.serve.worker_connection`); aiohttp stays the client of health checks and
+admin calls. The parser is ``httptools`` (the ``llhttp`` C parser with callbacks; uvicorn's).
+Its callbacks run once per header: ``on_header`` enters the header in the case-folded lookup
+dict (the first value of a name wins) and appends its line to the forwarded or the dropped
+ones, so the head is read in one pass.
 
 Per connection, one :class:`Connection` parses requests and hands each to the listener's
 handler when its headers are complete (the body keeps arriving into :class:`Request`). The
@@ -117,11 +113,6 @@ class Connection(ResponseWriter, asyncio.BufferedProtocol):
         super().__init__(listener.heads)
         self._listener = listener
         self._max_body = listener.max_body
-        self._target: list[bytes] = []
-        self.on_url: Callable[[bytes], None] = self._target.append
-        """The parser's callback for a piece of the request target (a target split across
-        reads comes in several): the list's own ``append``, fixed when the parser is built,
-        so no Python frame runs per request (:meth:`on_headers_complete` joins them)."""
         self._parser = httptools.HttpRequestParser(self)
         self._parsing: Request | None = None
         self._current: Request | None = None
@@ -143,7 +134,6 @@ class Connection(ResponseWriter, asyncio.BufferedProtocol):
         self._forward: list[bytes] = []
         self._dropped: list[bytes] = []
         self._drop = listener.forward_drop
-        self._targets = listener.targets
         self._read_paused = False
         self._bad = False
         self._lingering: Request | None = None
@@ -246,6 +236,11 @@ class Connection(ResponseWriter, asyncio.BufferedProtocol):
         self._head_bytes = 0
         self.head_sweep = self._listener.sweeps
 
+    def on_url(self, url: bytes) -> None:
+        # a piece of the request target (one split across reads comes in several)
+        if self._parsing is not None:
+            self._parsing.target += url
+
     def on_header(self, name: bytes, value: bytes) -> None:
         low = name.lower()
         self._lower.setdefault(low, value)  # the first value of a name wins
@@ -263,9 +258,7 @@ class Connection(ResponseWriter, asyncio.BufferedProtocol):
             return
         self._in_head = False
         self._lower = {}  # trailers of a chunked body (on_header again) are not looked up
-        pieces = self._target
-        target = b"".join(pieces)  # (one piece, the common case: that piece itself)
-        pieces.clear()
+        target = req.target  # as sent; replaced by its origin form below
         forward = req.forward
         dropped = req.dropped
         if len(forward) + len(dropped) > 4 * MAX_HEADERS:  # four pieces a header
@@ -286,10 +279,7 @@ class Connection(ResponseWriter, asyncio.BufferedProtocol):
         req.http10 = (
             not keep_alive or b"connection" in lower or b"proxy-connection" in lower
         ) and parser.get_http_version() == "1.0"
-        parsed = self._targets.get(target)
-        if parsed is None:
-            parsed = self._listener.parse_target(target)
-        req.target, req.path, req.query = parsed
+        req.target, req.path, req.query = self._listener.parse_target(target)
         length = lower.get(b"content-length")
         if length is not None:
             req.content_length = content_length = int(length)  # llhttp checked it is a number

@@ -7,10 +7,10 @@
    callback): the body is validated and the request built (one parse,
    :meth:`~sessionroute.router.requests.RequestBuilder.from_http`: 400 before anything is
    pinned), placed (``core.place``) and written to an idle pooled worker connection;
-2. the worker's answer arrives (:meth:`InlineProxy._answer`, from the worker connection's
-   ``data_received``, after the whole read): a complete, final response of a known length up
-   to :data:`~sessionroute.serve.proxy.BUFFER_LIMIT` is relayed in one write, the exchange and
-   the reservation are released, and the listener goes on to the next request.
+2. the worker's answer arrives (:meth:`InlineProxy._answer`, the exchange's ``inline``
+   callback, told once the read that brought the answer is parsed): a complete, final response of a known length up
+   to :data:`~sessionroute.serve.messages.BUFFER_LIMIT` is relayed in one write, the exchange
+   and the reservation are released, and the listener goes on to the next request.
 
 A request that must wait is handed to the connection's task
 (:meth:`~sessionroute.serve.http1.Connection.hand_over`) at the point it got to, and
@@ -20,12 +20,12 @@ idle connection to the worker (connecting), and, once sent, anything but a compl
 answer (a head without its body yet, a streamed or large body, a retryable status, an error,
 a worker given up as hung: retries and relays are theirs). A deadline that passes while the
 exchange is driven by callbacks is answered here with the coroutine's 504, and a client that
-goes away releases the reservation here (counted as 499).
+goes away releases the reservation here (counted as 499). Both paths write their answers
+with :mod:`sessionroute.serve.messages`.
 
-Measured on the project's VM (``sessionroute bench instructions proxy``): the two task
-wake-ups per request (the connection's task for the request, the exchange's future for the
-answer) and the coroutine frames around them were about a sixth of a small request's
-instructions.
+Why callbacks: the two task wake-ups a coroutine costs per request (the connection's task
+for the request, the exchange's future for the answer) and the coroutine frames around them
+are a large share of the router's CPU on a small request.
 """
 
 from __future__ import annotations
@@ -36,19 +36,21 @@ from sessionroute.errors import AdmissionRefused, MalformedRequest, NoWorkerAvai
 from sessionroute.router.admission import Ticket
 from sessionroute.router.core import Reservation
 from sessionroute.router.validate import InvalidJSON, UnsupportedMediaType, check_media_type
+from sessionroute.serve.exchange import Exchange
 from sessionroute.serve.http1 import Connection, Inline, Request
-from sessionroute.serve.proxy import (
-    BUFFER_LIMIT,
+from sessionroute.serve.messages import (
     error,
-    forward_placed,
-    header_block,
-    place_and_forward,
+    record_status,
     refuse,
+    relay_whole,
+    relayed_whole,
     too_large,
-    wake_ticket,
+    upstream_request,
+    upstream_timeout,
 )
+from sessionroute.serve.proxy import forward_placed, place_and_forward, wake_ticket
 from sessionroute.serve.router import Router
-from sessionroute.serve.upstream import Exchange, UpstreamError
+from sessionroute.serve.upstream import UpstreamError
 
 __all__ = ["InlineProxy"]
 
@@ -147,15 +149,10 @@ class InlineProxy(Inline):
             conn.hand_over(place_and_forward(conn, req, router, route_req, raw_rid, placed))
             return True
         router.metrics.observe_routing(t0, time.perf_counter())
-        pool = router.upstream
         worker = placed.worker
-        ex = Exchange(pool, worker, None, self._answer)
-        head = pool.heads.get((worker, req.method, req.target)) or pool.request_head(
-            worker, req.method, req.target
-        )
-        tail = header_block(router, req) + b"Content-Length: %d\r\n\r\n" % req.size
+        ex = Exchange(router.upstream, worker, None, self._answer)
         try:
-            sent = ex.send_idle((head + tail, *parts))
+            sent = ex.send_idle(upstream_request(router, req, worker))
         except UpstreamError:  # (an idle connection is checked first: not expected)
             sent = False
         if not sent:  # connecting waits: the coroutine does it all
@@ -170,37 +167,22 @@ class InlineProxy(Inline):
         """The exchange's one callback: relay a complete simple answer, else hand over."""
         router = self._router
         worker = ex.worker
-        if ex.timed_out:  # the coroutine's 504 for a missing head
-            router.record_failure(worker)
-            router.metrics.count_request(worker, 504)
-            error(
-                self._conn,
-                504,
-                f"upstream {worker} did not answer within {router.settings.request_timeout_secs} s",
-                "upstream_timeout",
-                self._raw_rid,
-            )
+        if ex.timed_out:  # (no head: a complete answer would have come first)
+            upstream_timeout(self._conn, router, worker, self._raw_rid)
             self._end()
             return
         status = ex.status
         res = self._res
         if res is None:  # pragma: no cover - an exchange exists only once placed
             raise RuntimeError("an inline exchange without a reservation")
-        if ex.complete and status not in router.core.retry.retried_statuses:
-            length = ex.length
-            if length is not None and length <= BUFFER_LIMIT:
-                router.metrics.observe_upstream(worker, ex.sent_at, time.perf_counter(), status)
-                if status >= 500:
-                    router.record_failure(worker)
-                else:
-                    router.record_success(worker)
-                lines = ex.relay_lines  # (the exchange ends here: its lines are joined once)
-                lines += (b"x-request-id: ", self._raw_rid, b"\r\n")
-                if router.expose_worker:
-                    lines += (b"x-sessionroute-worker: ", worker.encode(), b"\r\n")
-                self._conn.respond_raw(status, None, b"".join(lines), ex.body())
-                self._end()
-                return
+        if (
+            ex.complete and status not in router.core.retry.retried_statuses and relayed_whole(ex)
+        ):  # as the coroutine answers it after the head and the body came
+            router.metrics.observe_upstream(worker, ex.sent_at, time.perf_counter(), status)
+            record_status(router, worker, status)
+            relay_whole(self._conn, router, ex, self._raw_rid, ex.body())
+            self._end()
+            return
         self._ex = self._res = None  # the coroutine owns both now
         self._conn.hand_over(
             forward_placed(self._conn, self._req, router, res, self._raw_rid, first=ex)

@@ -106,12 +106,15 @@ class Listener:
         raise RuntimeError("the listener has no socket")
 
     def parse_target(self, target: bytes) -> tuple[bytes, str, str]:
-        """:func:`~sessionroute.serve.http1.parse_target`, entered in :attr:`targets` (when
-        at most :data:`TARGET_KEPT_BYTES` long; :data:`TARGETS_KEPT` at most).
+        """:func:`~sessionroute.serve.http1.parse_target`, memoized in :attr:`targets` (for
+        targets of at most :data:`TARGET_KEPT_BYTES`; :data:`TARGETS_KEPT` at most).
 
         Raises:
             ValueError: an absolute-form target that is not a URL.
         """
+        parsed = self.targets.get(target)
+        if parsed is not None:
+            return parsed
         parsed = parse_target(target)
         if len(target) <= TARGET_KEPT_BYTES:
             if len(self.targets) >= TARGETS_KEPT:

@@ -9,13 +9,14 @@ retry); the common case runs from protocol callbacks in :mod:`sessionroute.serve
 which hands over to the coroutines here where it must wait. The body is read once (as the pieces
 it arrived in), parsed and checked before placement under every policy
 (:mod:`sessionroute.router.validate`: 415, 400, nothing pinned), and forwarded as received,
-never re-serialized. Requests go upstream through
-:class:`~sessionroute.serve.upstream.UpstreamPool` (a protocol of ours on the ``httptools``
-response parser), with the client's headers forwarded as the raw bytes it sent. Responses
-with a known length up to :data:`BUFFER_LIMIT` bytes are relayed in one write; everything
-else (server-sent event streams in particular) is relayed chunk by chunk as it arrives, written
-straight to the client connection (:class:`~sessionroute.serve.http1.Connection`) with
-pre-serialized header bytes and its flow control.
+never re-serialized. Each attempt is an :class:`~sessionroute.serve.exchange.Exchange` on a
+connection of the :class:`~sessionroute.serve.upstream.UpstreamPool`, with the client's
+headers forwarded as the raw bytes it sent. Responses with a known length up to
+:data:`~sessionroute.serve.messages.BUFFER_LIMIT` bytes are relayed in one write; everything
+else (server-sent event streams in particular) is relayed chunk by chunk as it arrives,
+written straight to the client connection (:class:`~sessionroute.serve.http1.Connection`)
+with its flow control. The bytes written either way, and the router's own error answers,
+come from :mod:`sessionroute.serve.messages` (shared with the inline path).
 Retries (on :data:`~sessionroute.router.retry.RETRY_STATUSES` and connection errors, with
 exponential backoff and jitter) happen only before the first byte of a response is sent to
 the client. A worker that refuses connections is marked unavailable at once, so the next
@@ -33,67 +34,24 @@ from sessionroute.errors import AdmissionRefused, NoWorkerAvailable
 from sessionroute.router.admission import Ticket
 from sessionroute.router.core import Reservation, RoutingCore
 from sessionroute.router.retry import AttemptFailure
-from sessionroute.serve.errors import error_for_exception, error_response
+from sessionroute.serve.exchange import Exchange
 from sessionroute.serve.http1 import Connection, Request
-from sessionroute.serve.router import Router
-from sessionroute.serve.upstream import (
-    HOP_BY_HOP,
-    Exchange,
-    UpstreamConnectError,
-    UpstreamError,
-    UpstreamHung,
+from sessionroute.serve.messages import (
+    error,
+    record_status,
+    refuse,
+    relay_headers,
+    relayed_whole,
+    upstream_request,
+    upstream_timeout,
 )
+from sessionroute.serve.router import Router
+from sessionroute.serve.upstream import UpstreamConnectError, UpstreamError, UpstreamHung
 from sessionroute.types import RouteRequest
 
-__all__ = [
-    "BUFFER_LIMIT",
-    "HOP_BY_HOP",
-    "error",
-    "forward_placed",
-    "header_block",
-    "place_and_forward",
-    "refuse",
-    "timeout_reading",
-    "too_large",
-    "wake_ticket",
-]
+__all__ = ["forward_placed", "place_and_forward", "wake_ticket"]
 
 log = logging.getLogger("sessionroute.serve")
-
-BUFFER_LIMIT = 256 * 1024
-"""Responses with a Content-Length up to this many bytes are relayed in one write."""
-
-
-def header_block(router: Router, req: Request) -> bytes:
-    """The client's headers as received, minus the dropped ones, plus the worker credential
-    (``req`` from the router's listener: its ``forward_drop`` is :attr:`Router.request_drop`,
-    so :attr:`Request.forward` holds the lines to forward)."""
-    if req.connection_header:  # it names more headers to drop (rare with HTTP/1.1 clients)
-        return _header_block_connection(router, req)
-    return b"".join(req.forward) + router.worker_auth
-
-
-def _header_block_connection(router: Router, req: Request) -> bytes:
-    drop = set(router.request_drop)
-    for name, value in req.headers:
-        if name.lower() == b"connection":
-            drop.update(t.strip().lower() for t in value.split(b","))
-    kept = [b"%s: %s\r\n" % kv for kv in req.headers if kv[0].lower() not in drop]
-    return b"".join(kept) + router.worker_auth
-
-
-def error(
-    conn: Connection, status: int, message: str, code: str, rid: bytes, *, keep: bool = True
-) -> None:
-    """Answer with a JSON error (and the request id)."""
-    resp = error_response(status, message, code)
-    conn.respond_raw(
-        status,
-        None,
-        resp.header_bytes() + b"x-request-id: " + rid + b"\r\n",
-        resp.body,
-        keep_alive=keep,
-    )
 
 
 async def place_and_forward(
@@ -146,17 +104,6 @@ async def forward_placed(
         router.core.complete(holder[0])
 
 
-def refuse(conn: Connection, exc: NoWorkerAvailable | AdmissionRefused, rid: bytes) -> None:
-    """Answer a request that could not be placed (503, or admission's 429/503)."""
-    resp = error_for_exception(exc)
-    conn.respond_raw(
-        resp.status,
-        None,
-        resp.header_bytes() + b"x-request-id: " + rid + b"\r\n",
-        resp.body,
-    )
-
-
 def wake_ticket(ticket: Ticket) -> None:
     """A ticket left the admission queue: wake the request waiting on it."""
     fut: asyncio.Future[None] = ticket.context
@@ -201,23 +148,6 @@ async def _admitted(core: RoutingCore, ticket: Ticket) -> Reservation:
     return ticket.reservation
 
 
-def too_large(conn: Connection, req: Request, limit: int, rid: bytes) -> None:
-    length = req.content_length
-    got = f"{length} bytes" if length is not None and length > limit else f"over {limit} bytes"
-    resp = error_response(
-        413,
-        f"request body of {got} exceeds --max-payload-size of {limit} bytes",
-        "payload_too_large",
-    )
-    conn.respond_raw(
-        413,
-        None,
-        resp.header_bytes() + b"x-request-id: " + rid + b"\r\n",
-        resp.body,
-        keep_alive=req.complete,
-    )
-
-
 async def _forward(
     conn: Connection,
     req: Request,
@@ -226,15 +156,10 @@ async def _forward(
     rid: bytes,
     first: Exchange | None,
 ) -> None:
-    parts = req.parts
-    size = req.size
     s = router.settings
     core = router.core
     metrics = router.metrics
     pool = router.upstream
-    tail = b""
-    method = req.method
-    target = req.target
     retry = core.retry
     first_byte_s = s.first_byte_timeout_secs
     attempts = retry.max_attempts
@@ -282,12 +207,7 @@ async def _forward(
                 if ex.sent_at:
                     status = await ex.head()
                 else:
-                    if not tail:
-                        tail = header_block(router, req) + b"Content-Length: %d\r\n\r\n" % size
-                    head = pool.heads.get((worker, method, target)) or pool.request_head(
-                        worker, method, target
-                    )
-                    status = await ex.send((head + tail, *parts))
+                    status = await ex.send(upstream_request(router, req, worker))
             except UpstreamConnectError as exc:
                 last_error = f"{worker}: {type(exc).__name__}: {exc}"
                 router.record_unreachable(worker, last_error)
@@ -316,27 +236,16 @@ async def _forward(
                 if not ex.is_timeout():
                     metrics.count_request(worker, 499)  # the client went away (or shutdown)
                     raise
-                router.record_failure(worker)
-                metrics.count_request(worker, 504)
-                error(
-                    conn,
-                    504,
-                    f"upstream {worker} did not answer within {s.request_timeout_secs} s",
-                    "upstream_timeout",
-                    rid,
-                )
+                upstream_timeout(conn, router, worker, rid)
                 return
             finally:
                 if timer is not None:
                     timer.cancel()
             metrics.observe_upstream(worker, ex.sent_at, time.perf_counter())
-            if status < 500:
-                router.record_success(worker)
-            else:
-                router.record_failure(worker)
+            record_status(router, worker, status)
             if retry.retryable(status) and attempt + 1 < attempts:
                 if not await _drain(ex):
-                    timeout_reading(conn, router, worker, rid)
+                    upstream_timeout(conn, router, worker, rid, reading=True)
                     return
                 last_error = f"{worker}: status {status}"
                 continue
@@ -384,32 +293,14 @@ async def _drain(ex: Exchange) -> bool:
     return True
 
 
-def timeout_reading(conn: Connection, router: Router, worker: str, rid: bytes) -> None:
-    """The deadline passed while reading a buffered body: a 504, as for a missing head."""
-    router.record_failure(worker)
-    router.metrics.count_request(worker, 504)
-    error(
-        conn,
-        504,
-        f"upstream {worker} did not finish its response within "
-        f"{router.settings.request_timeout_secs} s",
-        "upstream_timeout",
-        rid,
-    )
-
-
 async def _relay(conn: Connection, router: Router, ex: Exchange, worker: str, rid: bytes) -> bool:
     """Relay the answer; False when the worker was given up as hung before any byte of it
     reached the client (the caller places the request again)."""
     status = ex.status
     metrics = router.metrics
     try:
-        headers = b"".join(ex.relay_lines)
-        length = ex.length
-        headers += b"x-request-id: " + rid + b"\r\n"
-        if router.expose_worker:
-            headers += b"x-sessionroute-worker: " + worker.encode() + b"\r\n"
-        if length is not None and length <= BUFFER_LIMIT:
+        headers = relay_headers(router, ex, rid)
+        if relayed_whole(ex):
             try:
                 data = ex.body() if ex.complete else await ex.read()
             except UpstreamHung:
@@ -428,12 +319,12 @@ async def _relay(conn: Connection, router: Router, ex: Exchange, worker: str, ri
             except asyncio.CancelledError:
                 if not ex.is_timeout():
                     raise
-                timeout_reading(conn, router, worker, rid)
+                upstream_timeout(conn, router, worker, rid, reading=True)
                 return True
             metrics.count_request(worker, status)
-            conn.respond_raw(status, None, headers, data)
+            conn.respond_raw(status, headers, data)
             return True
-        conn.start_response(status, None, headers, length)
+        conn.start_response(status, headers, ex.length)
         try:
             await ex.relay(conn)  # written piece by piece as it arrives
         except (UpstreamError, asyncio.CancelledError) as exc:

@@ -25,11 +25,12 @@ from sessionroute.router.retry import WorkerLostAction
 from sessionroute.router.state import Cluster
 from sessionroute.router.state.shared import SharedCluster, share_table
 from sessionroute.serve.config import RouterSettings
+from sessionroute.serve.exchange import Exchange
 from sessionroute.serve.gauges import GaugeScraper
 from sessionroute.serve.health import HealthChecker, probe
 from sessionroute.serve.kvevents import KvEventsCollector, KvEventSubscriber
 from sessionroute.serve.metrics import RouterMetrics
-from sessionroute.serve.upstream import REQUEST_DROP, Exchange, UpstreamPool
+from sessionroute.serve.upstream import REQUEST_DROP, UpstreamPool
 
 if TYPE_CHECKING:
     from sessionroute.serve.state import RedisState

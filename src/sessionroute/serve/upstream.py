@@ -1,28 +1,31 @@
-"""Keep-alive HTTP/1.1 connections to the workers: a small protocol on ``httptools``.
+"""Keep-alive HTTP/1.1 connections to the workers, pooled per worker, with a deadline watchdog.
 
-The proxied routes go through neither :class:`aiohttp.ClientSession` (its per-request
-orchestration cost about 250 microseconds of CPU per request, as much as vllm-router's whole
-request) nor aiohttp's client protocol (a ``StreamReader``, a header ``CIMultiDict`` and a
-message object per response). A :class:`WorkerConnection` feeds the ``httptools`` (``llhttp``)
-response parser, which frames responses (``Content-Length``, chunked, read-until-close) and
-validates them; its callbacks go straight to the :class:`Exchange` using the connection. A
-response body is either collected (:meth:`Exchange.read`) or relayed piece by piece to the
-client connection as it arrives (:meth:`Exchange.relay`): each piece is written from the
-parser callback, with no task switch, and reading from the worker pauses while the client's
-socket buffer is full. Broken connections and malformed responses raise
-:class:`UpstreamError`. Ours is also the request head (request line, the client's headers as
-received, ``Host``, ``Content-Length``), a LIFO pool of idle connections per worker and a
-deadline watchdog.
+The proxied routes talk to the workers through a protocol of ours
+(:class:`~sessionroute.serve.worker_connection.WorkerConnection`, on the ``httptools``
+response parser) rather than :class:`aiohttp.ClientSession`, whose per-request machinery (a
+``StreamReader``, a header ``CIMultiDict`` and a message object per response, and its request
+orchestration) cost as much CPU as vllm-router spends on a whole request. aiohttp stays the
+client of health checks and admin calls.
+
+Three modules, one direction of use:
+
+- :mod:`~sessionroute.serve.worker_connection`: one connection and its response parser; it
+  tells the request using it what arrived through
+  :class:`~sessionroute.serve.worker_connection.ResponseHandler`.
+- this module: :class:`UpstreamPool`, the connections per worker (a LIFO list of idle ones),
+  the request heads, and the deadline watchdog;
+- :mod:`~sessionroute.serve.exchange`: :class:`~sessionroute.serve.exchange.Exchange`, one
+  request and its response, which takes a connection from the pool and gives it back.
 
 A connection goes back to the pool only when its response was read to the end and neither
 side asked to close it; a connection that broke, timed out or was abandoned (the client went
 away) is closed, so the worker sees the close and can stop generating.
 
-Timeouts: every :class:`Exchange` has a deadline. One watchdog task per pool checks the oldest
-exchanges every ``tick`` seconds (a tenth of the timeout, at most 1 s) and cancels the task of
-each expired one, like ``asyncio.timeout`` but without a timer per request (a uvloop timer
-costs about 5 microseconds to arm and cancel). Because every exchange has the same timeout,
-registration order is deadline order and the check stops at the first live exchange.
+Timeouts: every exchange has a deadline. One watchdog task per pool checks the oldest
+exchanges every ``tick`` seconds (a tenth of the timeout, at most 1 s) and expires each one
+past its deadline, like ``asyncio.timeout`` but without a timer per request. Because every
+exchange has the same timeout, registration order is deadline order and the check stops at
+the first live exchange.
 """
 
 from __future__ import annotations
@@ -32,10 +35,10 @@ import contextlib
 import ssl
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from yarl import URL
 
-from sessionroute.serve.exchange import Exchange
 from sessionroute.serve.worker_connection import (
     HOP_BY_HOP,
     UpstreamConnectError,
@@ -44,10 +47,12 @@ from sessionroute.serve.worker_connection import (
     WorkerConnection,
 )
 
+if TYPE_CHECKING:  # (exchange.py uses the pool; the pool only tracks its exchanges)
+    from sessionroute.serve.exchange import Exchange
+
 __all__ = [
     "HOP_BY_HOP",
     "REQUEST_DROP",
-    "Exchange",
     "UpstreamConnectError",
     "UpstreamError",
     "UpstreamHung",
@@ -97,11 +102,8 @@ class UpstreamPool:
         self._max_idle = max_idle
         self._tick = max(0.005, min(1.0, timeout_s / 10))
         self._targets: dict[str, _Target] = {}
-        self.heads: dict[tuple[str, str, bytes], bytes] = {}
+        self._heads: dict[tuple[str, str, bytes], bytes] = {}
         """Memo of :meth:`request_head` by (worker, method, request target)."""
-        self.header_kinds: dict[bytes, int] = {}
-        """What each response header name (as the workers send it) is to the router: relayed,
-        dropped, or a framing header (a bounded memo kept by the worker connections)."""
         self._inflight: dict[Exchange, None] = {}
         """Exchanges in deadline order (the watchdog stops at the first live one)."""
         self._watchdog: asyncio.Task[None] | None = None
@@ -144,7 +146,62 @@ class UpstreamPool:
                 last_prune = now
                 self.prune()
 
-    # -- exchanges ------------------------------------------------------------------------
+    # -- used by the exchanges ---------------------------------------------------------------
+    def track(self, ex: Exchange) -> None:
+        """Watch ``ex``'s deadline (registered in deadline order: each has ``timeout_s``)."""
+        self._inflight[ex] = None
+
+    def untrack(self, ex: Exchange) -> None:
+        """Stop watching ``ex`` (idempotent)."""
+        self._inflight.pop(ex, None)
+
+    def take_idle(self, worker: str, now: float) -> WorkerConnection | None:
+        """The most recently used idle connection to ``worker`` that is open and was idle for
+        less than ``keepalive_s`` at ``now`` (``time.monotonic()``), taken out of the pool;
+        None when there is none (those closed or stale are closed and dropped).
+
+        Raises:
+            UpstreamConnectError: ``worker`` is not an http(s) URL with a host.
+        """
+        idle = self._target(worker).idle
+        stale = now - self.keepalive_s  # idle since before: the worker may be closing it now
+        while idle:
+            conn, since = idle.pop()
+            if not conn.lost and since > stale:
+                return conn
+            conn.close()
+        return None
+
+    async def connect(self, worker: str) -> WorkerConnection:
+        """A new connection to ``worker``.
+
+        Raises:
+            UpstreamConnectError: refused, not made within the connect timeout, or
+                ``worker`` is not an http(s) URL with a host.
+        """
+        target = self._target(worker)
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(self._connect_timeout):
+                _, conn = await loop.create_connection(
+                    WorkerConnection, target.host, target.port, ssl=target.ssl
+                )
+        except TimeoutError as exc:
+            raise UpstreamConnectError(f"no connection within {self._connect_timeout:g} s") from exc
+        except OSError as exc:
+            raise UpstreamConnectError(f"{type(exc).__name__}: {exc}") from exc
+        return conn
+
+    def give_back(self, worker: str, conn: WorkerConnection) -> None:
+        """Keep ``conn`` (its last response read to the end) as ``worker``'s most recently
+        used idle connection; close it for a removed worker or past ``max_idle``."""
+        target = self._targets.get(worker)
+        if target is None or len(target.idle) >= self._max_idle:
+            conn.close()
+        else:
+            target.idle.append((conn, time.monotonic()))
+
+    # -- requests -------------------------------------------------------------------------
     def request_head(self, worker: str, method: str, target: bytes) -> bytes:
         """``METHOD /base/path?q HTTP/1.1\\r\\nHost: h:p\\r\\n`` for ``worker`` (memoized).
 
@@ -157,12 +214,12 @@ class UpstreamPool:
             UpstreamConnectError: ``worker`` is not an http(s) URL with a host.
         """
         key = (worker, method, target)
-        head = self.heads.get(key)
+        head = self._heads.get(key)
         if head is None:
-            if len(self.heads) >= 4096:
-                self.heads.clear()
+            if len(self._heads) >= 4096:
+                self._heads.clear()
             t = self._target(worker)
-            head = self.heads[key] = b"%s %s%s HTTP/1.1\r\nHost: %s\r\n" % (
+            head = self._heads[key] = b"%s %s%s HTTP/1.1\r\nHost: %s\r\n" % (
                 method.encode("ascii", "replace"),
                 t.base_path.encode("utf-8", "surrogateescape"),
                 target,
@@ -186,26 +243,13 @@ class UpstreamPool:
             )
         return target
 
-    async def _connect(self, target: _Target) -> WorkerConnection:
-        loop = asyncio.get_running_loop()
-        try:
-            async with asyncio.timeout(self._connect_timeout):
-                _, proto = await loop.create_connection(
-                    WorkerConnection, target.host, target.port, ssl=target.ssl
-                )
-        except TimeoutError as exc:
-            raise UpstreamConnectError(f"no connection within {self._connect_timeout:g} s") from exc
-        except OSError as exc:
-            raise UpstreamConnectError(f"{type(exc).__name__}: {exc}") from exc
-        return proto
-
     def forget(self, worker: str) -> None:
         """Close ``worker``'s idle connections and forget it (a removed worker)."""
         target = self._targets.pop(worker, None)
         if target is not None:
             for proto, _ in target.idle:
                 proto.close()
-        self.heads = {k: v for k, v in self.heads.items() if k[0] != worker}
+        self._heads = {k: v for k, v in self._heads.items() if k[0] != worker}
 
     def prune(self) -> int:
         """Close idle connections that are closed or past the keep-alive; returns how many."""

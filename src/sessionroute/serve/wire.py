@@ -1,8 +1,8 @@
 """HTTP/1.1 response bytes for the router's listener (:mod:`sessionroute.serve.http1`).
 
-Responses are written as pre-serialized byte strings: status lines are memoized by status
-and reason, the ``Date`` header is formatted once per second, and a handler's headers are
-joined once. Nothing here allocates a header object per request.
+Responses are written as byte strings: the status line and the ``Date`` header (formatted
+once a second) come from :class:`HeadCache`, a handler's headers come pre-serialized, and a
+response head is one ``%`` format. Nothing here builds a header object per response.
 """
 
 from __future__ import annotations
@@ -18,44 +18,32 @@ from typing import Any
 
 __all__ = ["REASONS", "HeadCache", "Response", "ResponseWriter", "json_response"]
 
-REASONS: dict[int, str] = {s.value: s.phrase for s in HTTPStatus}
+REASONS: dict[int, bytes] = {s.value: s.phrase.encode("ascii") for s in HTTPStatus}
 """Standard reason phrases by status (RFC 9110)."""
 
 
 class HeadCache:
-    """Memoized response-head pieces; one per listener (no module-level state)."""
+    """The first lines of every response head: the status line and the ``Date`` header,
+    whose text changes once a second (kept for that second); one per listener."""
 
-    __slots__ = ("_date_line", "_date_second", "_starts")
+    __slots__ = ("_date_line", "_date_second")
 
     def __init__(self) -> None:
-        self._starts: dict[tuple[int, bytes | None], bytes] = {}
         self._date_second = -1
         self._date_line = b""
 
-    def status_line(self, status: int, reason: bytes | None = None) -> bytes:
-        """``HTTP/1.1 <status> <reason>\\r\\n`` (``reason`` a caller's own phrase, the
-        standard one when it is None or empty, ``Unknown`` for a non-standard status; CR/LF in
-        a reason become spaces). Not memoized itself: :meth:`start` memoizes it with the
-        ``Date`` line."""
-        phrase = reason or REASONS.get(status, "Unknown").encode("latin-1", "replace")
-        phrase = phrase.replace(b"\r", b" ").replace(b"\n", b" ")
-        return b"HTTP/1.1 %d %s\r\n" % (status, phrase)
-
-    def start(self, status: int, reason: bytes | None = None) -> bytes:
-        """The :meth:`status_line` and ``Date: <IMF-fixdate>\\r\\n`` for the current second
-        (formatted once a second; the pair memoized for that second)."""
+    def start(self, status: int) -> bytes:
+        """``HTTP/1.1 <status> <reason>\r\nDate: <IMF-fixdate>\r\n`` (the standard reason
+        phrase, ``Unknown`` for a non-standard status)."""
         now = int(time.time())
         if now != self._date_second:
             self._date_second = now
             self._date_line = b"Date: " + formatdate(now, usegmt=True).encode("ascii") + b"\r\n"
-            self._starts.clear()
-        key = (status, reason)
-        start = self._starts.get(key)
-        if start is None:
-            start = self.status_line(status, reason) + self._date_line
-            if len(self._starts) < 1024:  # bounded, whatever reasons callers pass
-                self._starts[key] = start
-        return start
+        return b"HTTP/1.1 %d %s\r\n%s" % (
+            status,
+            REASONS.get(status, b"Unknown"),
+            self._date_line,
+        )
 
 
 @dataclass(slots=True)
@@ -100,7 +88,7 @@ class ResponseWriter:
     same request is ignored, as is anything written after the client went away.
 
     Args:
-        heads: the listener's memo of status lines and the date.
+        heads: the listener's status lines and ``Date`` header.
     """
 
     def __init__(self, heads: HeadCache) -> None:
@@ -139,16 +127,10 @@ class ResponseWriter:
 
     def respond(self, resp: Response, *, keep_alive: bool = True) -> None:
         """Write a complete response (``Content-Length`` from its body)."""
-        self.respond_raw(resp.status, None, resp.header_bytes(), resp.body, keep_alive=keep_alive)
+        self.respond_raw(resp.status, resp.header_bytes(), resp.body, keep_alive=keep_alive)
 
     def respond_raw(
-        self,
-        status: int,
-        reason: bytes | None,
-        headers: bytes,
-        body: bytes,
-        *,
-        keep_alive: bool = True,
+        self, status: int, headers: bytes, body: bytes, *, keep_alive: bool = True
     ) -> None:
         """Write a complete response from pre-serialized header lines (``b"Name: v\\r\\n"``
         each, without Content-Length, Connection or Date)."""
@@ -161,26 +143,18 @@ class ResponseWriter:
         transport = self.transport
         if transport is None:
             return
-        # (a kept-alive HTTP/1.1 connection, the common case, needs no Connection header)
-        connection = (
-            b""
-            if self._keep and not self._closing and not self._http10
-            else self._connection_header()
-        )
         head = b"%s%sContent-Length: %d\r\n%s\r\n" % (
-            self._heads.start(status, reason),
+            self._heads.start(status),
             headers,
             len(body),
-            connection,
+            self._connection_header(),
         )
         if self._head_only or not body:
             transport.write(head)
         else:
             transport.writelines((head, body))
 
-    def start_response(
-        self, status: int, reason: bytes | None, headers: bytes, length: int | None
-    ) -> None:
+    def start_response(self, status: int, headers: bytes, length: int | None) -> None:
         """Write a response head; the body follows with :meth:`write` and
         :meth:`end_response` (chunked when ``length`` is None, close-delimited for
         HTTP/1.0 clients)."""
@@ -203,7 +177,7 @@ class ResponseWriter:
         if transport is not None:
             transport.write(
                 b"%s%s%s%s\r\n"
-                % (self._heads.start(status, reason), headers, framing, self._connection_header())
+                % (self._heads.start(status), headers, framing, self._connection_header())
             )
 
     def write(self, data: bytes) -> None:

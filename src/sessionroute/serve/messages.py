@@ -1,0 +1,147 @@
+"""What the proxy writes: the request to a worker, and every answer to the client.
+
+Shared by the two ways a proxied request runs, the callback-driven common case
+(:mod:`sessionroute.serve.inline`) and the coroutines (:mod:`sessionroute.serve.proxy`), so a
+request gets the same bytes, headers and records whichever path answered it:
+
+- :func:`upstream_request`: the request as it goes to a worker (the client's headers as
+  received, minus the hop-by-hop ones, plus ``Host``, the worker credential and
+  ``Content-Length``);
+- :func:`relay_headers`, :func:`relay_whole`, :func:`record_status`: a worker's answer
+  relayed to the client, and what it says about the worker's health;
+- :func:`error`, :func:`refuse`, :func:`too_large`, :func:`upstream_timeout`: the router's
+  own JSON error answers (each with the request id).
+"""
+
+from __future__ import annotations
+
+from sessionroute.errors import AdmissionRefused, NoWorkerAvailable
+from sessionroute.serve.errors import error_for_exception, error_response
+from sessionroute.serve.exchange import Exchange
+from sessionroute.serve.http1 import Connection, Request
+from sessionroute.serve.router import Router
+
+__all__ = [
+    "BUFFER_LIMIT",
+    "error",
+    "header_block",
+    "record_status",
+    "refuse",
+    "relay_headers",
+    "relay_whole",
+    "relayed_whole",
+    "too_large",
+    "upstream_request",
+    "upstream_timeout",
+]
+
+BUFFER_LIMIT = 256 * 1024
+"""Responses with a Content-Length up to this many bytes are relayed in one write."""
+
+
+# -- to the worker ---------------------------------------------------------------------------
+def header_block(router: Router, req: Request) -> bytes:
+    """The client's headers as received, minus the dropped ones, plus the worker credential
+    (``req`` from the router's listener: its ``forward_drop`` is :attr:`Router.request_drop`,
+    so :attr:`Request.forward` holds the lines to forward)."""
+    if req.connection_header:  # it names more headers to drop (rare with HTTP/1.1 clients)
+        return _header_block_connection(router, req)
+    return b"".join(req.forward) + router.worker_auth
+
+
+def _header_block_connection(router: Router, req: Request) -> bytes:
+    drop = set(router.request_drop)
+    for name, value in req.headers:
+        if name.lower() == b"connection":
+            drop.update(t.strip().lower() for t in value.split(b","))
+    kept = [b"%s: %s\r\n" % kv for kv in req.headers if kv[0].lower() not in drop]
+    return b"".join(kept) + router.worker_auth
+
+
+def upstream_request(router: Router, req: Request, worker: str) -> list[bytes]:
+    """``req`` as it goes to ``worker``: the head, then the body's pieces as received."""
+    head = router.upstream.request_head(worker, req.method, req.target)
+    tail = b"Content-Length: %d\r\n\r\n" % req.size
+    return [head + header_block(router, req) + tail, *req.parts]
+
+
+# -- a worker's answer -----------------------------------------------------------------------
+def relayed_whole(ex: Exchange) -> bool:
+    """The answer has a length up to :data:`BUFFER_LIMIT`: it is read whole and relayed in
+    one write (anything else is relayed piece by piece as it arrives)."""
+    return ex.length is not None and ex.length <= BUFFER_LIMIT
+
+
+def relay_headers(router: Router, ex: Exchange, rid: bytes) -> bytes:
+    """The header lines of a relayed answer: the worker's (less those the router writes
+    itself), the request id and, with ``--expose-worker``, the worker."""
+    headers = b"".join(ex.relay_lines) + b"x-request-id: " + rid + b"\r\n"
+    if router.expose_worker:
+        headers += b"x-sessionroute-worker: " + ex.worker.encode() + b"\r\n"
+    return headers
+
+
+def relay_whole(conn: Connection, router: Router, ex: Exchange, rid: bytes, body: bytes) -> None:
+    """Answer with the worker's status, relayed headers and the whole ``body``."""
+    conn.respond_raw(ex.status, relay_headers(router, ex, rid), body)
+
+
+def record_status(router: Router, worker: str, status: int) -> None:
+    """What an answer says about its worker: a failure for a 5xx, else a success."""
+    if status >= 500:
+        router.record_failure(worker)
+    else:
+        router.record_success(worker)
+
+
+# -- the router's own answers ----------------------------------------------------------------
+def error(
+    conn: Connection, status: int, message: str, code: str, rid: bytes, *, keep: bool = True
+) -> None:
+    """Answer with a JSON error (and the request id)."""
+    resp = error_response(status, message, code)
+    conn.respond_raw(
+        status,
+        resp.header_bytes() + b"x-request-id: " + rid + b"\r\n",
+        resp.body,
+        keep_alive=keep,
+    )
+
+
+def refuse(conn: Connection, exc: NoWorkerAvailable | AdmissionRefused, rid: bytes) -> None:
+    """Answer a request that could not be placed (503, or admission's 429/503)."""
+    resp = error_for_exception(exc)
+    conn.respond_raw(
+        resp.status, resp.header_bytes() + b"x-request-id: " + rid + b"\r\n", resp.body
+    )
+
+
+def too_large(conn: Connection, req: Request, limit: int, rid: bytes) -> None:
+    """Answer 413: the body is over ``limit`` bytes (by its Content-Length or as received)."""
+    length = req.content_length
+    got = f"{length} bytes" if length is not None and length > limit else f"over {limit} bytes"
+    error(
+        conn,
+        413,
+        f"request body of {got} exceeds --max-payload-size of {limit} bytes",
+        "payload_too_large",
+        rid,
+        keep=req.complete,
+    )
+
+
+def upstream_timeout(
+    conn: Connection, router: Router, worker: str, rid: bytes, *, reading: bool = False
+) -> None:
+    """The exchange's deadline passed before the worker's answer (``reading``: before its
+    body) was complete: a failure of the worker, counted and answered 504."""
+    router.record_failure(worker)
+    router.metrics.count_request(worker, 504)
+    what = "finish its response" if reading else "answer"
+    error(
+        conn,
+        504,
+        f"upstream {worker} did not {what} within {router.settings.request_timeout_secs} s",
+        "upstream_timeout",
+        rid,
+    )
