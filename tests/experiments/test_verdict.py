@@ -3,13 +3,16 @@ over random result tables), noise, Pareto front and the words."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sessionroute.cli import main
 from sessionroute.errors import ConfigError
 from sessionroute.experiments.objective import (
     Constraint,
@@ -205,3 +208,47 @@ def test_explain_has_the_glossary() -> None:
     assert text.startswith("objective: minimise mean RL step time subject to")
     for term in ("thrash share", "worst 10 s hit", "running CoV", "KV usage CoV"):
         assert term in glossary_text()
+
+
+def test_compare_ends_with_a_verdict_on_the_declared_objective(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "run"
+    policies = ["consistent_hash", "sticky_least_loaded", "round_robin"]
+    argv = ["compare", "--workload", "toy", "--policies", ",".join(policies)]
+    argv += ["--objective", "max output_tokens_per_s", "--out", str(out)]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    doc = json.loads((out / "results.json").read_text())
+    tok_s = {a["name"]: a["metrics"]["output_tokens_per_s"] for a in doc["arms"]}
+    best = max(tok_s, key=lambda n: tok_s[n])
+    assert doc["objective"]["metric"] == "output_tokens_per_s"
+    assert doc["verdict"]["best"] == best
+    verdict = printed[printed.index("verdict: maximise output tok/s [declared]") :]
+    assert f"best: {best} (output tok/s " in verdict
+    cost = verdict[verdict.index(f"cost against {best}:") :]
+    for name in set(policies) - {best}:  # one cost line per other arm, in words
+        assert f"  {name}" in cost and "output tok/s " in cost
+    report = (out / "report.html").read_text()
+    assert "<h2>Verdict</h2>" in report and f"best: {best}" in report
+    assert report.rstrip().endswith("</dl></body></html>")  # the glossary closes the report
+    assert all(a["metrics"]["slo_goodput"] is not None for a in doc["arms"])
+
+
+def test_explain_and_bad_objectives_on_the_command_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["compare", "--explain"]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("objective: minimise mean RL step time subject to timed-out")
+    assert "thrash share" in text and "worst 10 s hit" in text
+    assert main(["compare", "--objective", "max; nothing", "--dry-run"]) == 2
+    assert "--objective" in capsys.readouterr().err
+    exp = tmp_path / "e.toml"
+    exp.write_text('[objective]\nmetric = "ttft_s.p99"\nbogus = 1\n[[arms]]\npolicy = "random"\n')
+    assert main(["compare", str(exp), "--dry-run"]) == 2
+    assert "unknown key 'objective.bogus'" in capsys.readouterr().err
+    exp.write_text('[objective]\nmetric = "ttft_s.p99"\n[[arms]]\npolicy = "random"\n')
+    assert main(["compare", str(exp), "--dry-run", "--steps", "2"]) == 0
+    # a declared metric keeps the default constraints unless it declares its own
+    assert "objective: minimise TTFT p99 subject to timed-out share" in capsys.readouterr().out

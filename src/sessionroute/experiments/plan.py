@@ -50,6 +50,7 @@ def plan_summary(spec: ExperimentSpec, arms: list[ResolvedArm]) -> str:
         f"  workload: {_workload(first.get('workload', {}))}",
         f"  replicas: {rep.get('count')} x {rep.get('profile')}",
         f"  repeats:  {run.repeats} per arm (seeds {seeds}); {n_runs} run{'s' * (n_runs != 1)}",
+        f"  objective: {spec.resolved_objective().describe()}",
         f"  arms ({len(arms)}):",
     ]
     width = max((len(a.name) for a in arms), default=0)
