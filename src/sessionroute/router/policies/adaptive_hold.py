@@ -58,12 +58,16 @@ _SAMPLE = 20
 
 class Hold:
     """One held session: its worker, the context tokens it took out of that worker's working
-    set, when the hold began and the latest it ends (router clock, seconds), and when its held
-    turn first asked to be placed (None while it has not)."""
+    set, when the hold began and the latest it ends (router clock, seconds), its place in the
+    order of holds (``seq``, increasing), and when its held turn first asked to be placed
+    (None while it has not)."""
 
-    __slots__ = ("asked", "sid", "since", "tokens", "until", "worker")
+    __slots__ = ("asked", "seq", "sid", "since", "tokens", "until", "worker")
 
-    def __init__(self, sid: str, worker: str, tokens: int, since: float, until: float) -> None:
+    def __init__(
+        self, sid: str, worker: str, tokens: int, since: float, until: float, seq: int
+    ) -> None:
+        self.seq = seq
         self.sid = sid
         self.worker = worker
         self.tokens = tokens
@@ -290,7 +294,7 @@ class AdaptiveHoldPolicy(AdaptiveStickyPolicy):
             until = self._bound(sid, now)
             if until <= now:
                 continue
-            hold = Hold(sid, worker, entry.tokens, now, until)
+            hold = Hold(sid, worker, entry.tokens, now, until, self.holds)
             ledger.resize(entry, 0)
             self._holds[sid] = hold
             self._queue.setdefault(worker, {})[sid] = hold
@@ -342,7 +346,8 @@ class AdaptiveHoldPolicy(AdaptiveStickyPolicy):
         del queue[sid]
         if not queue:
             del self._queue[hold.worker]
-        held = now - hold.since
+        # a hold past its bound ended at the bound (its turn was admitted from then on)
+        held = min(now, hold.until) - hold.since
         if sid in self._held_s:
             self._held_s[sid] += held
         entry = self._ledger.get(sid)

@@ -175,7 +175,7 @@ class Policy(ABC):
 
     def counters(self) -> dict[str, Any]:
         """The policy's own counters (JSON values: numbers, strings, lists and dicts of
-        them), reported as ``policy`` in a simulation's results. Default: none."""
+        them), reported as ``policy_counters`` in a simulation's results. Default: none."""
         return {}
 
 
