@@ -102,6 +102,11 @@ class AdaptiveHoldConfig(AdaptiveStickyConfig):
                 raise ConfigError(f"{name} must be in [0, 1], got {getattr(self, name)!r}")
         if self.resume_kv > self.hold_kv:
             raise ConfigError(f"resume_kv ({self.resume_kv}) must be <= hold_kv ({self.hold_kv})")
+        if self.resume_waiting > self.hold_waiting:
+            raise ConfigError(
+                f"resume_waiting ({self.resume_waiting}) must be <= hold_waiting "
+                f"({self.hold_waiting}): a scrape cannot show thrash and calm at once"
+            )
         if not 0 < self.hold_cut < 1:
             raise ConfigError(f"hold_cut must be in (0, 1), got {self.hold_cut!r}")
         if not self.hold_check_s > 0:
