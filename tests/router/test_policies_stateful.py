@@ -35,8 +35,14 @@ OPTIONS: dict[str, dict[str, Any]] = {
     "consistent_hash_bounded_load": {"session_ttl_s": TTL, "sweep_interval_s": 30.0},
     "cache_aware": {"max_tree_size": 24, "balance_abs_threshold": 2},
     "adaptive_sticky": {"session_ttl_s": TTL, "sweep_interval_s": 30.0},
+    "adaptive_hold": {"session_ttl_s": TTL, "sweep_interval_s": 30.0},
 }
-PINNING = ("sticky_least_loaded", "consistent_hash_bounded_load", "adaptive_sticky")
+PINNING = (
+    "sticky_least_loaded",
+    "consistent_hash_bounded_load",
+    "adaptive_sticky",
+    "adaptive_hold",
+)
 contents = st.one_of(
     st.none(),
     st.text(alphabet="abc", max_size=8),
@@ -193,7 +199,7 @@ class PolicyMachine(RuleBasedStateMachine):
         counts = dict(self.core.policy.session_counts())
         pin = self.pins.get(sid)
         live = pin is not None and now - pin[1] < TTL and pin[0] in healthy
-        if name == "adaptive_sticky":  # no gauges here: no escape, no admission
+        if name in ("adaptive_sticky", "adaptive_hold"):  # no gauges: no escape, no holds
             if live and pin is not None:
                 assert (res.worker, res.kind) == (pin[0], DecisionKind.STICKY)
             else:
@@ -256,4 +262,4 @@ for _name in policy_names():
 def test_every_builtin_policy_has_a_machine() -> None:
     names = {k.removeprefix("TestStateful_") for k in globals() if k.startswith("TestStateful_")}
     assert names == set(policy_names())
-    assert len(names) == 15
+    assert len(names) == 16

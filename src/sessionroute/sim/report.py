@@ -117,6 +117,7 @@ def build_metrics(
             **{name: counts[name] for name in _ROUTER_COUNTERS},
             "router_decisions": {k.value: n for k, n in sim.core.decisions.items()},
             "admission": _admission(sim),
+            "policy_counters": sim.core.policy.counters(),
             "events": events,
             **extra,
         },

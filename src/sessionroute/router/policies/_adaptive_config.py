@@ -129,7 +129,7 @@ class AdaptiveStickyConfig:
     session_table_max_bytes: int = DEFAULT_MAX_BYTES
 
     def __post_init__(self) -> None:
-        for f in fields(self):
+        for f in fields(AdaptiveStickyConfig):  # a subclass checks its own fields
             v = getattr(self, f.name)
             if f.name == "admission":
                 if not isinstance(v, bool):

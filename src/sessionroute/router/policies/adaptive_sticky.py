@@ -406,6 +406,15 @@ class AdaptiveStickyPolicy(SessionPolicy):
         for d in (self._hot, self._seen, self._capacity, self._last_move, self._last_thrash):
             d.pop(worker, None)
 
+    def counters(self) -> dict[str, Any]:
+        """Moves (of them off an overflowing worker), hot episodes and knee skips."""
+        return {
+            "moves": self.moves,
+            "overflow_moves": self.overflow_moves,
+            "hot_episodes": self.hot_episodes,
+            "knee_skips": self.knee_skips,
+        }
+
     def context_tokens(self) -> dict[str, int]:
         """Worker -> context tokens of its pinned sessions (a copy; for metrics and tests)."""
         return dict(self._context)

@@ -173,6 +173,11 @@ class Policy(ABC):
         """What the policy keeps of ``session_id`` (None if unknown or no sessions kept)."""
         return None
 
+    def counters(self) -> dict[str, Any]:
+        """The policy's own counters (JSON values: numbers, strings, lists and dicts of
+        them), reported as ``policy_counters`` in a simulation's results. Default: none."""
+        return {}
+
 
 def require_healthy(cluster: ClusterView) -> tuple[str, ...]:
     """The healthy workers of ``cluster``; raises NoWorkerAvailable when there are none."""

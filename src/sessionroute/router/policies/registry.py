@@ -54,6 +54,7 @@ BUILTIN_POLICIES: dict[str, str] = {
         "sessionroute.router.policies.trajectory_admission:TrajectoryAdmissionPolicy"
     ),
     "adaptive_sticky": "sessionroute.router.policies.adaptive_sticky:AdaptiveStickyPolicy",
+    "adaptive_hold": "sessionroute.router.policies.adaptive_hold:AdaptiveHoldPolicy",
     "kv_aware": "sessionroute.router.policies.kv_aware:KvAwarePolicy",
 }
 """Registry name -> ``module:Class``."""

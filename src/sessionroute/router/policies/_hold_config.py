@@ -1,0 +1,118 @@
+"""Options of ``adaptive_hold`` (:mod:`sessionroute.router.policies.adaptive_hold`): every
+option of ``adaptive_sticky`` plus the hold and resume of running sessions."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from sessionroute.errors import ConfigError
+from sessionroute.router.policies._adaptive_config import AdaptiveStickyConfig
+
+__all__ = ["HOLD_PICKS", "AdaptiveHoldConfig"]
+
+HOLD_PICKS: tuple[str, ...] = ("newest", "largest")
+"""Which sessions a worker over its ceiling holds first: the most recently started on it, or
+the largest context (frees the most)."""
+
+
+@dataclass(frozen=True, slots=True)
+class AdaptiveHoldConfig(AdaptiveStickyConfig):
+    """Options of ``adaptive_hold``: :class:`AdaptiveStickyConfig`'s, and these (fractions of
+    KV usage, request counts, seconds; measurements in ``docs/policies.md``, "adaptive_hold").
+
+    Attributes:
+        hold: hold and resume sessions that are already running (False: ``adaptive_sticky``).
+        hold_waiting: a scrape of a worker with at least this many requests waiting shows
+            thrash (the queue watermark).
+        hold_kv: a scrape with ``kv_usage`` at or above this shows thrash (the KV watermark;
+            ThunderAgent pauses at 0.95).
+        resume_kv: a scrape shows a calm worker when ``kv_usage`` is below this and fewer than
+            ``resume_waiting`` requests wait (ThunderAgent resumes at 0.85).
+        resume_waiting: see ``resume_kv``.
+        hold_cut: a scrape showing thrash sets the worker's working-set ceiling to this
+            fraction of its present working set (of the ceiling, when lower), at most once per
+            ``hold_interval_s``.
+        hold_raise: each ``hold_interval_s`` of calm scrapes raises the ceiling by this
+            fraction; a ceiling at ``lift_pressure`` times the capacity estimate with nothing
+            held goes away.
+        lift_pressure: see ``hold_raise``.
+        resume_fraction: a held session resumes, in hold order, when the worker's working
+            set with it is at most this fraction of the ceiling (hysteresis; 0.85 / 0.95, as
+            ThunderAgent's bands).
+        hold_interval_s: minimum seconds between two changes of one worker's ceiling (a
+            hold shows in the gauges only once the held sessions' cache is evicted and the
+            queue drains).
+        hold_pick: ``"newest"`` (the sessions most recently placed on the worker first) or
+            ``"largest"`` (the largest context first: frees the most per session held).
+        hold_max_s: the longest one hold lasts (its held turn is then admitted).
+        hold_total_max_s: the most seconds one session is held over its life, all holds
+            together: a rollout that finishes within its timeout minus this when never held
+            finishes within its timeout (the hold never times it out by itself).
+        hold_age_max_s: a session is never held once this many seconds have passed since its
+            first turn was placed, and a hold in progress ends then.
+        hold_check_s: seconds between the drivers' re-checks of held turns by time alone
+            (:attr:`~sessionroute.router.policies.Policy.admission_recheck_s`): a hold ends
+            at most this long after its bound.
+
+    Raises:
+        ConfigError: on a value out of range (the message names it).
+    """
+
+    hold: bool = True
+    hold_waiting: int = 8
+    hold_kv: float = 0.95
+    resume_kv: float = 0.85
+    resume_waiting: int = 1
+    hold_cut: float = 0.95
+    hold_raise: float = 0.01
+    lift_pressure: float = 1.2
+    resume_fraction: float = 0.95
+    hold_interval_s: float = 30.0
+    hold_pick: str = "newest"
+    hold_max_s: float = 300.0
+    hold_total_max_s: float = 600.0
+    hold_age_max_s: float = 1800.0
+    hold_check_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        AdaptiveStickyConfig.__post_init__(self)
+        if not isinstance(self.hold, bool):
+            raise ConfigError(f"hold must be true or false, got {self.hold!r}")
+        if self.hold_pick not in HOLD_PICKS:
+            raise ConfigError(
+                f"hold_pick must be one of {', '.join(HOLD_PICKS)}, got {self.hold_pick!r}"
+            )
+        for name in ("hold_waiting", "resume_waiting"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ConfigError(f"{name} must be an integer >= 0, got {v!r}")
+        for name in (
+            "hold_kv", "resume_kv", "hold_cut", "hold_raise", "lift_pressure",
+            "resume_fraction", "hold_interval_s", "hold_max_s", "hold_total_max_s",
+            "hold_age_max_s", "hold_check_s",
+        ):  # fmt: skip
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+                raise ConfigError(f"{name} must be a finite number, got {v!r}")
+            if v < 0:
+                raise ConfigError(f"{name} must be >= 0, got {v!r}")
+        for name in ("hold_kv", "resume_kv", "resume_fraction"):
+            if getattr(self, name) > 1:
+                raise ConfigError(f"{name} must be in [0, 1], got {getattr(self, name)!r}")
+        if self.resume_kv > self.hold_kv:
+            raise ConfigError(f"resume_kv ({self.resume_kv}) must be <= hold_kv ({self.hold_kv})")
+        if self.resume_waiting > self.hold_waiting:
+            raise ConfigError(
+                f"resume_waiting ({self.resume_waiting}) must be <= hold_waiting "
+                f"({self.hold_waiting}): a scrape cannot show thrash and calm at once"
+            )
+        if not 0 < self.hold_cut < 1:
+            raise ConfigError(f"hold_cut must be in (0, 1), got {self.hold_cut!r}")
+        if not self.hold_check_s > 0:
+            raise ConfigError(f"hold_check_s must be > 0, got {self.hold_check_s!r}")
+        if self.hold_max_s > self.hold_total_max_s:
+            raise ConfigError(
+                f"hold_max_s ({self.hold_max_s}) must be <= hold_total_max_s "
+                f"({self.hold_total_max_s})"
+            )

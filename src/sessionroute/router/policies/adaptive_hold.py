@@ -1,0 +1,431 @@
+"""``adaptive_hold``: ``adaptive_sticky`` that also holds and resumes running sessions.
+
+Past the knee, holding only *new* sessions (``adaptive_sticky``'s rule 3) is not enough: the
+sessions already running keep growing their context, the working set outgrows the KV cache,
+every turn re-prefills, and throughput falls off a cliff. ThunderAgent (Dynamo's agent router,
+arXiv 2602.13692) pauses whole trajectories at a KV watermark and resumes them below a lower
+one. This policy adds that to ``adaptive_sticky``, whose three rules it keeps unchanged
+(:mod:`~sessionroute.router.policies.adaptive_sticky`; options in
+:class:`~sessionroute.router.policies._hold_config.AdaptiveHoldConfig`):
+
+4. **Hold the next turns of running sessions past a learned ceiling.** Each worker's scraped
+   gauges show *thrash* when ``waiting >= hold_waiting`` or ``kv_usage >= hold_kv`` (the
+   queue and KV watermarks). Then the worker gets a *ceiling* on its working set (the
+   context tokens of its pinned sessions, as ``adaptive_sticky`` counts them): ``hold_cut``
+   times its present working set, lowered again the same way while thrash goes on, at most
+   once per ``hold_interval_s``; scrapes showing a calm worker (``kv_usage < resume_kv``,
+   fewer than ``resume_waiting`` waiting) raise it by ``hold_raise`` per interval, and it
+   goes away at ``lift_pressure`` times the capacity estimate with nothing held. While the
+   working set is above the ceiling, sessions pinned there are *held*, the newest first
+   (``hold_pick``), until it is not: a held session leaves the working set and its next turn
+   waits in the router core's admission queue (:meth:`AdaptiveHoldPolicy.admit` is False).
+   Held sessions resume *in hold order*, each once the working set with it is at most
+   ``resume_fraction`` of the ceiling (a session finishing or going idle frees room), and no
+   new session is placed on a worker that holds any or is at its ceiling.
+5. **Every hold is bounded.** A hold ends after ``hold_max_s``; one session is held at most
+   ``hold_total_max_s`` over its life; none is held once ``hold_age_max_s`` have passed since
+   its first turn was placed, and a hold in progress ends then. A rollout that finishes within
+   its timeout minus ``hold_total_max_s`` when never held therefore finishes within its
+   timeout: holding never times it out by itself. The drivers re-check held turns every
+   ``hold_check_s`` (:attr:`~sessionroute.router.policies.Policy.admission_recheck_s`), so a
+   held turn leaves at most that long after its bound. Releasing a session
+   (``/finish_session``), its expiry, and its worker's removal or failure end its hold.
+
+Deviations from ThunderAgent: the watermarks are read from the engines' scraped gauges, the
+ceiling is learned per worker from them (the router's working set is an estimate of a cache
+it does not see), and a session with a turn in flight may be held (its next turn waits).
+:meth:`AdaptiveHoldPolicy.counters` reports holds, their time and which sessions were held.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+from sessionroute.clock import Clock
+from sessionroute.router.policies._hold_config import AdaptiveHoldConfig
+from sessionroute.router.policies.adaptive_sticky import AdaptiveStickyPolicy
+from sessionroute.router.state.cluster import ClusterView
+from sessionroute.types import Decision, EngineGauges, RouteRequest
+
+__all__ = ["AdaptiveHoldConfig", "AdaptiveHoldPolicy", "Hold"]
+
+_SAMPLE = 20
+"""Held session ids kept for the report (the first ones held)."""
+
+
+class Hold:
+    """One held session: its worker, the context tokens it took out of that worker's working
+    set, when the hold began and the latest it ends (router clock, seconds), its place in the
+    order of holds (``seq``, increasing), and when its held turn first asked to be placed
+    (None while it has not)."""
+
+    __slots__ = ("asked", "seq", "sid", "since", "tokens", "until", "worker")
+
+    def __init__(
+        self, sid: str, worker: str, tokens: int, since: float, until: float, seq: int
+    ) -> None:
+        self.seq = seq
+        self.sid = sid
+        self.worker = worker
+        self.tokens = tokens
+        self.since = since
+        self.until = until
+        self.asked: float | None = None
+
+
+class AdaptiveHoldPolicy(AdaptiveStickyPolicy):
+    """``adaptive_sticky`` with trajectory-level hold and resume (module docstring).
+
+    Attributes:
+        ceiling: worker -> its working-set ceiling in tokens (absent: none).
+        holds: sessions held. held_sessions: distinct sessions held.
+        released: holds ended by kind: ``"resumed"`` (the worker drained, in hold order),
+            ``"bound"`` (a bound of rule 5), ``"placed"`` (the router placed the turn anyway,
+            at its maximum wait), ``"gone"`` (released, expired or its worker left).
+        hold_s_total: seconds of every ended hold (the sum).
+        held_turns: turns that waited at the router because their session was held, and
+            ``held_turn_wait_s_total`` the seconds they waited (the sum).
+        cuts: times a ceiling was set or lowered.
+    """
+
+    name: ClassVar[str] = "adaptive_hold"
+    Config: ClassVar[type[Any] | None] = AdaptiveHoldConfig
+
+    def __init__(self, config: Any = None, *, clock: Clock, rng: random.Random) -> None:
+        super().__init__(config, clock=clock, rng=rng)
+        self.hcfg: AdaptiveHoldConfig = self.config
+        if self.hcfg.hold:
+            self.admission_recheck_s = self.hcfg.hold_check_s
+        self._holds: dict[str, Hold] = {}
+        self._queue: dict[str, dict[str, Hold]] = {}  # worker -> its holds, in hold order
+        self._on: dict[str, dict[str, None]] = {}  # worker -> its sessions, placement order
+        self._where: dict[str, str] = {}  # session -> its worker in _on
+        self._born: dict[str, float] = {}  # session -> when its first turn was placed
+        self._held_s: dict[str, float] = {}  # session -> seconds of its ended holds
+        self._changed: dict[str, float] = {}  # worker -> last change of its ceiling
+        self._passed: dict[str, float] = {}  # worker -> last hold pass
+        self._hseen: dict[str, EngineGauges] = {}  # worker -> gauges last adjusted on
+        self.ceiling: dict[str, float] = {}
+        self.table.on_drop = self._dropped
+        self.holds = 0
+        self.held_sessions = 0
+        self.released: dict[str, int] = dict.fromkeys(("resumed", "bound", "placed", "gone"), 0)
+        self.hold_s_total = 0.0
+        self.held_turns = 0
+        self.held_turn_wait_s_total = 0.0
+        self.cuts = 0
+        self._sample_ids: list[str] = []
+        self._held_tokens_total = 0
+        self._held_age_total = 0.0
+
+    # -- routing --------------------------------------------------------------------------
+    def select(self, request: RouteRequest, cluster: ClusterView) -> Decision:
+        """Route as ``adaptive_sticky``; then resume and hold on the chosen worker (rule 4).
+        A turn of a session still held (placed at the router's maximum wait) ends its hold.
+
+        Raises:
+            NoWorkerAvailable: when no worker is healthy.
+        """
+        sid = request.session_id
+        if sid is None or not self.hcfg.hold:
+            return super().select(request, cluster)
+        hold = self._holds.get(sid)
+        if hold is not None:
+            self._end(hold, "placed")
+        decision = super().select(request, cluster)
+        now = self.clock.now()
+        worker = decision.worker
+        if self._where.get(sid) != worker:
+            self._unlist(sid)
+            self._where[sid] = worker
+            self._on.setdefault(worker, {})[sid] = None
+        self._born.setdefault(sid, now)
+        self._resume(worker, now, cluster)
+        self._hold_over(worker, now)
+        return decision
+
+    def admission_applies(self, request: RouteRequest) -> bool:
+        """First turns of new sessions (rule 3) and turns of held sessions (rule 4)."""
+        sid = request.session_id
+        return (sid is not None and sid in self._holds) or super().admission_applies(request)
+
+    def admit(self, request: RouteRequest, cluster: ClusterView) -> bool:
+        """A held session's turn is admitted once its hold ends (rules 4 and 5); other
+        requests as ``adaptive_sticky``. Ending holds that are due is the only state it
+        changes: asking again at the same time and load gives the same answer."""
+        sid = request.session_id
+        hold = None if sid is None else self._holds.get(sid)
+        if hold is None:
+            return super().admit(request, cluster)
+        now = self.clock.now()
+        if hold.asked is None:
+            hold.asked = now
+        self._resume(hold.worker, now, cluster)
+        return sid not in self._holds
+
+    def first_admitted(self, requests: Sequence[RouteRequest], cluster: ClusterView) -> int | None:
+        """:meth:`admit` over a queue: the holds due on the held requests' workers end first
+        (once per worker), then the first request not held is found as ``adaptive_sticky``
+        does (a turn whose hold just ended is a known session's: admitted)."""
+        holds = self._holds
+        if holds:
+            now = self.clock.now()
+            workers: dict[str, None] = {}
+            for r in requests:
+                hold = holds.get(r.session_id) if r.session_id is not None else None
+                if hold is not None:
+                    if hold.asked is None:
+                        hold.asked = now
+                    workers[hold.worker] = None
+            for w in workers:
+                self._resume(w, now, cluster)
+        if not holds:
+            return super().first_admitted(requests, cluster)
+        index = [i for i, r in enumerate(requests) if r.session_id not in holds]
+        j = super().first_admitted([requests[i] for i in index], cluster)
+        return None if j is None else index[j]
+
+    # -- rule 3, with held sessions and ceilings -------------------------------------------
+    def _past_knee(self, worker: str, tokens: int = 0) -> bool:
+        """Past its knee as ``adaptive_sticky`` says, or holding sessions, or at its ceiling
+        with ``tokens`` more."""
+        if self._queue.get(worker):
+            return True
+        ceiling = self.ceiling.get(worker)
+        if ceiling is not None and self._context.get(worker, 0) + tokens > ceiling:
+            return True
+        return super()._past_knee(worker, tokens)
+
+    def _calm(self, worker: str, cluster: ClusterView) -> bool:
+        """Never calm while it holds sessions or has a ceiling (it thrashed: its held
+        sessions and its ceiling decide)."""
+        if self._queue.get(worker) or worker in self.ceiling:
+            self._refresh(worker, cluster)
+            return False
+        return super()._calm(worker, cluster)
+
+    def _admit_limit(self, healthy: Sequence[str]) -> int | None:
+        """``adaptive_sticky``'s bound with :meth:`_past_knee`'s additions: a worker holding
+        sessions takes none; one with a ceiling takes ``t`` only while ``context + t <=
+        ceiling``, i.e. ``t < floor(ceiling) - context + 1``."""
+        kp = self.cfg.knee_pressure
+        count = self.table.count
+        final = self._final
+        context = self._context
+        best: int | None = None
+        for w in healthy:
+            cap = self._capacity.get(w)
+            if cap is None:
+                return None
+            if self._queue.get(w):
+                continue
+            knee = kp * cap
+            if (count(w) + 1) * final >= knee:
+                continue
+            bound = math.ceil(knee) - context.get(w, 0)
+            ceiling = self.ceiling.get(w)
+            if ceiling is not None:
+                bound = min(bound, math.floor(ceiling) - context.get(w, 0) + 1)
+            if best is None or bound > best:
+                best = bound
+        return 0 if best is None else best
+
+    # -- rule 4: ceilings, holds, resumes --------------------------------------------------
+    def _refresh(self, worker: str, cluster: ClusterView) -> EngineGauges | None:
+        g = super()._refresh(worker, cluster)
+        if g is not None and self.hcfg.hold and self._hseen.get(worker) is not g:
+            self._hseen[worker] = g
+            self._adjust(worker, g)
+        return g
+
+    def _adjust(self, worker: str, g: EngineGauges) -> None:
+        """Set, lower, raise or lift ``worker``'s ceiling from one new scrape (rule 4)."""
+        cap = self._capacity.get(worker)
+        if cap is None:
+            return
+        c = self.hcfg
+        now = self.clock.now()
+        if now - self._changed.get(worker, -math.inf) < c.hold_interval_s:
+            return
+        ceiling = self.ceiling.get(worker)
+        if g.waiting >= c.hold_waiting or g.kv_usage >= c.hold_kv:
+            active = float(self._context.get(worker, 0))
+            base = active if ceiling is None else min(active, ceiling)
+            self.ceiling[worker] = c.hold_cut * base
+            self._changed[worker] = now
+            self.cuts += 1
+        elif ceiling is not None and g.waiting < c.resume_waiting and g.kv_usage < c.resume_kv:
+            ceiling *= 1.0 + c.hold_raise
+            self._changed[worker] = now
+            if ceiling >= c.lift_pressure * cap and not self._queue.get(worker):
+                del self.ceiling[worker]
+            else:
+                self.ceiling[worker] = ceiling
+
+    def _hold_over(self, worker: str, now: float) -> None:
+        """Hold sessions of ``worker`` (``hold_pick`` order) while its working set is above
+        its ceiling; at most one pass per ``hold_check_s``."""
+        ceiling = self.ceiling.get(worker)
+        context = self._context
+        if ceiling is None or context.get(worker, 0) <= ceiling:
+            return
+        if now - self._passed.get(worker, -math.inf) < self.hcfg.hold_check_s:
+            return
+        self._passed[worker] = now
+        members = self._on.get(worker)
+        if not members:
+            return
+        ledger = self._ledger
+        if self.hcfg.hold_pick == "newest":
+            order: list[str] = list(reversed(members))
+        else:
+            order = sorted(members, key=lambda s: -self._tokens(s))
+        for sid in order:
+            if context.get(worker, 0) <= ceiling:
+                return
+            if sid in self._holds:
+                continue
+            entry = ledger.get(sid)
+            if entry is None or entry.worker != worker or entry.tokens <= 0:
+                continue
+            until = self._bound(sid, now)
+            if until <= now:
+                continue
+            hold = Hold(sid, worker, entry.tokens, now, until, self.holds)
+            ledger.resize(entry, 0)
+            self._holds[sid] = hold
+            self._queue.setdefault(worker, {})[sid] = hold
+            self.holds += 1
+            self._held_tokens_total += hold.tokens
+            self._held_age_total += now - self._born.get(sid, now)
+            if sid not in self._held_s:
+                self._held_s[sid] = 0.0
+                self.held_sessions += 1
+                if len(self._sample_ids) < _SAMPLE:
+                    self._sample_ids.append(sid)
+
+    def _tokens(self, sid: str) -> int:
+        entry = self._ledger.get(sid)
+        return 0 if entry is None else entry.tokens
+
+    def _bound(self, sid: str, now: float) -> float:
+        """The latest a hold of ``sid`` beginning ``now`` may end (rule 5)."""
+        c = self.hcfg
+        until = now + min(c.hold_max_s, c.hold_total_max_s - self._held_s.get(sid, 0.0))
+        born = self._born.get(sid)
+        return until if born is None else min(until, born + c.hold_age_max_s)
+
+    def _resume(self, worker: str, now: float, cluster: ClusterView) -> None:
+        """End the holds on ``worker`` that are due: past their bound (any of them), then
+        the oldest ones while each fits under ``resume_fraction`` of the ceiling (all, when
+        the worker has no ceiling or is not healthy)."""
+        queue = self._queue.get(worker)
+        if not queue:
+            return
+        self._refresh(worker, cluster)
+        for hold in [h for h in queue.values() if now >= h.until]:
+            self._end(hold, "bound")
+        ceiling = self.ceiling.get(worker)
+        free = ceiling is None or not cluster.is_healthy(worker)
+        room = math.inf if free or ceiling is None else self.hcfg.resume_fraction * ceiling
+        while queue:
+            hold = next(iter(queue.values()))
+            if self._context.get(worker, 0) + hold.tokens > room:
+                return
+            self._end(hold, "resumed")
+
+    def _end(self, hold: Hold, how: str) -> None:
+        """End ``hold``: its tokens count in its worker's working set again."""
+        sid = hold.sid
+        now = self.clock.now()
+        del self._holds[sid]
+        queue = self._queue[hold.worker]
+        del queue[sid]
+        if not queue:
+            del self._queue[hold.worker]
+        # a hold past its bound ended at the bound (its turn was admitted from then on)
+        held = min(now, hold.until) - hold.since
+        if sid in self._held_s:
+            self._held_s[sid] += held
+        entry = self._ledger.get(sid)
+        if entry is not None and entry.worker == hold.worker and entry.tokens == 0:
+            self._ledger.resize(entry, hold.tokens)
+        self.released[how] += 1
+        self.hold_s_total += held
+        if hold.asked is not None:
+            self.held_turns += 1
+            self.held_turn_wait_s_total += now - hold.asked
+
+    # -- queries --------------------------------------------------------------------------
+    def held(self) -> dict[str, Hold]:
+        """Session id -> its hold, for sessions held now (a copy; holds past their bound end
+        at the next check of their worker)."""
+        return dict(self._holds)
+
+    def held_s(self, session_id: str) -> float:
+        """Seconds ``session_id`` was held in its ended holds."""
+        return self._held_s.get(session_id, 0.0)
+
+    def counters(self) -> dict[str, Any]:
+        """``adaptive_sticky``'s counters and rule 4's: holds, how they ended, hold time,
+        held turns and their wait, ceilings, and which sessions were held (count, mean
+        context and age when held, the first ids)."""
+        out = super().counters()
+        n = self.holds
+        out.update(
+            {
+                "holds": n,
+                "held_sessions": self.held_sessions,
+                "held_now": len(self._holds),
+                "released": dict(self.released),
+                "hold_s_total": round(self.hold_s_total, 3),
+                "held_turns": self.held_turns,
+                "held_turn_wait_s_total": round(self.held_turn_wait_s_total, 3),
+                "ceiling_cuts": self.cuts,
+                "held_context_mean": round(self._held_tokens_total / n, 1) if n else 0.0,
+                "held_age_mean_s": round(self._held_age_total / n, 3) if n else 0.0,
+                "held_sample": list(self._sample_ids),
+            }
+        )
+        return out
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def release_session(self, session_id: str) -> bool:
+        """End its hold (it is free), then forget it as ``adaptive_sticky`` does."""
+        self._gone(session_id)
+        return super().release_session(session_id)
+
+    def _dropped(self, sid: str) -> None:
+        """The session table dropped ``sid`` (expired, evicted)."""
+        self._gone(sid)
+        self._ledger.forget(sid)
+
+    def _unlist(self, sid: str) -> None:
+        """Take ``sid`` off its worker's list (it moved, or is gone)."""
+        w = self._where.pop(sid, None)
+        if w is not None:
+            members = self._on.get(w)
+            if members is not None:
+                members.pop(sid, None)
+
+    def _gone(self, sid: str) -> None:
+        """``sid`` is released or dropped: end its hold, forget what rule 4 kept of it."""
+        hold = self._holds.get(sid)
+        if hold is not None:
+            self._end(hold, "gone")
+        self._unlist(sid)
+        self._born.pop(sid, None)
+        self._held_s.pop(sid, None)
+
+    def on_worker_removed(self, worker: str, cluster: ClusterView) -> None:
+        """Its holds end (their turns are placed again), its ceiling and lists go."""
+        for hold in list(self._queue.get(worker, {}).values()):
+            self._end(hold, "gone")
+        super().on_worker_removed(worker, cluster)
+        for sid in self._on.pop(worker, {}):
+            self._where.pop(sid, None)
+        for d in (self.ceiling, self._changed, self._passed, self._hseen):
+            d.pop(worker, None)

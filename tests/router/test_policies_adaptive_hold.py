@@ -1,0 +1,302 @@
+"""``adaptive_hold``: exact sequences of hold and resume (rules 4 and 5) with an injected
+clock, and invariants over random sequences (hypothesis).
+
+One worker learns a KV capacity of 2,000 tokens from its first scrape (1,000 running tokens at
+``kv_usage`` 0.5); ``knee_pressure`` 100 keeps ``adaptive_sticky``'s knee out of the way, so
+only the ceiling and the holds decide.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sessionroute.clock import ManualClock
+from sessionroute.errors import ConfigError
+from sessionroute.router import RouterConfig, RoutingCore
+from sessionroute.router.admission import Ticket
+from sessionroute.router.core import Reservation
+from sessionroute.router.policies import create_policy
+from sessionroute.router.policies.adaptive_hold import AdaptiveHoldConfig, AdaptiveHoldPolicy, Hold
+from sessionroute.router.state import Cluster
+from sessionroute.types import EngineGauges, RouteRequest
+
+A, B = "http://a:8000", "http://b:8000"
+BASE: dict[str, Any] = {
+    "capacity_min_kv": 0.5,  # scrapes below 0.5 take no capacity sample: the capacity stays
+    "knee_pressure": 100.0,
+    "hold_interval_s": 10.0,
+    "hold_cut": 0.7,
+    "resume_fraction": 1.0,
+    "hold_check_s": 1.0,
+}
+THRASH = EngineGauges(running=1, waiting=8, kv_usage=0.3)
+CALM = EngineGauges(running=1, waiting=0, kv_usage=0.3)
+
+
+def _core(
+    workers: tuple[str, ...] = (A,), **options: Any
+) -> tuple[RoutingCore, AdaptiveHoldPolicy, ManualClock]:
+    clock = ManualClock()
+    policy = AdaptiveHoldPolicy(
+        AdaptiveHoldConfig(**{**BASE, **options}), clock=clock, rng=random.Random(0)
+    )
+    return RoutingCore(policy, Cluster(list(workers)), RouterConfig()), policy, clock
+
+
+def _req(sid: str, tokens: int) -> RouteRequest:
+    return RouteRequest(session_id=sid, prompt_tokens=tokens, request_id=f"{sid}.{tokens}")
+
+
+def _turn(core: RoutingCore, sid: str, tokens: int, *, done: bool = True) -> Reservation:
+    res = core.place(_req(sid, tokens), lambda t: None)
+    assert isinstance(res, Reservation), f"{sid} was held"
+    if done:
+        core.complete(res)
+    return res
+
+
+def _four_sessions(
+    core: RoutingCore, clock: ManualClock
+) -> None:  # s1 1,000, s2 200, s3 300, s4 400 on A; capacity 2,000
+    first = _turn(core, "s1", 1000, done=False)
+    core.cluster.set_gauges(A, EngineGauges(running=1, waiting=0, kv_usage=0.5))
+    for t, (sid, tokens) in enumerate((("s2", 200), ("s3", 300), ("s4", 400)), start=1):
+        clock.set(float(t))
+        _turn(core, sid, tokens)
+        if sid == "s2":
+            core.complete(first)
+
+
+def _thrash_at_10(core: RoutingCore, clock: ManualClock) -> None:
+    """A scrape shows 8 waiting; s1's next turn reads it: ceiling 0.7 x 1,900 = 1,330, and
+    the newest sessions are held until the working set is under it: s4, then s3."""
+    clock.set(10.0)
+    core.cluster.set_gauges(A, THRASH)
+    _turn(core, "s1", 1000)
+
+
+def test_thrash_sets_a_ceiling_and_holds_the_newest_sessions_until_under_it() -> None:
+    core, p, clock = _core()
+    _four_sessions(core, clock)
+    assert p.context_tokens() == {A: 1900} and p.ceiling == {}
+    _thrash_at_10(core, clock)
+    assert p.ceiling[A] == pytest.approx(1330.0) and p.cuts == 1
+    held = p.held()
+    assert list(held) == ["s4", "s3"] and [h.seq for h in held.values()] == [0, 1]
+    assert held["s4"].until == 10.0 + 300.0  # hold_max_s
+    assert p.context_tokens() == {A: 1200}  # held sessions left the working set
+
+
+def test_held_turns_wait_and_resume_in_hold_order_when_the_worker_drains() -> None:
+    core, p, clock = _core()
+    _four_sessions(core, clock)
+    _thrash_at_10(core, clock)
+    ready: list[Ticket] = []
+    clock.set(11.0)
+    s3 = core.place(_req("s3", 350), ready.append)
+    s5 = core.place(_req("s5", 100), ready.append)  # new: the worker holds sessions
+    assert isinstance(s3, Ticket) and isinstance(s5, Ticket)
+    core.finish_session("s2")  # 1,000 left: s3 (300) would fit under 1,330, s4 (400) not
+    assert ready == [] and list(p.held()) == ["s4", "s3"]  # in order: s3 waits behind s4
+    clock.set(12.0)
+    core.finish_session("s1")  # 0 left: s4 resumes (400), then s3 (700) and its turn goes
+    assert ready == [s3, s5] and p.held() == {}
+    assert p.released["resumed"] == 2 and p.released["bound"] == 0
+    assert p.held_turns == 1 and p.held_turn_wait_s_total == pytest.approx(1.0)
+    assert p.hold_s_total == pytest.approx(4.0)  # s4 and s3, 10 s -> 12 s each
+    assert p.context_tokens() == {A: 400 + 350 + 100}
+
+
+def test_a_held_turn_leaves_at_its_bound_on_the_drivers_recheck() -> None:
+    core, p, clock = _core(hold_max_s=30.0, hold_total_max_s=40.0)
+    assert core.admission_recheck_s == 1.0
+    _four_sessions(core, clock)
+    _thrash_at_10(core, clock)
+    ready: list[Ticket] = []
+    clock.set(11.0)
+    ticket = core.place(_req("s3", 350), ready.append)
+    assert isinstance(ticket, Ticket)
+    clock.set(39.9)
+    core.recheck()
+    assert ready == [] and "s3" in p.held()
+    clock.set(40.0)
+    core.recheck()  # both holds reach their bound (10 + 30 s); s3's turn goes
+    assert ready == [ticket] and p.released["bound"] == 2
+    assert p.held_s("s3") == pytest.approx(30.0) and p.held_s("s4") == pytest.approx(30.0)
+    # the working set is still over the ceiling: both are held again, each only for what is
+    # left of hold_total_max_s (40 - 30 = 10 s)
+    assert {s: h.until for s, h in p.held().items()} == {"s4": 50.0, "s3": 50.0}
+    clock.set(50.0)
+    assert isinstance(core.place(_req("s4", 450), lambda t: None), Reservation)
+    assert p.held_s("s4") == pytest.approx(40.0) and "s4" not in p.held()
+    for t in (70.0, 80.0, 90.0):  # s4's budget is spent: never held again
+        clock.set(t)
+        core.cluster.set_gauges(A, THRASH)
+        core.place(_req("s2", 200), lambda t: None)
+        assert "s4" not in p.held()
+
+
+def test_no_session_is_held_past_its_age_bound() -> None:
+    core, p, clock = _core(hold_age_max_s=25.0)
+    _four_sessions(core, clock)  # s4 first placed at 3 s, s3 at 2 s
+    _thrash_at_10(core, clock)
+    held = p.held()
+    assert held["s4"].until == pytest.approx(28.0) and held["s3"].until == pytest.approx(27.0)
+    clock.set(30.0)
+    assert core.place(_req("s4", 450), lambda t: None)  # admitted: past its bound
+    assert isinstance(core.place(_req("s3", 350), lambda t: None), Reservation)
+
+
+def test_largest_first_holds_the_session_that_frees_the_most() -> None:
+    core, p, clock = _core(hold_pick="largest")
+    _four_sessions(core, clock)
+    _thrash_at_10(core, clock)  # s1 (1,000) alone brings 1,900 under 1,330
+    assert list(p.held()) == ["s1"] and p.context_tokens() == {A: 900}
+
+
+def test_release_session_of_a_held_session_frees_it() -> None:
+    core, p, clock = _core()
+    _four_sessions(core, clock)
+    _thrash_at_10(core, clock)
+    assert core.finish_session("s4")
+    assert "s4" not in p.held() and p.released["gone"] == 1
+    assert p.context_tokens() == {A: 1200}  # it was not counted while held, and is gone
+    assert p.counters()["held_sessions"] == 2 and p.counters()["held_now"] == 1
+
+
+def test_calm_scrapes_raise_the_ceiling_and_lift_it() -> None:
+    core, p, clock = _core(hold_raise=0.5, lift_pressure=1.0)
+    _four_sessions(core, clock)
+    _thrash_at_10(core, clock)
+    core.finish_session("s3")
+    core.finish_session("s4")  # nothing held
+    clock.set(20.0)
+    core.cluster.set_gauges(A, CALM)
+    _turn(core, "s1", 1000)
+    assert p.ceiling[A] == pytest.approx(1995.0)  # 1,330 x 1.5 < 1.0 x capacity 2,000
+    clock.set(30.0)
+    core.cluster.set_gauges(A, EngineGauges(running=1, waiting=0, kv_usage=0.31))
+    _turn(core, "s1", 1000)
+    assert p.ceiling == {}  # lifted
+
+
+def test_without_hold_it_is_adaptive_sticky() -> None:
+    core, p, clock = _core(hold=False)
+    _four_sessions(core, clock)
+    _thrash_at_10(core, clock)
+    assert p.held() == {} and p.ceiling == {} and core.admission_recheck_s is None
+
+
+@pytest.mark.parametrize(
+    ("options", "word"),
+    [
+        ({"hold_pick": "oldest"}, "hold_pick"),
+        ({"resume_kv": 0.96}, "resume_kv"),
+        ({"hold_cut": 1.0}, "hold_cut"),
+        ({"hold_max_s": 700.0}, "hold_max_s"),
+        ({"hold_waiting": 1.5}, "hold_waiting"),
+        ({"hold_check_s": 0.0}, "hold_check_s"),
+        ({"hold": 1}, "hold"),
+    ],
+)
+def test_bad_options_are_named(options: dict[str, Any], word: str) -> None:
+    with pytest.raises(ConfigError, match=word):
+        create_policy("adaptive_hold", options, clock=ManualClock())
+
+
+# -- invariants over random sequences ----------------------------------------------------------
+class LoggedHold(AdaptiveHoldPolicy):
+    """Logs every hold that ends: (worker, seq, how)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.ended: list[tuple[str, int, str]] = []
+
+    def _end(self, hold: Hold, how: str) -> None:
+        self.ended.append((hold.worker, hold.seq, how))
+        super()._end(hold, how)
+
+
+OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["turn"] * 4 + ["done"] * 3 + ["finish", "calm"] + ["thrash", "wait"] * 2),
+        st.integers(0, 7),  # session
+        st.integers(100, 900),  # tokens, or fiftieths of a second
+    ),
+    min_size=10,
+    max_size=80,
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(OPS)
+def test_hold_invariants(ops: list[tuple[str, int, int]]) -> None:
+    """Whatever the sequence: no hold outlasts its bounds, a held turn never waits past its
+    bound once the driver rechecks, holds resume in hold order per worker, and a released
+    session is held no more."""
+    clock = ManualClock()
+    options = {
+        **BASE,
+        "hold_max_s": 20.0,
+        "hold_total_max_s": 30.0,
+        "hold_age_max_s": 120.0,
+        "overflow_pressure": 100.0,  # no moves: sessions stay where the holds are
+    }
+    p = LoggedHold(AdaptiveHoldConfig(**options), clock=clock, rng=random.Random(0))
+    core = RoutingCore(p, Cluster([A, B]), RouterConfig())
+    cfg = p.hcfg
+    open_: dict[int, Reservation] = {}
+    tickets: dict[int, Ticket] = {}
+    born: dict[str, float] = {}
+    for w in (A, B):  # capacities: 1,000 running tokens at 0.5 on each
+        open_[100 + len(open_)] = _turn(core, f"seed-{w}", 1000, done=False)
+        core.cluster.set_gauges(w, EngineGauges(running=1, waiting=0, kv_usage=0.5))
+    _turn(core, "seed-c", 100)
+    for i in range(8):  # every session starts with a turn of 300 tokens
+        open_[i] = _turn(core, f"s{i}", 300, done=False)
+        born[f"s{i}"] = 0.0
+    for op, i, n in ops:
+        sid = f"s{i}"
+        if op == "turn" and i not in open_ and i not in tickets:
+            placed = core.place(_req(sid, n), lambda t: None)
+            if isinstance(placed, Reservation):
+                open_[i] = placed
+                born.setdefault(sid, clock.now())
+            else:
+                tickets[i] = placed
+        elif op == "done" and i in open_:
+            core.complete(open_.pop(i))
+        elif op == "finish":
+            core.finish_session(sid)
+            assert sid not in p.held()
+            born.pop(sid, None)  # a later turn starts the session again
+        elif op in ("thrash", "calm"):
+            g = THRASH if op == "thrash" else CALM
+            core.cluster.set_gauges((A, B)[i % 2], EngineGauges(g.running, g.waiting, g.kv_usage))
+        elif op == "wait":
+            clock.advance(n / 50.0)
+            core.recheck()
+        for j, t in list(tickets.items()):  # placed tickets become requests in flight
+            if not t.waiting:
+                del tickets[j]
+                if t.reservation is not None:
+                    open_[j] = t.reservation
+                    born.setdefault(f"s{j}", clock.now())
+        now = clock.now()
+        for s, h in p.held().items():
+            assert h.until - h.since <= cfg.hold_max_s + 1e-9
+            assert p.held_s(s) + (h.until - h.since) <= cfg.hold_total_max_s + 1e-9
+            assert h.until <= born.get(s, h.since) + cfg.hold_age_max_s + 1e-9
+            assert p.held_s(s) <= cfg.hold_total_max_s + 1e-9
+        if op == "wait":
+            for j in tickets:  # after a recheck no held turn waits past its bound
+                waiting = p.held().get(f"s{j}")
+                assert waiting is None or now < waiting.until
+    for w in (A, B):
+        resumed = [seq for worker, seq, how in p.ended if worker == w and how == "resumed"]
+        assert resumed == sorted(resumed)

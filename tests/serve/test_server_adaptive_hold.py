@@ -1,0 +1,50 @@
+"""``adaptive_hold`` through the real router over HTTP: a running session's next turn is held
+at the router, other sessions' turns pass, and it resumes once its worker drains."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+import aiohttp
+
+from sessionroute.router.policies.adaptive_hold import AdaptiveHoldPolicy
+
+from .backend import FakeBackend
+from .conftest import MakeRouter, post_chat
+
+
+async def _until(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.005)
+
+
+async def test_serve_holds_a_running_sessions_turn_and_resumes_it(
+    backends: list[FakeBackend], make_router: MakeRouter, client: aiohttp.ClientSession
+) -> None:
+    url = backends[0].url
+    router = await make_router([url], policy="adaptive_hold", policy_option=("hold_check_s=0.02",))
+    core = router.router.core
+    policy = core.policy
+    assert isinstance(policy, AdaptiveHoldPolicy) and core.admission_recheck_s == 0.02
+    for s in ("s0", "s1", "s2"):
+        assert (await post_chat(client, router, s))[0] == 200
+    # The worker's ceiling (learned from thrashing gauges in a run) is set by hand: s0's next
+    # turn goes, then the newest sessions are held until the working set is under it.
+    working_set = policy.context_tokens()[url]
+    policy.ceiling[url] = working_set / 2
+    assert (await post_chat(client, router, "s0"))[0] == 200
+    held = list(policy.held())
+    assert held and held[0] == "s2"  # newest first
+    waiting = asyncio.create_task(post_chat(client, router, held[0]))
+    await _until(lambda: len(core.admission) == 1)  # held at the router
+    assert (await post_chat(client, router, "s0"))[0] == 200  # s0 is not held: it passes
+    assert len(core.admission) == 1 and not waiting.done()
+    policy.ceiling.clear()  # the worker drained: the driver's next re-check resumes it
+    assert (await waiting)[0] == 200
+    assert policy.held() == {} and policy.released["resumed"] == len(held)
+    assert policy.held_turns == 1  # (the test router's clock is manual: no wait measured)
+    assert [s.session for s in backends[0].seen].count(held[0]) == 2
