@@ -69,6 +69,25 @@ def test_a_runnable_block_runs(name: str, lang: str, code: str, env: dict[str, s
     assert done.returncode == 0, f"{name} failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
 
 
+def _python_blocks() -> list[tuple[str, str]]:
+    found = []
+    for page in PAGES:
+        text = page.read_text(encoding="utf-8")
+        for m in re.finditer(r"^```python\n(.*?)^```", text, re.S | re.M):
+            line = text[: m.start()].count("\n") + 2
+            found.append((f"{page.relative_to(ROOT)}:{line}", m[1]))
+    return found
+
+
+PYTHON_BLOCKS = _python_blocks()
+
+
+@pytest.mark.parametrize(("where", "code"), PYTHON_BLOCKS, ids=[w for w, _ in PYTHON_BLOCKS])
+def test_every_python_block_is_valid_python(where: str, code: str) -> None:
+    """Blocks that are not run (they need servers) still compile as a script would."""
+    compile(code, where, "exec")
+
+
 def _slug(heading: str) -> str:
     """GitHub's anchor for a Markdown heading."""
     text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
