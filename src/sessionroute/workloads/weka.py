@@ -222,7 +222,7 @@ def load_weka(path: str | Path) -> WekaTrace:
 class WekaKeys:
     """Prompt block keys of each row at a replica block size, rebuilt from the prefix tree.
 
-    ``blocks(r) = blocks(match_row)[:cached_tokens / 64] + fresh blocks`` (``traces/README.md``):
+    ``blocks(r) = blocks(match_row)[:cached_tokens / 64] + fresh blocks`` (the traces' README):
     a replica block ending at token ``e`` is keyed by the 64-token trace block holding token
     ``e - 1`` - inherited from ``match_row`` when that block is within ``cached_tokens``, else
     fresh to the row (``chain_key(-7, row, (e - 1) // 64, e)``, :mod:`sessionroute.keys`).
