@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
@@ -146,6 +147,30 @@ def test_trace_lookup_uses_the_environment_then_fails_clearly(tmp_path: Path) ->
     assert resolve_trace("x.csv", env={TRACES_ENV: str(tmp_path)}) == tmp_path / "x.csv"
     with pytest.raises(ConfigError, match=TRACES_ENV):
         resolve_trace("no-such-trace.csv", env={TRACES_ENV: str(tmp_path)})
+
+
+def test_a_gzip_trace_is_found_by_its_plain_name_and_loads_as_the_plain_file(
+    tmp_path: Path,
+) -> None:
+    plain = _weka(tmp_path, GOOD_ROWS)
+    packed = tmp_path / "packed"
+    packed.mkdir()
+    (packed / "weka.csv.gz").write_bytes(gzip.compress(plain.read_bytes()))
+    found = resolve_trace("weka.csv", env={TRACES_ENV: str(packed)})
+    assert found == packed / "weka.csv.gz"
+    assert resolve_trace(str(packed / "weka.csv")) == found  # a path without its .gz too
+    assert load_weka(found).rows == load_weka(plain).rows
+    mc = _mooncake(tmp_path, GOOD_MC)
+    mc_gz = packed / "mc.jsonl.gz"
+    mc_gz.write_bytes(gzip.compress(mc.read_bytes()))
+    assert load_mooncake(mc_gz).requests == load_mooncake(mc).requests
+
+
+def test_a_gzip_file_is_recognised_by_its_bytes_not_its_name(tmp_path: Path) -> None:
+    plain = _weka(tmp_path, GOOD_ROWS)
+    disguised = tmp_path / "disguised.csv"
+    disguised.write_bytes(gzip.compress(plain.read_bytes()))
+    assert load_weka(disguised).rows == load_weka(plain).rows
 
 
 def test_a_directory_given_as_a_trace_is_named_as_such(tmp_path: Path) -> None:

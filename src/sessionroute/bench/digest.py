@@ -9,8 +9,9 @@ samples (wall-clock keys removed) is hashed::
     sessionroute bench digest check before.json     # on the new: exit status 1 on a change
     sessionroute bench digest check before.json engine toy   # only cases naming a fragment
 
-About 3.5 minutes for all cases on a 2-core machine. Trace cases need the traces (see
-README); without them they record the error, which then must match too. The file is
+About 3.5 minutes for all cases on a 2-core machine. Trace cases replay the traces shipped
+with the package; a trace that cannot be loaded records its error, which then must match too.
+The file is
 ``{case: [digest, finished requests]}``, the format ``benchmarks/results_digest.py`` wrote
 before this command replaced it (for a commit older than the command, run that script from
 the old commit: ``git show OLD:benchmarks/results_digest.py``). ``--json`` prints

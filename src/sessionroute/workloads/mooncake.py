@@ -1,11 +1,11 @@
 """Loader of the Mooncake FAST'25 traces (JSONL) and their reconstructed sessions (CSV).
 
-Trace lines (``shared/traces/README.md`` section 1): ``{"timestamp": ms, "input_length":
-tokens, "output_length": tokens, "hash_ids": [...]}`` sorted by arrival, one id per 512-token
-block (``len == ceil(input_length / 512)``, the last one covering a partial block). Session
-rows: ``row, session, turn, parent_row, reused_blocks_any, reused_blocks_parent``. Every field
-is validated; a malformed line raises :class:`~sessionroute.errors.TraceFormatError` with the
-file, the 1-based line and the field.
+Plain or gzip files (``sessionroute/data/traces/README.md``). Trace lines: ``{"timestamp": ms,
+"input_length": tokens, "output_length": tokens, "hash_ids": [...]}`` sorted by arrival, one id
+per 512-token block (``len == ceil(input_length / 512)``, the last one covering a partial
+block). Session rows: ``row, session, turn, parent_row, reused_blocks_any,
+reused_blocks_parent``. Every field is validated; a malformed line raises
+:class:`~sessionroute.errors.TraceFormatError` with the file, the 1-based line and the field.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from sessionroute.errors import TraceFormatError
-from sessionroute.workloads.traces import parse_int
+from sessionroute.workloads.traces import open_trace, parse_int
 
 __all__ = [
     "MOONCAKE_BLOCK",
@@ -101,7 +101,7 @@ def load_mooncake(path: str | Path) -> MooncakeTrace:
     p = str(path)
     reqs: list[MooncakeRequest] = []
     last = 0.0
-    with open(p, encoding="utf-8") as fh:
+    with open_trace(p) as fh:
         for line_no, text in enumerate(fh, start=1):
             if not text.strip():
                 continue
@@ -132,7 +132,7 @@ def load_mooncake_sessions(path: str | Path, n_requests: int) -> list[int]:
     """
     p = str(path)
     sessions: list[int] = []
-    with open(p, newline="", encoding="utf-8") as fh:
+    with open_trace(p) as fh:
         reader = csv.reader(fh)
         header = next(reader, None)
         if header is None:

@@ -67,7 +67,7 @@ class MooncakeReplayConfig(BaseModel):
     def _sessions_of_the_trace(cls, data: Any) -> Any:
         """A trace of one's own gets no sessions CSV unless one is named."""
         own = isinstance(data, dict) and "sessions_path" not in data and "path" in data
-        if own and PurePath(str(data["path"])).name != MOONCAKE_CONVERSATION:
+        if own and PurePath(str(data["path"])).name.removesuffix(".gz") != MOONCAKE_CONVERSATION:
             return {**data, "sessions_path": None}
         return data
 

@@ -17,8 +17,8 @@ __all__ = ["WORKLOAD_KINDS", "canonical_kind", "default_replicas", "workload_con
 
 WORKLOAD_KINDS: tuple[str, ...] = ("swe-rl", "toy", "trace:weka", "trace:mooncake")
 """Built-in workload kinds. A trace file is accepted too: ``trace:PATH`` or a plain ``PATH``
-ending in ``.jsonl`` replays a Mooncake trace; ``trace:PATH`` with any other name, or a plain
-path ending in ``.csv``, replays a Weka-format CSV."""
+ending in ``.jsonl`` (or ``.jsonl.gz``) replays a Mooncake trace; ``trace:PATH`` with any other
+name, or a plain path ending in ``.csv`` (or ``.csv.gz``), replays a Weka-format CSV."""
 
 _DEFAULT_REPLICAS: dict[str, dict[str, Any]] = {
     # 256-token simulated blocks: ~12x faster than 16 on swe-rl, fleet hit rate within 0.005
@@ -42,13 +42,14 @@ def _canonical(kind: str) -> tuple[str, dict[str, Any]]:
     if kind in WORKLOAD_KINDS:
         return kind, {}
     path = kind.removeprefix("trace:")
-    if path.endswith(".jsonl"):
+    if path.endswith((".jsonl", ".jsonl.gz")):
         return "trace:mooncake", {"path": path}
-    if path.endswith(".csv") or (kind.startswith("trace:") and path):
+    if path.endswith((".csv", ".csv.gz")) or (kind.startswith("trace:") and path):
         return "trace:weka", {"path": path}
     raise ConfigError(
         f"unknown workload kind {kind!r}: expected one of {', '.join(WORKLOAD_KINDS)} "
-        "or a trace file: trace:PATH, or a PATH ending in .csv (Weka) or .jsonl (Mooncake)"
+        "or a trace file: trace:PATH, or a PATH ending in .csv (Weka) or .jsonl (Mooncake), "
+        "optionally gzipped (.gz)"
     )
 
 

@@ -1,6 +1,6 @@
-"""Loader of the Weka / kv-cache-tester Claude Code trace (``weka_cc_traces_requests.csv``).
+"""Loader of the Weka / kv-cache-tester Claude Code trace (``weka_cc_traces_requests.csv[.gz]``).
 
-One row per LLM call (``shared/traces/README.md`` section 2 and the ``.meta.json`` legend):
+One row per LLM call (``sessionroute/data/traces/README.md`` and the ``.meta.json`` legend):
 ``row, session, agent, turn, t, input_tokens, output_tokens, cached_tokens, match_row,
 api_time, think_time, model, stop``. Every field is validated; a malformed row raises
 :class:`~sessionroute.errors.TraceFormatError` with the file, the 1-based line and the field.
@@ -16,7 +16,7 @@ from pathlib import Path
 from sessionroute.errors import TraceFormatError
 from sessionroute.keys import chain_key
 from sessionroute.workloads.content import SHARED_NAMESPACE
-from sessionroute.workloads.traces import parse_float, parse_int
+from sessionroute.workloads.traces import open_trace, parse_float, parse_int
 
 __all__ = ["WEKA_BLOCK", "WEKA_COLUMNS", "WekaKeys", "WekaRow", "WekaTrace", "load_weka"]
 
@@ -183,7 +183,7 @@ def load_weka(path: str | Path) -> WekaTrace:
     p = str(path)
     rows: list[WekaRow] = []
     sessions: dict[int, list[int]] = {}
-    with open(p, newline="", encoding="utf-8") as fh:
+    with open_trace(p) as fh:
         reader = csv.reader(fh)
         header = next(reader, None)
         if header is None:
@@ -222,7 +222,7 @@ def load_weka(path: str | Path) -> WekaTrace:
 class WekaKeys:
     """Prompt block keys of each row at a replica block size, rebuilt from the prefix tree.
 
-    ``blocks(r) = blocks(match_row)[:cached_tokens / 64] + fresh blocks`` (``traces/README.md``):
+    ``blocks(r) = blocks(match_row)[:cached_tokens / 64] + fresh blocks`` (the traces' README):
     a replica block ending at token ``e`` is keyed by the 64-token trace block holding token
     ``e - 1`` - inherited from ``match_row`` when that block is within ``cached_tokens``, else
     fresh to the row (``chain_key(-7, row, (e - 1) // 64, e)``, :mod:`sessionroute.keys`).
