@@ -24,8 +24,8 @@ class FakeVllm:
 
     It answers ``/metrics`` (``vllm:cache_config_info``, the request histograms' sums and
     counts, one engine step per token), ``/v1/models``, ``/server_info``, ``/version``,
-    ``/tokenize``, ``/reset_prefix_cache`` and streaming ``/v1/completions`` (one event per
-    token, usage last, every prompt token cached after its first block once seen).
+    ``/tokenize``, ``/reset_prefix_cache`` and ``/v1/completions`` (streaming: one event per
+    token, usage last; every prompt token cached after its first block once seen).
     """
 
     block_size: int = 16
@@ -115,17 +115,21 @@ class FakeVllm:
                 (len(prompt) - 1) // self.block_size * self.block_size if head in self.seen else 0
             )
             self.seen.add(head)
+            usage = {
+                "prompt_tokens": len(prompt),
+                "completion_tokens": n,
+                "prompt_tokens_details": {"cached_tokens": cached},
+            }
+            if not body.get("stream"):
+                self.steps += n
+                self.requests += 1
+                return web.json_response({"choices": [{"text": "x" * n}], "usage": usage})
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
             await resp.prepare(req)
             for _ in range(n):
                 self.steps += 1
                 chunk = {"choices": [{"index": 0, "text": "x"}]}
                 await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
-            usage = {
-                "prompt_tokens": len(prompt),
-                "completion_tokens": n,
-                "prompt_tokens_details": {"cached_tokens": cached},
-            }
             await resp.write(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n".encode())
             await resp.write(b"data: [DONE]\n\n")
             self.requests += 1

@@ -86,3 +86,18 @@ def test_whole_run_writes_a_profile_that_loads(
         "b_kv_s",
         "b_pa_s",
     }
+
+
+def test_no_stream_fits_the_servers_histograms(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    fake = FakeVllm()
+    out = tmp_path / "profile.toml"
+    with serving(fake.app()) as url:
+        argv = ["calibrate", "--url", url, "--out", str(out), "--reps", "1", "--no-stream"]
+        assert main([*argv, "--decode-tokens", "4"]) == 0
+    text = capsys.readouterr().out
+    assert "vllm:time_to_first_token_seconds" in text
+    assert "vllm:request_decode_time_seconds" in text
+    phases = load_profile_file(out).calibration["phases"]
+    assert {p["measured"] for p in phases} >= {"vllm:time_to_first_token_seconds"}

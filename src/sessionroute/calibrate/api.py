@@ -53,10 +53,12 @@ async def inspect_servers(
     return tuple(servers)
 
 
-def plan_for(servers: Sequence[ServerInfo], *, reps: int = 7, decode_tokens: int = 48) -> ProbePlan:
+def plan_for(
+    servers: Sequence[ServerInfo], *, reps: int = 7, decode_tokens: int = 48, stream: bool = True
+) -> ProbePlan:
     """The default probe plan for the smallest of ``servers`` (``plan.default_plan``)."""
     smallest = min(servers, key=lambda s: (s.kv_capacity_tokens, s.max_num_seqs))
-    return default_plan(smallest, reps=reps, decode_tokens=decode_tokens)
+    return default_plan(smallest, reps=reps, decode_tokens=decode_tokens, stream=stream)
 
 
 async def calibrate_async(

@@ -166,9 +166,11 @@ async def check_profile(
     sent = [s for s, _ in live]
     sim = _simulate(profile, block_size, reqs, sent)
     tokens = sum(r.output for r in reqs)
-    live_ttft = [rec.ttft_s for _, rec in live]
+    live_ttft = [rec.ttft_s or 0.0 for _, rec in live]
     # mean gap over the request's tokens (stream chunks may carry several when the client lags)
-    live_itl = [rec.decode_s / (rec.output_tokens - 1) for _, rec in live if rec.output_tokens > 1]
+    live_itl = [
+        (rec.decode_s or 0.0) / (rec.output_tokens - 1) for _, rec in live if rec.output_tokens > 1
+    ]
     sim_ttft = [ft - s for (ft, _, _), s in zip(sim, sent, strict=True)]
     sim_itl = [itl for (_, _, itl), r in zip(sim, reqs, strict=True) if r.output > 1]
     return CheckResult(

@@ -83,6 +83,14 @@ def register(sub: Any) -> None:
         metavar="N",
         help="output tokens of a decode-phase request (48)",
     )
+    parser.add_argument(
+        "--no-stream",
+        action="store_true",
+        help="send plain (non-streaming) probe requests and fit vLLM's own histograms: for "
+        "workloads that do not stream (a [live] section without stream = true). By default "
+        "probes stream and the fit uses times measured at the client, which include the "
+        "frontend's per-token work",
+    )
     parser.add_argument("--name", help="profile name (default: calibrated-<served model>)")
     parser.add_argument(
         "--timeout", type=float, default=120.0, metavar="S", help="per request, seconds (120)"
@@ -233,7 +241,9 @@ def _run(args: argparse.Namespace) -> int:
 
     try:
         servers = asyncio.run(inspect())
-        plan = plan_for(servers, reps=args.reps, decode_tokens=args.decode_tokens)
+        plan = plan_for(
+            servers, reps=args.reps, decode_tokens=args.decode_tokens, stream=not args.no_stream
+        )
     except (CalibrationError, ValueError) as exc:
         return fail(str(exc))
     _print_servers(console, servers)
@@ -268,7 +278,7 @@ def _run(args: argparse.Namespace) -> int:
         except (CalibrationError, ValueError) as exc:
             return fail(str(exc))
     print_fit(console, result)
-    if args.check:
+    if args.check and not args.no_stream:
         from sessionroute.calibrate import check_profile
 
         try:
