@@ -20,6 +20,7 @@ _COMMANDS: tuple[str, ...] = (
     "sweep",
     "serve",
     "emulate",
+    "calibrate",
     "policies",
     "tune",
     "bench",
