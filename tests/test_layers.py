@@ -43,6 +43,7 @@ LAYERS: dict[str, int] = {
     "serve": 3,
     "emulate": 3,
     "client": 3,
+    "calibrate": 3,  # probes real vLLM servers over HTTP, fits replica profiles
     "experiments": 4,
     "bench": 5,
     "cli": 6,

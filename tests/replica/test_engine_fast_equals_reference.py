@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -18,6 +18,14 @@ from sessionroute.replica import (
 )
 
 
+# the built-in profiles, and one with the per-sequence and per-request terms a calibrated
+# profile carries (0 in the built-ins)
+_PROFILES = [
+    *sorted(PROFILES.values(), key=lambda p: p.name),
+    replace(PROFILES["toy-8b-h100-tp1"], name="toy-overheads", b_seq_s=3e-4, b_req_s=2e-3),
+]
+
+
 @dataclass(frozen=True)
 class Workload:
     config: ReplicaConfig
@@ -30,7 +38,7 @@ def workloads(draw: st.DrawFn) -> Workload:
     bs = draw(st.sampled_from([1, 2, 4, 16]))
     nblocks = draw(st.integers(4, 48))
     config = ReplicaConfig(
-        draw(st.sampled_from(sorted(PROFILES.values(), key=lambda p: p.name))),
+        draw(st.sampled_from(_PROFILES)),
         block_size=bs,
         kv_capacity_tokens=nblocks * bs,
         max_num_batched_tokens=draw(st.sampled_from([4, 8, 16, 64, 8192])),

@@ -15,7 +15,15 @@ from sessionroute import __version__
 
 __all__ = ["build_parser", "main"]
 
-_COMMANDS: tuple[str, ...] = ("compare", "sweep", "serve", "emulate", "bench", "tiny_model")
+_COMMANDS: tuple[str, ...] = (
+    "compare",
+    "sweep",
+    "serve",
+    "emulate",
+    "bench",
+    "tiny_model",
+    "calibrate",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

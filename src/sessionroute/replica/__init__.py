@@ -13,19 +13,29 @@ from sessionroute.replica.api import (
     chain_block_keys,
     key_list,
 )
-from sessionroute.replica.profiles import PROFILES, StepTimeProfile, load_profiles
+from sessionroute.replica.profiles import (
+    PROFILES,
+    ProfileFile,
+    StepTimeProfile,
+    is_profile_path,
+    load_profile_file,
+    load_profiles,
+)
 from sessionroute.replica.replica import Replica
 
 __all__ = [
     "PROFILES",
     "EngineRequest",
     "EngineRequestError",
+    "ProfileFile",
     "Replica",
     "ReplicaConfig",
     "ReplicaCounters",
     "RequestResult",
     "StepTimeProfile",
     "chain_block_keys",
+    "is_profile_path",
     "key_list",
+    "load_profile_file",
     "load_profiles",
 ]

@@ -197,15 +197,16 @@ class Core:
             else:
                 p_tok += n
                 attn += n * (nc + n / 2)
+        new_reqs = 0
         if not preempted and self.waiting:
-            p2, d2, c2, a2 = self.admit(s, budget, sched)
+            p2, d2, c2, a2, new_reqs = self.admit(s, budget, sched)
             p_tok += p2
             d_seq += d2
             ctx += c2
             attn += a2
         if not sched:
             return Step(s, s, sched)
-        dt = self.profile.step_time(p_tok, d_seq, ctx, attn) * self.slowdown
+        dt = self.profile.step_time(p_tok, d_seq, ctx, attn, new_reqs) * self.slowdown
         self.n_steps += 1
         self.n_iteration += p_tok + d_seq
         self.busy += dt
@@ -213,17 +214,18 @@ class Core:
 
     def admit(
         self, s: float, budget: int, sched: list[tuple[Req, int]]
-    ) -> tuple[int, int, int, float]:
+    ) -> tuple[int, int, int, float, int]:
         """Admit waiting requests FCFS into a step starting at ``s`` with ``budget`` tokens left.
 
         Stops at ``max_num_seqs``, an empty budget or the first request whose blocks do not fit
-        (head-of-line). Appends to ``sched``; returns ``(P, D, C, A)`` of what it scheduled.
+        (head-of-line). Appends to ``sched``; returns ``(P, D, C, A, R)`` of what it scheduled
+        (``R``: requests scheduled for the first time, not re-admitted after a preemption).
         """
         bs = self.bs
         pool = self.pool
         running = self.running
         waiting = self.waiting
-        p_tok = d_seq = ctx = 0
+        p_tok = d_seq = ctx = new_reqs = 0
         attn = 0.0
         while waiting and budget > 0 and len(running) < self.max_seqs:
             w = waiting[0]
@@ -249,6 +251,7 @@ class Core:
             running.append(w)
             register_blocks(pool, bs, w, nc + n)
             if w.cached_tokens < 0:
+                new_reqs += 1
                 w.cached_tokens = nc
                 w.first_sched = s
                 self.n_queries += ntok
@@ -261,7 +264,7 @@ class Core:
             else:
                 p_tok += n
                 attn += n * (nc + n / 2)
-        return p_tok, d_seq, ctx, attn
+        return p_tok, d_seq, ctx, attn, new_reqs
 
     def apply(self, st: Step) -> None:
         """Apply a finished single step at its end (vLLM ``update_from_output``)."""

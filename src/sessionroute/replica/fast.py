@@ -215,8 +215,9 @@ class FastCore(Core):
             else:
                 p_tok += n
                 attn += n * (nc + n / 2)
+        new_reqs = 0
         if budget > 0 and self.waiting:
-            p2, d2, c2, a2 = self.admit(s, budget, plan)
+            p2, d2, c2, a2, new_reqs = self.admit(s, budget, plan)
             p_tok += p2
             d_seq += d2
             ctx += c2
@@ -226,7 +227,7 @@ class FastCore(Core):
             st = Step(s, s, plan)
         else:
             c_all = self.decoders.s0 + n_dec * g + ctx
-            dt = self.profile.step_time(p_tok, d_all, c_all, attn) * self.slowdown
+            dt = self.profile.step_time(p_tok, d_all, c_all, attn, new_reqs) * self.slowdown
             self.n_steps += 1
             self.n_iteration += p_tok + d_all
             self.busy += dt

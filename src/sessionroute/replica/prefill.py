@@ -68,11 +68,13 @@ class PrefillRuns:
         free = core.pool.num_free
         nb = r.nblocks
         profile = core.profile
+        b_seq = profile.b_seq_s
         b_kv = profile.b_kv_s
         b_pa = profile.b_pa_s
         # every step has N = chunk + D = budget tokens: b0 + max(T_mem(N), b_tok * N) is the
-        # same in all (step_time with C = A = 0 is exactly that sum)
-        base = profile.step_time(budget - d, d, 0, 0.0)
+        # same in all (step_time with D = C = A = R = 0 is exactly that sum; no step of the run
+        # admits a request, so R = 0 in each)
+        base = profile.step_time(budget, 0, 0, 0.0)
         slow = core.slowdown
         s0 = dec.s0
         ts: list[float] = []
@@ -96,8 +98,11 @@ class PrefillRuns:
                 if free < 0:
                     break
                 nb += need
-            # StepTimeProfile.step_time(chunk, d, C, A), same operations in the same order
-            dt = (base + b_kv * (s0 + d * gj) + b_pa * (chunk * (nc + chunk / 2))) * slow
+            # StepTimeProfile.step_time(chunk, d, C, A), same operations in the same order (its
+            # b_req * 0 term adds exactly 0.0)
+            dt = (
+                base + b_seq * d + b_kv * (s0 + d * gj) + b_pa * (chunk * (nc + chunk / 2))
+            ) * slow
             t = t + dt
             ts.append(t)
             dts.append(dt)

@@ -2,15 +2,21 @@
 
 One engine step that schedules ``P`` uncached prefill tokens and ``D`` decoding sequences
 (``N = P + D``), whose decoding sequences hold ``C`` context tokens in total and whose prefill
-chunks have attention work ``A = sum(chunk * (tokens already in KV + chunk / 2))``, takes::
+chunks have attention work ``A = sum(chunk * (tokens already in KV + chunk / 2))``, and which
+admits ``R`` new requests (scheduled for the first time), takes::
 
-    t_step = b0 + max(T_mem(N), b_tok * N) + b_kv * C + b_pa * A
+    t_step = b0 + max(T_mem(N), b_tok * N) + b_seq * D + b_req * R + b_kv * C + b_pa * A
     T_mem(N) = (W_dense + W_exp * (1 - (1 - k/E) ** N)) / BW_eff
 
 seconds. ``max(T_mem, b_tok * N)`` is the weight-bound / compute-bound roofline (MoE expert
-coverage for ``T_mem``), ``b_kv * C`` decode attention over the KV cache, ``b_pa * A`` prefill
-attention over a cached prefix. Constants of the two built-in profiles come from the table in
-``ENGINE.md`` (public model shapes, H100/H200 datasheets, GPUStack and BLIS/inference-sim fits).
+coverage for ``T_mem``), ``b_seq * D`` the per-sequence cost of a decode step beyond its token
+(sampling, detokenising and streaming each sequence's token), ``b_req * R`` the per-request
+overhead of a new request (input processing, request setup, its response), ``b_kv * C`` decode
+attention over the KV cache, ``b_pa * A`` prefill attention over a cached prefix. Constants of
+the two built-in profiles come from the table in ``ENGINE.md`` (public model shapes, H100/H200
+datasheets, GPUStack and BLIS/inference-sim fits); their ``b_seq`` and ``b_req`` are 0. The two
+terms were added when fitting real vLLM servers (``sessionroute calibrate``,
+:mod:`sessionroute.calibrate`) showed them missing; a calibrated profile fits them.
 """
 
 from __future__ import annotations
@@ -25,7 +31,14 @@ from typing import Any
 
 from sessionroute.errors import ConfigError
 
-__all__ = ["PROFILES", "StepTimeProfile", "load_profiles"]
+__all__ = [
+    "PROFILES",
+    "ProfileFile",
+    "StepTimeProfile",
+    "is_profile_path",
+    "load_profile_file",
+    "load_profiles",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +60,9 @@ class StepTimeProfile:
         max_num_batched_tokens: vLLM ``max_num_batched_tokens`` (token budget per step).
         max_num_seqs: vLLM ``max_num_seqs`` (running requests at most).
         max_model_len: vLLM ``max_model_len`` (prompt + output tokens at most).
+        b_seq_s: per decoding sequence cost of a step beyond ``b_tok``, seconds (0: none).
+        b_req_s: per-request overhead, charged to the step that first schedules a request,
+            seconds (0: none).
     """
 
     name: str
@@ -62,6 +78,8 @@ class StepTimeProfile:
     max_num_batched_tokens: int
     max_num_seqs: int
     max_model_len: int
+    b_seq_s: float = 0.0
+    b_req_s: float = 0.0
 
     def t_mem(self, num_tokens: int) -> float:
         """Weight-read time ``T_mem(N)`` in seconds for ``num_tokens`` tokens in the step."""
@@ -75,6 +93,7 @@ class StepTimeProfile:
         decode_seqs: int,
         decode_context_tokens: int,
         prefill_attention: float,
+        new_requests: int = 0,
     ) -> float:
         """Duration of one engine step, seconds.
 
@@ -84,9 +103,12 @@ class StepTimeProfile:
             decode_context_tokens: ``C``, sum of the decoding sequences' context lengths.
             prefill_attention: ``A``, sum over prefill chunks of
                 ``chunk * (tokens already in KV + chunk / 2)`` (token^2).
+            new_requests: ``R``, requests scheduled for the first time in the step.
 
         Returns:
-            ``b0 + max(T_mem(N), b_tok * N) + b_kv * C + b_pa * A`` with ``N = P + D``.
+            ``b0 + max(T_mem(N), b_tok * N) + b_seq * D + b_req * R + b_kv * C + b_pa * A``
+            with ``N = P + D``, summed in that order (with ``b_seq = b_req = 0`` the two terms
+            add exactly 0.0: the built-in profiles' step times are unchanged to the bit).
         """
         n = prefill_tokens + decode_seqs
         compute = self.b_tok_s * n
@@ -94,6 +116,8 @@ class StepTimeProfile:
         return (
             self.b0_s
             + (mem if mem > compute else compute)
+            + self.b_seq_s * decode_seqs
+            + self.b_req_s * new_requests
             + self.b_kv_s * decode_context_tokens
             + self.b_pa_s * prefill_attention
         )
@@ -134,6 +158,7 @@ PROFILES: dict[str, StepTimeProfile] = {
 """Built-in profiles of ``ENGINE.md``: ``glm45air-h200-tp8`` and ``toy-8b-h100-tp1``."""
 
 _FIELDS = {f.name: f for f in dataclasses.fields(StepTimeProfile)}
+_OPTIONAL_FIELDS = {"b_seq_s", "b_req_s"}
 _INT_FIELDS = {"kv_capacity_tokens", "max_num_batched_tokens", "max_num_seqs", "max_model_len"}
 
 
@@ -159,7 +184,7 @@ def _profile_from_table(
             raise ConfigError(f"profile {name!r}: {key} must be >= 0, got {value!r}")
         values[key] = int(value) if key in _INT_FIELDS else float(value)
     values["name"] = name
-    missing = sorted(set(_FIELDS) - set(values))
+    missing = sorted(set(_FIELDS) - set(values) - _OPTIONAL_FIELDS)
     if missing:
         raise ConfigError(f"profile {name!r}: missing keys {missing} (or give base = '<name>')")
     for key in ("bw_eff_bytes_per_s", *_INT_FIELDS):
@@ -206,3 +231,70 @@ def load_profiles(path: str | Path) -> dict[str, StepTimeProfile]:
             raise ConfigError(f"profiles file {str(p)!r}: profile {name!r} must be a table")
         out[name] = _profile_from_table(name, table, out)
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileFile:
+    """One profile read from a file, with the server settings recorded beside it.
+
+    Attributes:
+        profile: the step-time profile (its KV capacity, ``max_num_seqs``,
+            ``max_num_batched_tokens`` and ``max_model_len`` are the server's).
+        block_size: the server's KV block size in tokens (``[calibration] block_size``), or
+            None when the file does not record one.
+        calibration: the file's ``[calibration]`` table (server, date, fit errors), empty when
+            it has none.
+    """
+
+    profile: StepTimeProfile
+    block_size: int | None
+    calibration: dict[str, Any]
+
+
+def is_profile_path(value: str) -> bool:
+    """Whether a ``[replicas] profile`` value names a file (``.toml``/``.json``) rather than a
+    profile name."""
+    return value.lower().endswith((".toml", ".json"))
+
+
+def load_profile_file(path: str | Path) -> ProfileFile:
+    """Read the one profile of a profile file, e.g. one written by ``sessionroute calibrate``.
+
+    The file is read as :func:`load_profiles` reads it; it must define exactly one profile, or
+    name one with ``[calibration] profile = "<name>"``. ``[calibration] block_size`` (tokens),
+    when present, is the server's KV block size.
+
+    Args:
+        path: a ``.toml`` or ``.json`` file.
+
+    Raises:
+        ConfigError: what :func:`load_profiles` raises; no profile or several without
+            ``[calibration] profile``; a ``block_size`` that is not a positive integer.
+    """
+    p = Path(path)
+    profiles = load_profiles(p)
+    text = p.read_text()
+    data: Any = json.loads(text) if p.suffix.lower() == ".json" else tomllib.loads(text)
+    calib = data.get("calibration", {})
+    if not isinstance(calib, dict):
+        raise ConfigError(f"profile file {str(p)!r}: 'calibration' must be a table")
+    own = [name for name in profiles if name not in PROFILES or profiles[name] != PROFILES[name]]
+    wanted = calib.get("profile")
+    if wanted is not None:
+        if wanted not in profiles:
+            raise ConfigError(f"profile file {str(p)!r}: no profile {wanted!r} in the file")
+        name = str(wanted)
+    elif len(own) == 1:
+        name = own[0]
+    else:
+        raise ConfigError(
+            f"profile file {str(p)!r} defines {len(own)} profiles ({', '.join(own) or 'none'});"
+            " name one with [calibration] profile = '<name>'"
+        )
+    bs = calib.get("block_size")
+    if bs is not None and (isinstance(bs, bool) or not isinstance(bs, int) or bs <= 0):
+        raise ConfigError(
+            f"profile file {str(p)!r}: calibration.block_size must be a positive"
+            f" integer, got {bs!r}"
+        )
+    return ProfileFile(profiles[name], bs, dict(calib))

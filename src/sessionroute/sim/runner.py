@@ -18,7 +18,14 @@ import numpy as np
 from sessionroute.clock import Clock, MonotonicClock
 from sessionroute.errors import ConfigError
 from sessionroute.record import Recorder
-from sessionroute.replica import PROFILES, ReplicaConfig, StepTimeProfile, load_profiles
+from sessionroute.replica import (
+    PROFILES,
+    ReplicaConfig,
+    StepTimeProfile,
+    is_profile_path,
+    load_profile_file,
+    load_profiles,
+)
 from sessionroute.router import RoutingCore, choose_policy
 from sessionroute.router.kv.index import KvIndex
 from sessionroute.router.state.cluster import Cluster
@@ -117,7 +124,22 @@ def replica_config(spec: SimSpec) -> tuple[int, ReplicaConfig]:
         v = getattr(r, name)
         return v if v is not None else d.get(name)
 
-    profile = _profile(str(pick("profile")), r.profiles_file)
+    name = str(pick("profile"))
+    if r.profile is not None and is_profile_path(r.profile):
+        # a profile file (``sessionroute calibrate``): the server's KV capacity, batch limits,
+        # max_model_len and block size come from it; only [replicas] keys set explicitly
+        # override them, never the workload's defaults
+        pf = load_profile_file(r.profile)
+        cfg = ReplicaConfig(
+            profile=pf.profile,
+            block_size=int(r.block_size or pf.block_size or DEFAULT_BLOCK_SIZE),
+            kv_capacity_tokens=r.kv_capacity_tokens,
+            max_num_batched_tokens=r.max_num_batched_tokens,
+            max_num_seqs=r.max_num_seqs,
+            max_model_len=r.max_model_len,
+        )
+        return int(pick("count") or 1), cfg
+    profile = _profile(name, r.profiles_file)
     cfg = ReplicaConfig(
         profile=profile,
         block_size=int(pick("block_size") or DEFAULT_BLOCK_SIZE),

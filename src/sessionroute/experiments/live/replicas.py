@@ -268,6 +268,8 @@ class ReplicaFleet:
         ]  # fmt: skip
         if r.get("profiles_file"):
             argv += ["--profile-file", str(r["profiles_file"])]
+        elif str(r.get("profile") or "").lower().endswith((".toml", ".json")):
+            argv += ["--profile-file", str(r["profile"])]  # a calibrated profile's file
         kv = self._kv_config()
         if kv is not None:
             argv += ["--kv-events-config", kv]

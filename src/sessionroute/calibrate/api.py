@@ -1,0 +1,159 @@
+"""``calibrate(urls)``: read running vLLM servers, probe them, fit the step-time model."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime
+import time
+from collections.abc import Callable, Sequence
+
+import aiohttp
+
+from sessionroute.calibrate.fit import Row, fit_rows, phase_row
+from sessionroute.calibrate.plan import ProbePlan, default_plan
+from sessionroute.calibrate.probe import PhaseRun, reset_prefix_cache, run_plan
+from sessionroute.calibrate.result import CalibrationResult, build_profile
+from sessionroute.calibrate.server import CalibrationError, ServerInfo, read_server_info
+
+__all__ = ["calibrate", "calibrate_async", "inspect_servers", "plan_for"]
+
+Progress = Callable[[PhaseRun], None]
+"""Called after each phase with what it measured."""
+
+
+def _check_same(servers: Sequence[ServerInfo]) -> None:
+    first = servers[0]
+    for s in servers[1:]:
+        if (s.model, s.block_size) != (first.model, first.block_size):
+            raise CalibrationError(
+                f"{s.url} serves {s.model!r} with block size {s.block_size}, {first.url} "
+                f"{first.model!r} with {first.block_size}: calibrate one kind of server at a time"
+            )
+
+
+async def inspect_servers(
+    session: aiohttp.ClientSession,
+    urls: Sequence[str],
+    *,
+    max_num_seqs: int | None = None,
+    max_num_batched_tokens: int | None = None,
+) -> tuple[ServerInfo, ...]:
+    """What each server says of itself (:func:`~sessionroute.calibrate.server.read_server_info`).
+
+    Raises:
+        CalibrationError: as ``read_server_info``; servers of different models or block sizes.
+    """
+    if not urls:
+        raise CalibrationError("no server URL given")
+    servers = [
+        await read_server_info(
+            session, u, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens
+        )
+        for u in urls
+    ]
+    _check_same(servers)
+    return tuple(servers)
+
+
+def plan_for(servers: Sequence[ServerInfo], *, reps: int = 3, decode_tokens: int = 48) -> ProbePlan:
+    """The default probe plan for the smallest of ``servers`` (``plan.default_plan``)."""
+    smallest = min(servers, key=lambda s: (s.kv_capacity_tokens, s.max_num_seqs))
+    return default_plan(smallest, reps=reps, decode_tokens=decode_tokens)
+
+
+async def calibrate_async(
+    urls: Sequence[str],
+    *,
+    plan: ProbePlan | None = None,
+    max_num_seqs: int | None = None,
+    max_num_batched_tokens: int | None = None,
+    probe: str = "all",
+    name: str | None = None,
+    timeout_s: float = 120.0,
+    progress: Progress | None = None,
+) -> CalibrationResult:
+    """Calibrate against running vLLM servers: see :func:`calibrate`."""
+    if probe not in ("all", "first"):
+        raise ValueError(f"probe must be 'all' or 'first', got {probe!r}")
+    t0 = time.monotonic()
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        servers = await inspect_servers(
+            session, urls, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens
+        )
+        the_plan = plan if plan is not None else plan_for(servers)
+        probed: list[ServerInfo] = []
+        runs: list[PhaseRun] = []
+        for info in servers if probe == "all" else servers[:1]:
+            can_reset = await reset_prefix_cache(session, info.url)
+            info = dataclasses.replace(info, can_reset_cache=can_reset)
+            probed.append(info)
+            runs += await run_plan(session, info, the_plan, progress)
+        servers = tuple(probed) + servers[len(probed) :]
+    rows: list[Row] = [r for r in (phase_row(run) for run in runs) if r is not None]
+    if not rows:
+        raise CalibrationError("the servers' histograms recorded none of the probe requests")
+    fit = fit_rows(rows)
+    profile = build_profile(fit.values, servers, name)
+    date = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    return CalibrationResult(
+        profile=profile,
+        block_size=servers[0].block_size,
+        servers=servers,
+        plan=the_plan,
+        runs=tuple(runs),
+        fit=fit,
+        date=date,
+        wall_s=time.monotonic() - t0,
+    )
+
+
+def calibrate(
+    urls: Sequence[str],
+    *,
+    plan: ProbePlan | None = None,
+    max_num_seqs: int | None = None,
+    max_num_batched_tokens: int | None = None,
+    probe: str = "all",
+    name: str | None = None,
+    timeout_s: float = 120.0,
+    progress: Progress | None = None,
+) -> CalibrationResult:
+    """Read running OpenAI-compatible vLLM servers, probe them and fit the step-time model.
+
+    Blocking (runs its own event loop; from async code use :func:`calibrate_async`).
+
+    Args:
+        urls: base URLs of the servers (same model and block size), e.g.
+            ``["http://127.0.0.1:8001"]``.
+        plan: the probe plan (default: :func:`plan_for` the servers).
+        max_num_seqs, max_num_batched_tokens: the servers' batch limits when they do not expose
+            them (``/server_info`` answers only with ``VLLM_SERVER_DEV_MODE=1``).
+        probe: ``"all"`` probes every server in turn (one fit over all); ``"first"`` probes
+            the first and only reads the others.
+        name: the profile's name (default ``calibrated-<model>``).
+        timeout_s: per HTTP request, seconds.
+        progress: called after each phase.
+
+    Returns:
+        The fitted profile, the servers, every phase's measurements and the fit's errors; write
+        it with :func:`~sessionroute.calibrate.write_profile`.
+
+    Raises:
+        CalibrationError: a server is unreachable, is not vLLM, lacks what the fit needs, or
+            failed a probe request.
+        ValueError: ``probe`` is neither ``"all"`` nor ``"first"``.
+    """
+    return asyncio.run(
+        calibrate_async(
+            urls,
+            plan=plan,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            probe=probe,
+            name=name,
+            timeout_s=timeout_s,
+            progress=progress,
+        )
+    )

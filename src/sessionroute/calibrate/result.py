@@ -1,0 +1,169 @@
+"""A calibration's result and the profile file it writes.
+
+The file is a profiles file that :func:`sessionroute.replica.load_profiles` reads (one
+``[profiles.NAME]`` table) plus a ``[calibration]`` table that records where the constants came
+from; ``[replicas] profile = "path/to/profile.toml"`` in an experiment file loads it
+(:func:`sessionroute.replica.load_profile_file`), block size included::
+
+    [profiles.calibrated-tiny]
+    b0_s = 0.0031
+    b_tok_s = 1.2e-05
+    ...
+    kv_capacity_tokens = 32768
+    max_num_seqs = 16
+
+    [calibration]
+    profile = "calibrated-tiny"
+    block_size = 32
+    date = "2026-12-06T08:40:00+00:00"
+    servers = [{url = "http://127.0.0.1:8001", model = "tiny", ...}]
+
+    [calibration.fit_error]        # relative standard error of each constant
+    b0_s = 0.04
+    ...
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+
+from sessionroute.calibrate.fit import FitResult
+from sessionroute.calibrate.plan import ProbePlan
+from sessionroute.calibrate.probe import PhaseRun
+from sessionroute.calibrate.server import ServerInfo
+from sessionroute.replica import StepTimeProfile
+
+__all__ = ["CalibrationResult", "profile_name", "write_profile"]
+
+_BW_PLACEHOLDER = 1e12
+"""``bw_eff_bytes_per_s`` of a calibrated profile: any positive value (``w_dense_bytes`` is 0,
+so ``T_mem`` is 0 whatever it is)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CalibrationResult:
+    """What ``calibrate`` measured and fitted.
+
+    Attributes:
+        profile: the fitted profile, with the servers' KV capacity (the smallest), batch
+            limits and ``max_model_len``.
+        block_size: the servers' KV block size, tokens.
+        servers: what each server said of itself.
+        plan: the probe plan that ran.
+        runs: every phase run, in order (servers one after the other).
+        fit: the fitted constants, their errors and each phase's error.
+        date: when the calibration finished (ISO 8601, UTC).
+        wall_s: how long it took, seconds.
+    """
+
+    profile: StepTimeProfile
+    block_size: int
+    servers: tuple[ServerInfo, ...]
+    plan: ProbePlan
+    runs: tuple[PhaseRun, ...]
+    fit: FitResult
+    date: str
+    wall_s: float
+
+    def calibration_table(self) -> dict[str, Any]:
+        """The ``[calibration]`` table of the profile file."""
+        fit = self.fit
+        return {
+            "profile": self.profile.name,
+            "block_size": self.block_size,
+            "date": self.date,
+            "wall_s": round(self.wall_s, 1),
+            "tool": "sessionroute calibrate",
+            "model_terms": "t_step = b0 + b_tok*N + b_seq*D + b_req*R + b_kv*C + b_pa*A "
+            "(T_mem not fitted: w_dense_bytes = 0)",
+            "servers": [
+                {
+                    "url": s.url,
+                    "model": s.model,
+                    "vllm_version": s.vllm_version or "unknown",
+                    "block_size": s.block_size,
+                    "num_gpu_blocks": s.num_gpu_blocks,
+                    "kv_capacity_tokens": s.kv_capacity_tokens,
+                    "max_num_seqs": s.max_num_seqs,
+                    "max_num_batched_tokens": s.max_num_batched_tokens,
+                    "max_model_len": s.max_model_len,
+                    "limits_from": s.limits_from,
+                    "reset_prefix_cache": s.can_reset_cache,
+                }
+                for s in self.servers
+            ],
+            "fit_error": {
+                t.name: (-1.0 if t.rel_err is None else round(t.rel_err, 4)) for t in fit.terms
+            },
+            "fit_error_note": "relative standard error of each constant (-1: at the bound 0 "
+            "or undetermined)",
+            "phase_rms_error": {
+                kind: round(fit.rms_error(kind), 4)
+                for kind in dict.fromkeys(p.kind for p in fit.phases)
+            },
+            "phases": [
+                {
+                    "phase": p.label,
+                    "measured": p.source,
+                    "measured_s": round(p.measured_s, 6),
+                    "predicted_s": round(p.predicted_s, 6),
+                    "error": round(p.error, 4),
+                }
+                for p in fit.phases
+            ],
+        }
+
+
+def profile_name(model: str) -> str:
+    """The profile name for a served model: ``calibrated-<model>`` with unsafe characters
+    replaced by ``-``."""
+    return "calibrated-" + (re.sub(r"[^A-Za-z0-9_.-]+", "-", model).strip("-") or "model")
+
+
+def write_profile(result: CalibrationResult, path: str | Path) -> Path:
+    """Write ``result`` as a profile file (module docstring) and return its path.
+
+    Raises:
+        OSError: the file cannot be written.
+    """
+    p = Path(path)
+    prof = dataclasses.asdict(result.profile)
+    name = prof.pop("name")
+    doc = {"profiles": {name: prof}, "calibration": result.calibration_table()}
+    header = (
+        f"# Step-time profile fitted by `sessionroute calibrate` on {result.date}.\n"
+        f'# Use it with  [replicas] profile = "{p}"  in an experiment file.\n'
+    )
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(header + tomli_w.dumps(doc))
+    return p
+
+
+def build_profile(
+    values: dict[str, float], servers: tuple[ServerInfo, ...], name: str | None = None
+) -> StepTimeProfile:
+    """A :class:`StepTimeProfile` of fitted ``values`` and the servers' limits (the smallest
+    KV capacity and limits when they differ)."""
+    return StepTimeProfile(
+        name=name or profile_name(servers[0].model),
+        b0_s=values["b0_s"],
+        b_tok_s=values["b_tok_s"],
+        b_kv_s=values["b_kv_s"],
+        b_pa_s=values["b_pa_s"],
+        w_dense_bytes=0.0,
+        w_exp_bytes=0.0,
+        k_over_e=1.0,
+        bw_eff_bytes_per_s=_BW_PLACEHOLDER,
+        kv_capacity_tokens=min(s.kv_capacity_tokens for s in servers),
+        max_num_batched_tokens=min(s.max_num_batched_tokens for s in servers),
+        max_num_seqs=min(s.max_num_seqs for s in servers),
+        max_model_len=min(s.max_model_len for s in servers),
+        b_seq_s=values["b_seq_s"],
+        b_req_s=values["b_req_s"],
+    )
