@@ -37,7 +37,7 @@ def _m(hit: float, tok: float, ttft: float = 0.1, itl: float = 0.01, pre: int = 
 
 
 def test_compare_arm_errors_and_bounds() -> None:
-    c = compare_arm([_m(0.50, 100.0), _m(0.52, 110.0)], _m(0.54, 115.5, ttft=0.2, pre=3))
+    c = compare_arm([_m(0.51, 105.0), _m(0.51, 105.0)], [_m(0.54, 115.5, ttft=0.2, pre=3)])
     assert c["hit_rate"]["live_mean"] == pytest.approx(0.51)
     assert c["hit_rate"]["error"] == pytest.approx(3.0)  # points
     assert c["hit_rate"]["ok"] is True  # 3.0 <= 3
@@ -49,10 +49,20 @@ def test_compare_arm_errors_and_bounds() -> None:
     assert c["preemptions"]["ok"] is False  # the simulator preempted, live did not
 
 
+def test_the_bound_widens_by_the_measured_noise_of_both_sides() -> None:
+    # live 0.50 and 0.54 (range 4 points), simulated draws 0.40 and 0.44 (range 4 points)
+    c = compare_arm([_m(0.50, 100), _m(0.54, 100)], [_m(0.40, 100), _m(0.44, 100)])
+    assert c["hit_rate"]["error"] == pytest.approx(-10.0)
+    assert c["hit_rate"]["noise"] == pytest.approx(4.0)
+    assert c["hit_rate"]["ok"] is False  # 10 > 3 + 4
+    c = compare_arm([_m(0.50, 100), _m(0.54, 100)], [_m(0.46, 100), _m(0.50, 100)])
+    assert c["hit_rate"]["ok"] is True  # |-4| <= 3 + 4
+
+
 def test_a_bounded_metric_measured_on_one_side_only_fails() -> None:
     live = _m(0.5, 100.0)
     live["itl_s"] = {"p50": None}
-    assert compare_arm([live], _m(0.5, 100.0))["itl_p50"]["ok"] is False
+    assert compare_arm([live], [_m(0.5, 100.0)])["itl_p50"]["ok"] is False
 
 
 def test_kendall_tau() -> None:
@@ -66,10 +76,10 @@ def test_kendall_tau() -> None:
 def test_ties_within_the_live_spread_are_not_disagreements() -> None:
     per_arm = {
         # a and b differ by 0.01 live, less than a's own range 0.04: a tie within noise
-        "a": compare_arm([_m(0.48, 100), _m(0.52, 100)], _m(0.40, 100)),
-        "b": compare_arm([_m(0.49, 100), _m(0.49, 100)], _m(0.45, 100)),
+        "a": compare_arm([_m(0.48, 100), _m(0.52, 100)], [_m(0.40, 100)]),
+        "b": compare_arm([_m(0.49, 100), _m(0.49, 100)], [_m(0.45, 100)]),
         # c is clearly below both live, but the simulator puts it above
-        "c": compare_arm([_m(0.20, 100), _m(0.21, 100)], _m(0.60, 100)),
+        "c": compare_arm([_m(0.20, 100), _m(0.21, 100)], [_m(0.60, 100)]),
     }
     r = rank_agreement(["a", "b", "c"], per_arm)["hit_rate"]
     pairs = {(p["a"], p["b"]): p for p in r["pairs"]}

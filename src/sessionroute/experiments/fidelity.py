@@ -3,20 +3,23 @@ trust it").
 
 One run of a ``[live]`` experiment file, twice: every arm live, ``repeats`` times with the
 *same* seed (so the spread between repeats is the real system's run-to-run noise, not the
-workload's), and every arm simulated once with that seed (the simulator is deterministic), with
-the live servers' worker URLs, KV capacity, block size, ``max_num_seqs``,
-``max_num_batched_tokens`` and ``max_model_len`` (read from the servers) and a step-time
-profile fitted to those servers (``sessionroute calibrate``, run here before the arms, or a
-given ``--profile``). The live side streams (TTFT and ITL need it) and runs without recording
-taps, so the router's worker URLs are the servers' own, as in the simulator.
+workload's), and every arm simulated with that seed under several placement draws (the
+policy's and router's generators seeded apart from the workload's: ``random`` places by
+chance on both sides, and one draw would compare luck). The simulator gets the live servers'
+worker URLs, KV capacity, block size, ``max_num_seqs``, ``max_num_batched_tokens`` and
+``max_model_len`` (read from the servers) and a step-time profile fitted to those servers
+(``sessionroute calibrate``, run here before the arms, or a given ``--profile``). The live side
+streams (TTFT and ITL need it) and runs without recording taps, so the router's worker URLs
+are the servers' own, as in the simulator.
 
-Per arm and metric the comparison gives the live mean, the live range over repeats and the
-simulator's value, the error (hit rate in points, the rest in percent of live) and whether it
-is within :data:`BOUNDS`. Across the arms of one setting (arms that differ only in the policy)
-it gives Kendall's tau between the live means and the simulated values, and the pairs whose
-live difference exceeds the live spread (the larger of the two arms' ranges) that the
-simulator orders the other way: ties within noise are not called disagreements. Preemptions
-must happen on both sides or on neither.
+Per arm and metric the comparison gives the live mean and range over repeats, the simulated
+mean and range over draws, the error (hit rate in points, the rest in percent of live) and
+whether it is within :data:`BOUNDS` widened by that measured noise (:func:`compare_arm`).
+Across the arms of one setting (arms that differ only in the policy) it gives Kendall's tau
+between the live means and the simulated means, and the pairs whose live difference exceeds
+the live spread (the larger of the two arms' ranges) that the simulator orders the other way:
+ties within noise are not called disagreements. Preemptions must happen on both sides or on
+neither.
 """
 
 from __future__ import annotations
@@ -97,34 +100,44 @@ def _values(runs: Sequence[Mapping[str, Any]], path: str) -> list[float]:
 
 
 def compare_arm(
-    live_runs: Sequence[Mapping[str, Any]], sim: Mapping[str, Any]
+    live_runs: Sequence[Mapping[str, Any]], sim_runs: Sequence[Mapping[str, Any]]
 ) -> dict[str, dict[str, Any]]:
-    """Live (``repeats`` runs' metrics) vs simulated (one run's metrics) for one arm.
+    """Live vs simulated runs of one arm (each a run's metrics).
+
+    The error is the simulated mean minus the live mean (points for a fraction, else percent
+    of the live mean). A bounded metric is within its bound when ``|error| <= bound + noise``,
+    ``noise`` being half the live range over repeats plus half the simulated range over
+    placement draws, in the error's unit: what chance placement (``random``) or run-to-run
+    timing moves on either side is not called an error; the noise is reported beside it.
 
     Returns:
-        metric key -> ``{"live": [per repeat], "live_mean", "live_min", "live_max", "sim",
-        "error", "unit", "bound", "ok"}``; ``error`` is None where either side has no value,
-        ``ok`` None where the metric has no bound (preemptions: whether both sides or neither
-        preempted).
+        metric key -> ``{"live": [per run], "live_mean", "live_min", "live_max", "sim": mean,
+        "sim_runs": [per run], "sim_min", "sim_max", "error", "noise", "unit", "bound", "ok"}``;
+        ``error`` is None where either side has no value; ``ok`` is None where the metric has
+        no bound (preemptions: whether both sides preempted or neither did).
     """
     out: dict[str, dict[str, Any]] = {}
     for m in METRICS:
         live = _values(live_runs, m.path)
-        s = _num(get_path(sim, m.path))
+        sims = _values(sim_runs, m.path)
         mean = sum(live) / len(live) if live else None
+        s = sum(sims) / len(sims) if sims else None
         error: float | None = None
+        noise: float | None = None
         ok: bool | None = None
         if m.error == "count":
             if live and s is not None:
-                ok = (max(live) > 0) == (s > 0)
+                ok = (max(live) > 0) == (max(sims) > 0)
                 error = s - (mean or 0.0)
         elif mean is not None and s is not None:
+            half = (max(live) - min(live) + max(sims) - min(sims)) / 2
             if m.error == "pp":
-                error = 100.0 * (s - mean)
+                error, noise = 100.0 * (s - mean), 100.0 * half
             elif mean != 0:
-                error = 100.0 * (s - mean) / abs(mean)
-            if error is not None and m.bound is not None:
-                ok = abs(error) <= m.bound + 1e-9  # 100 * (0.54 - 0.51) is 3.0000000000000027
+                error, noise = 100.0 * (s - mean) / abs(mean), 100.0 * half / abs(mean)
+            if error is not None and noise is not None and m.bound is not None:
+                # 1e-9: 100 * (0.54 - 0.51) is 3.0000000000000027
+                ok = abs(error) <= m.bound + noise + 1e-9
         elif m.bound is not None:
             ok = False  # a bounded metric one side did not measure: not evidence of agreement
         out[m.key] = {
@@ -133,7 +146,11 @@ def compare_arm(
             "live_min": min(live) if live else None,
             "live_max": max(live) if live else None,
             "sim": s,
+            "sim_runs": sims,
+            "sim_min": min(sims) if sims else None,
+            "sim_max": max(sims) if sims else None,
             "error": error,
+            "noise": noise,
             "unit": {"pp": "points", "pct": "%", "count": "count"}[m.error],
             "bound": m.bound,
             "ok": ok,
@@ -233,7 +250,7 @@ def fidelity_document(
 
     Args:
         live: per arm, its live runs (same seed, ``repeats`` of them).
-        sim: per arm (same names), its simulated run.
+        sim: per arm (same names), its simulated runs (same workload, several placement draws).
         groups: arm names that differ only in the policy (:func:`arm_groups`).
         conditions: what was compared (servers, profile, seed, repeats, command...).
 
@@ -245,7 +262,7 @@ def fidelity_document(
     arms: dict[str, dict[str, Any]] = {}
     for a in live:
         s = sim_by[a.name]
-        arms[a.name] = compare_arm([r.metrics for r in a.runs], s.runs[0].metrics)
+        arms[a.name] = compare_arm([r.metrics for r in a.runs], [r.metrics for r in s.runs])
     ranks: list[dict[str, Any]] = [
         {"arms": list(g), "metrics": rank_agreement(g, arms)} for g in groups
     ]
@@ -260,7 +277,9 @@ def fidelity_document(
             elif c["error"] is None:
                 detail = "not measured on one side"
             else:
-                detail = f"{c['error']:+.1f} {c['unit']} (bound {m.bound:g})"
+                detail = (
+                    f"{c['error']:+.1f} {c['unit']} (bound {m.bound:g} + noise {c['noise']:.1f})"
+                )
             checks.append({"what": f"{name}: {m.key}", "ok": c["ok"], "detail": detail})
     for r in ranks:
         for key, agreement in r["metrics"].items():

@@ -28,19 +28,24 @@ def _row(name: str, label: str, c: Mapping[str, Any], error: str) -> list[str]:
     """``arm, metric, live (mean ±half-range), sim, error, bound, ok`` of one metric."""
     if error == "count":
         live = "+".join(_fmt(v) for v in c["live"]) or "-"
+        sim = "+".join(_fmt(v) for v in c["sim_runs"]) or "-"
         ok = "" if c["ok"] is None else ("yes" if c["ok"] else "NO")
-        return [name, label, live, _fmt(c["sim"]), "", "both or neither", ok]
+        return [name, label, live, sim, "", "both or neither", ok]
     scale = 100.0 if error == "pp" else 1.0
     mean = None if c["live_mean"] is None else c["live_mean"] * scale
-    sim = None if c["sim"] is None else c["sim"] * scale
-    spread = ""
+    sim_value = None if c["sim"] is None else c["sim"] * scale
+    spread = sim_spread = ""
     if c["live_min"] is not None and len(c["live"]) > 1:
         spread = f" ±{(c['live_max'] - c['live_min']) * scale / 2:.2g}"
+    if c["sim_min"] is not None and c["sim_max"] > c["sim_min"]:
+        sim_spread = f" ±{(c['sim_max'] - c['sim_min']) * scale / 2:.2g}"
     unit = " pp" if error == "pp" else " %"
     err = "-" if c["error"] is None else f"{c['error']:+.1f}{unit}"
-    bound = "" if c["bound"] is None else f"{c['bound']:g}{unit}"
+    bound = ""
+    if c["bound"] is not None:
+        bound = f"{c['bound']:g}{unit}" + (f" +{c['noise']:.1f}" if c["noise"] else "")
     ok = "" if c["ok"] is None else ("yes" if c["ok"] else "NO")
-    return [name, label, f"{_fmt(mean)}{spread}", _fmt(sim), err, bound, ok]
+    return [name, label, f"{_fmt(mean)}{spread}", f"{_fmt(sim_value)}{sim_spread}", err, bound, ok]
 
 
 def fidelity_rows(doc: Mapping[str, Any]) -> list[list[str]]:
@@ -80,7 +85,8 @@ def _conditions_line(doc: Mapping[str, Any]) -> str:
     prof = c.get("profile_name", "?")
     cal = "calibrated" if c.get("calibrated") else "NOT calibrated"
     return (
-        f"live: {c.get('repeats_live')} runs per arm, seed {c.get('seed')}; simulated: 1 run; "
+        f"live: {c.get('repeats_live')} runs per arm, seed {c.get('seed')}; simulated: "
+        f"{c.get('repeats_sim')} placement draws of that workload; "
         f"profile {prof} ({cal}); engine {c.get('engine', {}).get('source', '?')}"
     )
 
@@ -89,7 +95,10 @@ def print_fidelity(doc: Mapping[str, Any], console: Any) -> None:
     """Print the table, the rank agreement and the verdict on ``console`` (a rich Console)."""
     from rich.table import Table
 
-    table = Table(title="simulator vs live (live: mean ±half-range over repeats; s, tok/s)")
+    table = Table(
+        title="simulator vs live (mean ±half-range: live over repeats, simulated over "
+        "placement draws; s, tok/s; bound + noise)"
+    )
     for h in _headers():
         table.add_column(h, overflow="fold")
     for row in fidelity_rows(doc):

@@ -30,7 +30,14 @@ from sessionroute.experiments.spec import (
     resolve_arms,
 )
 
-__all__ = ["FidelityOutput", "fidelity_live_spec", "fidelity_sim_spec", "run_fidelity"]
+__all__ = [
+    "SIM_DRAWS",
+    "FidelityOutput",
+    "fidelity_live_spec",
+    "fidelity_sim_spec",
+    "run_fidelity",
+    "simulate_draw",
+]
 
 Say = Callable[[str], None]
 
@@ -70,11 +77,15 @@ def fidelity_live_spec(spec: ExperimentSpec) -> ExperimentSpec:
     return parse_experiment(data, source=f"{spec.name} (fidelity, live)")
 
 
+SIM_DRAWS = 4
+"""Simulated runs per arm: the same workload (seed), placement draws ``seed .. seed + 3``."""
+
+
 def fidelity_sim_spec(
     spec: ExperimentSpec, profile: str, engine: EngineSettings, urls: list[str]
 ) -> ExperimentSpec:
     """``spec`` as the simulated side: the profile file, the servers' engine settings and
-    worker URLs, one run per arm (the simulator is deterministic for a seed)."""
+    worker URLs, :data:`SIM_DRAWS` runs per arm (see :func:`simulate_draw`)."""
     data = spec.model_dump()
     data["replicas"] = {
         **data["replicas"],
@@ -83,7 +94,7 @@ def fidelity_sim_spec(
         "urls": list(urls),
         **engine.replicas_overrides(),
     }
-    data["run"] = {**data["run"], "repeats": 1}
+    data["run"] = {**data["run"], "repeats": SIM_DRAWS}
     return parse_experiment(data, source=f"{spec.name} (fidelity, simulated)")
 
 
@@ -97,6 +108,17 @@ class _SameSeed:
 
     def __call__(self, arm: ResolvedArm, seed: int, progress: Callable[[float], None]) -> RunOutput:
         return self.runner(arm, self.seed, progress)
+
+
+def simulate_draw(arm: ResolvedArm, seed: int, progress: Callable[[float], None]) -> RunOutput:
+    """Simulate ``arm`` with its experiment's workload seed and ``seed`` as the placement seed
+    (``run_experiment`` passes ``run.seed + k`` for repeat ``k``)."""
+    from sessionroute.sim import SimSpec, run_simulation
+
+    spec = SimSpec.from_settings(arm.settings)
+    base = int(arm.settings["run"]["seed"])
+    result = run_simulation(spec, arm.policy, arm.policy_options, base, progress, policy_seed=seed)
+    return RunOutput(seed, result.metrics, result.timeseries, result.steps, result.samples)
 
 
 def _read_servers(urls: list[str], live: LiveSection, fallback: Mapping[str, Any]) -> Any:
@@ -143,7 +165,6 @@ def run_fidelity(
     """
     from sessionroute.calibrate import calibrate, write_profile
     from sessionroute.experiments.live.runner import LiveArmRunner
-    from sessionroute.experiments.sim_arm import simulate_arm
     from sessionroute.replica.profiles import load_profile_file
     from sessionroute.sim import SimSpec
     from sessionroute.sim.runner import replica_config
@@ -190,13 +211,13 @@ def run_fidelity(
         }
         live_out = run_experiment(live_spec, _SameSeed(runner, spec.run.seed), reporter, jobs=1)
     sim_spec = fidelity_sim_spec(spec, str(profile_path), engine, urls)
-    sim_out = run_experiment(sim_spec, simulate_arm, reporter, jobs=1)
+    sim_out = run_experiment(sim_spec, simulate_draw, reporter, jobs=1)
     conditions = {
         "experiment": spec.name,
         "command": command,
         "seed": spec.run.seed,
         "repeats_live": spec.run.repeats,
-        "repeats_sim": 1,
+        "repeats_sim": SIM_DRAWS,
         "worker_urls": urls,
         "engine": {**engine.replicas_overrides(), "source": engine.source},
         "servers": [
