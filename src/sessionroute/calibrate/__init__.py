@@ -17,6 +17,7 @@ Example::
 from __future__ import annotations
 
 from sessionroute.calibrate.api import calibrate, calibrate_async, inspect_servers, plan_for
+from sessionroute.calibrate.check import CheckResult, CheckWorkload, check_profile
 from sessionroute.calibrate.fit import TERMS, FitResult, PhaseFit, TermFit
 from sessionroute.calibrate.plan import Phase, ProbePlan, default_plan
 from sessionroute.calibrate.probe import PhaseRun, RequestRecord
@@ -27,6 +28,8 @@ __all__ = [
     "TERMS",
     "CalibrationError",
     "CalibrationResult",
+    "CheckResult",
+    "CheckWorkload",
     "FitResult",
     "Phase",
     "PhaseFit",
@@ -37,6 +40,7 @@ __all__ = [
     "TermFit",
     "calibrate",
     "calibrate_async",
+    "check_profile",
     "default_plan",
     "inspect_servers",
     "plan_for",

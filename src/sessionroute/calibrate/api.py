@@ -6,20 +6,17 @@ import asyncio
 import dataclasses
 import datetime
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import aiohttp
 
 from sessionroute.calibrate.fit import Row, fit_rows, phase_row
 from sessionroute.calibrate.plan import ProbePlan, default_plan
-from sessionroute.calibrate.probe import PhaseRun, reset_prefix_cache, run_plan
+from sessionroute.calibrate.probe import PhaseRun, Progress, reset_prefix_cache, run_plan
 from sessionroute.calibrate.result import CalibrationResult, build_profile
 from sessionroute.calibrate.server import CalibrationError, ServerInfo, read_server_info
 
 __all__ = ["calibrate", "calibrate_async", "inspect_servers", "plan_for"]
-
-Progress = Callable[[PhaseRun], None]
-"""Called after each phase with what it measured."""
 
 
 def _check_same(servers: Sequence[ServerInfo]) -> None:
@@ -56,7 +53,7 @@ async def inspect_servers(
     return tuple(servers)
 
 
-def plan_for(servers: Sequence[ServerInfo], *, reps: int = 3, decode_tokens: int = 48) -> ProbePlan:
+def plan_for(servers: Sequence[ServerInfo], *, reps: int = 7, decode_tokens: int = 48) -> ProbePlan:
     """The default probe plan for the smallest of ``servers`` (``plan.default_plan``)."""
     smallest = min(servers, key=lambda s: (s.kv_capacity_tokens, s.max_num_seqs))
     return default_plan(smallest, reps=reps, decode_tokens=decode_tokens)
@@ -134,7 +131,8 @@ def calibrate(
             the first and only reads the others.
         name: the profile's name (default ``calibrated-<model>``).
         timeout_s: per HTTP request, seconds.
-        progress: called after each phase.
+        progress: called after each probe round with (rounds done, rounds in all on this
+            server, phase label).
 
     Returns:
         The fitted profile, the servers, every phase's measurements and the fit's errors; write

@@ -16,12 +16,13 @@ server (a CPU) and an approximation for a memory-bound GPU at small batches.
 from __future__ import annotations
 
 import itertools
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from sessionroute.calibrate.probe import PhaseRun
+from sessionroute.calibrate.probe import PhaseRun, RequestRecord, Round
 
 __all__ = ["TERMS", "FitResult", "PhaseFit", "Row", "TermFit", "fit_rows", "phase_row"]
 
@@ -29,11 +30,18 @@ TERMS: tuple[str, ...] = ("b0_s", "b_tok_s", "b_seq_s", "b_req_s", "b_kv_s", "b_
 """The fitted constants, as :class:`~sessionroute.replica.StepTimeProfile` fields."""
 
 _SOURCE = {
+    "prefill": "client TTFT",
+    "cached": "client TTFT",
+    "decode": "client first-to-last token",
+    "churn": "wall time / requests",
+}
+_SERVER_SIDE = {
     "prefill": "vllm:time_to_first_token_seconds",
     "cached": "vllm:time_to_first_token_seconds",
     "decode": "vllm:request_decode_time_seconds",
-    "churn": "wall time / requests",
 }
+"""The server's own histogram of what a phase measures at the client (shown beside it: the
+difference is HTTP and the frontend's work)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,19 +49,24 @@ class Row:
     """One equation: ``y = sum(x[i] * TERMS[i])``.
 
     Attributes:
-        label: the phase (and server) it came from.
+        label: the phase it came from.
         kind: the phase kind.
+        server: the server's URL.
         x: coefficients of :data:`TERMS` (steps, tokens, sequences, requests, context tokens,
             token^2), per request.
         y: measured seconds per request.
-        source: what ``y`` is (a vLLM histogram's mean, or wall time).
+        source: what ``y`` is (measured at the client, or wall time).
+        server_y: the server's own histogram of the same interval (median round), when it
+            has one: the difference is HTTP and the frontend.
     """
 
     label: str
     kind: str
+    server: str
     x: tuple[float, ...]
     y: float
     source: str
+    server_y: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,16 +99,19 @@ class PhaseFit:
     """A phase's measured and predicted time.
 
     Attributes:
-        label, kind, source: as in :class:`Row`.
+        label, kind, server, source: as in :class:`Row`.
+        server_s: :attr:`Row.server_y`.
         measured_s: measured seconds per request.
         predicted_s: the fitted model's seconds per request.
     """
 
     label: str
     kind: str
+    server: str
     source: str
     measured_s: float
     predicted_s: float
+    server_s: float | None = None
 
     @property
     def error(self) -> float:
@@ -123,53 +139,83 @@ class FitResult:
         return float(np.sqrt(np.mean(np.square(errs)))) if errs else 0.0
 
 
+def _prefill_x(recs: Sequence[RequestRecord]) -> tuple[float, ...]:
+    n = float(len(recs))
+    p = [float(r.prompt_tokens - r.cached_tokens) for r in recs]
+    a = [pi * (r.cached_tokens + pi / 2.0) for pi, r in zip(p, recs, strict=True)]
+    return (1.0, sum(p) / n, 0.0, 1.0, 0.0, sum(a) / n)
+
+
+def _decode_x(recs: Sequence[RequestRecord], b: float) -> tuple[float, ...]:
+    cols = np.zeros(6)
+    for r in recs:
+        k = r.output_tokens - 1.0
+        cols += k * np.array([1.0, b, b, 0.0, b * (r.prompt_tokens + r.output_tokens / 2), 0.0])
+    return tuple(float(v) for v in cols / len(recs))
+
+
+def _churn_totals(rnd: Round) -> np.ndarray:
+    recs = rnd.records
+    d = sum(r.output_tokens - 1.0 for r in recs)
+    fresh = [float(r.prompt_tokens - r.cached_tokens) for r in recs]
+    c = sum((r.output_tokens - 1.0) * (r.prompt_tokens + r.output_tokens / 2) for r in recs)
+    attn = sum(pi * (r.cached_tokens + pi / 2.0) for pi, r in zip(fresh, recs, strict=True))
+    return np.array([rnd.steps, sum(fresh) + d, d, float(len(recs)), c, attn])
+
+
 def phase_row(run: PhaseRun) -> Row | None:
     """The equation of one phase run, or None when the server's histograms missed it.
 
     Per request with ``L`` prompt tokens of which ``H`` were cached (``P = L - H`` computed)
     and ``M`` output tokens (``shared/ENGINE.md``, "Step time"):
 
-    - ``prefill``/``cached`` (TTFT: one step): ``[1, P, 0, 1, 0, P * (H + P / 2)]``;
-    - ``decode`` (decode time: ``M - 1`` steps of ``B`` sequences):
+    - ``prefill``/``cached`` (time to first token: one step): ``[1, P, 0, 1, 0, P * (H + P /
+      2)]``;
+    - ``decode`` (first to last token: ``M - 1`` steps of ``B`` sequences):
       ``(M - 1) * [1, B, B, 0, B * (L + M / 2), 0]``;
     - ``churn`` (wall time, the server busy throughout): ``[steps, sum N, sum D, requests,
       sum C, sum A]`` over the phase, divided by its requests, with ``D = M - 1`` decode
       tokens and ``C = (M - 1) * (L + M / 2)`` context per request.
+
+    ``prefill``, ``cached`` and ``decode`` take the median round's time (and the rounds' mean
+    coefficients); ``churn`` sums its rounds.
     """
     ph = run.phase
-    recs = run.records
-    if not recs:
-        return None
-    n = float(len(recs))
     kind = ph.kind
-    label = f"{ph.label} @ {run.server}"
-    if kind in ("prefill", "cached"):
-        y = run.means.get("vllm:time_to_first_token_seconds")
-        if y is None or y <= 0:
+    rounds = [r for r in run.rounds if r.records]
+    if kind == "churn":
+        rounds = [r for r in rounds if r.steps > 0 and r.wall_s > 0]
+        if not rounds:
             return None
-        p = [float(r.prompt_tokens - r.cached_tokens) for r in recs]
-        a = [pi * (r.cached_tokens + pi / 2.0) for pi, r in zip(p, recs, strict=True)]
-        x: tuple[float, ...] = (1.0, sum(p) / n, 0.0, 1.0, 0.0, sum(a) / n)
-    elif kind == "decode":
-        y = run.means.get("vllm:request_decode_time_seconds")
-        if y is None or y <= 0:
-            return None
-        b = float(ph.concurrency)
-        cols = np.zeros(6)
-        for r in recs:
-            k = r.output_tokens - 1.0
-            cols += k * np.array([1.0, b, b, 0.0, b * (r.prompt_tokens + r.output_tokens / 2), 0.0])
-        x = tuple(float(v) for v in cols / n)
-    else:  # churn
-        if run.steps <= 0 or run.wall_s <= 0:
-            return None
-        y = run.wall_s / n
-        d = sum(r.output_tokens - 1.0 for r in recs)
-        fresh = [float(r.prompt_tokens - r.cached_tokens) for r in recs]
-        c = sum((r.output_tokens - 1.0) * (r.prompt_tokens + r.output_tokens / 2) for r in recs)
-        attn = sum(pi * (r.cached_tokens + pi / 2.0) for pi, r in zip(fresh, recs, strict=True))
-        x = (run.steps / n, (sum(fresh) + d) / n, d / n, 1.0, c / n, attn / n)
-    return Row(label, kind, x, float(y), _SOURCE[kind])
+        n = float(sum(len(r.records) for r in rounds))
+        tot = sum((_churn_totals(r) for r in rounds), np.zeros(6))
+        y = sum(r.wall_s for r in rounds) / n
+        x = tuple(float(v) for v in tot / n)
+        return Row(ph.label, kind, run.server, x, y, _SOURCE[kind])
+    ys: list[float] = []
+    xs: list[tuple[float, ...]] = []
+    servers: list[float] = []
+    for rnd in rounds:
+        recs = rnd.records
+        if kind == "decode":
+            y_r = statistics.fmean(r.decode_s for r in recs)
+        else:
+            y_r = statistics.fmean(r.ttft_s for r in recs)
+        if y_r <= 0:
+            continue
+        ys.append(y_r)
+        server_side = rnd.means.get(_SERVER_SIDE[kind])
+        if server_side is not None:
+            servers.append(server_side)
+        if kind == "decode":
+            xs.append(_decode_x(rnd.records, float(ph.concurrency)))
+        else:
+            xs.append(_prefill_x(rnd.records))
+    if not ys:
+        return None
+    x_mean = tuple(float(v) for v in np.mean(np.array(xs), axis=0))
+    server_y = float(np.median(servers)) if servers else None
+    return Row(ph.label, kind, run.server, x_mean, float(np.median(ys)), _SOURCE[kind], server_y)
 
 
 def _nnls(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, tuple[int, ...]]:
@@ -229,6 +275,7 @@ def fit_rows(rows: Sequence[Row]) -> FitResult:
         for i, name in enumerate(TERMS)
     )
     phases = tuple(
-        PhaseFit(r.label, r.kind, r.source, r.y, float(pred[i])) for i, r in enumerate(rows)
+        PhaseFit(r.label, r.kind, r.server, r.source, r.y, float(pred[i]), r.server_y)
+        for i, r in enumerate(rows)
     )
     return FitResult({name: float(coef[i]) for i, name in enumerate(TERMS)}, terms, phases)

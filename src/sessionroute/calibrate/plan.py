@@ -44,10 +44,13 @@ class Phase:
         output_tokens: ``max_tokens`` per request (``ignore_eos``); ``churn`` draws each
             request's between ``output_min`` and this.
         concurrency: requests in flight at once.
-        requests: requests in the phase.
+        requests: requests per round.
         fresh_min: smallest fresh prompt of a ``churn`` request (else equal to
             ``fresh_tokens``).
         output_min: smallest output of a ``churn`` request (else equal to ``output_tokens``).
+        rounds: rounds of ``requests`` requests, each measured on its own (the fit takes the
+            median round of ``prefill``, ``cached`` and ``decode``, robust to a noisy
+            neighbour; ``churn`` sums its rounds).
     """
 
     kind: str
@@ -58,6 +61,7 @@ class Phase:
     requests: int
     fresh_min: int
     output_min: int
+    rounds: int = 1
 
     @property
     def label(self) -> str:
@@ -72,16 +76,18 @@ class Phase:
 
     def describe(self) -> str:
         """One line of ``--dry-run``: what the phase sends."""
+        rounds = f"{self.rounds} x " if self.rounds > 1 else ""
         if self.kind == "churn":
             return (
-                f"{self.requests} requests, {self.concurrency} in flight (closed loop), "
+                f"{rounds}{self.requests} requests, {self.concurrency} in flight (closed loop), "
                 f"prefix {self.prefix_tokens} cached + {self.fresh_min}-{self.fresh_tokens} "
                 f"fresh tokens, {self.output_min}-{self.output_tokens} output tokens"
             )
-        together = "one at a time" if self.concurrency == 1 else f"{self.concurrency} at once"
+        together = "" if self.concurrency == 1 else " together"
         prefix = f"prefix {self.prefix_tokens} cached + " if self.prefix_tokens else ""
+        n = f"{self.requests} requests" if self.requests > 1 else "1 request"
         return (
-            f"{self.requests} requests {together}, {prefix}{self.fresh_tokens} fresh tokens, "
+            f"{rounds}{n}{together}, {prefix}{self.fresh_tokens} fresh tokens, "
             f"{self.output_tokens} output tokens"
         )
 
@@ -100,16 +106,16 @@ class ProbePlan:
 
     @property
     def num_requests(self) -> int:
-        """Requests the plan sends to one server (warm-ups included)."""
+        """Requests the plan sends to one server (prefix warm-ups included)."""
         warm = sum(1 for p in self.phases if p.prefix_tokens)
-        return warm + sum(p.requests for p in self.phases)
+        return warm + sum(p.requests * p.rounds for p in self.phases)
 
 
 def _blocks_down(tokens: int, block_size: int) -> int:
     return max(block_size, tokens // block_size * block_size)
 
 
-def default_plan(info: ServerInfo, *, reps: int = 3, decode_tokens: int = 48) -> ProbePlan:
+def default_plan(info: ServerInfo, *, reps: int = 7, decode_tokens: int = 48) -> ProbePlan:
     """The plan sized to one server's limits.
 
     Prompt lengths go up to ``Lcap = min(max_num_batched_tokens, max_model_len - 2, KV / 4)``
@@ -118,7 +124,7 @@ def default_plan(info: ServerInfo, *, reps: int = 3, decode_tokens: int = 48) ->
 
     Args:
         info: the server (its block size, KV capacity and limits).
-        reps: requests per ``prefill`` and ``cached`` phase.
+        reps: rounds of each phase (``churn``: ``max(1, reps // 2)``).
         decode_tokens: output tokens of a ``decode`` request (``churn``: at most this).
 
     Raises:
@@ -138,11 +144,11 @@ def default_plan(info: ServerInfo, *, reps: int = 3, decode_tokens: int = 48) ->
     phases: list[Phase] = []
     lengths = sorted({max(8, int(cap * f)) for f in (1 / 32, 1 / 8, 1 / 4, 1 / 2, 1.0)})
     for n in lengths:
-        phases.append(Phase("prefill", n, 0, 1, 1, reps, n, 1))
+        phases.append(Phase("prefill", n, 0, 1, 1, 1, n, 1, reps))
     h_big = _blocks_down(cap * 3 // 4, bs)
-    for s in sorted({8, max(8, cap // 8)}):
-        if h_big + s <= cap:
-            phases.append(Phase("cached", s, h_big, 1, 1, reps, s, 1))
+    for h, s in sorted({(h_big, 8), (h_big, max(8, cap // 8)), (_blocks_down(cap // 4, bs), 8)}):
+        if h + s <= cap:
+            phases.append(Phase("cached", s, h, 1, 1, 1, s, 1, reps))
     m = decode_tokens
     fresh = min(16, bs)
     s_max = info.max_num_seqs
@@ -152,14 +158,24 @@ def default_plan(info: ServerInfo, *, reps: int = 3, decode_tokens: int = 48) ->
         for b in batches:
             per_req = -(-(fresh + m) // bs) + 1
             b_fit = min(b, max(1, (kv // bs - h // bs - 1) // per_req))
-            phases.append(Phase("decode", fresh, h, m, b_fit, b_fit, fresh, m))
+            phases.append(Phase("decode", fresh, h, m, b_fit, b_fit, fresh, m, reps))
     churn_prefix = 2 * bs
     churn_fresh = max(8, min(cap // 8, info.max_model_len - churn_prefix - m - 2))
     for c in sorted({max(2, s_max // 4), s_max}):
         per_req = -(-(churn_fresh + m) // bs) + 1
         c_fit = min(c, max(1, (kv // bs - churn_prefix // bs - 1) // per_req))
         phases.append(
-            Phase("churn", churn_fresh, churn_prefix, m, c_fit, 3 * c_fit, 8, max(2, m // 4))
+            Phase(
+                "churn",
+                churn_fresh,
+                churn_prefix,
+                m,
+                c_fit,
+                3 * c_fit,
+                8,
+                max(2, m // 4),
+                max(1, reps // 2),
+            )
         )
     unique = list(dict.fromkeys(phases))
     return ProbePlan(tuple(unique))

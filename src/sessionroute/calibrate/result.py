@@ -114,6 +114,7 @@ class CalibrationResult:
                     "measured_s": round(p.measured_s, 6),
                     "predicted_s": round(p.predicted_s, 6),
                     "error": round(p.error, 4),
+                    **({} if p.server_s is None else {"vllm_histogram_s": round(p.server_s, 6)}),
                 }
                 for p in fit.phases
             ],

@@ -70,7 +70,11 @@ def register(sub: Any) -> None:
         help="probe every server in turn (default) or only the first (the others are read)",
     )
     parser.add_argument(
-        "--reps", type=int, default=3, metavar="N", help="requests per prefill phase (3)"
+        "--reps",
+        type=int,
+        default=7,
+        metavar="N",
+        help="rounds of each phase; the fit takes each phase's median round (7; churn: N // 2)",
     )
     parser.add_argument(
         "--decode-tokens",
@@ -82,6 +86,13 @@ def register(sub: Any) -> None:
     parser.add_argument("--name", help="profile name (default: calibrated-<served model>)")
     parser.add_argument(
         "--timeout", type=float, default=120.0, metavar="S", help="per request, seconds (120)"
+    )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="after fitting, run a held-out probe-like workload (Poisson arrivals, shared "
+        "prefixes, varied lengths) on the first server live and through the fitted model, "
+        "and print TTFT, ITL and tok/s side by side",
     )
     parser.add_argument(
         "--dry-run",
@@ -101,7 +112,8 @@ def _print_servers(console: Any, servers: Any) -> None:
     from rich.table import Table
 
     table = Table(title="servers")
-    for col in ("url", "model", "vLLM", "block", "KV tokens", "max seqs", "batch tokens", "limits"):
+    table.add_column("url", overflow="fold", min_width=22)
+    for col in ("model", "vLLM", "block", "KV tokens", "max seqs", "batch tokens", "limits"):
         table.add_column(col)
     for s in servers:
         table.add_row(
@@ -142,20 +154,45 @@ def print_fit(console: Any, result: Any) -> None:
         terms.add_row(t.name, _fmt_term(t.name, t.value), err, f"{t.share:.1%}")
     console.print(terms)
     phases = Table(title="phases: measured vs fitted model")
-    for col in ("phase", "measured", "measured (ms)", "model (ms)", "error"):
+    for col in ("phase", "measured", "measured (ms)", "model (ms)", "error", "vLLM's (ms)"):
         phases.add_column(col)
+    several = len({p.server for p in result.fit.phases}) > 1
     for p in result.fit.phases:
         phases.add_row(
-            p.label,
+            f"{p.label} @ {p.server}" if several else p.label,
             p.source,
             f"{p.measured_s * 1e3:.2f}",
             f"{p.predicted_s * 1e3:.2f}",
             f"{p.error:+.1%}",
+            "-" if p.server_s is None else f"{p.server_s * 1e3:.2f}",
         )
     console.print(phases)
     kinds = dict.fromkeys(p.kind for p in result.fit.phases)
     rms = ", ".join(f"{k} {result.fit.rms_error(k):.1%}" for k in kinds)
     console.print(f"RMS error by phase kind: {rms}; all {result.fit.rms_error():.1%}")
+    console.print(
+        "measured at the client (streaming, as `compare --live` measures); vLLM's: the "
+        "server's own histogram of the same interval (the gap is HTTP and its frontend)"
+    )
+
+
+def print_check(console: Any, check: Any) -> None:
+    """Print a :class:`~sessionroute.calibrate.CheckResult` (live vs model, error)."""
+    from rich.table import Table
+
+    table = Table(title=f"check: held-out workload, {check.requests} requests, live vs model")
+    for col in ("metric", "live", "model", "error"):
+        table.add_column(col)
+    errors = check.errors()
+    for key, live in check.live.items():
+        scale, fmt = (1.0, "{:.0f}") if key == "tok_per_s" else (1e3, "{:.2f} ms")
+        table.add_row(
+            key,
+            fmt.format(live * scale),
+            fmt.format(check.sim[key] * scale),
+            f"{errors[key]:+.1%}" if key in errors else "-",
+        )
+    console.print(table)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -174,7 +211,7 @@ def _run(args: argparse.Namespace) -> int:
         write_profile,
     )
 
-    console = Console()
+    console = Console(width=max(Console().width, 110))
     err = Console(stderr=True)
 
     def fail(message: str) -> int:
@@ -208,14 +245,14 @@ def _run(args: argparse.Namespace) -> int:
     with Progress(
         TextColumn("[progress.description]{task.description}"),
         BarColumn(),
-        TextColumn("{task.completed}/{task.total} phases"),
+        TextColumn("{task.completed}/{task.total} rounds"),
         TimeElapsedColumn(),
         console=console,
     ) as bar:
-        task = bar.add_task("probing", total=len(plan.phases) * probed)
+        task = bar.add_task("probing", total=sum(p.rounds for p in plan.phases) * probed)
 
-        def on_phase(run: Any) -> None:
-            bar.update(task, advance=1, description=f"{run.phase.label}")
+        def on_phase(done: int, total: int, label: str) -> None:
+            bar.update(task, advance=1, description=label)
 
         try:
             result = calibrate(
@@ -231,13 +268,21 @@ def _run(args: argparse.Namespace) -> int:
         except (CalibrationError, ValueError) as exc:
             return fail(str(exc))
     print_fit(console, result)
+    if args.check:
+        from sessionroute.calibrate import check_profile
+
+        try:
+            check = asyncio.run(check_profile(result.servers[0], result.profile, result.block_size))
+        except CalibrationError as exc:
+            return fail(str(exc))
+        print_check(console, check)
     try:
         path = write_profile(result, args.out)
     except OSError as exc:
         return fail(f"cannot write {args.out}: {exc}")
     console.print(
         f"wrote {escape(str(path))} (profile {result.profile.name!r}) in {result.wall_s:.0f} s; "
-        f'use it with [replicas] profile = "{escape(str(path))}"'
+        + escape(f'use it with [replicas] profile = "{path}"')
     )
     sys.stdout.flush()
     return 0
