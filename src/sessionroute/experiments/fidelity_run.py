@@ -121,6 +121,19 @@ def simulate_draw(arm: ResolvedArm, seed: int, progress: Callable[[float], None]
     return RunOutput(seed, result.metrics, result.timeseries, result.steps, result.samples)
 
 
+def _calibration_progress(say: Say) -> Callable[[int, int, str], None]:
+    """A ``calibrate`` progress callback that says a line about every tenth of the rounds."""
+    shown = [-1]
+
+    def progress(done: int, total: int, label: str) -> None:
+        tenth = 10 * done // max(1, total)
+        if tenth != shown[0]:
+            shown[0] = tenth
+            say(f"  calibrate: {done} of {total} rounds ({label})")
+
+    return progress
+
+
 def _read_servers(urls: list[str], live: LiveSection, fallback: Mapping[str, Any]) -> Any:
     import aiohttp
 
@@ -192,9 +205,7 @@ def run_fidelity(
                 probe="first",
                 max_num_seqs=fallback["max_num_seqs"],
                 max_num_batched_tokens=fallback["max_num_batched_tokens"],
-                progress=lambda run: say(
-                    f"  calibrate: {run.phase.kind} x{run.phase.requests} ({run.wall_s:.1f} s)"
-                ),
+                progress=_calibration_progress(say),
             )
             profile_path = write_profile(result, out_dir / "profile.toml")
             calibration = {"calibrated_here": True, "wall_s": result.wall_s}
