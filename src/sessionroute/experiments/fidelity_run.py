@@ -182,8 +182,8 @@ def run_fidelity(
     from sessionroute.sim import SimSpec
     from sessionroute.sim.runner import replica_config
 
-    out_dir.mkdir(parents=True, exist_ok=True)
     live_spec = fidelity_live_spec(spec)
+    out_dir.mkdir(parents=True, exist_ok=True)
     _, rcfg = replica_config(SimSpec.from_settings(resolve_arms(live_spec)[0].settings))
     # the servers' batch limits where /server_info does not give them: the flags the preset or
     # command starts them with, the emulator's own settings

@@ -72,7 +72,8 @@ def test_fidelity_refuses_in_process_emulators(tmp_path: Path) -> None:
     exp.write_text(text, "utf-8")
     r = subprocess.run(
         [sys.executable, "-m", "sessionroute.cli", "compare", str(exp), "--fidelity"],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
     )  # fmt: skip
     assert r.returncode == 2
+    assert not (tmp_path / "runs").exists()  # refused before any output directory
     assert "running servers" in r.stderr
