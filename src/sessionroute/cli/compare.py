@@ -25,6 +25,7 @@ examples:
   sessionroute compare --live examples/live_side_by_side.toml   # real HTTP, emulated replicas
   sessionroute compare --objective "min step_time_s.mean; ttft_s.p99 <= 60"
   sessionroute compare --explain                    # the objective, the verdict and the terms
+  sessionroute compare examples/live_vllm_cpu.toml --fidelity  # simulator vs real servers
 """
 
 
@@ -101,6 +102,20 @@ def register(sub: Any) -> None:
         action="store_true",
         help="print the experiment's objective, how the verdict is reached and a glossary of "
         "the table's terms, and exit",
+    )
+    parser.add_argument(
+        "--fidelity",
+        action="store_true",
+        help="for a file whose [live] section names servers: calibrate them (or take "
+        "--profile), run every arm live (repeats runs, the same seed) and simulated with the "
+        "servers' KV size, batch limits and worker URLs, and write fidelity.json, a table and "
+        "a report section (docs/simulator.md, 'How far to trust it')",
+    )
+    parser.add_argument(
+        "--profile",
+        metavar="FILE",
+        help="with --fidelity: a profile file fitted to these servers (sessionroute calibrate "
+        "--out FILE) instead of calibrating them first",
     )
     parser.add_argument(
         "--dry-run",
@@ -275,6 +290,60 @@ def _check_arms(arms: list[Any]) -> None:
             cfg.build(np.random.default_rng(0))
 
 
+def _with_live_engine(spec: Any, arms: list[Any], console: Any) -> tuple[Any, list[Any]]:
+    """For a ``[live]`` file naming real servers: the experiment with the servers' KV size and
+    batch limits in ``[replicas]`` (:mod:`sessionroute.experiments.live_engine`), a line
+    saying where they came from on ``console``; ``(spec, arms)`` unchanged otherwise."""
+    from sessionroute.experiments.live_engine import apply_engine_settings, live_engine_settings
+    from sessionroute.experiments.spec import parse_experiment, resolve_arms
+
+    engine = live_engine_settings(arms[0].settings)
+    if engine is None:
+        return spec, arms
+    console.print(f"simulating the [live] servers' engine: {engine.source}", markup=False)
+    if not engine.replicas_overrides():
+        return spec, arms
+    data = spec.model_dump()
+    apply_engine_settings(data, engine)
+    spec = parse_experiment(data, source=f"{spec.name} (the [live] servers' engine)")
+    return spec, resolve_arms(spec)
+
+
+def _run_fidelity(args: argparse.Namespace, spec: Any, err_console: Any, out_console: Any) -> int:
+    from rich.markup import escape
+
+    from sessionroute.errors import SessionRouteError
+    from sessionroute.experiments.fidelity_report import print_fidelity
+    from sessionroute.experiments.fidelity_run import run_fidelity
+    from sessionroute.experiments.progress import RichReporter
+    from sessionroute.experiments.runner import default_out_dir
+
+    out_dir = default_out_dir(spec.name) if args.out is None else Path(args.out)
+    t0 = time.monotonic()
+    try:
+        with RichReporter(err_console) as reporter:
+            result = run_fidelity(
+                spec,
+                out_dir,
+                profile=args.profile,
+                reporter=reporter,
+                say=lambda line: err_console.print(line, highlight=False, markup=False),
+                command=" ".join(["sessionroute", *sys.argv[1:]]),
+            )
+    except SessionRouteError as exc:
+        err_console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
+        return 2
+    print_fidelity(result.doc, out_console)
+    out_console.print(
+        f"wall time {time.monotonic() - t0:.1f} s; fidelity: {result.paths['fidelity']}  "
+        f"report: {result.paths['report']}  profile: {result.paths['profile']}",
+        highlight=False,
+    )
+    if args.json:
+        sys.stdout.write(result.paths["fidelity"].read_text("utf-8"))
+    return 0
+
+
 def _jobs(args: argparse.Namespace, spec: Any) -> int:
     runs: int = len(spec.arms) * spec.run.repeats
     if args.jobs is not None:
@@ -316,8 +385,19 @@ def _run(args: argparse.Namespace) -> int:
     )
     from sessionroute.experiments.spec import resolve_arms
 
+    if args.profile and not args.fidelity:
+        err_console.print("[red]error:[/red] --profile goes with --fidelity", highlight=False)
+        return 2
+    if args.fidelity and args.live:
+        err_console.print(
+            "[red]error:[/red] --fidelity runs the arms live and simulated: drop --live",
+            highlight=False,
+        )
+        return 2
     try:
         arms = resolve_arms(spec)
+        if not args.live and not args.fidelity:
+            spec, arms = _with_live_engine(spec, arms, err_console)
         _check_arms(arms)
     except (SessionRouteError, ValueError) as exc:
         err_console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
@@ -349,6 +429,8 @@ def _run(args: argparse.Namespace) -> int:
     from sessionroute.experiments.sim_arm import simulate_arm
     from sessionroute.experiments.table import print_comparison
 
+    if args.fidelity:
+        return _run_fidelity(args, spec, err_console, out_console)
     t0 = time.monotonic()
     try:
         with RichReporter(err_console) as reporter:
@@ -368,9 +450,13 @@ def _run(args: argparse.Namespace) -> int:
     out_dir = default_out_dir(spec.name) if args.out is None else Path(args.out)
     paths = write_outputs(output, out_dir)
     print_comparison(output.results, out_console)
+    if not args.live:
+        from sessionroute.experiments.live_engine import profile_note
+
+        out_console.print(profile_note(arms[0].settings), highlight=False, markup=False)
     from sessionroute.experiments.verdict_text import print_verdict
 
-    print_verdict(output.verdict(), arms, out_console)
+    print_verdict(output.verdict(), output.arms, out_console)
     if spec.wandb.project:
         from sessionroute.experiments.tracking import log_experiment, resolve_mode
 

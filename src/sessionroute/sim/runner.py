@@ -159,6 +159,7 @@ def run_simulation(
     progress: Callable[[float], None] | None = None,
     *,
     wall_clock: Clock | None = None,
+    policy_seed: int | None = None,
 ) -> SimResult:
     """Simulate ``spec`` with one routing policy.
 
@@ -170,6 +171,9 @@ def run_simulation(
         seed: seeds the workload (``numpy.random.default_rng(seed)``) and the policy
             (``random.Random(seed)``); arms with the same seed see the same workload.
         progress: called with the fraction done (0..1) every sample interval and at the end.
+        policy_seed: seeds the policy and the router core instead of ``seed`` (None: ``seed``):
+            the same workload under other placement draws (``compare --fidelity`` measures the
+            simulator's spread over them).
         wall_clock: measures ``wall_seconds`` (default :class:`~sessionroute.clock.MonotonicClock`;
             pass a :class:`~sessionroute.clock.ManualClock` for byte-identical metrics).
 
@@ -198,13 +202,14 @@ def run_simulation(
         session_table_max_bytes=spec.router.session_table_max_bytes,
     )
     options = choice.options()
-    pol = choice.build(clock=clock, rng=random.Random(seed))
+    pseed = seed if policy_seed is None else policy_seed
+    pol = choice.build(clock=clock, rng=random.Random(pseed))
     if spec.sim.routers > 1:
         from sessionroute.sim.routers import build_fleet
 
         first = pol
         pol = build_fleet(
-            lambda k: first if k == 0 else choice.build(clock=clock, rng=random.Random(seed + k)),
+            lambda k: first if k == 0 else choice.build(clock=clock, rng=random.Random(pseed + k)),
             spec.sim.routers,
             spec.sim.router_state,
             clock,
@@ -214,7 +219,7 @@ def run_simulation(
         pol,
         Cluster([r.url for r in replicas]),
         spec.router,
-        rng=random.Random(seed ^ ROUTER_SEED_SALT),
+        rng=random.Random(pseed ^ ROUTER_SEED_SALT),
     )
     rec = Recorder()
     sim = Simulation(

@@ -13,16 +13,74 @@ every platform and Python version, so accidental collisions are negligible at si
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Final
 
 from sessionroute.keys import ROOT_KEY, BlockChain, chain_key
 
-__all__ = ["ROOT_KEY", "SHARED_NAMESPACE", "BlockChain", "expand_trace_blocks"]
+__all__ = [
+    "ROOT_KEY",
+    "SHARED_NAMESPACE",
+    "BlockChain",
+    "expand_trace_blocks",
+    "reply_in_history",
+    "reused_reply_tokens",
+]
 
 SHARED_NAMESPACE: Final = -1
 """Parent of the keys of a trace's globally shared leading blocks (see
 :func:`expand_trace_blocks`)."""
+
+
+def reused_reply_tokens(reply_reuse: float, output_len: int) -> int:
+    """Tokens of a reply of ``output_len`` tokens that the next prompt repeats token for token:
+    ``floor(reply_reuse * output_len)`` (a 1e-9 tolerance keeps ``0.7 * 10`` at 7).
+
+    Raises:
+        ValueError: for ``reply_reuse`` outside ``[0, 1]`` or a negative ``output_len``.
+    """
+    if not 0.0 <= reply_reuse <= 1.0:
+        raise ValueError(f"reply_reuse must be in [0, 1], got {reply_reuse!r}")
+    if output_len < 0:
+        raise ValueError(f"output_len must be >= 0, got {output_len!r}")
+    return min(output_len, math.floor(reply_reuse * output_len + 1e-9))
+
+
+def reply_in_history(
+    before_reply: BlockChain, reply_segment: int, output_len: int, reused: int, fresh_segment: int
+) -> BlockChain:
+    """The conversation as the next prompt holds it when only part of the previous reply
+    is re-sent token for token (``reply_reuse`` of the swe-rl and toy workloads).
+
+    The reply was generated as segment ``reply_segment`` of ``output_len`` tokens after the
+    content of ``before_reply``; the next prompt repeats its first ``reused`` tokens and then
+    ``output_len - reused`` *other* tokens (``fresh_segment``): what a chat template that
+    re-renders history (drops reasoning, normalises whitespace) or a detokenise / re-tokenise
+    round trip does. Lengths are unchanged; the keys of blocks that lie wholly inside the
+    repeated part equal the generated reply's (a segment's block keys depend on its start
+    and offsets, not its length, :mod:`sessionroute.keys`), and every later block's key
+    differs, so the re-rendered part misses every prefix cache.
+
+    Args:
+        before_reply: the chain of the prompt the reply answered; it becomes the result
+            (extended in place).
+        reply_segment: the reply's segment id (as appended for the generating turn).
+        output_len: the reply's tokens.
+        reused: tokens re-sent unchanged (``0 <= reused <= output_len``).
+        fresh_segment: a new segment id for the re-rendered rest.
+
+    Returns:
+        ``before_reply``, extended by ``output_len`` tokens.
+
+    Raises:
+        ValueError: for ``reused`` outside ``[0, output_len]``.
+    """
+    if not 0 <= reused <= output_len:
+        raise ValueError(f"reused must be in [0, {output_len}], got {reused!r}")
+    before_reply.append(reply_segment, reused)
+    before_reply.append(fresh_segment, output_len - reused)
+    return before_reply
 
 
 def expand_trace_blocks(

@@ -21,7 +21,7 @@ import numpy as np
 
 from sessionroute.errors import ConfigError
 from sessionroute.workloads.base import Host, SessionEnd, Turn, TurnOutcome
-from sessionroute.workloads.content import BlockChain
+from sessionroute.workloads.content import BlockChain, reply_in_history, reused_reply_tokens
 from sessionroute.workloads.distributions import LogNormal, QuantileTable
 from sessionroute.workloads.swe_rl_config import SweRlConfig
 
@@ -43,6 +43,7 @@ class _Group:
 
 class _Rollout:
     __slots__ = (
+        "before_reply",
         "chain",
         "group",
         "handle",
@@ -51,6 +52,7 @@ class _Rollout:
         "out_len",
         "outputs",
         "prompt_len",
+        "reply_seg",
         "salt",
         "sid",
         "start_s",
@@ -78,6 +80,8 @@ class _Rollout:
         self.outputs: list[int] = []
         self.obs: list[int] = []
         self.tools: list[float] = []
+        self.before_reply: BlockChain | None = None  # the prompt's chain (reply_reuse < 1)
+        self.reply_seg = 0
 
 
 class SweRlWorkload:
@@ -204,6 +208,9 @@ class SweRlWorkload:
         out = min(r.outputs[r.turn], self._limit - r.prompt_len)
         self._seg += 1
         chain = r.chain
+        if self.config.reply_reuse < 1.0:
+            r.before_reply = chain.copy()
+        r.reply_seg = self._seg
         chain.append(self._seg, out)
         r.out_len = out
         # the chain's own key list, not a copy: the turn is the rollout's only request in
@@ -235,6 +242,11 @@ class SweRlWorkload:
         if total + obs + 1 > self._limit:
             self._end(r.uid, r, "completed", "rollouts_context_limit")
             return
+        if r.before_reply is not None:  # the history re-sends only part of the reply
+            self._seg += 1
+            reused = reused_reply_tokens(self.config.reply_reuse, r.out_len)
+            r.chain = reply_in_history(r.before_reply, r.reply_seg, r.out_len, reused, self._seg)
+            r.before_reply = None
         self._seg += 1
         r.chain.append(self._seg, obs)
         r.prompt_len = total + obs

@@ -45,6 +45,10 @@ class SweRlConfig(BaseModel):
         context_limit: a rollout ends when its next prompt would exceed this (131072; also
             capped by the replicas' ``max_model_len``).
         rollout_timeout_s: a rollout still running after this long is cancelled (3600 s).
+        reply_reuse: fraction of each output that the next prompt repeats token for token
+            (1.0, the default: all of it; 0 for a chat template that drops reasoning from the
+            history). The rest is re-sent as as many other tokens, which miss every cache
+            (:func:`~sessionroute.workloads.content.reply_in_history`).
         cache: after each trainer step: ``"salt"`` - new rollouts use the new policy version as
             ``cache_salt`` (prime-rl); ``"reset"`` - ``reset_prefix_cache`` on every replica
             (SkyRL / torchtitan); ``"keep"`` - nothing.
@@ -79,6 +83,7 @@ class SweRlConfig(BaseModel):
     tool_cap_s: float = Field(default=180.0, gt=0)
     context_limit: int = Field(default=131072, ge=2)
     rollout_timeout_s: float = Field(default=3600.0, gt=0)
+    reply_reuse: float = Field(default=1.0, ge=0, le=1)
     cache: Literal["salt", "reset", "keep"] = "salt"
 
     @model_validator(mode="after")

@@ -16,7 +16,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from sessionroute.workloads.base import Host, Turn, TurnOutcome
-from sessionroute.workloads.content import BlockChain
+from sessionroute.workloads.content import BlockChain, reply_in_history, reused_reply_tokens
 from sessionroute.workloads.distributions import LogNormal
 
 __all__ = ["TOY_REPLICAS", "ToyConfig", "ToyWorkload"]
@@ -42,6 +42,11 @@ class ToyConfig(BaseModel):
         output_p50, output_p90, output_cap: forced output per turn.
         followup_p50, followup_p90: message appended before each later turn.
         think_p50_s, think_p90_s: client delay between a response and the next turn.
+        reply_reuse: fraction of each reply that the next prompt repeats token for token
+            (1.0: all of it; 0 for a chat template that drops the reply's reasoning from the
+            history). The rest is re-sent as as many other tokens, which miss every cache
+            (:func:`~sessionroute.workloads.content.reply_in_history`). Simulation only: a
+            live run sends the reply as the server returned it.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -62,6 +67,7 @@ class ToyConfig(BaseModel):
     followup_p90: float = Field(default=1200, gt=0)
     think_p50_s: float = Field(default=1.0, gt=0)
     think_p90_s: float = Field(default=5.0, gt=0)
+    reply_reuse: float = Field(default=1.0, ge=0, le=1)
 
     def build(self, rng: Any) -> ToyWorkload:
         """A fresh :class:`ToyWorkload` using ``rng``."""
@@ -69,7 +75,19 @@ class ToyConfig(BaseModel):
 
 
 class _Session:
-    __slots__ = ("chain", "follow", "n", "out_len", "outputs", "prompt_len", "sid", "think", "turn")
+    __slots__ = (
+        "before_reply",
+        "chain",
+        "follow",
+        "n",
+        "out_len",
+        "outputs",
+        "prompt_len",
+        "reply_seg",
+        "sid",
+        "think",
+        "turn",
+    )
 
     def __init__(self, sid: str, chain: BlockChain, n: int) -> None:
         self.sid = sid
@@ -81,6 +99,8 @@ class _Session:
         self.outputs: list[int] = []
         self.follow: list[int] = []
         self.think: list[float] = []
+        self.before_reply: BlockChain | None = None  # the prompt's chain (reply_reuse < 1)
+        self.reply_seg = 0
 
 
 class ToyWorkload:
@@ -150,7 +170,10 @@ class ToyWorkload:
             self._finish(s)
             return
         out = min(s.outputs[s.turn], room)
-        s.chain.append(self._new_segment(), out)
+        if self.config.reply_reuse < 1.0:
+            s.before_reply = s.chain.copy()
+        s.reply_seg = self._new_segment()
+        s.chain.append(s.reply_seg, out)
         s.out_len = out
         self.stats["turns"] += 1
         host.submit(Turn(s.sid, s.prompt_len, out, tuple(s.chain.keys), tag=s), self._on_done)
@@ -165,6 +188,12 @@ class ToyWorkload:
             self._finish(s)
             return
         follow = s.follow[s.turn]
+        if s.before_reply is not None:  # the history re-sends only part of the reply
+            reused = reused_reply_tokens(self.config.reply_reuse, s.out_len)
+            s.chain = reply_in_history(
+                s.before_reply, s.reply_seg, s.out_len, reused, self._new_segment()
+            )
+            s.before_reply = None
         s.chain.append(self._new_segment(), follow)
         s.prompt_len += s.out_len + follow
         host.call_at(host.now() + s.think[s.turn], partial(self._send, s))

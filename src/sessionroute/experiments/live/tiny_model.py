@@ -11,8 +11,10 @@ generation prompt ``<|assistant|>\\n``). Saved with ``save_pretrained``; about 2
 Needs ``torch``, ``transformers`` and ``tokenizers`` (the vLLM venv has them). Run it with that
 interpreter (``$VENV/bin/python -m sessionroute.experiments.live.tiny_model DIR``, ``src/`` on
 its path), or through ``sessionroute tiny-model DIR --python $VENV/bin/python``. Output text is
-gibberish;
-lengths are forced by requests (``max_tokens`` + ``ignore_eos``).
+gibberish; lengths are forced by requests (``max_tokens`` + ``ignore_eos``). The weights let the
+model generate only space-led whole words (:func:`reply_token_ids`), so its replies decode to
+text that re-tokenises to the generated ids: a live conversation repeats each reply token for
+token, as the simulator assumes.
 """
 
 from __future__ import annotations
@@ -29,7 +31,14 @@ from typing import Any
 
 from sessionroute.experiments.live.text import WORDS
 
-__all__ = ["CHAT_TEMPLATE", "SPECIAL_TOKENS", "build_tiny_model", "can_build_here", "main"]
+__all__ = [
+    "CHAT_TEMPLATE",
+    "SPECIAL_TOKENS",
+    "build_tiny_model",
+    "can_build_here",
+    "main",
+    "reply_token_ids",
+]
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}<|{{ message['role'] }}|>\n{{ message['content'] }}<|end|>\n"
@@ -132,12 +141,70 @@ def build_tiny_model(
         torch_dtype="float32",
     )
     model = tf.LlamaForCausalLM(config).to(torch.float32)
+    allowed = reply_token_ids(tokenizer.get_vocab())
+    with torch.no_grad():
+        _restrict_outputs(model, allowed)
     model.save_pretrained(str(out))
     (out / "sessionroute_tiny_model.json").write_text(
-        json.dumps({"seed": seed, "vocab_size": len(tokenizer), "words": len(WORDS)}) + "\n",
+        json.dumps(
+            {
+                "seed": seed,
+                "vocab_size": len(tokenizer),
+                "words": len(WORDS),
+                "reply_token_ids": len(allowed),
+            }
+        )
+        + "\n",
         encoding="utf-8",
     )
     return out
+
+
+def reply_token_ids(vocab: dict[str, int]) -> list[int]:
+    """The ids the model may generate: each of :data:`WORDS` led by a space (the byte-level
+    BPE's ``"Ġ" + word``), sorted.
+
+    A reply made of them decodes to `` w1 w2 ...`` and re-tokenises to the same ids inside the
+    next prompt's history (after the template's ``<|assistant|>\\n``), so a live multi-turn
+    conversation repeats its replies token for token, as the simulator's ``reply_reuse = 1``
+    assumes. Any other id (special tokens, bare bytes, sub-word pieces, punctuation) may not
+    survive detokenisation: measured before this restriction, the next prompt carried 3-4 %
+    more, different tokens.
+
+    Raises:
+        ValueError: when a word is not one token of the vocabulary (the tokenizer was trained
+            on other text).
+    """
+    missing = [w for w in WORDS if "\u0120" + w not in vocab]
+    if missing:
+        raise ValueError(f"words that are not one space-led token: {missing[:5]}")
+    return sorted(vocab["\u0120" + w] for w in WORDS)
+
+
+_BLOCKED_LOGIT = 100.0  # logit penalty per unit of the constant channel (its value: 1 / rms)
+
+
+def _restrict_outputs(model: Any, allowed: Sequence[int]) -> None:
+    """Make every id outside ``allowed`` lose every argmax, in the weights themselves (the
+    OpenAI API has no logits processor and ``lm_head`` has no bias).
+
+    Hidden dimension 0 becomes a constant channel: the embedding writes 1.0 there for every
+    token, no layer reads it (its input norms' weight 0) or writes it (row 0 of ``o_proj``
+    and ``down_proj`` zeroed), so after the final RMSNorm it holds ``1 / rms(x) > 0`` at every
+    position; ``lm_head``'s column 0 is 0 for allowed ids and ``-100`` for the others, a
+    penalty of hundreds of logits against the random logits' spread of about 1.
+    """
+    inner = model.model
+    inner.embed_tokens.weight[:, 0] = 1.0
+    for layer in inner.layers:
+        layer.input_layernorm.weight[0] = 0.0
+        layer.post_attention_layernorm.weight[0] = 0.0
+        layer.self_attn.o_proj.weight[0, :] = 0.0
+        layer.mlp.down_proj.weight[0, :] = 0.0
+    inner.norm.weight[0] = 1.0
+    head = model.lm_head.weight
+    head[:, 0] = -_BLOCKED_LOGIT
+    head[list(allowed), 0] = 0.0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

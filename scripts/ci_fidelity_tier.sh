@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# CI fidelity tier: the simulator against real vLLM on this CPU (docs/simulator.md, "How far to
+# trust it"; issue 35).
+#
+# `sessionroute compare examples/fidelity_vllm_cpu.toml --fidelity` starts 3 vLLM servers
+# (16 MiB KV each), calibrates the step-time profile on them (`sessionroute calibrate`'s fit,
+# before any arm runs: the profile is never tuned on the runs it is compared with), runs the
+# real-vLLM tier's workload and a KV-pressure setting, sticky_least_loaded and random in each,
+# every arm twice live with the same seed, and simulates every arm with the servers' KV size,
+# batch limits and worker URLs. Then scripts/check_fidelity.py asserts issue 35's bounds: per
+# arm hit rate within 3 points, output tok/s within 10 %, TTFT p50 and ITL p50 within 25 %; the
+# same arm order wherever the live difference exceeds the live spread; under pressure,
+# preemptions on both sides or neither, and the pressure setting really preempts and evicts on
+# the servers.
+#
+# Usage: scripts/ci_fidelity_tier.sh MODEL_DIR [OUT_DIR]   (MODEL_DIR from `sessionroute
+# tiny-model`; OUT_DIR default runs/fidelity-tier). Environment: VLLM_VENV (the vLLM venv, as
+# in scripts/ci_vllm_tier.sh), SR_PYTHON (an interpreter with sessionroute), FIDELITY_FILE
+# (default examples/fidelity_vllm_cpu.toml), FIDELITY_PROFILE (a profile file instead of
+# calibrating). scripts/ci_vllm_tier.sh calls it with the model it built.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+T0=$SECONDS
+MODEL=${1:?usage: scripts/ci_fidelity_tier.sh MODEL_DIR [OUT_DIR]}
+OUT=${2:-$PWD/runs/fidelity-tier}
+VENV=${VLLM_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/sessionroute/vllm-venv}
+FILE=${FIDELITY_FILE:-examples/fidelity_vllm_cpu.toml}
+if [ -z "${SR_PYTHON:-}" ]; then
+  if python -c 'import sessionroute' >/dev/null 2>&1; then SR_PYTHON=python; else SR_PYTHON=.venv/bin/python; fi
+fi
+PROFILE_ARGS=()
+if [ -n "${FIDELITY_PROFILE:-}" ]; then PROFILE_ARGS=(--profile "$FIDELITY_PROFILE"); fi
+
+echo "== fidelity: $FILE, simulator vs 3 vLLM servers (calibrated on them first)"
+rm -rf "$OUT"
+TINY_MODEL="$MODEL" VLLM_PYTHON="$VENV/bin/python" \
+  "$SR_PYTHON" -m sessionroute.cli compare "$FILE" --fidelity --out "$OUT" "${PROFILE_ARGS[@]}"
+"$SR_PYTHON" scripts/check_fidelity.py "$OUT/fidelity.json" --pressure-suffix=-pressure
+echo "fidelity tier: passed in $((SECONDS - T0)) s (report: $OUT/report.html)"

@@ -1,0 +1,288 @@
+"""Running ``sessionroute compare FILE --fidelity``: calibrate, every arm live, every arm
+simulated with the servers' settings, then :mod:`sessionroute.experiments.fidelity`.
+
+Output directory::
+
+    OUT/results.json, report.html, ...   the live runs (report.html gains a fidelity section)
+    OUT/sim/results.json, report.html    the simulated runs
+    OUT/profile.toml                     the calibrated profile (when calibrated here)
+    OUT/fidelity.json                    the comparison
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sessionroute.errors import ConfigError
+from sessionroute.experiments.fidelity import arm_groups, fidelity_document, write_fidelity
+from sessionroute.experiments.live_engine import EngineSettings, engine_from_servers
+from sessionroute.experiments.live_section import LiveSection
+from sessionroute.experiments.results import RunOutput
+from sessionroute.experiments.runner import ExperimentOutput, run_experiment, write_outputs
+from sessionroute.experiments.spec import (
+    ExperimentSpec,
+    ResolvedArm,
+    parse_experiment,
+    resolve_arms,
+)
+
+__all__ = [
+    "SIM_DRAWS",
+    "FidelityOutput",
+    "fidelity_live_spec",
+    "fidelity_sim_spec",
+    "run_fidelity",
+    "simulate_draw",
+]
+
+Say = Callable[[str], None]
+
+
+@dataclass(slots=True)
+class FidelityOutput:
+    """What :func:`run_fidelity` made.
+
+    Attributes:
+        live: the live runs (``repeats`` per arm, the same seed).
+        sim: the simulated runs (one per arm).
+        doc: the ``fidelity.json`` document.
+        paths: ``fidelity``, ``profile``, ``report``, ``results``, ``sim_results`` -> path.
+    """
+
+    live: ExperimentOutput
+    sim: ExperimentOutput
+    doc: dict[str, Any]
+    paths: dict[str, Path]
+
+
+def fidelity_live_spec(spec: ExperimentSpec) -> ExperimentSpec:
+    """``spec`` as the live side of a fidelity run: streamed (TTFT and ITL), without recording
+    taps (the router's worker URLs are the servers', as in the simulator).
+
+    Raises:
+        ConfigError: in-process emulated replicas (no servers to read before the arms run).
+    """
+    live = spec.live
+    if live.replicas == "emulate" and live.emulate_mode == "in-process":
+        raise ConfigError(
+            "compare --fidelity compares the simulator with running servers: give [live] "
+            'replicas = "command" or "urls" (or emulate_mode = "process" for emulated ones)'
+        )
+    data = spec.model_dump()
+    data["live"] = {**data["live"], "stream": True, "placements": False}
+    return parse_experiment(data, source=f"{spec.name} (fidelity, live)")
+
+
+SIM_DRAWS = 4
+"""Simulated runs per arm: the same workload (seed), placement draws ``seed .. seed + 3``."""
+
+
+def fidelity_sim_spec(
+    spec: ExperimentSpec, profile: str, engine: EngineSettings, urls: list[str]
+) -> ExperimentSpec:
+    """``spec`` as the simulated side: the profile file, the servers' engine settings and
+    worker URLs, :data:`SIM_DRAWS` runs per arm (see :func:`simulate_draw`)."""
+    data = spec.model_dump()
+    data["replicas"] = {
+        **data["replicas"],
+        "profile": profile,
+        "profiles_file": None,
+        "urls": list(urls),
+        **engine.replicas_overrides(),
+    }
+    data["run"] = {**data["run"], "repeats": SIM_DRAWS}
+    return parse_experiment(data, source=f"{spec.name} (fidelity, simulated)")
+
+
+class _SameSeed:
+    """An arm runner that runs every repeat with ``seed`` (run-to-run noise only)."""
+
+    def __init__(self, runner: Callable[[ResolvedArm, int, Callable[[float], None]], RunOutput],
+                 seed: int) -> None:  # fmt: skip
+        self.runner = runner
+        self.seed = seed
+
+    def __call__(self, arm: ResolvedArm, seed: int, progress: Callable[[float], None]) -> RunOutput:
+        return self.runner(arm, self.seed, progress)
+
+
+def simulate_draw(arm: ResolvedArm, seed: int, progress: Callable[[float], None]) -> RunOutput:
+    """Simulate ``arm`` with its experiment's workload seed and ``seed`` as the placement seed
+    (``run_experiment`` passes ``run.seed + k`` for repeat ``k``)."""
+    from sessionroute.sim import SimSpec, run_simulation
+
+    spec = SimSpec.from_settings(arm.settings)
+    base = int(arm.settings["run"]["seed"])
+    result = run_simulation(spec, arm.policy, arm.policy_options, base, progress, policy_seed=seed)
+    return RunOutput(seed, result.metrics, result.timeseries, result.steps, result.samples)
+
+
+def _calibrate_together(urls: list[str], fallback: Mapping[str, Any], say: Say) -> list[Any]:
+    """``calibrate`` each server on its own, all at the same time: every fit sees the others'
+    load, as the servers see each other's during the arms (on a CPU they share the cores; on
+    one GPU each it changes nothing). Returns one ``CalibrationResult`` per server."""
+    from sessionroute.calibrate import calibrate_async
+
+    async def together() -> list[Any]:
+        return list(
+            await asyncio.gather(
+                *(
+                    calibrate_async(
+                        [url],
+                        max_num_seqs=fallback["max_num_seqs"],
+                        max_num_batched_tokens=fallback["max_num_batched_tokens"],
+                        progress=_calibration_progress(say) if i == 0 else None,
+                    )
+                    for i, url in enumerate(urls)
+                )
+            )
+        )
+
+    return asyncio.run(together())
+
+
+def _calibration_progress(say: Say) -> Callable[[int, int, str], None]:
+    """A ``calibrate`` progress callback that says a line about every tenth of the rounds."""
+    shown = [-1]
+
+    def progress(done: int, total: int, label: str) -> None:
+        tenth = 10 * done // max(1, total)
+        if tenth != shown[0]:
+            shown[0] = tenth
+            say(f"  calibrate: {done} of {total} rounds ({label})")
+
+    return progress
+
+
+def _read_servers(urls: list[str], live: LiveSection, fallback: Mapping[str, Any]) -> Any:
+    import aiohttp
+
+    from sessionroute.calibrate import inspect_servers
+
+    async def read() -> Any:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+            return await inspect_servers(
+                session,
+                urls,
+                max_num_seqs=fallback.get("max_num_seqs"),
+                max_num_batched_tokens=fallback.get("max_num_batched_tokens"),
+            )
+
+    return asyncio.run(read())
+
+
+def run_fidelity(
+    spec: ExperimentSpec,
+    out_dir: Path,
+    *,
+    profile: str | None = None,
+    reporter: Any = None,
+    say: Say = print,
+    command: str = "",
+) -> FidelityOutput:
+    """Calibrate (unless ``profile``), run every arm live and simulated, compare, write.
+
+    Args:
+        spec: an experiment with a ``[live]`` section naming servers.
+        out_dir: the output directory (created).
+        profile: a profile file fitted to these servers; None calibrates them first, all at
+            once (:func:`_calibrate_together`), and writes the first server's fit to
+            ``out_dir/profile.toml`` (every server's constants go into ``fidelity.json``).
+        reporter: progress of the runs (``RichReporter``).
+        say: one-line notes (where the settings came from, calibration phases).
+        command: the command line, recorded in ``fidelity.json``.
+
+    Raises:
+        ConfigError: see :func:`fidelity_live_spec`; a profile file that cannot be read.
+        CalibrationError: a server cannot be read or probed.
+        LiveStartError: a replica or router did not start.
+    """
+    from sessionroute.calibrate import write_profile
+    from sessionroute.experiments.live.runner import LiveArmRunner
+    from sessionroute.replica.profiles import load_profile_file
+    from sessionroute.sim import SimSpec
+    from sessionroute.sim.runner import replica_config
+
+    live_spec = fidelity_live_spec(spec)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _, rcfg = replica_config(SimSpec.from_settings(resolve_arms(live_spec)[0].settings))
+    # the servers' batch limits where /server_info does not give them: the flags the preset or
+    # command starts them with, the emulator's own settings
+    emulated = live_spec.live.replicas == "emulate"
+    fallback = {
+        "max_num_seqs": rcfg.seqs if emulated else live_spec.live.max_num_seqs,
+        "max_num_batched_tokens": rcfg.batched_tokens if emulated else None,
+    }
+    calibration: dict[str, Any] = {}
+    with LiveArmRunner(live_spec) as runner:
+        urls = list(runner.fleet.urls)
+        servers = _read_servers(urls, live_spec.live, fallback)
+        engine = engine_from_servers(servers)
+        say(f"servers: {engine.source}")
+        if profile is None:
+            say(f"calibrating {len(urls)} servers at once (in situ: they share the machine) ...")
+            results = _calibrate_together(urls, fallback, say)
+            result = results[0]
+            profile_path = write_profile(result, out_dir / "profile.toml")
+            calibration = {
+                "calibrated_here": True,
+                "calibration_wall_s": result.wall_s,
+                # each server's own fit under the same contention: their spread is the fit's
+                "per_server_fits": [
+                    {"url": r.servers[0].url, **{k: float(v) for k, v in r.fit.values.items()}}
+                    for r in results
+                ],
+            }
+            say(f"calibrated in {result.wall_s:.0f} s: {profile_path} (the first server's fit)")
+        else:
+            profile_path = Path(profile)
+        pf = load_profile_file(profile_path)
+        calibration = {
+            **calibration,
+            "profile": str(profile_path),
+            "profile_name": pf.profile.name,
+            "calibrated": bool(pf.calibration),
+            "calibration": pf.calibration,
+        }
+        live_out = run_experiment(live_spec, _SameSeed(runner, spec.run.seed), reporter, jobs=1)
+    sim_spec = fidelity_sim_spec(spec, str(profile_path), engine, urls)
+    sim_out = run_experiment(sim_spec, simulate_draw, reporter, jobs=1)
+    conditions = {
+        "experiment": spec.name,
+        "command": command,
+        "seed": spec.run.seed,
+        "repeats_live": spec.run.repeats,
+        "repeats_sim": SIM_DRAWS,
+        "worker_urls": urls,
+        "engine": {**engine.replicas_overrides(), "source": engine.source},
+        "servers": [
+            {
+                "url": s.url,
+                "model": s.model,
+                "kv_capacity_tokens": s.kv_capacity_tokens,
+                "vllm_version": s.vllm_version,
+            }
+            for s in servers
+        ],
+        **calibration,
+    }
+    doc = fidelity_document(
+        live_out.results, sim_out.results, arm_groups(live_out.arms), conditions
+    )
+    paths = write_outputs(live_out, out_dir)
+    sim_paths = write_outputs(sim_out, out_dir / "sim")
+    out = {
+        "fidelity": write_fidelity(doc, out_dir / "fidelity.json"),
+        "profile": profile_path,
+        "report": paths["report"],
+        "results": paths["results"],
+        "sim_results": sim_paths["results"],
+    }
+    from sessionroute.experiments.fidelity_report import add_report_section
+
+    add_report_section(out["report"], doc)
+    return FidelityOutput(live_out, sim_out, doc, out)

@@ -1,0 +1,79 @@
+"""``sessionroute compare FILE --fidelity`` end to end against emulated servers (one
+``sessionroute emulate`` process, a ``sessionroute serve`` router per arm) with a given
+profile: fidelity.json, the simulated side's results, the report section."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+EXPERIMENT = """
+name = "tiny-fidelity"
+[workload]
+kind = "toy"
+[workload.options]
+sessions = 5
+arrival_rate_per_s = 4.0
+turns_p50 = 3
+turns_p90 = 3
+turns_max = 3
+first_p50 = 300
+first_p90 = 300
+output_p50 = 16
+output_p90 = 16
+think_p50_s = 0.5
+think_p90_s = 0.5
+[run]
+repeats = 2
+[live]
+emulate_mode = "process"
+router = "sessionroute"
+time_scale = 10
+cache_root = "{root}"
+[[arms]]
+policy = "sticky_least_loaded"
+[[arms]]
+policy = "round_robin"
+"""
+
+
+def test_compare_fidelity_against_emulated_servers(tmp_path: Path) -> None:
+    exp = tmp_path / "exp.toml"
+    exp.write_text(EXPERIMENT.format(root=tmp_path / "work"), "utf-8")
+    profile = tmp_path / "profile.toml"
+    # the emulator's own profile: the simulator and the servers run the same replica model
+    profile.write_text('[profiles.emu]\nbase = "toy-8b-h100-tp1"\n', "utf-8")
+    out = tmp_path / "out"
+    r = subprocess.run(
+        [sys.executable, "-m", "sessionroute.cli", "compare", str(exp), "--fidelity",
+         "--profile", str(profile), "--out", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    doc = json.loads((out / "fidelity.json").read_text("utf-8"))
+    assert set(doc["arms"]) == {"sticky_least_loaded", "round_robin"}
+    c = doc["conditions"]
+    assert c["repeats_live"] == 2 and c["calibrated"] is False and len(c["worker_urls"]) == 3
+    assert c["engine"]["kv_capacity_tokens"] == 65536  # read from the servers' /metrics
+    sticky = doc["arms"]["sticky_least_loaded"]["hit_rate"]
+    assert len(sticky["live"]) == 2 and len(sticky["sim_runs"]) == 4
+    # same replica model, same content, same worker URLs: sticky's hit rate agrees
+    assert abs(sticky["error"]) < 3.0
+    assert (out / "sim" / "results.json").is_file()
+    assert '<section id="fidelity">' in (out / "report.html").read_text("utf-8")
+    assert "simulator vs live" in r.stdout and "rank agreement" in r.stdout
+
+
+def test_fidelity_refuses_in_process_emulators(tmp_path: Path) -> None:
+    exp = tmp_path / "exp.toml"
+    text = EXPERIMENT.format(root=tmp_path).replace('emulate_mode = "process"\n', "")
+    exp.write_text(text, "utf-8")
+    r = subprocess.run(
+        [sys.executable, "-m", "sessionroute.cli", "compare", str(exp), "--fidelity"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    assert r.returncode == 2
+    assert not (tmp_path / "runs").exists()  # refused before any output directory
+    assert "running servers" in r.stderr
