@@ -201,7 +201,7 @@ def run_fidelity(
         CalibrationError: a server cannot be read or probed.
         LiveStartError: a replica or router did not start.
     """
-    from sessionroute.calibrate import write_profile
+    from sessionroute.calibrate import CalibrationError, write_profile
     from sessionroute.experiments.live.runner import LiveArmRunner
     from sessionroute.replica.profiles import load_profile_file
     from sessionroute.sim import SimSpec
@@ -225,7 +225,11 @@ def run_fidelity(
         say(f"servers: {engine.source}")
         if profile is None:
             say(f"calibrating {len(urls)} servers at once (in situ: they share the machine) ...")
-            results = _calibrate_together(urls, fallback, say)
+            try:
+                results = _calibrate_together(urls, fallback, say)
+            except CalibrationError as exc:
+                say(f"calibrating at once failed ({exc}); calibrating {urls[0]} alone")
+                results = _calibrate_together(urls[:1], fallback, say)
             result = results[0]
             profile_path = write_profile(result, out_dir / "profile.toml")
             calibration = {
