@@ -259,7 +259,7 @@ def _run_fidelity(args: argparse.Namespace, spec: Any, err_console: Any, out_con
 
     from sessionroute.errors import SessionRouteError
     from sessionroute.experiments.fidelity_report import print_fidelity
-    from sessionroute.experiments.fidelity_run import run_fidelity
+    from sessionroute.experiments.live.fidelity_run import run_fidelity
     from sessionroute.experiments.progress import RichReporter
     from sessionroute.experiments.runner import default_out_dir
 
