@@ -21,7 +21,7 @@ examples:
   sessionroute compare --workload toy --repeats 3   # small, with 95 % intervals
   sessionroute compare examples/replica_failure.toml --dry-run
   sessionroute compare --live examples/live_side_by_side.toml   # real HTTP, emulated replicas
-  sessionroute compare examples/live_vllm_cpu.toml --fidelity  # simulator vs real servers
+  sessionroute compare examples/fidelity_vllm_cpu.toml --fidelity   # simulator vs real vLLM
 """
 
 

@@ -12,6 +12,7 @@ Output directory::
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -223,7 +224,9 @@ def run_fidelity(
         }
         live_out = run_experiment(live_spec, _SameSeed(runner, spec.run.seed), reporter, jobs=1)
     sim_spec = fidelity_sim_spec(spec, str(profile_path), engine, urls)
-    sim_out = run_experiment(sim_spec, simulate_draw, reporter, jobs=1)
+    # the servers are stopped by now: the simulated runs may take every core
+    jobs = min(os.cpu_count() or 1, len(sim_spec.arms) * SIM_DRAWS)
+    sim_out = run_experiment(sim_spec, simulate_draw, reporter, jobs=jobs)
     conditions = {
         "experiment": spec.name,
         "command": command,
