@@ -1,14 +1,20 @@
 #!/usr/bin/env python3
 """Assert a ``compare --fidelity`` run (its ``fidelity.json``) for CI.
 
-Fails (exit 1) when any check of the run failed (issue 35's bounds per arm, the arm order
-beyond the live spread, preemptions on both sides or neither), and, for the arms named
-``*<pressure suffix>``, when the pressure did not reach the servers: no preemption in some
-live run, or a live hit rate not below the infinite-cache bound (``ideal_hit_rate``, from the
-``results.json`` beside it) by at least ``--min-eviction`` (what LRU eviction costs a sticky
-arm). Prints every check. Standard library only.
+Prints every check of the run (issue 35's bounds per arm, the arm order beyond the live
+spread, preemptions on both sides or neither) and, for the arms named ``*<pressure suffix>``,
+whether the pressure reached the servers: a preemption in every live run, and for a sticky arm
+a live hit rate below the infinite-cache bound (``ideal_hit_rate``, from the ``results.json``
+beside it) by at least ``--min-eviction`` (what LRU eviction costs it).
 
-Usage: ``check_fidelity.py OUT/fidelity.json [--pressure-suffix=-pressure]
+Exit 1 when a *gating* check failed. With ``--strict`` every check gates. Without it, the
+checks that hold on the 2-core CPU tier gate (docs/simulator.md, "How far to trust it"): the
+hit rate of the arms without pressure, the arm order on hit rate, preemptions on both sides or
+neither, and the pressure reaching the servers; the time metrics (output tok/s, TTFT, ITL) and
+the hit rate under pressure, which the simulator misses there, are printed as ``miss`` and
+counted, not gating. Standard library only.
+
+Usage: ``check_fidelity.py OUT/fidelity.json [--strict] [--pressure-suffix=-pressure]
 [--min-eviction 0.02]``.
 """
 
@@ -25,17 +31,30 @@ def main() -> int:
     parser.add_argument("fidelity", type=Path)
     parser.add_argument("--pressure-suffix", default="-pressure")
     parser.add_argument("--min-eviction", type=float, default=0.02)
+    parser.add_argument("--strict", action="store_true", help="every check gates")
     args = parser.parse_args()
+    suffix = args.pressure_suffix
+
+    def gates(what: str) -> bool:
+        if args.strict:
+            return True
+        if what.startswith("order of "):
+            return what.endswith(": hit_rate")
+        arm, _, metric = what.rpartition(": ")
+        return metric == "preemptions" or (metric == "hit_rate" and not arm.endswith(suffix))
+
     doc = json.loads(args.fidelity.read_text(encoding="utf-8"))
     results = json.loads((args.fidelity.parent / "results.json").read_text(encoding="utf-8"))
     live = {a["name"]: a for a in results["arms"]}
-    failed = []
+    failed: list[str] = []
+    missed: list[str] = []
     for c in doc["checks"]:
-        print(f"{'ok  ' if c['ok'] else 'FAIL'} {c['what']}: {c['detail']}")
+        gate = gates(c["what"])
+        print(f"{'ok  ' if c['ok'] else 'FAIL' if gate else 'miss'} {c['what']}: {c['detail']}")
         if not c["ok"]:
-            failed.append(c["what"])
+            (failed if gate else missed).append(c["what"])
     for name, cmp in doc["arms"].items():
-        if not name.endswith(args.pressure_suffix):
+        if not name.endswith(suffix):
             continue
         pre = cmp["preemptions"]["live"]
         ok = bool(pre) and min(pre) > 0
@@ -52,10 +71,15 @@ def main() -> int:
             )
             if not ok:
                 failed.append(f"{name}: eviction")
+    if missed:
+        print(
+            f"fidelity: {len(missed)} checks outside the bounds, reported, not gating "
+            f"(--strict gates them): {', '.join(missed)}"
+        )
     if failed:
-        print(f"fidelity: FAIL: {len(failed)} checks: {', '.join(failed)}")
+        print(f"fidelity: FAIL: {len(failed)} gating checks: {', '.join(failed)}")
         return 1
-    print("fidelity: every check passed")
+    print("fidelity: every gating check passed")
     return 0
 
 

@@ -4,6 +4,8 @@ engine settings of a ``[live]`` file, the report section."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -176,3 +178,32 @@ def test_profile_note_says_whether_calibrated(tmp_path: Path) -> None:
     )
     note = profile_note(_settings({}, {"profile": str(prof)}))
     assert note.startswith("profile c: calibrated") and "tiny" in note
+
+
+def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "sessionroute.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=cwd,
+    )
+
+
+def test_compare_on_a_live_file_simulates_the_servers_engine(tmp_path: Path) -> None:
+    model = _tiny_model(tmp_path)
+    exp = tmp_path / "exp.toml"
+    exp.write_text(
+        '[workload]\nkind = "toy"\n[replicas]\nblock_size = 32\n[live]\nreplicas = "command"\n'
+        f'preset = "vllm-cpu"\nmodel = "{model}"\nkv_cache_bytes = 16777216\n'
+        '[[arms]]\npolicy = "random"\n',
+        "utf-8",
+    )
+    r = _cli("compare", str(exp), "--dry-run", "--json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "simulating the [live] servers' engine: derived from" in r.stderr
+    plan = json.loads(r.stdout)
+    assert plan["replicas"]["kv_capacity_tokens"] == 8192
+    assert plan["replicas"]["max_num_seqs"] == 16
+    r = _cli("compare", str(exp), "--profile", "p.toml", cwd=tmp_path)
+    assert r.returncode == 2 and "--profile goes with --fidelity" in r.stderr

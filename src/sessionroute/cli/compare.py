@@ -25,7 +25,7 @@ examples:
   sessionroute compare --live examples/live_side_by_side.toml   # real HTTP, emulated replicas
   sessionroute compare --objective "min step_time_s.mean; ttft_s.p99 <= 60"
   sessionroute compare --explain                    # the objective, the verdict and the terms
-  sessionroute compare examples/live_vllm_cpu.toml --fidelity  # simulator vs real servers
+  sessionroute compare examples/fidelity_vllm_cpu.toml --fidelity   # simulator vs real vLLM
 """
 
 
@@ -314,7 +314,7 @@ def _run_fidelity(args: argparse.Namespace, spec: Any, err_console: Any, out_con
 
     from sessionroute.errors import SessionRouteError
     from sessionroute.experiments.fidelity_report import print_fidelity
-    from sessionroute.experiments.fidelity_run import run_fidelity
+    from sessionroute.experiments.live.fidelity_run import run_fidelity
     from sessionroute.experiments.progress import RichReporter
     from sessionroute.experiments.runner import default_out_dir
 

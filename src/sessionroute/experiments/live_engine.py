@@ -203,8 +203,7 @@ def profile_note(settings: dict[str, Any]) -> str:
     Raises:
         ConfigError: a profile file that cannot be read.
     """
-    from sessionroute.sim import SimSpec
-    from sessionroute.sim.runner import replica_config
+    from sessionroute.sim import SimSpec, replica_config
 
     replicas = settings.get("replicas") or {}
     profile = replicas.get("profile")

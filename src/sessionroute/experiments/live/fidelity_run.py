@@ -12,6 +12,7 @@ Output directory::
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -121,30 +122,6 @@ def simulate_draw(arm: ResolvedArm, seed: int, progress: Callable[[float], None]
     return RunOutput(seed, result.metrics, result.timeseries, result.steps, result.samples)
 
 
-def _calibrate_together(urls: list[str], fallback: Mapping[str, Any], say: Say) -> list[Any]:
-    """``calibrate`` each server on its own, all at the same time: every fit sees the others'
-    load, as the servers see each other's during the arms (on a CPU they share the cores; on
-    one GPU each it changes nothing). Returns one ``CalibrationResult`` per server."""
-    from sessionroute.calibrate import calibrate_async
-
-    async def together() -> list[Any]:
-        return list(
-            await asyncio.gather(
-                *(
-                    calibrate_async(
-                        [url],
-                        max_num_seqs=fallback["max_num_seqs"],
-                        max_num_batched_tokens=fallback["max_num_batched_tokens"],
-                        progress=_calibration_progress(say) if i == 0 else None,
-                    )
-                    for i, url in enumerate(urls)
-                )
-            )
-        )
-
-    return asyncio.run(together())
-
-
 def _calibration_progress(say: Say) -> Callable[[int, int, str], None]:
     """A ``calibrate`` progress callback that says a line about every tenth of the rounds."""
     shown = [-1]
@@ -189,9 +166,8 @@ def run_fidelity(
     Args:
         spec: an experiment with a ``[live]`` section naming servers.
         out_dir: the output directory (created).
-        profile: a profile file fitted to these servers; None calibrates them first, all at
-            once (:func:`_calibrate_together`), and writes the first server's fit to
-            ``out_dir/profile.toml`` (every server's constants go into ``fidelity.json``).
+        profile: a profile file fitted to these servers; None calibrates them first (the
+            first server probed, the others read) and writes ``out_dir/profile.toml``.
         reporter: progress of the runs (``RichReporter``).
         say: one-line notes (where the settings came from, calibration phases).
         command: the command line, recorded in ``fidelity.json``.
@@ -201,11 +177,10 @@ def run_fidelity(
         CalibrationError: a server cannot be read or probed.
         LiveStartError: a replica or router did not start.
     """
-    from sessionroute.calibrate import write_profile
+    from sessionroute.calibrate import calibrate, write_profile
     from sessionroute.experiments.live.runner import LiveArmRunner
     from sessionroute.replica.profiles import load_profile_file
-    from sessionroute.sim import SimSpec
-    from sessionroute.sim.runner import replica_config
+    from sessionroute.sim import SimSpec, replica_config
 
     live_spec = fidelity_live_spec(spec)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -224,20 +199,19 @@ def run_fidelity(
         engine = engine_from_servers(servers)
         say(f"servers: {engine.source}")
         if profile is None:
-            say(f"calibrating {len(urls)} servers at once (in situ: they share the machine) ...")
-            results = _calibrate_together(urls, fallback, say)
-            result = results[0]
+            # the first server alone, the others idle: measured, fitting all three at once
+            # under their shared contention gave degenerate fits (b0 = 0, ITL 8 us) on 2 cores
+            say(f"calibrating against {urls[0]} (the others are read) ...")
+            result = calibrate(
+                urls,
+                probe="first",
+                max_num_seqs=fallback["max_num_seqs"],
+                max_num_batched_tokens=fallback["max_num_batched_tokens"],
+                progress=_calibration_progress(say),
+            )
             profile_path = write_profile(result, out_dir / "profile.toml")
-            calibration = {
-                "calibrated_here": True,
-                "calibration_wall_s": result.wall_s,
-                # each server's own fit under the same contention: their spread is the fit's
-                "per_server_fits": [
-                    {"url": r.servers[0].url, **{k: float(v) for k, v in r.fit.values.items()}}
-                    for r in results
-                ],
-            }
-            say(f"calibrated in {result.wall_s:.0f} s: {profile_path} (the first server's fit)")
+            calibration = {"calibrated_here": True, "calibration_wall_s": result.wall_s}
+            say(f"calibrated in {result.wall_s:.0f} s: {profile_path}")
         else:
             profile_path = Path(profile)
         pf = load_profile_file(profile_path)
@@ -250,7 +224,9 @@ def run_fidelity(
         }
         live_out = run_experiment(live_spec, _SameSeed(runner, spec.run.seed), reporter, jobs=1)
     sim_spec = fidelity_sim_spec(spec, str(profile_path), engine, urls)
-    sim_out = run_experiment(sim_spec, simulate_draw, reporter, jobs=1)
+    # the servers are stopped by now: the simulated runs may take every core
+    jobs = min(os.cpu_count() or 1, len(sim_spec.arms) * SIM_DRAWS)
+    sim_out = run_experiment(sim_spec, simulate_draw, reporter, jobs=jobs)
     conditions = {
         "experiment": spec.name,
         "command": command,
