@@ -252,3 +252,23 @@ def test_explain_and_bad_objectives_on_the_command_line(
     assert main(["compare", str(exp), "--dry-run", "--steps", "2"]) == 0
     # a declared metric keeps the default constraints unless it declares its own
     assert "objective: minimise TTFT p99 subject to timed-out share" in capsys.readouterr().out
+
+
+def test_a_short_rl_run_is_warned_with_the_measured_steps() -> None:
+    from sessionroute.experiments.spread import reference_for, short_run_warning
+
+    def settings(steps: int, **options: Any) -> dict[str, Any]:
+        return {
+            "workload": {"kind": "swe-rl", "steps": steps, "options": options},
+            "replicas": {"count": None, "profile": "glm45air-h200-tp8"},
+            "faults": [],
+        }
+
+    ref = reference_for(settings(20))
+    assert ref is not None and ref.stable_ranking_steps == 20
+    assert ref.relative_spread["step_time_s.mean"] > 0
+    assert reference_for(settings(8)) is None  # the spread is of 20-step runs only
+    warning = short_run_warning(settings(8, inflight_rollouts=608))  # a sweep's arm
+    assert warning is not None and "only after 20 steps" in warning
+    assert short_run_warning(settings(20)) is None
+    assert short_run_warning({"workload": {"kind": "toy"}}) is None

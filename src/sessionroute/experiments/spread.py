@@ -31,8 +31,9 @@ class Reference:
         seeds: the seeds measured.
         command: the command that measured it.
         relative_spread: metric path -> seed spread as a fraction of the value.
-        stable_ranking_steps: RL steps after which the ranking stopped changing (None: not
-            measured).
+        stable_ranking_steps: RL steps after which the ranking stopped changing in every seed
+            (None: not measured).
+        stable_best_steps: RL steps after which the best arm stopped changing in every seed.
     """
 
     name: str
@@ -41,6 +42,7 @@ class Reference:
     command: str
     relative_spread: dict[str, float]
     stable_ranking_steps: int | None
+    stable_best_steps: int | None = None
 
     @property
     def source(self) -> str:
@@ -62,6 +64,7 @@ def references() -> tuple[Reference, ...]:
             command=str(r["command"]),
             relative_spread={str(k): float(v) for k, v in r["relative_spread"].items()},
             stable_ranking_steps=r.get("stable_ranking_steps"),
+            stable_best_steps=r.get("stable_best_steps"),
         )
         for r in doc["references"]
     )
@@ -112,9 +115,10 @@ def short_run_warning(settings: Mapping[str, Any]) -> str | None:
     steps = workload.get("steps")
     if ref is None or need is None or not isinstance(steps, int) or steps >= need:
         return None
+    best = f" (the best arm after {ref.stable_best_steps})" if ref.stable_best_steps else ""
     return (
         f"this run has {steps} RL steps: on the {ref.name} workload the ranking of the arms on "
-        f"mean RL step time stopped changing only after {need} steps in every seed "
+        f"mean RL step time stopped changing only after {need} steps in every seed{best} "
         f"({ref.source}; docs/objectives.md), so a ranking from fewer steps may not hold; run "
         f"--steps {need} or more before choosing a policy"
     )
