@@ -192,10 +192,10 @@ async def test_periodic_health_checks_run(
     backends: list[FakeBackend], make_router: MakeRouter
 ) -> None:
     b = backends[0]
-    b.health_ok = False
     router = await make_router(
         [b.url, backends[1].url], health_check_interval_secs=0.01, health_failure_threshold=2
     )
+    b.health_ok = False  # up at startup (a worker never up is unhealthy from the start)
     checker = router.router.health
     assert checker is not None
     for _ in range(50):
@@ -249,9 +249,13 @@ async def test_upstream_timeout_is_504(
 
 @pytest.fixture
 async def slammer() -> AsyncIterator[str]:
-    """A TCP server that accepts and immediately closes every connection."""
+    """A TCP server that passes health checks (a GET) and closes every other connection at
+    once (a worker counts healthy only after a passing check)."""
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if (await reader.read(3)) == b"GET":
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+            await writer.drain()
         writer.close()
 
     server = await asyncio.start_server(handle, "127.0.0.1", 0)

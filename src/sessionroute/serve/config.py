@@ -84,6 +84,8 @@ class RouterSettings(BaseModel):
     health_failure_threshold: int = Field(DEFAULTS["health_failure_threshold"], ge=1)
     health_success_threshold: int = Field(DEFAULTS["health_success_threshold"], ge=1)
     health_check_endpoint: str = DEFAULTS["health_check_endpoint"]
+    worker_startup_timeout_secs: float = Field(DEFAULTS["worker_startup_timeout_secs"], ge=0)
+    worker_startup_check_interval: float = Field(DEFAULTS["worker_startup_check_interval"], gt=0)
     retry_max_retries: int = Field(DEFAULTS["retry_max_retries"], ge=1)
     retry_initial_backoff_ms: float = Field(DEFAULTS["retry_initial_backoff_ms"], ge=0)
     retry_max_backoff_ms: float = Field(DEFAULTS["retry_max_backoff_ms"], ge=0)

@@ -78,6 +78,8 @@ DEFAULTS: dict[str, Any] = {
     "idle_timeout_secs": 30.0,
     "kv_block_size": 16,
     "kv_hash_algo": "sha256",
+    "worker_startup_timeout_secs": 600.0,
+    "worker_startup_check_interval": 30.0,
 }
 """Defaults of the ``serve`` flags (vllm-router 0.1.17's where the flag is shared)."""
 
@@ -212,6 +214,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         ("health_failure_threshold", int, "consecutive failed checks before unhealthy"),
         ("health_success_threshold", int, "consecutive passed checks before healthy"),
         ("health_check_endpoint", str, "health check path"),
+        (
+            "worker_startup_timeout_secs",
+            float,
+            "seconds to wait at startup for the workers to pass a health check; with none "
+            "passed by then the router exits with status 1 (docs/router.md, Deploying)",
+        ),
+        (
+            "worker_startup_check_interval",
+            float,
+            "seconds between health checks of the workers not yet up at startup",
+        ),
         ("retry_max_retries", int, "total upstream attempts per request"),
         ("retry_initial_backoff_ms", float, "first retry backoff, milliseconds"),
         ("retry_max_backoff_ms", float, "largest retry backoff, milliseconds"),

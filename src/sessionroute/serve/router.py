@@ -12,6 +12,7 @@ import contextlib
 import logging
 import random
 import string
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
@@ -29,6 +30,7 @@ from sessionroute.serve.gauges import GaugeScraper
 from sessionroute.serve.health import HealthChecker, probe
 from sessionroute.serve.kvevents import KvEventsCollector, KvEventSubscriber
 from sessionroute.serve.metrics import RouterMetrics
+from sessionroute.serve.probes import not_started, wait_for_workers
 from sessionroute.serve.upstream import REQUEST_DROP, Exchange, UpstreamPool
 
 if TYPE_CHECKING:
@@ -115,6 +117,14 @@ class Router:
         self.kv_subscribers: list[KvEventSubscriber] = []
         self.workers = self.core.health
         """url -> health record of every worker (the core's)."""
+        for url, wh in self.workers.items():  # healthy only once a check passed
+            wh.start_unchecked()
+            self.core.refresh(url)
+        self.fatal_error: str | None = None
+        """Why the router must stop (no worker passed a check within
+        ``--worker-startup-timeout-secs``; :mod:`sessionroute.serve.probes`), or None."""
+        self.on_fatal: Callable[[], None] | None = None
+        """Called once :attr:`fatal_error` is set (``serve`` then shuts down, exit status 1)."""
         self.metrics = RouterMetrics(self.core, lambda: self.workers)
         self.state: RedisState | None = None
         """The link to the shared state (``--state-url``), or None for in-process state."""
@@ -207,10 +217,15 @@ class Router:
             observe=self._observe_check,
             headers=self.worker_headers,
         )
+        await self.health.check_once()  # a worker counts healthy once a check passed
         self._tasks = [
-            asyncio.create_task(self.health.run(), name="sessionroute-health"),
+            asyncio.create_task(self.health.run(first=False), name="sessionroute-health"),
             asyncio.create_task(self._sweep_loop(), name="sessionroute-sweep"),
         ]
+        if not_started(self):
+            self._tasks.append(
+                asyncio.create_task(wait_for_workers(self), name="sessionroute-startup")
+            )
         self._start_kv_subscribers()
         interval = self.core.config.scrape_interval_s
         if interval is not None:
