@@ -96,6 +96,8 @@ class RouterSettings(BaseModel):
     cb_success_threshold: int = Field(DEFAULTS["cb_success_threshold"], ge=1)
     cb_timeout_duration_secs: float = Field(DEFAULTS["cb_timeout_duration_secs"], gt=0)
     disable_circuit_breaker: bool = False
+    max_tree_size: int | None = Field(None, ge=1)
+    eviction_interval_secs: float | None = Field(None, gt=0)
     max_payload_size: int = Field(DEFAULTS["max_payload_size"], ge=1)
     prometheus_host: str = DEFAULTS["prometheus_host"]
     prometheus_port: int | None = Field(None, ge=0, le=65535)
@@ -205,11 +207,13 @@ class RouterSettings(BaseModel):
             ConfigError: a ``--policy-option`` without ``=`` or with an empty key.
         """
         cls = policy_class(self.policy)
-        candidates: dict[str, Any] = {
+        candidates: dict[str, Any] = {  # and --max-tree-size when given
             "cache_threshold": self.cache_threshold,
             "balance_abs_threshold": self.balance_abs_threshold,
             "balance_rel_threshold": self.balance_rel_threshold,
         }
+        if self.max_tree_size is not None:
+            candidates["max_tree_size"] = self.max_tree_size
         options = {k: v for k, v in candidates.items() if takes_option(cls, k)}
         options.update(parse_policy_options(self.policy_option))
         return options

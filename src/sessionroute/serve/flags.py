@@ -308,6 +308,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="timeout of each call to the shared state; a call that takes longer counts as "
         "Redis unreachable (default: %(default)s)",
     )
+    a(
+        "--max-tree-size",
+        type=int,
+        default=None,
+        help="cache_aware: per-worker bound of the prefix tree (characters in vllm-router, "
+        "content-block keys here; default: the policy's, 2**24)",
+    )
+    a(
+        "--eviction-interval-secs",
+        type=float,
+        default=None,
+        help="accepted for vllm-router compatibility: cache_aware trims a worker's tree to "
+        "--max-tree-size after each insert, not on a timer",
+    )
     a("--disable-retries", action="store_true", help="one attempt per request")
     a("--disable-circuit-breaker", action="store_true", help="never open a worker's circuit")
     a(
