@@ -8,12 +8,20 @@ table and by probing it in front of fake workers.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
+
+import aiohttp
+import pytest
 
 FLAGS: dict[str, list[str]] = {
     "--host": ["127.0.0.1"],
@@ -140,3 +148,46 @@ def help_flags() -> list[str] | None:
         return None
     out = subprocess.run([binary, "--help"], capture_output=True, text=True, timeout=60).stdout
     return sorted(set(re.findall(r"^  (--[a-z0-9-]+)", out, re.M)))
+
+
+def free_port() -> int:
+    """A free loopback TCP port."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.asynccontextmanager
+async def running_vllm_router(
+    client: aiohttp.ClientSession, workers: list[str], *args: str
+) -> AsyncIterator[str]:
+    """Start ``vllm-router`` in front of ``workers`` with ``args``; yields its base URL once
+    it answers ``/liveness`` (it checks its workers before it listens), kills it (by its
+    process) afterwards. Skips the test when it is not installed."""
+    binary = vllm_router_binary()
+    if binary is None:
+        pytest.skip("vllm-router is not installed (pip install vllm-router==0.1.17)")
+    port = free_port()
+    proc = await asyncio.create_subprocess_exec(
+        binary, "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *workers,
+        "--log-level", "warning", "--prometheus-port", str(free_port()), *args,
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+        env={**os.environ, "RUST_LOG": "warn"},
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(600):
+            try:
+                async with client.get(url + "/liveness") as r:
+                    if r.status == 200:
+                        break
+            except aiohttp.ClientConnectionError:
+                pass
+            await asyncio.sleep(0.05)
+        else:
+            pytest.fail("vllm-router did not start within 30 s")
+        yield url
+    finally:
+        if proc.returncode is None:
+            proc.kill()  # (SIGTERM left a renamed vllm::router process running once)
+        await asyncio.wait_for(proc.wait(), 20)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from sessionroute.router.session_keys import AGENT_SESSION_HEADERS, DEFAULT_SESSION_BODY_FIELDS
 from sessionroute.router.state.sessions import DEFAULT_MAX_BYTES
 
 __all__ = [
@@ -25,8 +26,9 @@ __all__ = [
     "header_names",
 ]
 
-DEFAULT_SESSION_HEADERS: tuple[str, ...] = ("x-session-id",)
-"""Ours: only an explicit session header identifies a session."""
+DEFAULT_SESSION_HEADERS: tuple[str, ...] = ("x-session-id", *AGENT_SESSION_HEADERS)
+"""Ours: only explicit, session-scoped headers identify a session: ``x-session-id``, then the
+agent harnesses' (:data:`~sessionroute.router.session_keys.AGENT_SESSION_HEADERS`)."""
 
 VLLM_ROUTER_SESSION_HEADERS: tuple[str, ...] = (
     "x-session-id",
@@ -44,6 +46,9 @@ class RouterConfig(BaseModel):
 
     Attributes:
         session_headers: headers checked for the session id, in order (lower-cased).
+        session_body_fields: dotted JSON body fields read for the session id, in order, when
+            no session header is present (:mod:`sessionroute.router.session_keys`; empty:
+            headers only).
         session_ttl_s: idle seconds before a pinned session expires; given to every policy
             whose ``Config`` has ``session_ttl_s`` unless the policy's options set it.
         sweep_interval_s: seconds between the router's sweeps of expired sessions (None: only
@@ -83,6 +88,7 @@ class RouterConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     session_headers: tuple[str, ...] = Field(default=DEFAULT_SESSION_HEADERS, min_length=1)
+    session_body_fields: tuple[str, ...] = DEFAULT_SESSION_BODY_FIELDS
     session_ttl_s: float = Field(default=7200.0, gt=0)
     sweep_interval_s: float | None = Field(default=60.0, gt=0)
     retry_max_attempts: int = Field(default=5, ge=1)

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from sessionroute.errors import ConfigError
 from sessionroute.router.config import DEFAULT_SESSION_HEADERS, RouterConfig, header_names
 from sessionroute.router.policies.registry import policy_class, takes_option
+from sessionroute.router.session_keys import DEFAULT_SESSION_BODY_FIELDS
 from sessionroute.serve.flags import (
     DEFAULT_REQUEST_ID_HEADERS,
     DEFAULTS,
@@ -74,6 +75,7 @@ class RouterSettings(BaseModel):
     worker_urls: tuple[str, ...] = ()
     policy: str = DEFAULTS["policy"]
     session_headers: tuple[str, ...] = DEFAULT_SESSION_HEADERS
+    session_body_fields: tuple[str, ...] = DEFAULT_SESSION_BODY_FIELDS
     request_id_headers: tuple[str, ...] = DEFAULT_REQUEST_ID_HEADERS
     session_ttl_secs: float = Field(DEFAULTS["session_ttl_secs"], gt=0)
     session_sweep_interval_secs: float = Field(DEFAULTS["session_sweep_interval_secs"], gt=0)
@@ -166,6 +168,14 @@ class RouterSettings(BaseModel):
     def _check_headers(cls, names: tuple[str, ...]) -> tuple[str, ...]:
         return header_names(names)
 
+    @field_validator("session_body_fields")
+    @classmethod
+    def _check_body_fields(cls, fields: tuple[str, ...]) -> tuple[str, ...]:
+        for f in fields:
+            if not f or any(not part or part != part.strip() for part in f.split(".")):
+                raise ValueError(f"a body field is a dotted path like a.b, got {f!r}")
+        return fields
+
     @field_validator("health_check_endpoint")
     @classmethod
     def _check_endpoint(cls, path: str) -> str:
@@ -177,6 +187,7 @@ class RouterSettings(BaseModel):
         """The router core's settings (seconds where the flags say milliseconds)."""
         return RouterConfig(
             session_headers=self.session_headers,
+            session_body_fields=self.session_body_fields,
             session_ttl_s=self.session_ttl_secs,
             sweep_interval_s=self.session_sweep_interval_secs,
             retry_max_attempts=1 if self.disable_retries else self.retry_max_retries,
@@ -291,6 +302,7 @@ def settings_from_args(
             "request_id_headers",
             "worker_urls",
             "session_headers",
+            "session_body_fields",
             "policy_option",
             "kv_events",
         )
@@ -300,6 +312,8 @@ def settings_from_args(
     values["session_ttl_secs"] = ttl
     values["worker_urls"] = tuple(args.worker_urls or ())
     values["session_headers"] = tuple(args.session_headers)
+    fields = getattr(args, "session_body_fields", None)
+    values["session_body_fields"] = DEFAULT_SESSION_BODY_FIELDS if fields is None else tuple(fields)
     values["policy_option"] = tuple(args.policy_option or ())
     if args.request_id_headers:
         values["request_id_headers"] = tuple(args.request_id_headers)
@@ -334,6 +348,7 @@ def router_flags(config: RouterConfig) -> list[str]:
     """
     flags = [
         "--session-headers", *config.session_headers,
+        "--session-body-fields", *config.session_body_fields,
         "--session-ttl-secs", repr(config.session_ttl_s),
         "--retry-max-retries", str(config.retry_max_attempts),
         "--retry-initial-backoff-ms", repr(config.retry_backoff_s * 1000.0),

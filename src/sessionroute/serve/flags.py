@@ -15,6 +15,7 @@ from typing import Any
 
 from sessionroute.router.config import DEFAULT_SESSION_HEADERS
 from sessionroute.router.policies.registry import policy_names
+from sessionroute.router.session_keys import DEFAULT_SESSION_BODY_FIELDS
 
 __all__ = [
     "DEFAULTS",
@@ -177,7 +178,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="+",
         default=list(DEFAULT_SESSION_HEADERS),
         metavar="H",
-        help="headers carrying the session id, checked in order (default: x-session-id)",
+        help="headers carrying the session id, checked in order (default: "
+        + " ".join(DEFAULT_SESSION_HEADERS)
+        + ")",
+    )
+    a(
+        "--session-body-fields",
+        nargs="*",
+        default=list(DEFAULT_SESSION_BODY_FIELDS),
+        metavar="FIELD",
+        help="JSON body fields (dotted paths) read for the session id, in order, when no "
+        "session header is present; none: headers only (default: "
+        + " ".join(DEFAULT_SESSION_BODY_FIELDS)
+        + ")",
     )
     a(
         "--request-id-headers",

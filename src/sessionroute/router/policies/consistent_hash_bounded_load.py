@@ -36,6 +36,7 @@ from sessionroute.errors import ConfigError
 from sessionroute.router.policies._ring import HashRing, KeyHashCache
 from sessionroute.router.policies._sessions import SessionPolicy
 from sessionroute.router.policies.least_loaded import LeastRecentlyChosen
+from sessionroute.router.session_keys import ring_key
 from sessionroute.router.state.cluster import ClusterView
 from sessionroute.router.state.sessions import DEFAULT_MAX_BYTES
 from sessionroute.types import RouteRequest
@@ -125,7 +126,7 @@ class ConsistentHashBoundedLoadPolicy(SessionPolicy):
         """The first worker clockwise from the session's key with room under the bound."""
         if healthy is not self._ring.members:
             self._ring.rebuild(healthy)
-        return self._walk(f"header:{request.session_header}:{request.session_id}", len(healthy))
+        return self._walk(ring_key(request.session_header, str(request.session_id)), len(healthy))
 
     def _walk(self, key: str, workers: int) -> str:
         """First worker clockwise from ``key``'s hash with fewer sessions than the bound."""
