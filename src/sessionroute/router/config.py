@@ -63,6 +63,9 @@ class RouterConfig(BaseModel):
         cb_failure_threshold: consecutive request failures that open a worker's circuit.
         cb_success_threshold: successes in the half-open state that close it again.
         cb_timeout_s: seconds an open circuit stays open before it turns half-open.
+        cb_keep_half_available: open a circuit only while at least half of the workers
+            (rounded up) stay available (sessionroute's rule; off: vllm-router's breaker,
+            which opens at the threshold even for the last worker).
         scrape_interval_s: seconds between scrapes of every worker's ``/metrics`` for its engine
             gauges (``vllm:num_requests_running``, ``vllm:num_requests_waiting``,
             ``vllm:kv_cache_usage_perc``) that policies read through the cluster view; None:
@@ -100,6 +103,7 @@ class RouterConfig(BaseModel):
     cb_failure_threshold: int = Field(default=10, ge=1)
     cb_success_threshold: int = Field(default=3, ge=1)
     cb_timeout_s: float = Field(default=60.0, gt=0)
+    cb_keep_half_available: bool = False
     scrape_interval_s: float | None = Field(default=1.0, gt=0)
     content_block_tokens: int = Field(default=16, ge=1)
     admission_max_waiting: int = Field(default=1024, ge=0)

@@ -375,8 +375,10 @@ class RoutingCore:
     def record_failure(self, url: str) -> float | None:
         """An upstream failure (5xx, reset, timeout) from ``url``.
 
-        A circuit opens only while at least half of the workers (rounded up) would stay
-        available: failures that no worker can avoid (a request every worker answers with a
+        By default the circuit opens at the threshold whatever the rest of the fleet does
+        (vllm-router's breaker). With ``RouterConfig.cb_keep_half_available`` (sessionroute's
+        safer rule) a circuit opens only while at least half of the workers (rounded up) would
+        stay available: failures that no worker can avoid (a request every worker answers with a
         5xx, repeated by a client) would otherwise open every circuit in turn and refuse all
         traffic for ``cb_timeout_s``, or leave one worker carrying the fleet's load. Envoy
         bounds its outlier ejections the same way (``max_ejection_percent``; routing to every
@@ -392,10 +394,13 @@ class RoutingCore:
         wh = self.health.get(url)
         if wh is None:
             return None
-        cluster = self.cluster
-        workers = cluster.workers()
-        others = sum(1 for u in workers if u != url and cluster.is_healthy(u))
-        if not wh.breaker.record_failure(may_open=others >= -(-len(workers) // 2)):
+        may_open = True
+        if self.config.cb_keep_half_available:
+            cluster = self.cluster
+            workers = cluster.workers()
+            others = sum(1 for u in workers if u != url and cluster.is_healthy(u))
+            may_open = others >= -(-len(workers) // 2)
+        if not wh.breaker.record_failure(may_open=may_open):
             return None
         self.refresh(url)
         return wh.breaker.timeout_s

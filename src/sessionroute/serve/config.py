@@ -98,6 +98,7 @@ class RouterSettings(BaseModel):
     cb_success_threshold: int = Field(DEFAULTS["cb_success_threshold"], ge=1)
     cb_timeout_duration_secs: float = Field(DEFAULTS["cb_timeout_duration_secs"], gt=0)
     disable_circuit_breaker: bool = False
+    cb_keep_half_available: bool = False
     max_tree_size: int | None = Field(None, ge=1)
     eviction_interval_secs: float | None = Field(None, gt=0)
     max_payload_size: int = Field(DEFAULTS["max_payload_size"], ge=1)
@@ -199,6 +200,7 @@ class RouterSettings(BaseModel):
             cb_failure_threshold=self.cb_failure_threshold,
             cb_success_threshold=self.cb_success_threshold,
             cb_timeout_s=self.cb_timeout_duration_secs,
+            cb_keep_half_available=self.cb_keep_half_available,
             scrape_interval_s=self.scrape_interval_secs or None,
             content_block_tokens=self.content_block_tokens,
             admission_max_waiting=self.admission_max_waiting,
@@ -369,6 +371,8 @@ def router_flags(config: RouterConfig) -> list[str]:
         flags += ["--session-sweep-interval-secs", repr(config.sweep_interval_s)]
     if not config.circuit_breaker:
         flags.append("--disable-circuit-breaker")
+    if config.cb_keep_half_available:
+        flags.append("--cb-keep-half-available")
     if config.retry_after_send:
         flags.append("--retry-after-send")
     return flags

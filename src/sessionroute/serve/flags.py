@@ -338,6 +338,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--disable-retries", action="store_true", help="one attempt per request")
     a("--disable-circuit-breaker", action="store_true", help="never open a worker's circuit")
     a(
+        "--cb-keep-half-available",
+        action="store_true",
+        help="open a worker's circuit only while at least half of the workers stay available, "
+        "so failures every worker shares (a bad request repeated) cannot switch the fleet off "
+        "(sessionroute only; default: vllm-router's breaker, which opens even the last one)",
+    )
+    a(
         "--cb-window-duration-secs",
         type=float,
         default=None,
