@@ -76,6 +76,11 @@ class RouterConfig(BaseModel):
             the policy holds them back (0: none wait, a held-back request is refused).
         admission_max_wait_s: longest wait in the admission queue before the request is
             refused.
+        rate_limit_capacity: vllm-router's rate limit (``--max-concurrent-requests``): a
+            token bucket of this capacity in front of placement
+            (:mod:`sessionroute.router.ratelimit`); None: no limit.
+        rate_limit_per_s: its refill rate in tokens per second
+            (``--rate-limit-tokens-per-second``; None: the capacity per second).
         max_session_id_bytes: longest session id accepted (a longer one is a 400 before
             placement; :mod:`sessionroute.router.validate`).
         session_table_max_bytes: capacity of the session table in estimated bytes (session
@@ -108,6 +113,8 @@ class RouterConfig(BaseModel):
     content_block_tokens: int = Field(default=16, ge=1)
     admission_max_waiting: int = Field(default=1024, ge=0)
     admission_max_wait_s: float = Field(default=60.0, ge=0)
+    rate_limit_capacity: int | None = Field(default=None, ge=1)
+    rate_limit_per_s: float | None = Field(default=None, gt=0)
     max_session_id_bytes: int = Field(default=256, ge=1)
     session_table_max_bytes: int = Field(default=DEFAULT_MAX_BYTES, ge=1)
     retry_after_send: bool = False

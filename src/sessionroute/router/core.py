@@ -33,6 +33,7 @@ from sessionroute.router.config import RouterConfig
 from sessionroute.router.health import CircuitBreaker, WorkerHealth
 from sessionroute.router.kv.content import KvContent
 from sessionroute.router.policies.base import Policy
+from sessionroute.router.ratelimit import TokenBucket
 from sessionroute.router.requests import RequestBuilder
 from sessionroute.router.retry import RetryPolicy
 from sessionroute.router.state.cluster import Cluster
@@ -57,6 +58,8 @@ class Reservation:
             worker removed and added again is a new generation, so completing an old
             reservation never takes load off the new one.
         done: True once completed (a second complete is ignored).
+        token: True while it holds a token of the rate limit (:attr:`RoutingCore.limiter`),
+            given back when it completes.
     """
 
     request: RouteRequest
@@ -64,6 +67,7 @@ class Reservation:
     kind: DecisionKind
     generation: int
     done: bool = False
+    token: bool = False
 
 
 class RoutingCore:
@@ -102,6 +106,12 @@ class RoutingCore:
         )
         self.retry = RetryPolicy(self.config, rng if rng is not None else random.Random(0))
         self.admission = AdmissionQueue(self.config.admission_max_waiting)
+        self.limiter: TokenBucket | None = None
+        """vllm-router's rate limit (``RouterConfig.rate_limit_capacity``), or None."""
+        if self.config.rate_limit_capacity is not None:
+            cap = self.config.rate_limit_capacity
+            rate = self.config.rate_limit_per_s or float(cap)
+            self.limiter = TokenBucket(cap, rate, self.clock.now())
         self.health: dict[str, WorkerHealth] = {w: self._new_health(w) for w in cluster.workers()}
         self.decisions: dict[DecisionKind, int] = dict.fromkeys(DecisionKind, 0)
         """Count of decisions by kind."""
@@ -149,14 +159,26 @@ class RoutingCore:
         policy = self.policy
         if self.admission.waiting:
             self.pump()
+        limiter = self.limiter
         if (
             self._admits_all
             or not policy.admission_applies(request)
             or policy.admit(request, self.cluster)
-        ):
-            return self.route(request)
+        ) and (limiter is None or self._take_token()):  # (waiting tickets were offered first)
+            if limiter is None:
+                return self.route(request)
+            return self._route_with_token(request)
         if not self.admission.has_room():
             self.admission.refused_full += 1
+            if limiter is not None:
+                raise AdmissionRefused(
+                    "too many requests: the rate limit (--max-concurrent-requests, "
+                    "--rate-limit-tokens-per-second) has no token and the queue is full "
+                    f"({len(self.admission)} of {self.admission.max_waiting} waiting)",
+                    "queue_full",
+                    status=429,
+                    retry_after_s=1,
+                )
             raise AdmissionRefused(
                 "the policy holds the request back and the admission queue is full "
                 f"({len(self.admission)} of {self.admission.max_waiting} waiting)",
@@ -193,6 +215,13 @@ class RoutingCore:
             self._leave(ticket)
             return None
         queue.refused_timeout += 1
+        if self.limiter is not None:
+            return AdmissionRefused(
+                f"the request waited {self.admission_max_wait_s()} s in the queue "
+                "(--queue-timeout-secs)",
+                "timeout",
+                status=408,
+            )
         return AdmissionRefused(
             f"no worker could take the request within {self.admission_max_wait_s()} s",
             "timeout",
@@ -227,15 +256,22 @@ class RoutingCore:
             else:
                 i = 0  # no healthy worker: the ticket fails at placement (NoWorkerAvailable)
             ticket = pending[i]
+            token = self.limiter is not None
+            if token and not self._take_token():
+                return  # no token: the rest wait (refill: recheck; a completion: complete)
             queue.take(ticket)
-            self._leave(ticket)
+            self._leave(ticket, token=token)
             # those before it stay held; skip tickets withdrawn by an on_ready callback
             pending = [t for t in pending[i + 1 :] if t.waiting]
 
-    def _leave(self, ticket: Ticket) -> None:
-        """Route a ticket that left the queue and tell its driver (``on_ready``)."""
+    def _leave(self, ticket: Ticket, *, token: bool = False) -> None:
+        """Route a ticket that left the queue and tell its driver (``on_ready``); ``token``:
+        it took a token of the rate limit (given back if it cannot be placed)."""
         try:
-            ticket.reservation = self.route(ticket.request)
+            if token:
+                ticket.reservation = self._route_with_token(ticket.request)
+            else:
+                ticket.reservation = self.route(ticket.request)
             queue = self.admission
             queue.admitted_after_wait += 1
             queue.wait_s_total += self.clock.now() - ticket.since
@@ -252,8 +288,29 @@ class RoutingCore:
     @property
     def admission_recheck_s(self) -> float | None:
         """Seconds between the driver's :meth:`recheck` calls while tickets wait (the
-        policy's ``admission_recheck_s``; None: the policy's verdict depends on no clock)."""
-        return self.policy.admission_recheck_s
+        policy's ``admission_recheck_s``, and with a rate limit the time its bucket takes to
+        refill a token; None: no verdict depends on the clock)."""
+        every = self.policy.admission_recheck_s
+        limiter = self.limiter
+        if limiter is None:
+            return every
+        refill = max(limiter.wait_s(self.clock.now()), 0.001)
+        return refill if every is None else min(every, refill)
+
+    def _take_token(self) -> bool:
+        limiter = self.limiter
+        return limiter is not None and limiter.take(self.clock.now())
+
+    def _route_with_token(self, request: RouteRequest) -> Reservation:
+        """:meth:`route` for a request that took a token (given back if it is not placed)."""
+        try:
+            reservation = self.route(request)
+        except BaseException:
+            if self.limiter is not None:
+                self.limiter.give_back()
+            raise
+        reservation.token = True
+        return reservation
 
     def observe_gauges(self, url: str, gauges: EngineGauges) -> None:
         """Record scraped engine gauges of ``url`` (ignored for an unknown worker) and pump
@@ -267,6 +324,9 @@ class RoutingCore:
         if reservation.done:
             return False
         reservation.done = True
+        if reservation.token and self.limiter is not None:
+            reservation.token = False
+            self.limiter.give_back()
         self.cluster.release(
             reservation.worker, reservation.request.prompt_tokens, reservation.generation
         )
@@ -292,8 +352,16 @@ class RoutingCore:
         """
         if self.cluster.is_healthy(reservation.worker):
             return reservation
+        token, reservation.token = reservation.token, False  # the request keeps its token
         self.complete(reservation)
-        return self.route(reservation.request)
+        try:
+            moved = self.route(reservation.request)
+        except BaseException:
+            if token and self.limiter is not None:
+                self.limiter.give_back()
+            raise
+        moved.token = token
+        return moved
 
     # -- sessions -------------------------------------------------------------------------
     def finish_session(self, session_id: str) -> bool:

@@ -42,6 +42,13 @@ __all__ = [
 ]
 
 
+VLLM_ROUTER_QUEUE_SIZE = 100
+"""vllm-router 0.1.17's ``--queue-size`` default (the queue of the rate limit)."""
+
+VLLM_ROUTER_MAX_CONCURRENT = 32768
+"""vllm-router 0.1.17's ``--max-concurrent-requests`` default."""
+
+
 @dataclass(frozen=True, slots=True)
 class KvStreamConfig:
     """Where one worker's KV events arrive.
@@ -99,6 +106,10 @@ class RouterSettings(BaseModel):
     cb_timeout_duration_secs: float = Field(DEFAULTS["cb_timeout_duration_secs"], gt=0)
     disable_circuit_breaker: bool = False
     cb_keep_half_available: bool = False
+    max_concurrent_requests: int | None = Field(None, ge=1)
+    rate_limit_tokens_per_second: float | None = Field(None, gt=0)
+    queue_size: int | None = Field(None, ge=0)
+    queue_timeout_secs: float | None = Field(None, ge=0)
     max_tree_size: int | None = Field(None, ge=1)
     eviction_interval_secs: float | None = Field(None, gt=0)
     max_payload_size: int = Field(DEFAULTS["max_payload_size"], ge=1)
@@ -186,6 +197,10 @@ class RouterSettings(BaseModel):
 
     def router_config(self) -> RouterConfig:
         """The router core's settings (seconds where the flags say milliseconds)."""
+        limited = (
+            self.max_concurrent_requests is not None
+            or self.rate_limit_tokens_per_second is not None
+        )
         return RouterConfig(
             session_headers=self.session_headers,
             session_body_fields=self.session_body_fields,
@@ -203,8 +218,16 @@ class RouterSettings(BaseModel):
             cb_keep_half_available=self.cb_keep_half_available,
             scrape_interval_s=self.scrape_interval_secs or None,
             content_block_tokens=self.content_block_tokens,
-            admission_max_waiting=self.admission_max_waiting,
-            admission_max_wait_s=self.admission_max_wait_secs,
+            admission_max_waiting=self.queue_size
+            if self.queue_size is not None
+            else (VLLM_ROUTER_QUEUE_SIZE if limited else self.admission_max_waiting),
+            admission_max_wait_s=self.admission_max_wait_secs
+            if self.queue_timeout_secs is None
+            else self.queue_timeout_secs,
+            rate_limit_capacity=(self.max_concurrent_requests or VLLM_ROUTER_MAX_CONCURRENT)
+            if limited
+            else None,
+            rate_limit_per_s=self.rate_limit_tokens_per_second,
             max_session_id_bytes=self.max_session_id_bytes,
             session_table_max_bytes=self.session_table_max_bytes,
             retry_after_send=self.retry_after_send,
@@ -373,6 +396,11 @@ def router_flags(config: RouterConfig) -> list[str]:
         flags.append("--disable-circuit-breaker")
     if config.cb_keep_half_available:
         flags.append("--cb-keep-half-available")
+    if config.rate_limit_capacity is not None:
+        flags += ["--max-concurrent-requests", str(config.rate_limit_capacity)]
+        flags += ["--queue-size", str(config.admission_max_waiting)]
+    if config.rate_limit_per_s is not None:
+        flags += ["--rate-limit-tokens-per-second", repr(config.rate_limit_per_s)]
     if config.retry_after_send:
         flags.append("--retry-after-send")
     return flags

@@ -108,10 +108,6 @@ _UNSUPPORTED_VLLM_ROUTER_FLAGS: dict[str, str] = {
     "--wasm-middleware": "WASM middleware",
     "--wasm-middleware-sha256": "WASM middleware",
     "--wasm-middleware-route": "WASM middleware",
-    "--max-concurrent-requests": "admission control / rate limiting",
-    "--queue-size": "admission control / rate limiting",
-    "--queue-timeout-secs": "admission control / rate limiting",
-    "--rate-limit-tokens-per-second": "admission control / rate limiting",
     "--cors-allowed-origins": "CORS",
     "--kv-event-source": "kv_aware routing",
     "--kv-event-replay-source": "kv_aware routing",
@@ -334,6 +330,39 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="accepted for vllm-router compatibility: cache_aware trims a worker's tree to "
         "--max-tree-size after each insert, not on a timer",
+    )
+    limits = parser.add_argument_group(
+        "rate limit (vllm-router's)",
+        "A token bucket in front of placement: each proxied request takes a token and gives it "
+        "back when it completes; without one it waits in the queue (FIFO). Refused: 429 with "
+        "Retry-After: 1 when the queue is full, 408 when the wait times out. Off unless "
+        "--max-concurrent-requests or --rate-limit-tokens-per-second is given (vllm-router's "
+        "default, 32768, never limits in practice).",
+    )
+    limits.add_argument(
+        "--max-concurrent-requests",
+        type=int,
+        default=None,
+        help="the bucket's capacity (vllm-router's default: 32768)",
+    )
+    limits.add_argument(
+        "--rate-limit-tokens-per-second",
+        type=float,
+        default=None,
+        help="tokens added per second (default: --max-concurrent-requests)",
+    )
+    limits.add_argument(
+        "--queue-size",
+        type=int,
+        default=None,
+        help="requests that may wait for a token (0: refuse at once; default 100 with the "
+        "limit, else --admission-max-waiting)",
+    )
+    limits.add_argument(
+        "--queue-timeout-secs",
+        type=float,
+        default=None,
+        help="longest wait in the queue (default: --admission-max-wait-secs, 60)",
     )
     a("--disable-retries", action="store_true", help="one attempt per request")
     a("--disable-circuit-breaker", action="store_true", help="never open a worker's circuit")
