@@ -102,7 +102,10 @@ class RoutingCore:
         self.clock = clock if clock is not None else policy.clock
         self.log = log
         self.requests = RequestBuilder(
-            self.config, needs_content=policy.needs_content, kv_content=kv_content
+            self.config,
+            needs_content=policy.needs_content,
+            kv_content=kv_content,
+            content_tail=policy.content_tail,
         )
         self.retry = RetryPolicy(self.config, rng if rng is not None else random.Random(0))
         self.admission = AdmissionQueue(self.config.admission_max_waiting)

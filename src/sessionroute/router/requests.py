@@ -97,9 +97,11 @@ def prompt_text(payload: Any) -> str:
     return ""
 
 
-def text_block_keys(text: str, block_bytes: int) -> list[int]:
+def text_block_keys(text: str, block_bytes: int, *, tail: bool = False) -> list[int]:
     """Chained prefix keys of ``text``: key ``i`` is the 8-byte BLAKE2b digest (little-endian
-    int) of the first ``(i + 1) * block_bytes`` bytes of its UTF-8 encoding; full blocks only.
+    int) of the first ``(i + 1) * block_bytes`` bytes of its UTF-8 encoding; full blocks only,
+    unless ``tail``: then a last key, of the whole text, follows when the text ends inside a
+    block (a prompt shorter than a block gets one key, and an identical prompt the same one).
 
     Raises:
         ValueError: if ``block_bytes < 1``.
@@ -112,6 +114,9 @@ def text_block_keys(text: str, block_bytes: int) -> list[int]:
     for start in range(0, len(data) - block_bytes + 1, block_bytes):
         h.update(data[start : start + block_bytes])
         keys.append(int.from_bytes(h.copy().digest(), "little"))
+    if tail and len(data) % block_bytes:
+        h.update(data[len(data) - len(data) % block_bytes :])
+        keys.append(int.from_bytes(h.digest(), "little"))
     return keys
 
 
@@ -155,13 +160,23 @@ class RequestBuilder:
         kv_content: the servers' tokenizer and block-hash scheme; when given, a live
             request's ``blocks`` are its vLLM block hashes (:mod:`sessionroute.router.kv`)
             instead of text keys.
+        content_tail: end a live request's text keys with the key of its last partial block
+            (``cache_aware``, which matches finely on short prompts as vllm-router does).
     """
 
     def __init__(
-        self, config: RouterConfig, *, needs_content: bool, kv_content: KvContent | None = None
+        self,
+        config: RouterConfig,
+        *,
+        needs_content: bool,
+        kv_content: KvContent | None = None,
+        content_tail: bool = False,
     ) -> None:
         self.config = config
         self.needs_content = needs_content
+        self.content_tail = content_tail
+        """A live request's text keys end with the key of its last partial block
+        (:func:`text_block_keys` with ``tail``; the policy's ``content_tail``)."""
         self.kv_content = kv_content
         self.session_names: tuple[tuple[bytes, str], ...] = tuple(
             (n.encode("latin-1"), n) for n in config.session_headers
@@ -283,7 +298,9 @@ class RequestBuilder:
             if self.kv_content is not None:
                 blocks = self.kv_content.blocks(payload)
             else:
-                blocks = text_block_keys(prompt_text(payload), self._block_bytes)
+                blocks = text_block_keys(
+                    prompt_text(payload), self._block_bytes, tail=self.content_tail
+                )
             m = payload.get("model")
             model = m if isinstance(m, str) else None
             s = payload.get("cache_salt")
