@@ -25,6 +25,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from sessionroute.router.policies._ring import BODY_PREFIX, VLLM_ROUTER_BODY_FIELD, ring_key
+
 __all__ = [
     "AGENT_SESSION_HEADERS",
     "BODY_PREFIX",
@@ -58,13 +60,6 @@ DEFAULT_SESSION_BODY_FIELDS: tuple[str, ...] = (
 )
 """Body fields read for a session id when no session header is present, in order."""
 
-VLLM_ROUTER_BODY_FIELD = "session_params.session_id"
-"""The body field vllm-router 0.1.17 reads (hashed as ``request:<id>``)."""
-
-BODY_PREFIX = "body:"
-"""Prefix of a body field's origin label (``RouteRequest.session_header``), e.g.
-``body:prompt_cache_key``; a header's label is its lower-case name."""
-
 
 def body_session_id(
     payload: Mapping[str, Any], fields: tuple[tuple[str, tuple[str, ...]], ...]
@@ -86,14 +81,3 @@ def body_session_id(
         if isinstance(value, str) and value.strip():
             return value, label
     return None
-
-
-def ring_key(label: str, session_id: str) -> str:
-    """The string ``consistent_hash`` hashes for a session id from ``label``: vllm-router's
-    ``header:<name>:<id>`` for a header, ``request:<id>`` for ``session_params.session_id``,
-    ``body:<field>:<id>`` for another body field."""
-    if label.startswith(BODY_PREFIX):
-        if label == BODY_PREFIX + VLLM_ROUTER_BODY_FIELD:
-            return "request:" + session_id
-        return f"{label}:{session_id}"
-    return f"header:{label}:{session_id}"

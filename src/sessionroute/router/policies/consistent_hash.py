@@ -17,10 +17,9 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from sessionroute.clock import Clock
-from sessionroute.router.policies._ring import HashRing, KeyHashCache
+from sessionroute.router.policies._ring import HashRing, KeyHashCache, ring_key
 from sessionroute.router.policies.base import Policy, require_healthy
 from sessionroute.router.policies.least_loaded import LeastRecentlyChosen
-from sessionroute.router.session_keys import ring_key
 from sessionroute.router.state.cluster import ClusterView
 from sessionroute.types import Decision, DecisionKind, RouteRequest
 

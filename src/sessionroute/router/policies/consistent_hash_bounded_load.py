@@ -33,10 +33,9 @@ from typing import Any, ClassVar
 
 from sessionroute.clock import Clock
 from sessionroute.errors import ConfigError
-from sessionroute.router.policies._ring import HashRing, KeyHashCache
+from sessionroute.router.policies._ring import HashRing, KeyHashCache, ring_key
 from sessionroute.router.policies._sessions import SessionPolicy
 from sessionroute.router.policies.least_loaded import LeastRecentlyChosen
-from sessionroute.router.session_keys import ring_key
 from sessionroute.router.state.cluster import ClusterView
 from sessionroute.router.state.sessions import DEFAULT_MAX_BYTES
 from sessionroute.types import RouteRequest
