@@ -157,8 +157,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a(
         "--policy",
         default=d["policy"],
-        help=f"routing policy: {', '.join(policy_names())}, or package.module:Class or path/to/file.py:Class "
-        "(default: %(default)s)",
+        help=f"routing policy: {', '.join(policy_names())}, or package.module:Class, or "
+        "path/to/file.py:Class (default: %(default)s)",
     )
     a(
         "--policy-option",
