@@ -60,6 +60,8 @@ class Reservation:
         done: True once completed (a second complete is ignored).
         token: True while it holds a token of the rate limit (:attr:`RoutingCore.limiter`),
             given back when it completes.
+        waited_s: seconds it waited in the admission queue before it was placed (0 when it
+            was placed at once).
     """
 
     request: RouteRequest
@@ -68,6 +70,7 @@ class Reservation:
     generation: int
     done: bool = False
     token: bool = False
+    waited_s: float = 0.0
 
 
 class RoutingCore:
@@ -101,6 +104,8 @@ class RoutingCore:
         self.config = config if config is not None else RouterConfig()
         self.clock = clock if clock is not None else policy.clock
         self.log = log
+        self.on_decision: Callable[[Reservation], None] | None = None
+        """Called with every new reservation (``serve``'s route receipts), or None."""
         self.requests = RequestBuilder(
             self.config,
             needs_content=policy.needs_content,
@@ -135,6 +140,10 @@ class RoutingCore:
         self.decisions[d.kind] += 1
         if self.log is not None:
             self.log.append((request.session_id, d.worker, d.kind.value))
+        if self.on_decision is not None:
+            reservation = Reservation(request, d.worker, d.kind, generation)
+            self.on_decision(reservation)
+            return reservation
         return Reservation(request, d.worker, d.kind, generation)
 
     def place(
@@ -277,7 +286,9 @@ class RoutingCore:
                 ticket.reservation = self.route(ticket.request)
             queue = self.admission
             queue.admitted_after_wait += 1
-            queue.wait_s_total += self.clock.now() - ticket.since
+            waited = self.clock.now() - ticket.since
+            queue.wait_s_total += waited
+            ticket.reservation.waited_s = waited
         except NoWorkerAvailable as exc:
             ticket.error = exc
         ticket.on_ready(ticket)

@@ -28,7 +28,7 @@ import logging
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any
 
-from sessionroute.serve import compat_routes, handlers
+from sessionroute.serve import backpressure, compat_routes, handlers
 from sessionroute.serve.errors import error_for_exception, error_response
 from sessionroute.serve.http1 import Connection, Inline, Request
 from sessionroute.serve.inline import InlineProxy
@@ -198,6 +198,7 @@ def _routes() -> dict[str, dict[str, Handler | str]]:
         }
     )
     routes.update({path: {"POST": _PROXY} for path in compat_routes.EXTRA_GENERATION_ROUTES})
+    routes["/backpressure"] = {"GET": backpressure.backpressure}
     for path, methods in compat_routes.routes().items():  # vllm-router's other routes
         routes[path] = dict(methods)
     return routes

@@ -140,6 +140,8 @@ class RouterSettings(BaseModel):
     idle_timeout_secs: float = Field(DEFAULTS["idle_timeout_secs"], gt=0)
     allow_remote_admin: bool = False
     expose_worker_header: bool = False
+    route_receipts: bool = False
+    route_receipts_log: str | None = None
     kv_events: tuple[str, ...] = ()
     kv_tokenizer: str | None = None
     kv_block_size: int = Field(DEFAULTS["kv_block_size"], ge=1)

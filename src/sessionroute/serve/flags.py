@@ -497,6 +497,20 @@ def _add_hardening_arguments(parser: argparse.ArgumentParser) -> None:
         "routes (/add_worker, /remove_worker, /sessions/ID); with a key they need the key",
     )
     a(
+        "--route-receipts",
+        action="store_true",
+        help="add an x-sessionroute-route header to each proxied response naming the policy, "
+        "the worker, the reason (new, sticky, repinned, moved, stateless), the session and "
+        "its origin, and the wait at the router (off: no cost)",
+    )
+    a(
+        "--route-receipts-log",
+        default=None,
+        metavar="PATH",
+        help="with --route-receipts, also append each receipt as a JSON line to PATH "
+        "('-': standard error)",
+    )
+    a(
         "--expose-worker-header",
         action="store_true",
         help="name the worker that served each proxied request in an x-sessionroute-worker "

@@ -197,7 +197,7 @@ class InlineProxy(Inline):
                 lines = ex.relay_lines  # (the exchange ends here: its lines are joined once)
                 lines += (b"x-request-id: ", self._raw_rid, b"\r\n")
                 if router.expose_worker:
-                    lines += (b"x-sessionroute-worker: ", worker.encode(), b"\r\n")
+                    lines += (router.worker_header(worker, self._raw_rid, status),)
                 self._conn.respond_raw(status, None, b"".join(lines), ex.body())
                 self._end()
                 return

@@ -408,7 +408,7 @@ async def _relay(conn: Connection, router: Router, ex: Exchange, worker: str, ri
         length = ex.length
         headers += b"x-request-id: " + rid + b"\r\n"
         if router.expose_worker:
-            headers += b"x-sessionroute-worker: " + worker.encode() + b"\r\n"
+            headers += router.worker_header(worker, rid, status)
         if length is not None and length <= BUFFER_LIMIT:
             try:
                 data = ex.body() if ex.complete else await ex.read()

@@ -31,6 +31,7 @@ from sessionroute.serve.health import HealthChecker, probe
 from sessionroute.serve.kvevents import KvEventsCollector, KvEventSubscriber
 from sessionroute.serve.metrics import RouterMetrics
 from sessionroute.serve.probes import not_started, wait_for_workers
+from sessionroute.serve.receipts import Receipts
 from sessionroute.serve.upstream import REQUEST_DROP, Exchange, UpstreamPool
 
 if TYPE_CHECKING:
@@ -161,8 +162,13 @@ class Router:
             n.lower().encode("latin-1") for n in settings.request_id_headers
         )
         """Lower-case names of the headers echoed as ``x-request-id``, in order."""
-        self.expose_worker = settings.expose_worker_header
-        """Name the serving worker in an ``x-sessionroute-worker`` response header."""
+        self.receipts: Receipts | None = (
+            Receipts(self.core, settings.route_receipts_log) if settings.route_receipts else None
+        )
+        """Route receipts (``--route-receipts``), or None."""
+        self.expose_worker = settings.expose_worker_header or self.receipts is not None
+        """Add :meth:`worker_header` to proxied responses (``--expose-worker-header``,
+        ``--route-receipts``)."""
         base = self.rng.randbytes(12).translate(_ID_TABLE).decode()
         self._id_heads = {path: prefix + base for path, prefix in _ID_PREFIX.items()}
         """The ids' first 21 or 17 characters (prefix and random part) by route."""
@@ -282,6 +288,8 @@ class Router:
             self._zmq.term()
             self._zmq = None
         await self.upstream.close()
+        if self.receipts is not None:
+            self.receipts.close()
         if self.state is not None:
             await self.state.close()
         if self._session is not None:
@@ -443,6 +451,19 @@ class Router:
             timer.cancel()
 
     # -- helpers --------------------------------------------------------------------------
+    def worker_header(self, worker: str, raw_rid: bytes, status: int = 0) -> bytes:
+        """The header lines a proxied response gets when :attr:`expose_worker` is set:
+        ``x-sessionroute-worker`` (``--expose-worker-header``) and the route receipt
+        (``--route-receipts``)."""
+        out = (
+            b"x-sessionroute-worker: " + worker.encode() + b"\r\n"
+            if self.settings.expose_worker_header
+            else b""
+        )
+        if self.receipts is not None:
+            out += self.receipts.header_lines(worker, raw_rid, status)
+        return out
+
     def new_request_id(self, path: str) -> str:
         """``chatcmpl-``/``cmpl-``/``req-`` + 24 alphanumerics (vllm-router's format).
 
