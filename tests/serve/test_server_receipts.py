@@ -106,3 +106,40 @@ async def test_a_queued_request_reports_its_wait_and_backpressure_says_saturated
     (_, h1), (_, h2) = await first, await second
     assert float(_fields(h1)["wait_ms"]) == 0.0
     assert float(_fields(h2)["wait_ms"]) > 0.0  # waited for the first one's token
+
+
+async def test_usage_metrics_from_answers_and_prefix_cache_counters_from_workers(
+    backends: list[FakeBackend], make_router: MakeRouter, client: aiohttp.ClientSession
+) -> None:
+    b = backends[0]
+    b.metrics_text = (
+        "# TYPE vllm:prefix_cache_queries counter\n"
+        'vllm:prefix_cache_queries_total{engine="0"} 1000.0\n'
+        "# TYPE vllm:prefix_cache_hits counter\n"
+        'vllm:prefix_cache_hits_total{engine="0"} 750.0\n'
+    )
+    router = await make_router([b.url], usage_metrics=True, scrape_interval_secs=3600)
+    assert router.router.gauges is not None
+    await router.router.gauges.scrape_once()
+    for _ in range(3):
+        assert (await _post(client, router.url))[0] == 200
+    text = router.router.metrics.render().decode()
+    assert (
+        f'sessionroute_worker_prefix_cache_queries_tokens_total{{worker="{b.url}"}} 1000.0' in text
+    )
+    assert f'sessionroute_worker_prefix_cache_hits_tokens_total{{worker="{b.url}"}} 750.0' in text
+    # the fake worker's usage: prompt_tokens 1 per answer, no cached_tokens detail
+    assert f'sessionroute_worker_prompt_tokens_total{{worker="{b.url}"}} 3.0' in text
+    assert f'sessionroute_worker_cached_prompt_tokens_total{{worker="{b.url}"}} 0.0' in text
+
+
+def test_usage_scan_reads_cached_tokens() -> None:
+    from sessionroute.serve.usage import UsageMetrics
+
+    u = UsageMetrics()
+    u.observe(
+        "w", b'{"usage": {"prompt_tokens": 120, "prompt_tokens_details": {"cached_tokens": 96}}}'
+    )
+    u.observe("w", b'{"usage": {"prompt_tokens": 30}}')
+    u.observe("w", b"not json")
+    assert (u.prompt_tokens, u.cached_tokens) == ({"w": 150}, {"w": 96})

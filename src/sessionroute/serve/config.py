@@ -141,6 +141,7 @@ class RouterSettings(BaseModel):
     allow_remote_admin: bool = False
     expose_worker_header: bool = False
     route_receipts: bool = False
+    usage_metrics: bool = False
     route_receipts_log: str | None = None
     kv_events: tuple[str, ...] = ()
     kv_tokenizer: str | None = None

@@ -504,6 +504,13 @@ def _add_hardening_arguments(parser: argparse.ArgumentParser) -> None:
         "its origin, and the wait at the router (off: no cost)",
     )
     a(
+        "--usage-metrics",
+        action="store_true",
+        help="count prompt and cached prompt tokens per worker from the usage of complete "
+        "JSON answers (sessionroute_worker_prompt_tokens_total, ..._cached_prompt_tokens_total; "
+        "streamed answers are not scanned)",
+    )
+    a(
         "--route-receipts-log",
         default=None,
         metavar="PATH",

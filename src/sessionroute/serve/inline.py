@@ -198,7 +198,10 @@ class InlineProxy(Inline):
                 lines += (b"x-request-id: ", self._raw_rid, b"\r\n")
                 if router.expose_worker:
                     lines += (router.worker_header(worker, self._raw_rid, status),)
-                self._conn.respond_raw(status, None, b"".join(lines), ex.body())
+                body = ex.body()
+                if router.usage is not None:
+                    router.usage.observe(worker, body)
+                self._conn.respond_raw(status, None, b"".join(lines), body)
                 self._end()
                 return
         self._ex = self._res = None  # the coroutine owns both now

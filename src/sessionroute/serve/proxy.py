@@ -431,6 +431,8 @@ async def _relay(conn: Connection, router: Router, ex: Exchange, worker: str, ri
                 timeout_reading(conn, router, worker, rid)
                 return True
             metrics.count_request(worker, status)
+            if router.usage is not None:
+                router.usage.observe(worker, data)
             conn.respond_raw(status, None, headers, data)
             return True
         conn.start_response(status, None, headers, length)

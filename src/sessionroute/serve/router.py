@@ -33,6 +33,7 @@ from sessionroute.serve.metrics import RouterMetrics
 from sessionroute.serve.probes import not_started, wait_for_workers
 from sessionroute.serve.receipts import Receipts
 from sessionroute.serve.upstream import REQUEST_DROP, Exchange, UpstreamPool
+from sessionroute.serve.usage import UsageCollector, UsageMetrics
 
 if TYPE_CHECKING:
     from sessionroute.serve.state import RedisState
@@ -144,6 +145,9 @@ class Router:
             self.metrics.registry.register(StateCollector(self.state))
         if isinstance(self.kv_index, KvIndex):
             self.metrics.registry.register(KvEventsCollector(self.kv_index, self.kv_subscribers))
+        self.usage: UsageMetrics | None = UsageMetrics() if settings.usage_metrics else None
+        """Prompt and cached tokens per worker from the answers' usage (``--usage-metrics``)."""
+        self.metrics.registry.register(UsageCollector(self.usage, self._prefix_cache))
         self.worker_headers: dict[str, str] = (
             {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
         )
@@ -451,6 +455,9 @@ class Router:
             timer.cancel()
 
     # -- helpers --------------------------------------------------------------------------
+    def _prefix_cache(self) -> dict[str, tuple[float, float]]:
+        return {} if self.gauges is None else self.gauges.prefix_cache
+
     def worker_header(self, worker: str, raw_rid: bytes, status: int = 0) -> bytes:
         """The header lines a proxied response gets when :attr:`expose_worker` is set:
         ``x-sessionroute-worker`` (``--expose-worker-header``) and the route receipt
