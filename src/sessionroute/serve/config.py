@@ -183,6 +183,13 @@ class RouterSettings(BaseModel):
     def _check_headers(cls, names: tuple[str, ...]) -> tuple[str, ...]:
         return header_names(names)
 
+    @field_validator("route_receipts_log")
+    @classmethod
+    def _check_receipts_log(cls, path: str | None) -> str | None:
+        if path and path != "-" and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+            raise ValueError(f"no directory for the receipts log {path!r}")
+        return path
+
     @field_validator("session_body_fields")
     @classmethod
     def _check_body_fields(cls, fields: tuple[str, ...]) -> tuple[str, ...]:

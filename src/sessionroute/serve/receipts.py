@@ -55,13 +55,11 @@ class Receipts:
         self._policy = core.policy.name
         self._origins = core.requests.origins
         self._pending: OrderedDict[str, Reservation] = OrderedDict()
-        self._out: IO[str] | None = None
+        self._out: IO[str] | None = sys.stderr if log_path == "-" else None
+        self._path = log_path if log_path and log_path != "-" else None
+        """The log file, opened at the first receipt (a router built only to check its
+        settings opens nothing)."""
         self._own = False
-        if log_path == "-":
-            self._out = sys.stderr
-        elif log_path:
-            self._out = open(log_path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
-            self._own = True
         self.written = 0
         """Receipts written (headers)."""
         core.on_decision = self.decided
@@ -99,6 +97,9 @@ class Receipts:
             parts.append(f"session={_quote(sid)}")
             parts.append(f"origin={origin}")
         parts.append(f"wait_ms={wait_ms:.3f}")
+        if self._out is None and self._path is not None:
+            self._out = open(self._path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
+            self._own = True
         if self._out is not None:
             record = {
                 "ts": round(time.time(), 3),
@@ -121,6 +122,7 @@ class Receipts:
         if self._own and self._out is not None:
             self._out.close()
         self._out = None
+        self._path = None
 
 
 def _quote(value: str) -> str:
