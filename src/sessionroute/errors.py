@@ -35,15 +35,22 @@ class MalformedRequest(SessionRouteError, ValueError):
 
 
 class AdmissionRefused(SessionRouteError):
-    """The router's admission queue is full, or the request waited there too long: HTTP 503.
+    """The router's admission queue is full, or the request waited there too long: HTTP 503
+    (with vllm-router's rate limit: 429 and ``Retry-After`` when full, 408 on a timeout).
 
     Attributes:
         reason: ``"queue_full"`` or ``"timeout"``.
+        status: the HTTP status to answer with.
+        retry_after_s: the ``Retry-After`` seconds to send, or None.
     """
 
-    def __init__(self, message: str, reason: str) -> None:
+    def __init__(
+        self, message: str, reason: str, *, status: int = 503, retry_after_s: int | None = None
+    ) -> None:
         super().__init__(message)
         self.reason = reason
+        self.status = status
+        self.retry_after_s = retry_after_s
 
 
 class WorkerError(SessionRouteError, ValueError):

@@ -56,7 +56,7 @@ def test_circuits_open_only_while_half_of_the_workers_stay_available() -> None:
     enough workers are available again (a review switched a fleet off with three bad
     requests when every circuit could open)."""
     clock = ManualClock()
-    core = _core(clock, cb_failure_threshold=2, cb_timeout_s=10.0)
+    core = _core(clock, cb_failure_threshold=2, cb_timeout_s=10.0, cb_keep_half_available=True)
     assert [core.record_failure("http://w1") for _ in range(2)] == [None, 10.0]
     assert [core.record_failure("http://w2") for _ in range(4)] == [None] * 4
     assert core.cluster.is_healthy("http://w2")  # the only one left
@@ -67,10 +67,21 @@ def test_circuits_open_only_while_half_of_the_workers_stay_available() -> None:
 
     four = [f"http://v{i}" for i in range(4)]
     policy = create_policy("round_robin", clock=clock)
-    big = RoutingCore(policy, Cluster(four), RouterConfig(cb_failure_threshold=1))
+    big = RoutingCore(
+        policy, Cluster(four), RouterConfig(cb_failure_threshold=1, cb_keep_half_available=True)
+    )
     opened = [big.record_failure(u) is not None for u in four]
     assert opened == [True, True, False, False]
     assert [big.cluster.is_healthy(u) for u in four] == [False, False, True, True]
+
+
+def test_by_default_circuits_open_as_vllm_routers_do() -> None:
+    """vllm-router's breaker: every worker's circuit opens at the threshold, the last one too
+    (then requests get a fast 503 instead of the worker's errors)."""
+    core = _core(ManualClock(), cb_failure_threshold=2, cb_timeout_s=10.0)
+    for url in W:
+        assert [core.record_failure(url) for _ in range(2)] == [None, 10.0]
+    assert core.cluster.healthy() == ()
 
 
 def test_a_circuit_timer_that_fires_early_is_told_how_long_is_left() -> None:

@@ -61,6 +61,8 @@ class FakeBackend:
         app.router.add_get("/health", self._health)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/get_server_info", self._server_info)
+        app.router.add_post("/generate", self._generate)
         self._runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=0.1)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", self.port, reuse_address=True)
@@ -80,6 +82,9 @@ class FakeBackend:
         if self.health_ok:
             return web.Response(text="")
         return web.Response(status=503, text="unhealthy")
+
+    async def _server_info(self, request: web.Request) -> web.Response:
+        return web.json_response({"port": self.port, "query": request.query_string})
 
     async def _metrics(self, request: web.Request) -> web.Response:
         if self.metrics_text is None:

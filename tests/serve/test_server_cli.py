@@ -100,7 +100,7 @@ def test_defaults_and_env_ttl() -> None:
     [
         (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
         (["--vllm-pd-disaggregation"], "does not support (prefill/decode disaggregation)"),
-        (["--max-concurrent-requests", "5"], "does not support (admission control"),
+        (["--service-discovery"], "does not support (Kubernetes service discovery"),
         (["--sess", "x"], "unrecognized arguments"),  # no silent prefix matching
     ],
 )

@@ -66,7 +66,11 @@ async def test_requests_every_worker_fails_do_not_open_every_circuit(
     soon as the workers answer them."""
     a, b = backends[0], backends[1]
     router = await make_router(
-        [a.url, b.url], policy="consistent_hash", retry_max_retries=5, cb_failure_threshold=3
+        [a.url, b.url],
+        policy="consistent_hash",
+        retry_max_retries=5,
+        cb_failure_threshold=3,
+        cb_keep_half_available=True,
     )
     a.fail_statuses = [500] * 100
     b.fail_statuses = [500] * 100
@@ -79,13 +83,31 @@ async def test_requests_every_worker_fails_do_not_open_every_circuit(
     b.fail_statuses.clear()
     assert (await post_chat(client, router, "good"))[0] == 200
 
-    alone = await make_router([a.url], retry_max_retries=5, cb_failure_threshold=3)
+    alone = await make_router(
+        [a.url], retry_max_retries=5, cb_failure_threshold=3, cb_keep_half_available=True
+    )
     a.fail_statuses = [500] * 100
     for _ in range(3):
         assert (await post_chat(client, alone, "poison"))[0] == 500
     assert alone.router.core.cluster.is_healthy(a.url)  # a lone worker's circuit stays shut
     a.fail_statuses.clear()
     assert (await post_chat(client, alone, "good"))[0] == 200
+
+
+async def test_by_default_the_breaker_opens_as_vllm_routers(
+    backends: list[FakeBackend], make_router: MakeRouter, client: aiohttp.ClientSession
+) -> None:
+    """vllm-router's breaker (the default): a one-worker fleet's circuit opens at the
+    threshold, and clients then get fast 503s instead of the worker's 500s."""
+    a = backends[0]
+    alone = await make_router([a.url], retry_max_retries=1, cb_failure_threshold=3)
+    a.fail_statuses = [500] * 100
+    assert [(await post_chat(client, alone, "p"))[0] for _ in range(5)] == [500] * 3 + [503] * 2
+    assert len(a.seen) == 3
+    two = await make_router([a.url, backends[1].url], retry_max_retries=1, cb_failure_threshold=2)
+    backends[1].fail_statuses = [500] * 100
+    statuses = [(await post_chat(client, two, None))[0] for _ in range(6)]
+    assert statuses[-1] == 503 and two.router.core.cluster.healthy() == ()
 
 
 async def test_a_circuit_timer_that_fires_early_is_armed_again(
@@ -192,10 +214,10 @@ async def test_periodic_health_checks_run(
     backends: list[FakeBackend], make_router: MakeRouter
 ) -> None:
     b = backends[0]
-    b.health_ok = False
     router = await make_router(
         [b.url, backends[1].url], health_check_interval_secs=0.01, health_failure_threshold=2
     )
+    b.health_ok = False  # up at startup (a worker never up is unhealthy from the start)
     checker = router.router.health
     assert checker is not None
     for _ in range(50):
@@ -249,9 +271,13 @@ async def test_upstream_timeout_is_504(
 
 @pytest.fixture
 async def slammer() -> AsyncIterator[str]:
-    """A TCP server that accepts and immediately closes every connection."""
+    """A TCP server that passes health checks (a GET) and closes every other connection at
+    once (a worker counts healthy only after a passing check)."""
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if (await reader.read(3)) == b"GET":
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+            await writer.drain()
         writer.close()
 
     server = await asyncio.start_server(handle, "127.0.0.1", 0)

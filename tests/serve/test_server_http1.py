@@ -197,8 +197,12 @@ async def firehose() -> AsyncIterator[tuple[str, dict[str, int]]]:
         await resp.write_eof()
         return resp
 
+    async def health(request: web.Request) -> web.Response:
+        return web.Response(text="")  # a worker counts healthy once a check passed
+
     app = web.Application()
     app.router.add_post("/v1/completions", handle)
+    app.router.add_get("/health", health)
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)

@@ -80,6 +80,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="proxy: copy the callgrind dump of the measured requests to FILE "
         "(for callgrind_annotate)",
     )
+    parser.add_argument(
+        "--router-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="proxy: one more argument for 'sessionroute serve' (repeatable), e.g. "
+        "--router-arg=--route-receipts",
+    )
 
 
 def _total(path: str) -> int:
@@ -159,7 +167,7 @@ async def _proxy(args: argparse.Namespace, out_dir: str) -> dict[str, Any]:
     else:
         served = ["-m", "sessionroute.cli", "serve", "--host", "127.0.0.1", "--port", str(rport),
                   "--policy", "consistent_hash", "--worker-urls", f"http://127.0.0.1:{bport}",
-                  "--log-level", "warning"]  # fmt: skip
+                  "--log-level", "warning", *args.router_arg]  # fmt: skip
     router = subprocess.Popen(
         ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable, *served],
         stdout=subprocess.DEVNULL,

@@ -30,6 +30,7 @@ def register(sub: Any) -> None:
 def _run(args: argparse.Namespace) -> int:
     from sessionroute.errors import ConfigError
     from sessionroute.serve.config import settings_from_args
+    from sessionroute.serve.probes import StartupTimeout
     from sessionroute.serve.router import Router
     from sessionroute.serve.runner import run
 
@@ -45,7 +46,7 @@ def _run(args: argparse.Namespace) -> int:
     )
     try:
         run(settings)
-    except OSError as exc:
+    except (OSError, StartupTimeout) as exc:
         print(f"sessionroute serve: error: {exc}", file=sys.stderr)
         return 1
     return 0

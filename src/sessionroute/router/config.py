@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from sessionroute.router.session_keys import AGENT_SESSION_HEADERS, DEFAULT_SESSION_BODY_FIELDS
 from sessionroute.router.state.sessions import DEFAULT_MAX_BYTES
 
 __all__ = [
@@ -25,8 +26,9 @@ __all__ = [
     "header_names",
 ]
 
-DEFAULT_SESSION_HEADERS: tuple[str, ...] = ("x-session-id",)
-"""Ours: only an explicit session header identifies a session."""
+DEFAULT_SESSION_HEADERS: tuple[str, ...] = ("x-session-id", *AGENT_SESSION_HEADERS)
+"""Ours: only explicit, session-scoped headers identify a session: ``x-session-id``, then the
+agent harnesses' (:data:`~sessionroute.router.session_keys.AGENT_SESSION_HEADERS`)."""
 
 VLLM_ROUTER_SESSION_HEADERS: tuple[str, ...] = (
     "x-session-id",
@@ -44,6 +46,9 @@ class RouterConfig(BaseModel):
 
     Attributes:
         session_headers: headers checked for the session id, in order (lower-cased).
+        session_body_fields: dotted JSON body fields read for the session id, in order, when
+            no session header is present (:mod:`sessionroute.router.session_keys`; empty:
+            headers only).
         session_ttl_s: idle seconds before a pinned session expires; given to every policy
             whose ``Config`` has ``session_ttl_s`` unless the policy's options set it.
         sweep_interval_s: seconds between the router's sweeps of expired sessions (None: only
@@ -58,6 +63,9 @@ class RouterConfig(BaseModel):
         cb_failure_threshold: consecutive request failures that open a worker's circuit.
         cb_success_threshold: successes in the half-open state that close it again.
         cb_timeout_s: seconds an open circuit stays open before it turns half-open.
+        cb_keep_half_available: open a circuit only while at least half of the workers
+            (rounded up) stay available (sessionroute's rule; off: vllm-router's breaker,
+            which opens at the threshold even for the last worker).
         scrape_interval_s: seconds between scrapes of every worker's ``/metrics`` for its engine
             gauges (``vllm:num_requests_running``, ``vllm:num_requests_waiting``,
             ``vllm:kv_cache_usage_perc``) that policies read through the cluster view; None:
@@ -68,6 +76,11 @@ class RouterConfig(BaseModel):
             the policy holds them back (0: none wait, a held-back request is refused).
         admission_max_wait_s: longest wait in the admission queue before the request is
             refused.
+        rate_limit_capacity: vllm-router's rate limit (``--max-concurrent-requests``): a
+            token bucket of this capacity in front of placement
+            (:mod:`sessionroute.router.ratelimit`); None: no limit.
+        rate_limit_per_s: its refill rate in tokens per second
+            (``--rate-limit-tokens-per-second``; None: the capacity per second).
         max_session_id_bytes: longest session id accepted (a longer one is a 400 before
             placement; :mod:`sessionroute.router.validate`).
         session_table_max_bytes: capacity of the session table in estimated bytes (session
@@ -83,6 +96,7 @@ class RouterConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     session_headers: tuple[str, ...] = Field(default=DEFAULT_SESSION_HEADERS, min_length=1)
+    session_body_fields: tuple[str, ...] = DEFAULT_SESSION_BODY_FIELDS
     session_ttl_s: float = Field(default=7200.0, gt=0)
     sweep_interval_s: float | None = Field(default=60.0, gt=0)
     retry_max_attempts: int = Field(default=5, ge=1)
@@ -94,10 +108,13 @@ class RouterConfig(BaseModel):
     cb_failure_threshold: int = Field(default=10, ge=1)
     cb_success_threshold: int = Field(default=3, ge=1)
     cb_timeout_s: float = Field(default=60.0, gt=0)
+    cb_keep_half_available: bool = False
     scrape_interval_s: float | None = Field(default=1.0, gt=0)
     content_block_tokens: int = Field(default=16, ge=1)
     admission_max_waiting: int = Field(default=1024, ge=0)
     admission_max_wait_s: float = Field(default=60.0, ge=0)
+    rate_limit_capacity: int | None = Field(default=None, ge=1)
+    rate_limit_per_s: float | None = Field(default=None, gt=0)
     max_session_id_bytes: int = Field(default=256, ge=1)
     session_table_max_bytes: int = Field(default=DEFAULT_MAX_BYTES, ge=1)
     retry_after_send: bool = False

@@ -33,6 +33,7 @@ from sessionroute.router.config import RouterConfig
 from sessionroute.router.health import CircuitBreaker, WorkerHealth
 from sessionroute.router.kv.content import KvContent
 from sessionroute.router.policies.base import Policy
+from sessionroute.router.ratelimit import TokenBucket
 from sessionroute.router.requests import RequestBuilder
 from sessionroute.router.retry import RetryPolicy
 from sessionroute.router.state.cluster import Cluster
@@ -57,6 +58,10 @@ class Reservation:
             worker removed and added again is a new generation, so completing an old
             reservation never takes load off the new one.
         done: True once completed (a second complete is ignored).
+        token: True while it holds a token of the rate limit (:attr:`RoutingCore.limiter`),
+            given back when it completes.
+        waited_s: seconds it waited in the admission queue before it was placed (0 when it
+            was placed at once).
     """
 
     request: RouteRequest
@@ -64,6 +69,8 @@ class Reservation:
     kind: DecisionKind
     generation: int
     done: bool = False
+    token: bool = False
+    waited_s: float = 0.0
 
 
 class RoutingCore:
@@ -97,11 +104,22 @@ class RoutingCore:
         self.config = config if config is not None else RouterConfig()
         self.clock = clock if clock is not None else policy.clock
         self.log = log
+        self.on_decision: Callable[[Reservation], None] | None = None
+        """Called with every new reservation (``serve``'s route receipts), or None."""
         self.requests = RequestBuilder(
-            self.config, needs_content=policy.needs_content, kv_content=kv_content
+            self.config,
+            needs_content=policy.needs_content,
+            kv_content=kv_content,
+            content_tail=policy.content_tail,
         )
         self.retry = RetryPolicy(self.config, rng if rng is not None else random.Random(0))
         self.admission = AdmissionQueue(self.config.admission_max_waiting)
+        self.limiter: TokenBucket | None = None
+        """vllm-router's rate limit (``RouterConfig.rate_limit_capacity``), or None."""
+        if self.config.rate_limit_capacity is not None:
+            cap = self.config.rate_limit_capacity
+            rate = self.config.rate_limit_per_s or float(cap)
+            self.limiter = TokenBucket(cap, rate, self.clock.now())
         self.health: dict[str, WorkerHealth] = {w: self._new_health(w) for w in cluster.workers()}
         self.decisions: dict[DecisionKind, int] = dict.fromkeys(DecisionKind, 0)
         """Count of decisions by kind."""
@@ -122,6 +140,10 @@ class RoutingCore:
         self.decisions[d.kind] += 1
         if self.log is not None:
             self.log.append((request.session_id, d.worker, d.kind.value))
+        if self.on_decision is not None:
+            reservation = Reservation(request, d.worker, d.kind, generation)
+            self.on_decision(reservation)
+            return reservation
         return Reservation(request, d.worker, d.kind, generation)
 
     def place(
@@ -149,14 +171,26 @@ class RoutingCore:
         policy = self.policy
         if self.admission.waiting:
             self.pump()
+        limiter = self.limiter
         if (
             self._admits_all
             or not policy.admission_applies(request)
             or policy.admit(request, self.cluster)
-        ):
-            return self.route(request)
+        ) and (limiter is None or self._take_token()):  # (waiting tickets were offered first)
+            if limiter is None:
+                return self.route(request)
+            return self._route_with_token(request)
         if not self.admission.has_room():
             self.admission.refused_full += 1
+            if limiter is not None:
+                raise AdmissionRefused(
+                    "too many requests: the rate limit (--max-concurrent-requests, "
+                    "--rate-limit-tokens-per-second) has no token and the queue is full "
+                    f"({len(self.admission)} of {self.admission.max_waiting} waiting)",
+                    "queue_full",
+                    status=429,
+                    retry_after_s=1,
+                )
             raise AdmissionRefused(
                 "the policy holds the request back and the admission queue is full "
                 f"({len(self.admission)} of {self.admission.max_waiting} waiting)",
@@ -193,6 +227,13 @@ class RoutingCore:
             self._leave(ticket)
             return None
         queue.refused_timeout += 1
+        if self.limiter is not None:
+            return AdmissionRefused(
+                f"the request waited {self.admission_max_wait_s()} s in the queue "
+                "(--queue-timeout-secs)",
+                "timeout",
+                status=408,
+            )
         return AdmissionRefused(
             f"no worker could take the request within {self.admission_max_wait_s()} s",
             "timeout",
@@ -227,18 +268,27 @@ class RoutingCore:
             else:
                 i = 0  # no healthy worker: the ticket fails at placement (NoWorkerAvailable)
             ticket = pending[i]
+            token = self.limiter is not None
+            if token and not self._take_token():
+                return  # no token: the rest wait (refill: recheck; a completion: complete)
             queue.take(ticket)
-            self._leave(ticket)
+            self._leave(ticket, token=token)
             # those before it stay held; skip tickets withdrawn by an on_ready callback
             pending = [t for t in pending[i + 1 :] if t.waiting]
 
-    def _leave(self, ticket: Ticket) -> None:
-        """Route a ticket that left the queue and tell its driver (``on_ready``)."""
+    def _leave(self, ticket: Ticket, *, token: bool = False) -> None:
+        """Route a ticket that left the queue and tell its driver (``on_ready``); ``token``:
+        it took a token of the rate limit (given back if it cannot be placed)."""
         try:
-            ticket.reservation = self.route(ticket.request)
+            if token:
+                ticket.reservation = self._route_with_token(ticket.request)
+            else:
+                ticket.reservation = self.route(ticket.request)
             queue = self.admission
             queue.admitted_after_wait += 1
-            queue.wait_s_total += self.clock.now() - ticket.since
+            waited = self.clock.now() - ticket.since
+            queue.wait_s_total += waited
+            ticket.reservation.waited_s = waited
         except NoWorkerAvailable as exc:
             ticket.error = exc
         ticket.on_ready(ticket)
@@ -252,8 +302,29 @@ class RoutingCore:
     @property
     def admission_recheck_s(self) -> float | None:
         """Seconds between the driver's :meth:`recheck` calls while tickets wait (the
-        policy's ``admission_recheck_s``; None: the policy's verdict depends on no clock)."""
-        return self.policy.admission_recheck_s
+        policy's ``admission_recheck_s``, and with a rate limit the time its bucket takes to
+        refill a token; None: no verdict depends on the clock)."""
+        every = self.policy.admission_recheck_s
+        limiter = self.limiter
+        if limiter is None:
+            return every
+        refill = max(limiter.wait_s(self.clock.now()), 0.001)
+        return refill if every is None else min(every, refill)
+
+    def _take_token(self) -> bool:
+        limiter = self.limiter
+        return limiter is not None and limiter.take(self.clock.now())
+
+    def _route_with_token(self, request: RouteRequest) -> Reservation:
+        """:meth:`route` for a request that took a token (given back if it is not placed)."""
+        try:
+            reservation = self.route(request)
+        except BaseException:
+            if self.limiter is not None:
+                self.limiter.give_back()
+            raise
+        reservation.token = True
+        return reservation
 
     def observe_gauges(self, url: str, gauges: EngineGauges) -> None:
         """Record scraped engine gauges of ``url`` (ignored for an unknown worker) and pump
@@ -267,6 +338,9 @@ class RoutingCore:
         if reservation.done:
             return False
         reservation.done = True
+        if reservation.token and self.limiter is not None:
+            reservation.token = False
+            self.limiter.give_back()
         self.cluster.release(
             reservation.worker, reservation.request.prompt_tokens, reservation.generation
         )
@@ -292,8 +366,16 @@ class RoutingCore:
         """
         if self.cluster.is_healthy(reservation.worker):
             return reservation
+        token, reservation.token = reservation.token, False  # the request keeps its token
         self.complete(reservation)
-        return self.route(reservation.request)
+        try:
+            moved = self.route(reservation.request)
+        except BaseException:
+            if token and self.limiter is not None:
+                self.limiter.give_back()
+            raise
+        moved.token = token
+        return moved
 
     # -- sessions -------------------------------------------------------------------------
     def finish_session(self, session_id: str) -> bool:
@@ -375,8 +457,10 @@ class RoutingCore:
     def record_failure(self, url: str) -> float | None:
         """An upstream failure (5xx, reset, timeout) from ``url``.
 
-        A circuit opens only while at least half of the workers (rounded up) would stay
-        available: failures that no worker can avoid (a request every worker answers with a
+        By default the circuit opens at the threshold whatever the rest of the fleet does
+        (vllm-router's breaker). With ``RouterConfig.cb_keep_half_available`` (sessionroute's
+        safer rule) a circuit opens only while at least half of the workers (rounded up) would
+        stay available: failures that no worker can avoid (a request every worker answers with a
         5xx, repeated by a client) would otherwise open every circuit in turn and refuse all
         traffic for ``cb_timeout_s``, or leave one worker carrying the fleet's load. Envoy
         bounds its outlier ejections the same way (``max_ejection_percent``; routing to every
@@ -392,10 +476,13 @@ class RoutingCore:
         wh = self.health.get(url)
         if wh is None:
             return None
-        cluster = self.cluster
-        workers = cluster.workers()
-        others = sum(1 for u in workers if u != url and cluster.is_healthy(u))
-        if not wh.breaker.record_failure(may_open=others >= -(-len(workers) // 2)):
+        may_open = True
+        if self.config.cb_keep_half_available:
+            cluster = self.cluster
+            workers = cluster.workers()
+            others = sum(1 for u in workers if u != url and cluster.is_healthy(u))
+            may_open = others >= -(-len(workers) // 2)
+        if not wh.breaker.record_failure(may_open=may_open):
             return None
         self.refresh(url)
         return wh.breaker.timeout_s

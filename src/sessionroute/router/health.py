@@ -156,6 +156,10 @@ class WorkerHealth:
         fails: consecutive failed checks.
         passes: consecutive passed checks.
         last_error: why the last check or request failed ("" if none did).
+        started: False until the worker passed a check, for a worker that starts unchecked
+            (:meth:`start_unchecked`): its first passing check makes it healthy at once
+            (vllm-router's startup wait needs one passing check, not
+            ``--health-success-threshold``).
     """
 
     url: str
@@ -164,6 +168,13 @@ class WorkerHealth:
     fails: int = 0
     passes: int = 0
     last_error: str = field(default="")
+    started: bool = True
+
+    def start_unchecked(self) -> None:
+        """Count the worker unhealthy until its first passing check (``serve`` at startup: a
+        worker counts healthy only after a check passed)."""
+        self.started = False
+        self.health_ok = False
 
     @property
     def available(self) -> bool:
@@ -175,6 +186,9 @@ class WorkerHealth:
         if ok:
             self.fails = 0
             self.passes += 1
+            if not self.started:
+                self.started = self.health_ok = True
+                return True
             if not self.health_ok and self.passes >= success_threshold:
                 self.health_ok = True
                 return True

@@ -5,6 +5,9 @@ router and in the simulator alike:
 
 * **session id**: the first configured session header whose value is non-empty after trailing
   blanks are stripped, decoded as UTF-8 (invalid bytes replaced, so the id always hashes);
+  without one, the first configured body field holding a non-empty string
+  (``session_params.session_id``, ``prompt_cache_key``, ``user`` by default;
+  :mod:`sessionroute.router.session_keys`);
   the simulated client sends its rollout id in the first configured header, as
   :class:`sessionroute.client.Rollout` does;
 * **size estimate**: :func:`estimate_prompt_tokens` of the request body's size in bytes; a
@@ -28,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from sessionroute.errors import MalformedRequest
 from sessionroute.router.config import RouterConfig
+from sessionroute.router.session_keys import BODY_PREFIX, body_session_id
 from sessionroute.router.validate import check_session_id, parse_body
 from sessionroute.types import RouteRequest
 
@@ -51,6 +55,9 @@ average about 4 characters of English text per token; JSON overhead is counted t
 
 SESSION_ID_CACHE = 4096
 """Session header values whose checked, decoded id is kept (the oldest is dropped past it)."""
+
+SESSION_ORIGINS = 65536
+"""Session ids whose origin (header or body field) is kept for ``GET /sessions/{id}``."""
 
 
 def estimate_prompt_tokens(body_bytes: int) -> int:
@@ -90,9 +97,11 @@ def prompt_text(payload: Any) -> str:
     return ""
 
 
-def text_block_keys(text: str, block_bytes: int) -> list[int]:
+def text_block_keys(text: str, block_bytes: int, *, tail: bool = False) -> list[int]:
     """Chained prefix keys of ``text``: key ``i`` is the 8-byte BLAKE2b digest (little-endian
-    int) of the first ``(i + 1) * block_bytes`` bytes of its UTF-8 encoding; full blocks only.
+    int) of the first ``(i + 1) * block_bytes`` bytes of its UTF-8 encoding; full blocks only,
+    unless ``tail``: then a last key, of the whole text, follows when the text ends inside a
+    block (a prompt shorter than a block gets one key, and an identical prompt the same one).
 
     Raises:
         ValueError: if ``block_bytes < 1``.
@@ -105,6 +114,9 @@ def text_block_keys(text: str, block_bytes: int) -> list[int]:
     for start in range(0, len(data) - block_bytes + 1, block_bytes):
         h.update(data[start : start + block_bytes])
         keys.append(int.from_bytes(h.copy().digest(), "little"))
+    if tail and len(data) % block_bytes:
+        h.update(data[len(data) - len(data) % block_bytes :])
+        keys.append(int.from_bytes(h.digest(), "little"))
     return keys
 
 
@@ -148,13 +160,23 @@ class RequestBuilder:
         kv_content: the servers' tokenizer and block-hash scheme; when given, a live
             request's ``blocks`` are its vLLM block hashes (:mod:`sessionroute.router.kv`)
             instead of text keys.
+        content_tail: end a live request's text keys with the key of its last partial block
+            (``cache_aware``, which matches finely on short prompts as vllm-router does).
     """
 
     def __init__(
-        self, config: RouterConfig, *, needs_content: bool, kv_content: KvContent | None = None
+        self,
+        config: RouterConfig,
+        *,
+        needs_content: bool,
+        kv_content: KvContent | None = None,
+        content_tail: bool = False,
     ) -> None:
         self.config = config
         self.needs_content = needs_content
+        self.content_tail = content_tail
+        """A live request's text keys end with the key of its last partial block
+        (:func:`text_block_keys` with ``tail``; the policy's ``content_tail``)."""
         self.kv_content = kv_content
         self.session_names: tuple[tuple[bytes, str], ...] = tuple(
             (n.encode("latin-1"), n) for n in config.session_headers
@@ -166,6 +188,14 @@ class RequestBuilder:
         # (the newest SESSION_ID_CACHE ids; an id that fails the check raises, and is never
         # cached, nor is one of blanks only)
         self._session_ids: OrderedDict[bytes, str] = OrderedDict()
+        self._body_fields: tuple[tuple[str, tuple[str, ...]], ...] = tuple(
+            (BODY_PREFIX + f, tuple(f.split("."))) for f in config.session_body_fields
+        )
+        """(origin label, path) of the body fields read for a session id, in order."""
+        self.origins: OrderedDict[str, str] = OrderedDict()
+        """Session id -> where it was last read from (a header's lower-case name, or
+        ``body:<field>``), for the newest :data:`SESSION_ORIGINS` ids (``GET
+        /sessions/{id}``); recorded when a header value is first seen and on every body id."""
         self._turn_session = functools.lru_cache(maxsize=4096)(self._session_of_turn)
 
     def session(self, headers: Mapping[bytes, bytes]) -> tuple[str, str] | None:
@@ -181,12 +211,31 @@ class RequestBuilder:
         for name, label in self.session_names:
             value = headers.get(name)
             if value:
-                sid = self._session_ids.get(value) or self._checked_session_id(value)
+                sid = self._session_ids.get(value) or self._checked_session_id(value, label)
                 if sid is not None:
                     return sid, label
         return None
 
-    def _checked_session_id(self, value: bytes) -> str | None:
+    def body_session(self, payload: Mapping[str, Any]) -> tuple[str, str] | None:
+        """The session id from the body fields (``RouterConfig.session_body_fields``) and its
+        origin label (``body:<field>``), or None (:mod:`sessionroute.router.session_keys`).
+
+        Raises:
+            MalformedRequest: the id is too long or has a control character.
+        """
+        found = body_session_id(payload, self._body_fields)
+        if found is not None:
+            check_session_id(found[0].encode("utf-8", "replace"), self._max_id)
+            self._note_origin(*found)
+        return found
+
+    def _note_origin(self, sid: str, label: str) -> None:
+        origins = self.origins
+        origins[sid] = label
+        if len(origins) > SESSION_ORIGINS:
+            origins.popitem(last=False)
+
+    def _checked_session_id(self, value: bytes, label: str = "") -> str | None:
         """A session header's value as the id (trailing blanks stripped, checked, decoded
         as UTF-8 with invalid bytes replaced), or None when only blanks are left; a valid id
         is cached."""
@@ -199,6 +248,8 @@ class RequestBuilder:
         if len(cache) >= SESSION_ID_CACHE:
             cache.popitem(last=False)
         cache[value] = sid
+        if label:
+            self._note_origin(sid, label)
         return sid
 
     def from_http(
@@ -224,7 +275,6 @@ class RequestBuilder:
             MalformedRequest: a bad session id, or a body that is not the route's JSON.
         """
         found = self.session(headers)
-        sid, header = found if found is not None else (None, self.session_names[0][1])
         encoding = headers.get(b"content-encoding")
         if encoding is None or encoding.strip().lower() in (b"", b"identity"):
             # (one piece is joined without a copy)
@@ -238,6 +288,9 @@ class RequestBuilder:
             # a compressed body (gzip, ...) goes to the worker as received, unread: the
             # router does not inflate client bytes (a decompression bomb costs it nothing)
             payload = {}
+        if found is None and self._body_fields:
+            found = self.body_session(payload)
+        sid, header = found if found is not None else (None, self.session_names[0][1])
         blocks: list[int] | None = None
         model: str | None = None
         salt: str | None = None
@@ -245,7 +298,9 @@ class RequestBuilder:
             if self.kv_content is not None:
                 blocks = self.kv_content.blocks(payload)
             else:
-                blocks = text_block_keys(prompt_text(payload), self._block_bytes)
+                blocks = text_block_keys(
+                    prompt_text(payload), self._block_bytes, tail=self.content_tail
+                )
             m = payload.get("model")
             model = m if isinstance(m, str) else None
             s = payload.get("cache_salt")

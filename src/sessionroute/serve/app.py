@@ -28,7 +28,7 @@ import logging
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any
 
-from sessionroute.serve import handlers
+from sessionroute.serve import backpressure, compat_routes, handlers
 from sessionroute.serve.errors import error_for_exception, error_response
 from sessionroute.serve.http1 import Connection, Inline, Request
 from sessionroute.serve.inline import InlineProxy
@@ -49,7 +49,7 @@ GENERATION_ROUTES: tuple[str, ...] = (
 """Routes proxied to a worker chosen by the policy."""
 
 _OPEN_ROUTES = frozenset({"/liveness", "/readiness", "/health"})
-_ADMIN_ROUTES = frozenset({"/add_worker", "/remove_worker"})
+_ADMIN_ROUTES = frozenset({"/add_worker", "/remove_worker", "/flush_cache"})
 _SESSIONS = "/sessions/"
 
 Handler = Callable[[Request, Router], Awaitable[Response]]
@@ -75,6 +75,8 @@ class RouterApp:
             if "GET" in methods and "HEAD" not in methods:
                 table[path]["HEAD"] = methods["GET"]
         self._routes = table
+        self._prefixes = tuple(p for p in table if p.endswith("/"))
+        """Paths that match every path they begin (``/sessions/``), tried on a miss."""
         key = router.settings.router_api_key
         self._key = key.encode() if key else None
         self._expected = b"Bearer " + self._key if self._key else None
@@ -113,8 +115,11 @@ class RouterApp:
             )
             return None
         methods = self._routes.get(path)
-        if methods is None and path.startswith(_SESSIONS) and _SESSIONS in self._routes:
-            methods = self._routes[_SESSIONS]
+        if methods is None:
+            for prefix in self._prefixes:
+                if path.startswith(prefix):
+                    methods = self._routes[prefix]
+                    break
         if methods is None:
             conn.respond(error_response(404, "Not Found", "not_found"))
             return None
@@ -192,6 +197,10 @@ def _routes() -> dict[str, dict[str, Handler | str]]:
             _SESSIONS: {"GET": handlers.session_info},
         }
     )
+    routes.update({path: {"POST": _PROXY} for path in compat_routes.EXTRA_GENERATION_ROUTES})
+    routes["/backpressure"] = {"GET": backpressure.backpressure}
+    for path, methods in compat_routes.routes().items():  # vllm-router's other routes
+        routes[path] = dict(methods)
     return routes
 
 

@@ -23,6 +23,7 @@ from sessionroute.errors import ConfigError
 from sessionroute.router.config import DEFAULT_SESSION_HEADERS, RouterConfig, header_names
 from sessionroute.router.policies.options import load_policy_file, parse_policy
 from sessionroute.router.policies.registry import policy_class, takes_option
+from sessionroute.router.session_keys import DEFAULT_SESSION_BODY_FIELDS
 from sessionroute.serve.flags import (
     DEFAULT_REQUEST_ID_HEADERS,
     DEFAULTS,
@@ -40,6 +41,13 @@ __all__ = [
     "router_flags",
     "settings_from_args",
 ]
+
+
+VLLM_ROUTER_QUEUE_SIZE = 100
+"""vllm-router 0.1.17's ``--queue-size`` default (the queue of the rate limit)."""
+
+VLLM_ROUTER_MAX_CONCURRENT = 32768
+"""vllm-router 0.1.17's ``--max-concurrent-requests`` default."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +83,7 @@ class RouterSettings(BaseModel):
     worker_urls: tuple[str, ...] = ()
     policy: str = DEFAULTS["policy"]
     session_headers: tuple[str, ...] = DEFAULT_SESSION_HEADERS
+    session_body_fields: tuple[str, ...] = DEFAULT_SESSION_BODY_FIELDS
     request_id_headers: tuple[str, ...] = DEFAULT_REQUEST_ID_HEADERS
     session_ttl_secs: float = Field(DEFAULTS["session_ttl_secs"], gt=0)
     session_sweep_interval_secs: float = Field(DEFAULTS["session_sweep_interval_secs"], gt=0)
@@ -85,6 +94,8 @@ class RouterSettings(BaseModel):
     health_failure_threshold: int = Field(DEFAULTS["health_failure_threshold"], ge=1)
     health_success_threshold: int = Field(DEFAULTS["health_success_threshold"], ge=1)
     health_check_endpoint: str = DEFAULTS["health_check_endpoint"]
+    worker_startup_timeout_secs: float = Field(DEFAULTS["worker_startup_timeout_secs"], ge=0)
+    worker_startup_check_interval: float = Field(DEFAULTS["worker_startup_check_interval"], gt=0)
     retry_max_retries: int = Field(DEFAULTS["retry_max_retries"], ge=1)
     retry_initial_backoff_ms: float = Field(DEFAULTS["retry_initial_backoff_ms"], ge=0)
     retry_max_backoff_ms: float = Field(DEFAULTS["retry_max_backoff_ms"], ge=0)
@@ -95,6 +106,13 @@ class RouterSettings(BaseModel):
     cb_success_threshold: int = Field(DEFAULTS["cb_success_threshold"], ge=1)
     cb_timeout_duration_secs: float = Field(DEFAULTS["cb_timeout_duration_secs"], gt=0)
     disable_circuit_breaker: bool = False
+    cb_keep_half_available: bool = False
+    max_concurrent_requests: int | None = Field(None, ge=1)
+    rate_limit_tokens_per_second: float | None = Field(None, gt=0)
+    queue_size: int | None = Field(None, ge=0)
+    queue_timeout_secs: float | None = Field(None, ge=0)
+    max_tree_size: int | None = Field(None, ge=1)
+    eviction_interval_secs: float | None = Field(None, gt=0)
     max_payload_size: int = Field(DEFAULTS["max_payload_size"], ge=1)
     prometheus_host: str = DEFAULTS["prometheus_host"]
     prometheus_port: int | None = Field(None, ge=0, le=65535)
@@ -124,6 +142,9 @@ class RouterSettings(BaseModel):
     idle_timeout_secs: float = Field(DEFAULTS["idle_timeout_secs"], gt=0)
     allow_remote_admin: bool = False
     expose_worker_header: bool = False
+    route_receipts: bool = False
+    usage_metrics: bool = False
+    route_receipts_log: str | None = None
     kv_events: tuple[str, ...] = ()
     kv_tokenizer: str | None = None
     kv_block_size: int = Field(DEFAULTS["kv_block_size"], ge=1)
@@ -164,6 +185,21 @@ class RouterSettings(BaseModel):
     def _check_headers(cls, names: tuple[str, ...]) -> tuple[str, ...]:
         return header_names(names)
 
+    @field_validator("route_receipts_log")
+    @classmethod
+    def _check_receipts_log(cls, path: str | None) -> str | None:
+        if path and path != "-" and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+            raise ValueError(f"no directory for the receipts log {path!r}")
+        return path
+
+    @field_validator("session_body_fields")
+    @classmethod
+    def _check_body_fields(cls, fields: tuple[str, ...]) -> tuple[str, ...]:
+        for f in fields:
+            if not f or any(not part or part != part.strip() for part in f.split(".")):
+                raise ValueError(f"a body field is a dotted path like a.b, got {f!r}")
+        return fields
+
     @field_validator("health_check_endpoint")
     @classmethod
     def _check_endpoint(cls, path: str) -> str:
@@ -173,8 +209,13 @@ class RouterSettings(BaseModel):
 
     def router_config(self) -> RouterConfig:
         """The router core's settings (seconds where the flags say milliseconds)."""
+        limited = (
+            self.max_concurrent_requests is not None
+            or self.rate_limit_tokens_per_second is not None
+        )
         return RouterConfig(
             session_headers=self.session_headers,
+            session_body_fields=self.session_body_fields,
             session_ttl_s=self.session_ttl_secs,
             sweep_interval_s=self.session_sweep_interval_secs,
             retry_max_attempts=1 if self.disable_retries else self.retry_max_retries,
@@ -186,10 +227,19 @@ class RouterSettings(BaseModel):
             cb_failure_threshold=self.cb_failure_threshold,
             cb_success_threshold=self.cb_success_threshold,
             cb_timeout_s=self.cb_timeout_duration_secs,
+            cb_keep_half_available=self.cb_keep_half_available,
             scrape_interval_s=self.scrape_interval_secs or None,
             content_block_tokens=self.content_block_tokens,
-            admission_max_waiting=self.admission_max_waiting,
-            admission_max_wait_s=self.admission_max_wait_secs,
+            admission_max_waiting=self.queue_size
+            if self.queue_size is not None
+            else (VLLM_ROUTER_QUEUE_SIZE if limited else self.admission_max_waiting),
+            admission_max_wait_s=self.admission_max_wait_secs
+            if self.queue_timeout_secs is None
+            else self.queue_timeout_secs,
+            rate_limit_capacity=(self.max_concurrent_requests or VLLM_ROUTER_MAX_CONCURRENT)
+            if limited
+            else None,
+            rate_limit_per_s=self.rate_limit_tokens_per_second,
             max_session_id_bytes=self.max_session_id_bytes,
             session_table_max_bytes=self.session_table_max_bytes,
             retry_after_send=self.retry_after_send,
@@ -231,11 +281,13 @@ class RouterSettings(BaseModel):
         """
         name, written = self._written_policy()
         cls = policy_class(name)
-        candidates: dict[str, Any] = {
+        candidates: dict[str, Any] = {  # and --max-tree-size when given
             "cache_threshold": self.cache_threshold,
             "balance_abs_threshold": self.balance_abs_threshold,
             "balance_rel_threshold": self.balance_rel_threshold,
         }
+        if self.max_tree_size is not None:
+            candidates["max_tree_size"] = self.max_tree_size
         options = {k: v for k, v in candidates.items() if takes_option(cls, k)}
         options.update(written)
         options.update(parse_policy_options(self.policy_option))
@@ -314,6 +366,7 @@ def settings_from_args(
             "request_id_headers",
             "worker_urls",
             "session_headers",
+            "session_body_fields",
             "policy_option",
             "kv_events",
         )
@@ -323,6 +376,8 @@ def settings_from_args(
     values["session_ttl_secs"] = ttl
     values["worker_urls"] = tuple(args.worker_urls or ())
     values["session_headers"] = tuple(args.session_headers)
+    fields = getattr(args, "session_body_fields", None)
+    values["session_body_fields"] = DEFAULT_SESSION_BODY_FIELDS if fields is None else tuple(fields)
     values["policy_option"] = tuple(args.policy_option or ())
     if args.request_id_headers:
         values["request_id_headers"] = tuple(args.request_id_headers)
@@ -357,6 +412,7 @@ def router_flags(config: RouterConfig) -> list[str]:
     """
     flags = [
         "--session-headers", *config.session_headers,
+        "--session-body-fields", *config.session_body_fields,
         "--session-ttl-secs", repr(config.session_ttl_s),
         "--retry-max-retries", str(config.retry_max_attempts),
         "--retry-initial-backoff-ms", repr(config.retry_backoff_s * 1000.0),
@@ -377,6 +433,13 @@ def router_flags(config: RouterConfig) -> list[str]:
         flags += ["--session-sweep-interval-secs", repr(config.sweep_interval_s)]
     if not config.circuit_breaker:
         flags.append("--disable-circuit-breaker")
+    if config.cb_keep_half_available:
+        flags.append("--cb-keep-half-available")
+    if config.rate_limit_capacity is not None:
+        flags += ["--max-concurrent-requests", str(config.rate_limit_capacity)]
+        flags += ["--queue-size", str(config.admission_max_waiting)]
+    if config.rate_limit_per_s is not None:
+        flags += ["--rate-limit-tokens-per-second", repr(config.rate_limit_per_s)]
     if config.retry_after_send:
         flags.append("--retry-after-send")
     return flags

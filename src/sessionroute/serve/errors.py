@@ -62,7 +62,9 @@ def error_for_exception(exc: BaseException) -> Response:
     if isinstance(exc, NoWorkerAvailable):
         return error_response(503, str(exc) or "no worker available", "no_worker_available")
     if isinstance(exc, AdmissionRefused):
-        return error_response(503, str(exc), f"admission_{exc.reason}")
+        retry = exc.retry_after_s
+        headers = (("Retry-After", str(retry)),) if retry is not None else ()
+        return error_response(exc.status, str(exc), f"admission_{exc.reason}", headers=headers)
     if isinstance(exc, MalformedRequest):
         return error_response(400, str(exc), "malformed_json")
     if isinstance(exc, WorkerError | ConfigError):

@@ -15,6 +15,7 @@ from typing import Any
 
 from sessionroute.router.config import DEFAULT_SESSION_HEADERS
 from sessionroute.router.policies.registry import policy_names
+from sessionroute.router.session_keys import DEFAULT_SESSION_BODY_FIELDS
 
 __all__ = [
     "DEFAULTS",
@@ -78,6 +79,8 @@ DEFAULTS: dict[str, Any] = {
     "idle_timeout_secs": 30.0,
     "kv_block_size": 16,
     "kv_hash_algo": "sha256",
+    "worker_startup_timeout_secs": 600.0,
+    "worker_startup_check_interval": 30.0,
 }
 """Defaults of the ``serve`` flags (vllm-router 0.1.17's where the flag is shared)."""
 
@@ -105,10 +108,6 @@ _UNSUPPORTED_VLLM_ROUTER_FLAGS: dict[str, str] = {
     "--wasm-middleware": "WASM middleware",
     "--wasm-middleware-sha256": "WASM middleware",
     "--wasm-middleware-route": "WASM middleware",
-    "--max-concurrent-requests": "admission control / rate limiting",
-    "--queue-size": "admission control / rate limiting",
-    "--queue-timeout-secs": "admission control / rate limiting",
-    "--rate-limit-tokens-per-second": "admission control / rate limiting",
     "--cors-allowed-origins": "CORS",
     "--kv-event-source": "kv_aware routing",
     "--kv-event-replay-source": "kv_aware routing",
@@ -158,7 +157,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a(
         "--policy",
         default=d["policy"],
-        help=f"routing policy: {', '.join(policy_names())}, or package.module:Class; options "
+        help=f"routing policy: {', '.join(policy_names())}, package.module:Class or "
+        "path/to/file.py:Class; options "
         "may follow in parentheses, e.g. 'consistent_hash_bounded_load(c=1.05)' "
         "(sessionroute only; default: %(default)s)",
     )
@@ -184,7 +184,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="+",
         default=list(DEFAULT_SESSION_HEADERS),
         metavar="H",
-        help="headers carrying the session id, checked in order (default: x-session-id)",
+        help="headers carrying the session id, checked in order (default: "
+        + " ".join(DEFAULT_SESSION_HEADERS)
+        + ")",
+    )
+    a(
+        "--session-body-fields",
+        nargs="*",
+        default=list(DEFAULT_SESSION_BODY_FIELDS),
+        metavar="FIELD",
+        help="JSON body fields (dotted paths) read for the session id, in order, when no "
+        "session header is present; none: headers only (default: "
+        + " ".join(DEFAULT_SESSION_BODY_FIELDS)
+        + ")",
     )
     a(
         "--request-id-headers",
@@ -221,6 +233,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         ("health_failure_threshold", int, "consecutive failed checks before unhealthy"),
         ("health_success_threshold", int, "consecutive passed checks before healthy"),
         ("health_check_endpoint", str, "health check path"),
+        (
+            "worker_startup_timeout_secs",
+            float,
+            "seconds to wait at startup for the workers to pass a health check; with none "
+            "passed by then the router exits with status 1 (docs/router.md, Deploying)",
+        ),
+        (
+            "worker_startup_check_interval",
+            float,
+            "seconds between health checks of the workers not yet up at startup",
+        ),
         ("retry_max_retries", int, "total upstream attempts per request"),
         ("retry_initial_backoff_ms", float, "first retry backoff, milliseconds"),
         ("retry_max_backoff_ms", float, "largest retry backoff, milliseconds"),
@@ -304,8 +327,62 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="timeout of each call to the shared state; a call that takes longer counts as "
         "Redis unreachable (default: %(default)s)",
     )
+    a(
+        "--max-tree-size",
+        type=int,
+        default=None,
+        help="cache_aware: per-worker bound of the prefix tree (characters in vllm-router, "
+        "content-block keys here; default: the policy's, 2**24)",
+    )
+    a(
+        "--eviction-interval-secs",
+        type=float,
+        default=None,
+        help="accepted for vllm-router compatibility: cache_aware trims a worker's tree to "
+        "--max-tree-size after each insert, not on a timer",
+    )
+    limits = parser.add_argument_group(
+        "rate limit (vllm-router's)",
+        "A token bucket in front of placement: each proxied request takes a token and gives it "
+        "back when it completes; without one it waits in the queue (FIFO). Refused: 429 with "
+        "Retry-After: 1 when the queue is full, 408 when the wait times out. Off unless "
+        "--max-concurrent-requests or --rate-limit-tokens-per-second is given (vllm-router's "
+        "default, 32768, never limits in practice).",
+    )
+    limits.add_argument(
+        "--max-concurrent-requests",
+        type=int,
+        default=None,
+        help="the bucket's capacity (vllm-router's default: 32768)",
+    )
+    limits.add_argument(
+        "--rate-limit-tokens-per-second",
+        type=float,
+        default=None,
+        help="tokens added per second (default: --max-concurrent-requests)",
+    )
+    limits.add_argument(
+        "--queue-size",
+        type=int,
+        default=None,
+        help="requests that may wait for a token (0: refuse at once; default 100 with the "
+        "limit, else --admission-max-waiting)",
+    )
+    limits.add_argument(
+        "--queue-timeout-secs",
+        type=float,
+        default=None,
+        help="longest wait in the queue (default: --admission-max-wait-secs, 60)",
+    )
     a("--disable-retries", action="store_true", help="one attempt per request")
     a("--disable-circuit-breaker", action="store_true", help="never open a worker's circuit")
+    a(
+        "--cb-keep-half-available",
+        action="store_true",
+        help="open a worker's circuit only while at least half of the workers stay available, "
+        "so failures every worker shares (a bad request repeated) cannot switch the fleet off "
+        "(sessionroute only; default: vllm-router's breaker, which opens even the last one)",
+    )
     a(
         "--cb-window-duration-secs",
         type=float,
@@ -428,6 +505,27 @@ def _add_hardening_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="without --router-api-key, let clients other than loopback ones use the admin "
         "routes (/add_worker, /remove_worker, /sessions/ID); with a key they need the key",
+    )
+    a(
+        "--route-receipts",
+        action="store_true",
+        help="add an x-sessionroute-route header to each proxied response naming the policy, "
+        "the worker, the reason (new, sticky, repinned, moved, stateless), the session and "
+        "its origin, and the wait at the router (off: no cost)",
+    )
+    a(
+        "--usage-metrics",
+        action="store_true",
+        help="count prompt and cached prompt tokens per worker from the usage of complete "
+        "JSON answers (sessionroute_worker_prompt_tokens_total, ..._cached_prompt_tokens_total; "
+        "streamed answers are not scanned)",
+    )
+    a(
+        "--route-receipts-log",
+        default=None,
+        metavar="PATH",
+        help="with --route-receipts, also append each receipt as a JSON line to PATH "
+        "('-': standard error)",
     )
     a(
         "--expose-worker-header",

@@ -18,9 +18,10 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from sessionroute.router.core import RoutingCore
+from sessionroute.serve.usage import PREFIX_CACHE_COUNTERS, prefix_cache_counters
 from sessionroute.types import EngineGauges
 
-__all__ = ["GaugeScraper", "parse_gauges"]
+__all__ = ["GaugeScraper", "parse_gauges", "parse_page"]
 
 log = logging.getLogger("sessionroute.serve")
 
@@ -37,19 +38,37 @@ def parse_gauges(text: str) -> EngineGauges | None:
     Raises:
         ValueError: the text is not Prometheus exposition format.
     """
+    return parse_page(text)[0]
+
+
+def parse_page(text: str) -> tuple[EngineGauges | None, tuple[float, float] | None]:
+    """The engine gauges and the prefix-cache counters (queries, hits in tokens;
+    :mod:`sessionroute.serve.usage`) of a vLLM ``/metrics`` page, each None when absent.
+
+    Raises:
+        ValueError: the text is not Prometheus exposition format.
+    """
     values: dict[str, float] = {}
+    counters: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
+        counter = PREFIX_CACHE_COUNTERS.get(family.name.removesuffix("_total"))
+        if counter is not None:
+            counters[counter] = counters.get(counter, 0.0) + sum(
+                s.value for s in family.samples if s.name.endswith("_total")
+            )
+            continue
         field = _NAMES.get(family.name)
         if field is None:
             continue
         values[field] = values.get(field, 0.0) + sum(s.value for s in family.samples)
+    prefix = prefix_cache_counters(counters)
     if not values:
-        return None
+        return None, prefix
     return EngineGauges(
         running=int(values.get("running", 0.0)),
         waiting=int(values.get("waiting", 0.0)),
         kv_usage=min(1.0, max(0.0, values.get("kv_usage", 0.0))),
-    )
+    ), prefix
 
 
 class GaugeScraper:
@@ -78,6 +97,8 @@ class GaugeScraper:
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._headers = headers
         self.rounds = 0
+        self.prefix_cache: dict[str, tuple[float, float]] = {}
+        """Worker -> its prefix-cache (queries, hits) counters in tokens, as last scraped."""
 
     async def scrape_once(self) -> None:
         """Scrape every worker concurrently and push what was read."""
@@ -87,10 +108,12 @@ class GaugeScraper:
             if text is None:
                 continue
             try:
-                gauges = parse_gauges(text)
+                gauges, prefix = parse_page(text)
             except ValueError as exc:
                 log.debug("worker %s: unreadable /metrics: %s", url, exc)
                 continue
+            if prefix is not None:
+                self.prefix_cache[url] = prefix
             if gauges is not None:
                 self._core.observe_gauges(url, gauges)
         self.rounds += 1

@@ -120,8 +120,9 @@ async def health(request: Request, router: Router) -> Response:
 async def session_info(request: Request, router: Router) -> Response:
     """``GET /sessions/{id}``: the session's worker, age, turns and last turn (404 when the
     policy holds no pin for it). The id is URL-decoded; times are seconds on the router's
-    clock: ``age_s`` since it was pinned to that worker, ``idle_s`` since its last turn,
-    ``expires_in_s`` until its idle TTL runs out."""
+    clock: ``age_s`` since it was pinned to that worker, ``origin`` where the id was read
+    (a header's lower-case name or ``body:<field>``; null when no longer known), ``idle_s``
+    since its last turn, ``expires_in_s`` until its idle TTL runs out."""
     sid = unquote(request.path[len("/sessions/") :])
     core = router.core
     policy = core.policy
@@ -138,6 +139,7 @@ async def session_info(request: Request, router: Router) -> Response:
     return json_response(
         {
             "session_id": sid,
+            "origin": core.requests.origins.get(sid),
             "worker": info.worker,
             "age_s": round(now - info.pinned_at, 3),
             "turns": info.turns,

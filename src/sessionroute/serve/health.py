@@ -100,18 +100,26 @@ class HealthChecker:
             if not ok:
                 wh.last_error = reason
             if self._observe(url, ok):
-                log.warning("worker %s is now %s", url, "healthy" if ok else "unhealthy")
+                log.log(
+                    logging.INFO if ok else logging.WARNING,
+                    "worker %s is now %s",
+                    url,
+                    "healthy" if ok else "unhealthy",
+                )
         if full:
             self.rounds += 1
             self.round_done.set()
             self.round_done = asyncio.Event()
 
-    async def run(self) -> None:
-        """Check every worker now and then every ``interval_s`` seconds, and the unhealthy
-        ones every ``recheck_s`` seconds in between, forever (cancel the task to stop)."""
+    async def run(self, *, first: bool = True) -> None:
+        """Check every worker now (unless ``first`` is False: the caller ran that round) and
+        then every ``interval_s`` seconds, and the unhealthy ones every ``recheck_s`` seconds
+        in between, forever (cancel the task to stop)."""
         loop = asyncio.get_running_loop()
         while True:
-            await self.check_once()
+            if first:
+                await self.check_once()
+            first = True
             next_round = loop.time() + self._interval
             while (left := next_round - loop.time()) > 0:
                 await asyncio.sleep(min(self._recheck, left))

@@ -76,13 +76,17 @@ def relay_headers(router: Router, ex: Exchange, rid: bytes) -> bytes:
     """The header lines of a relayed answer: the worker's (less those the router writes
     itself), the request id and, with ``--expose-worker``, the worker."""
     headers = b"".join(ex.relay_lines) + b"x-request-id: " + rid + b"\r\n"
-    if router.expose_worker:
-        headers += b"x-sessionroute-worker: " + ex.worker.encode() + b"\r\n"
+    if router.expose_worker:  # --expose-worker-header and/or --route-receipts
+        headers += router.worker_header(ex.worker, rid, ex.status)
     return headers
 
 
 def relay_whole(conn: Connection, router: Router, ex: Exchange, rid: bytes, body: bytes) -> None:
-    """Answer with the worker's status, relayed headers and the whole ``body``."""
+    """Answer with the worker's status, relayed headers and the whole ``body`` (whose
+    ``usage.cached_tokens`` feed the per-worker prefix-cache metrics with
+    ``--usage-metrics``)."""
+    if router.usage is not None:
+        router.usage.observe(ex.worker, body)
     conn.respond_raw(ex.status, relay_headers(router, ex, rid), body)
 
 

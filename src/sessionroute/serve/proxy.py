@@ -322,6 +322,8 @@ async def _relay(conn: Connection, router: Router, ex: Exchange, worker: str, ri
                 upstream_timeout(conn, router, worker, rid, reading=True)
                 return True
             metrics.count_request(worker, status)
+            if router.usage is not None:
+                router.usage.observe(worker, data)
             conn.respond_raw(status, headers, data)
             return True
         conn.start_response(status, headers, ex.length)

@@ -12,6 +12,7 @@ import contextlib
 import logging
 import random
 import string
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
@@ -30,7 +31,10 @@ from sessionroute.serve.gauges import GaugeScraper
 from sessionroute.serve.health import HealthChecker, probe
 from sessionroute.serve.kvevents import KvEventsCollector, KvEventSubscriber
 from sessionroute.serve.metrics import RouterMetrics
+from sessionroute.serve.probes import not_started, wait_for_workers
+from sessionroute.serve.receipts import Receipts
 from sessionroute.serve.upstream import REQUEST_DROP, UpstreamPool
+from sessionroute.serve.usage import UsageCollector, UsageMetrics
 
 if TYPE_CHECKING:
     from sessionroute.serve.state import RedisState
@@ -116,6 +120,14 @@ class Router:
         self.kv_subscribers: list[KvEventSubscriber] = []
         self.workers = self.core.health
         """url -> health record of every worker (the core's)."""
+        for url, wh in self.workers.items():  # healthy only once a check passed
+            wh.start_unchecked()
+            self.core.refresh(url)
+        self.fatal_error: str | None = None
+        """Why the router must stop (no worker passed a check within
+        ``--worker-startup-timeout-secs``; :mod:`sessionroute.serve.probes`), or None."""
+        self.on_fatal: Callable[[], None] | None = None
+        """Called once :attr:`fatal_error` is set (``serve`` then shuts down, exit status 1)."""
         self.metrics = RouterMetrics(self.core, lambda: self.workers)
         self.state: RedisState | None = None
         """The link to the shared state (``--state-url``), or None for in-process state."""
@@ -134,6 +146,9 @@ class Router:
             self.metrics.registry.register(StateCollector(self.state))
         if isinstance(self.kv_index, KvIndex):
             self.metrics.registry.register(KvEventsCollector(self.kv_index, self.kv_subscribers))
+        self.usage: UsageMetrics | None = UsageMetrics() if settings.usage_metrics else None
+        """Prompt and cached tokens per worker from the answers' usage (``--usage-metrics``)."""
+        self.metrics.registry.register(UsageCollector(self.usage, self._prefix_cache))
         self.worker_headers: dict[str, str] = (
             {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
         )
@@ -152,8 +167,13 @@ class Router:
             n.lower().encode("latin-1") for n in settings.request_id_headers
         )
         """Lower-case names of the headers echoed as ``x-request-id``, in order."""
-        self.expose_worker = settings.expose_worker_header
-        """Name the serving worker in an ``x-sessionroute-worker`` response header."""
+        self.receipts: Receipts | None = (
+            Receipts(self.core, settings.route_receipts_log) if settings.route_receipts else None
+        )
+        """Route receipts (``--route-receipts``), or None."""
+        self.expose_worker = settings.expose_worker_header or self.receipts is not None
+        """Add :meth:`worker_header` to proxied responses (``--expose-worker-header``,
+        ``--route-receipts``)."""
         base = self.rng.randbytes(12).translate(_ID_TABLE).decode()
         self._id_heads = {path: prefix + base for path, prefix in _ID_PREFIX.items()}
         """The ids' first 21 or 17 characters (prefix and random part) by route."""
@@ -208,10 +228,15 @@ class Router:
             observe=self._observe_check,
             headers=self.worker_headers,
         )
+        await self.health.check_once()  # a worker counts healthy once a check passed
         self._tasks = [
-            asyncio.create_task(self.health.run(), name="sessionroute-health"),
+            asyncio.create_task(self.health.run(first=False), name="sessionroute-health"),
             asyncio.create_task(self._sweep_loop(), name="sessionroute-sweep"),
         ]
+        if not_started(self):
+            self._tasks.append(
+                asyncio.create_task(wait_for_workers(self), name="sessionroute-startup")
+            )
         self._start_kv_subscribers()
         interval = self.core.config.scrape_interval_s
         if interval is not None:
@@ -268,6 +293,8 @@ class Router:
             self._zmq.term()
             self._zmq = None
         await self.upstream.close()
+        if self.receipts is not None:
+            self.receipts.close()
         if self.state is not None:
             await self.state.close()
         if self._session is not None:
@@ -429,6 +456,22 @@ class Router:
             timer.cancel()
 
     # -- helpers --------------------------------------------------------------------------
+    def _prefix_cache(self) -> dict[str, tuple[float, float]]:
+        return {} if self.gauges is None else self.gauges.prefix_cache
+
+    def worker_header(self, worker: str, raw_rid: bytes, status: int = 0) -> bytes:
+        """The header lines a proxied response gets when :attr:`expose_worker` is set:
+        ``x-sessionroute-worker`` (``--expose-worker-header``) and the route receipt
+        (``--route-receipts``)."""
+        out = (
+            b"x-sessionroute-worker: " + worker.encode() + b"\r\n"
+            if self.settings.expose_worker_header
+            else b""
+        )
+        if self.receipts is not None:
+            out += self.receipts.header_lines(worker, raw_rid, status)
+        return out
+
     def new_request_id(self, path: str) -> str:
         """``chatcmpl-``/``cmpl-``/``req-`` + 24 alphanumerics (vllm-router's format).
 

@@ -20,6 +20,7 @@ from sessionroute.clock import Clock
 from sessionroute.serve.app import build_listener, build_metrics_listener
 from sessionroute.serve.config import RouterSettings
 from sessionroute.serve.listener import Listener
+from sessionroute.serve.probes import StartupTimeout
 from sessionroute.serve.router import Router
 
 __all__ = ["RunningRouter", "run", "serve", "start_router"]
@@ -99,6 +100,10 @@ async def serve(
 ) -> None:
     """Run a router until SIGTERM/SIGINT (or ``stop`` is set), then shut down gracefully.
 
+    Raises:
+        StartupTimeout: no worker passed a health check within
+            ``--worker-startup-timeout-secs`` (raised after the graceful shutdown).
+
     Args:
         settings: the router's settings.
         stop: set it to shut down (besides SIGTERM/SIGINT).
@@ -118,6 +123,9 @@ async def serve(
             loop.add_signal_handler(sig, stop.set)
             installed.append(sig)
     running = await start_router(settings)
+    running.router.on_fatal = stop.set  # no worker came up in --worker-startup-timeout-secs
+    if running.router.fatal_error is not None:
+        stop.set()
     if freeze_gc:
         gc.collect()  # what is garbage now is not kept forever
         gc.freeze()
@@ -149,6 +157,8 @@ async def serve(
             loop.remove_signal_handler(sig)
         if freeze_gc:
             gc.unfreeze()
+    if running.router.fatal_error is not None:
+        raise StartupTimeout(running.router.fatal_error)
 
 
 def run(settings: RouterSettings) -> None:

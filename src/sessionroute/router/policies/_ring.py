@@ -15,7 +15,14 @@ from typing import Final
 from sessionroute.router.policies._rendezvous import fbi_hash_many
 from sessionroute.router.policies.hashing import fbi_hash
 
-__all__ = ["POINTS_PER_WORKER", "HashRing", "KeyHashCache"]
+__all__ = [
+    "BODY_PREFIX",
+    "POINTS_PER_WORKER",
+    "VLLM_ROUTER_BODY_FIELD",
+    "HashRing",
+    "KeyHashCache",
+    "ring_key",
+]
 
 POINTS_PER_WORKER: Final = 160
 """Virtual nodes per worker, as in vllm-router."""
@@ -98,3 +105,22 @@ class HashRing:
                 yield url
                 if len(seen) == len(self.members):
                     return
+
+
+VLLM_ROUTER_BODY_FIELD = "session_params.session_id"
+"""The body field vllm-router 0.1.17 reads (hashed as ``request:<id>``)."""
+
+BODY_PREFIX = "body:"
+"""Prefix of a body field's origin label (``RouteRequest.session_header``), e.g.
+``body:prompt_cache_key``; a header's label is its lower-case name."""
+
+
+def ring_key(label: str, session_id: str) -> str:
+    """The string ``consistent_hash`` hashes for a session id from ``label``: vllm-router's
+    ``header:<name>:<id>`` for a header, ``request:<id>`` for ``session_params.session_id``,
+    ``body:<field>:<id>`` for another body field."""
+    if label.startswith(BODY_PREFIX):
+        if label == BODY_PREFIX + VLLM_ROUTER_BODY_FIELD:
+            return "request:" + session_id
+        return f"{label}:{session_id}"
+    return f"header:{label}:{session_id}"

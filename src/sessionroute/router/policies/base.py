@@ -53,6 +53,10 @@ class Policy(ABC):
     """True when the policy pins sessions (so clients should call ``/finish_session``)."""
     needs_content: ClassVar[bool] = False
     """True when ``select`` reads ``request.blocks`` (the live router then parses the body)."""
+    content_tail: ClassVar[bool] = False
+    """True: a live request's ``blocks`` end with a key of the prompt's last partial content
+    block (the whole text), so prompts shorter than a block, or repeated exactly, match
+    (``cache_aware``; the simulator's blocks are full blocks only)."""
     reads_kv_events: ClassVar[bool] = False
     """True when the policy routes on the replicas' KV cache events (``kv_aware``): drivers then
     feed its ``index`` (``serve --kv-events``, the simulator's replica events)."""

@@ -5,7 +5,9 @@ approximate radix tree per worker (:class:`~sessionroute.router.policies._radix.
 of the content routed there. The content is the request's chained content-block keys
 (:attr:`~sessionroute.types.RouteRequest.blocks`, one per ``content_block_tokens`` tokens), the
 same form in the live router and in the simulator; vllm-router matches characters instead, so
-ours matches in whole blocks (a deviation, like the ones below).
+ours matches in whole blocks (a deviation, like the ones below), plus, live, a last key of the
+prompt's partial last block (``content_tail``): a prompt shorter than a block, or repeated
+exactly, matches all of its content, so it stays on one worker as with vllm-router.
 
 For each request, over the healthy workers:
 
@@ -95,6 +97,7 @@ class CacheAwarePolicy(TidiesInSweeps, Policy):
     name: ClassVar[str] = "cache_aware"
     Config: ClassVar[type[Any] | None] = CacheAwareConfig
     needs_content: ClassVar[bool] = True
+    content_tail: ClassVar[bool] = True
 
     def __init__(self, config: Any = None, *, clock: Clock, rng: random.Random) -> None:
         super().__init__(config, clock=clock, rng=rng)

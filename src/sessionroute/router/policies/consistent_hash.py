@@ -1,11 +1,12 @@
 """``consistent_hash``: pin a session to a worker by hashing its id onto a ring.
 
 Placement is identical to vllm-router 0.1.x ``consistent_hash`` for the same worker URL strings:
-the key is ``header:<lower-case header name>:<session id>``, 160 points per worker
-(``shared/ROUTER.md``). Unhealthy or removed workers leave the ring, so only their keys move (to
-the ring successor) and come back when they return. Deviation (documented): a request without a
-session id is placed on the least-loaded healthy worker and records nothing, where vllm-router
-hashes its text (sending every header-less chat request to one worker).
+the key is ``header:<lower-case header name>:<session id>`` (``request:<id>`` for a body
+``session_params.session_id``, :func:`~sessionroute.router.session_keys.ring_key`), 160 points
+per worker (``shared/ROUTER.md``). Unhealthy or removed workers leave the ring, so only their
+keys move (to the ring successor) and come back when they return. Deviation (documented): a
+request without a session id is placed on the least-loaded healthy worker and records nothing,
+where vllm-router hashes its text (sending every header-less chat request to one worker).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from sessionroute.clock import Clock
-from sessionroute.router.policies._ring import HashRing, KeyHashCache
+from sessionroute.router.policies._ring import HashRing, KeyHashCache, ring_key
 from sessionroute.router.policies.base import Policy, require_healthy
 from sessionroute.router.policies.least_loaded import LeastRecentlyChosen
 from sessionroute.router.state.cluster import ClusterView
@@ -67,7 +68,7 @@ class ConsistentHashPolicy(Policy):
     def _place(self, key: tuple[str, str]) -> Decision:
         """The ring's decision for ``(header, session id)``, remembered."""
         header, session_id = key
-        worker = self._ring.owner(self._hash(f"header:{header}:{session_id}"))
+        worker = self._ring.owner(self._hash(ring_key(header, session_id)))
         d = self._decisions.get(worker)
         if d is None:
             d = self._decisions[worker] = Decision(worker, DecisionKind.STICKY)

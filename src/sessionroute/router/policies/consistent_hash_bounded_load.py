@@ -33,7 +33,7 @@ from typing import Any, ClassVar
 
 from sessionroute.clock import Clock
 from sessionroute.errors import ConfigError
-from sessionroute.router.policies._ring import HashRing, KeyHashCache
+from sessionroute.router.policies._ring import HashRing, KeyHashCache, ring_key
 from sessionroute.router.policies._sessions import SessionPolicy
 from sessionroute.router.policies.least_loaded import LeastRecentlyChosen
 from sessionroute.router.policies.options import knob
@@ -126,7 +126,7 @@ class ConsistentHashBoundedLoadPolicy(SessionPolicy):
         """The first worker clockwise from the session's key with room under the bound."""
         if healthy is not self._ring.members:
             self._ring.rebuild(healthy)
-        return self._walk(f"header:{request.session_header}:{request.session_id}", len(healthy))
+        return self._walk(ring_key(request.session_header, str(request.session_id)), len(healthy))
 
     def _walk(self, key: str, workers: int) -> str:
         """First worker clockwise from ``key``'s hash with fewer sessions than the bound."""

@@ -8,12 +8,17 @@ the policy's ``Config`` dataclass: an unknown option is a :class:`ConfigError` n
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib
+import importlib.util
+import os
 import random
+import sys
 import types
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from sessionroute.clock import Clock
@@ -82,15 +87,58 @@ def policy_names() -> list[str]:
     return list(BUILTIN_POLICIES)
 
 
+def _load_module(spec: str) -> types.ModuleType:
+    """The module a ``--policy`` names: a file (``path/to/file.py``, relative to the working
+    directory), else a module on ``sys.path``, else ``<module path>.py`` under the working
+    directory (a console script does not put it on ``sys.path`` as ``python -m`` does).
+
+    Raises:
+        ImportError: naming the module or file (its own errors propagate as they are).
+    """
+    if spec.endswith(".py") or "/" in spec or os.sep in spec:
+        return _load_file(Path(spec))
+    try:
+        return importlib.import_module(spec)
+    except ModuleNotFoundError as exc:
+        local = Path.cwd() / (spec.replace(".", os.sep) + ".py")
+        if exc.name != spec.split(".")[0] or not local.is_file():
+            raise
+        return _load_file(local)
+
+
+def _load_file(path: Path) -> types.ModuleType:
+    """Import the Python file ``path`` once per resolved path (under a name derived from it,
+    kept in ``sys.modules`` so dataclasses and pickling find it)."""
+    resolved = path.expanduser().resolve()
+    if not resolved.is_file():
+        raise ImportError(f"no such policy file: {str(path)!r} ({resolved})")
+    digest = hashlib.sha1(str(resolved).encode(), usedforsecurity=False).hexdigest()[:12]
+    name = f"sessionroute_user_policy_{resolved.stem}_{digest}"
+    loaded = sys.modules.get(name)
+    if loaded is not None:
+        return loaded
+    spec = importlib.util.spec_from_file_location(name, resolved)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load policy file {str(path)!r}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
+
+
 def _import(path: str, name: str) -> type[Policy]:
     module_name, _, attr = path.partition(":")
     if not module_name or not attr:
         raise UnknownPolicyError(
             f"unknown policy {name!r}: expected one of {', '.join(BUILTIN_POLICIES)} "
-            "or 'package.module:Class'"
+            "or 'package.module:Class' or 'path/to/file.py:Class'"
         )
     try:
-        module = importlib.import_module(module_name)
+        module = _load_module(module_name)
     except ImportError as exc:
         raise UnknownPolicyError(f"cannot import policy module {module_name!r}: {exc}") from exc
     cls = getattr(module, attr, None)
