@@ -28,21 +28,39 @@ from dataclasses import dataclass
 
 from sessionroute.clock import Clock
 from sessionroute.errors import AdmissionRefused, NoWorkerAvailable
+from sessionroute.router.actions import (
+    CIRCUIT,
+    DEADLINE,
+    HEALTH,
+    RECHECK,
+    SICK_RECHECK,
+    SWEEP,
+    CheckHealth,
+    Refuse,
+    Retry,
+    SweepSessions,
+    Timers,
+    WorkerLost,
+)
 from sessionroute.router.admission import AdmissionQueue, Ticket
 from sessionroute.router.config import RouterConfig
 from sessionroute.router.health import CircuitBreaker, WorkerHealth
 from sessionroute.router.kv.content import KvContent
 from sessionroute.router.policies.base import Policy
 from sessionroute.router.requests import RequestBuilder
-from sessionroute.router.retry import RetryPolicy
+from sessionroute.router.retry import AttemptFailure, RetryPolicy, WorkerLostAction
 from sessionroute.router.state.cluster import Cluster
 from sessionroute.types import DecisionKind, EngineGauges, RouteRequest
 
-__all__ = ["SWEEP_CHUNK", "Reservation", "RoutingCore"]
+__all__ = ["SWEEP_CHUNK", "Reservation", "RoutingCore", "TimerAction"]
 
 SWEEP_CHUNK = 500
 """Sessions expired per chunk of :meth:`RoutingCore.sweep_chunks` (about a millisecond of
 work; ``sessionroute bench stall``)."""
+
+
+TimerAction = CheckHealth | SweepSessions
+"""What :meth:`RoutingCore.on_timer` asks of a driver."""
 
 
 @dataclass(eq=False, slots=True)
@@ -79,6 +97,9 @@ class RoutingCore:
         clock: time source of the circuit breakers (the policy's clock when omitted).
         kv_content: the servers' tokenizer and block-hash scheme for live requests' content
             (:class:`~sessionroute.router.requests.RequestBuilder`), or None.
+        sweep_chunk: most sessions a sweep inside a routing call expires
+            (:meth:`~sessionroute.router.policies.Policy.bound_sweeps`, set here for both
+            drivers).
     """
 
     def __init__(
@@ -91,6 +112,7 @@ class RoutingCore:
         log: list[tuple[str | None, str, str]] | None = None,
         clock: Clock | None = None,
         kv_content: KvContent | None = None,
+        sweep_chunk: int = SWEEP_CHUNK,
     ) -> None:
         self.policy = policy
         self.cluster = cluster
@@ -105,6 +127,14 @@ class RoutingCore:
         self.health: dict[str, WorkerHealth] = {w: self._new_health(w) for w in cluster.workers()}
         self.decisions: dict[DecisionKind, int] = dict.fromkeys(DecisionKind, 0)
         """Count of decisions by kind."""
+        self.timers = Timers()
+        """The core's timers (:mod:`sessionroute.router.actions`); a driver sets
+        ``timers.on_push`` to re-arm its one timer at :meth:`next_deadline`."""
+        self._recheck_set = False
+        self._sick_set = False
+        # no routing call expires a whole table at once, in either driver (the periodic
+        # sweep expires in chunks, :meth:`sweep_chunks`)
+        policy.bound_sweeps(sweep_chunk)
         # the default hooks admit everything and keep nothing per request: not asked then
         kind = type(policy)
         self._admits_all = kind.admit is Policy.admit
@@ -138,9 +168,9 @@ class RoutingCore:
 
         Returns:
             The reservation when the policy admits the request now; otherwise a waiting
-            :class:`Ticket`, whose ``on_ready`` is called once, later, when it was placed or
-            failed. Withdraw a ticket that still waits at its deadline
-            (:meth:`admission_max_wait_s`) with :meth:`withdraw`.
+            :class:`Ticket` (hold), whose ``on_ready`` is called once, later, when it was
+            placed, failed or refused at its deadline (:meth:`admission_max_wait_s`, a timer
+            of the core's: ``ticket.error`` is then the :class:`AdmissionRefused`).
 
         Raises:
             NoWorkerAvailable: when no worker is available.
@@ -162,20 +192,24 @@ class RoutingCore:
                 f"({len(self.admission)} of {self.admission.max_waiting} waiting)",
                 "queue_full",
             )
-        ticket = Ticket(request, on_ready, since=self.clock.now())
+        now = self.clock.now()
+        ticket = Ticket(request, on_ready, since=now)
         self.admission.push(ticket)
+        self.timers.push(now + self.admission_max_wait_s(), DEADLINE, ticket)
+        self._set_recheck(now)
         return ticket
 
     def admission_max_wait_s(self) -> float:
         """Seconds a held request may wait: the policy's own maximum
         (:meth:`~sessionroute.router.policies.Policy.admission_max_wait_s`) when it has one,
-        else ``RouterConfig.admission_max_wait_s``. The drivers set each ticket's deadline
-        from it."""
+        else ``RouterConfig.admission_max_wait_s``. Each ticket's deadline is a timer of the
+        core's."""
         own = self.policy.admission_max_wait_s()
         return self.config.admission_max_wait_s if own is None else own
 
     def withdraw(self, ticket: Ticket) -> AdmissionRefused | None:
-        """A ticket's deadline (:meth:`admission_max_wait_s`) passed: take it out of the queue.
+        """A ticket's deadline (:meth:`admission_max_wait_s`) passed: take it out of the queue
+        (the core's deadline timer calls this; so may a test).
 
         When the policy places at the maximum wait
         (:attr:`~sessionroute.router.policies.Policy.places_at_max_wait`) it is routed now and
@@ -245,15 +279,21 @@ class RoutingCore:
 
     def recheck(self) -> None:
         """Time passed: re-ask the policy about waiting tickets (its verdict may depend on
-        the clock, e.g. a maximum pause). Drivers call this every
+        the clock, e.g. a maximum pause). A timer of the core's runs this every
         :attr:`admission_recheck_s` while tickets wait; a no-op on an empty queue."""
         self.pump()
 
     @property
     def admission_recheck_s(self) -> float | None:
-        """Seconds between the driver's :meth:`recheck` calls while tickets wait (the
-        policy's ``admission_recheck_s``; None: the policy's verdict depends on no clock)."""
+        """Seconds between re-checks of waiting tickets (the policy's
+        ``admission_recheck_s``; None: the policy's verdict depends on no clock)."""
         return self.policy.admission_recheck_s
+
+    def _set_recheck(self, now: float) -> None:
+        every = self.policy.admission_recheck_s
+        if every is not None and not self._recheck_set:
+            self._recheck_set = True
+            self.timers.push(now + every, RECHECK)
 
     def observe_gauges(self, url: str, gauges: EngineGauges) -> None:
         """Record scraped engine gauges of ``url`` (ignored for an unknown worker) and pump
@@ -294,6 +334,99 @@ class RoutingCore:
             return reservation
         self.complete(reservation)
         return self.route(reservation.request)
+
+    # -- failures ---------------------------------------------------------------------------
+    def attempt_failed(
+        self, reservation: Reservation, failure: AttemptFailure, attempt: int, detail: str
+    ) -> Retry | Refuse:
+        """Attempt number ``attempt`` (1-based) of ``reservation`` failed before any byte of
+        its answer reached the client: record it against the worker and decide.
+
+        A refused connection or a worker given up as hung (``CONNECT``, ``HUNG``) marks the
+        worker unavailable at once (:meth:`record_unreachable`), so the retry places the
+        request again without waiting; a broken connection (``UNSENT``, ``SENT``) or a timeout
+        counts towards its circuit (:meth:`record_failure`). A timeout is answered 504; a
+        failure after the request was sent is retried only with ``retry_after_send``
+        (:mod:`sessionroute.router.retry`); otherwise the request is retried after the
+        backoff until ``retry_max_attempts`` attempts were made, then answered 502.
+
+        Args:
+            reservation: the failed attempt's reservation.
+            failure: how it failed.
+            attempt: attempts made so far, this one included.
+            detail: what happened, for the client's error message.
+
+        Returns:
+            :class:`Retry` (wait, then :meth:`next_attempt`), or :class:`Refuse` (the
+            reservation is released).
+        """
+        url = reservation.worker
+        if failure is AttemptFailure.CONNECT or failure is AttemptFailure.HUNG:
+            self.record_unreachable(url, detail)
+        else:
+            self.record_failure(url)
+        if failure is AttemptFailure.TIMEOUT:
+            return self._refuse(reservation, 504, "upstream_timeout", detail)
+        if not self.retry.may_retry(failure):
+            return self._refuse(
+                reservation,
+                502,
+                "upstream_error",
+                f"upstream failed after the request was sent ({detail}); not retried, as it "
+                "may have started there (--retry-after-send retries it)",
+            )
+        wait_s = self.retry.after_failure(attempt, self.cluster.is_healthy(url))
+        if wait_s is None:
+            return self._refuse(
+                reservation,
+                502,
+                "upstream_unreachable",
+                f"upstream unreachable after {attempt} attempt(s): {detail}",
+            )
+        return Retry(reservation, wait_s)
+
+    def attempt_answered(self, reservation: Reservation, status: int, attempt: int) -> Retry | None:
+        """Attempt number ``attempt`` (1-based) was answered with ``status``: recorded as a
+        success below 500, a failure from 500; a retried status
+        (:data:`~sessionroute.router.retry.RETRY_STATUSES`) with attempts left is retried.
+
+        Returns:
+            :class:`Retry`, or None: relay this answer to the client.
+        """
+        url = reservation.worker
+        if status < 500:
+            self.record_success(url)
+        else:
+            self.record_failure(url)
+        retry = self.retry
+        if status not in retry.retried_statuses or attempt >= retry.max_attempts:
+            return None
+        wait_s = retry.after_failure(attempt, self.cluster.is_healthy(url))
+        return None if wait_s is None else Retry(reservation, wait_s)
+
+    def next_attempt(self, reservation: Reservation, last_error: str) -> Reservation | Refuse:
+        """The reservation for the attempt after a :class:`Retry`'s wait (:meth:`retarget`),
+        or :class:`Refuse` (503) when it must move and no worker is available."""
+        try:
+            return self.retarget(reservation)
+        except NoWorkerAvailable:
+            return self._refuse(
+                reservation,
+                503,
+                "no_worker_available",
+                f"no worker available (last error: {last_error})",
+            )
+
+    def _refuse(self, reservation: Reservation, status: int, code: str, message: str) -> Refuse:
+        self.complete(reservation)
+        return Refuse(status, code, message)
+
+    def on_worker_lost(self, client_started: bool) -> WorkerLostAction:
+        """What to do with a request in flight on a worker that was lost
+        (:class:`WorkerLost`), by whether its answer to the client has started: re-place it
+        (cancel it there; it fails as ``HUNG`` and :meth:`attempt_failed` places it again) or
+        watch it (:meth:`~sessionroute.router.retry.RetryPolicy.on_worker_lost`)."""
+        return self.retry.on_worker_lost(client_started)
 
     # -- sessions -------------------------------------------------------------------------
     def finish_session(self, session_id: str) -> bool:
@@ -386,8 +519,8 @@ class RoutingCore:
         (:meth:`record_unreachable`) and by its health checks.
 
         Returns:
-            When this opened its circuit, the seconds after which the driver should call
-            :meth:`refresh` (the circuit turns half-open); None otherwise.
+            When this opened its circuit, the seconds after which it turns half-open (a timer
+            of the core's then pushes its availability again); None otherwise.
         """
         wh = self.health.get(url)
         if wh is None:
@@ -398,12 +531,12 @@ class RoutingCore:
         if not wh.breaker.record_failure(may_open=others >= -(-len(workers) // 2)):
             return None
         self.refresh(url)
+        self.timers.push(wh.breaker.reopen_at, CIRCUIT, url)
         return wh.breaker.timeout_s
 
     def reopens_in(self, url: str) -> float | None:
         """Seconds until ``url``'s open circuit turns half-open (0 when due); None when it is
-        not open. A driver whose timer fired before that (an event loop's timers may fire a
-        millisecond early) calls :meth:`refresh` again after this long."""
+        not open."""
         wh = self.health.get(url)
         return None if wh is None else wh.breaker.reopens_in()
 
@@ -421,17 +554,107 @@ class RoutingCore:
         opened = wh.breaker.record_failure()
         wh.mark_unreachable(reason)
         self.refresh(url)
-        return wh.breaker.timeout_s if opened else None
+        self._set_sick_recheck(self.clock.now())
+        if not opened:
+            return None
+        self.timers.push(wh.breaker.reopen_at, CIRCUIT, url)
+        return wh.breaker.timeout_s
 
-    def observe_check(self, url: str, ok: bool, fail_n: int, pass_n: int) -> bool:
-        """Fold one health-check result of ``url`` in (``fail_n`` consecutive failures make it
-        unhealthy, ``pass_n`` passes healthy again) and push its availability; True if its
-        health verdict changed."""
+    def observe_check(self, url: str, ok: bool, reason: str = "") -> tuple[bool, WorkerLost | None]:
+        """Fold one health-check result of ``url`` in (``health_failure_threshold``
+        consecutive failures make it unhealthy, ``health_success_threshold`` passes healthy
+        again) and push its availability.
+
+        Returns:
+            Whether its health verdict changed, and when it turned unhealthy, the
+            :class:`WorkerLost` for the driver to act on its requests in flight.
+        """
         wh = self.health.get(url)
-        if wh is None or not wh.observe_check(ok, fail_n, pass_n):
-            return False
+        if wh is None:
+            return False, None
+        if not ok and reason:
+            wh.last_error = reason
+        c = self.config
+        if not wh.observe_check(ok, c.health_failure_threshold, c.health_success_threshold):
+            return False, None
         self.refresh(url)
-        return True
+        if ok:
+            return True, None
+        self._set_sick_recheck(self.clock.now())
+        return True, WorkerLost(
+            url,
+            f"failed {c.health_failure_threshold} health check(s)",
+            c.health_check_timeout_s,
+        )
+
+    # -- time -------------------------------------------------------------------------------
+    def start(self, now: float) -> None:
+        """The router starts at ``now``: set the periodic timers (a health-check round at
+        once, then every ``health_check_interval_s``; a session sweep every
+        ``sweep_interval_s``)."""
+        self.timers.push(now, HEALTH)
+        sweep_s = self.config.sweep_interval_s
+        if sweep_s is not None:
+            self.timers.push(now + sweep_s, SWEEP)
+
+    def next_deadline(self) -> float | None:
+        """The clock time of the core's earliest timer, or None: a driver keeps one timer
+        armed for it and calls :meth:`on_timer` when it fires (early is harmless)."""
+        return self.timers.next_due()
+
+    def on_timer(self, now: float) -> list[TimerAction]:
+        """Run every timer due at ``now`` (the core's clock): open circuits turn half-open,
+        admission tickets past their deadline are placed or refused (their ``on_ready``),
+        waiting tickets are re-checked; returns what the driver must do now (health checks to
+        probe, a sweep to run), in order."""
+        out: list[TimerAction] = []
+        timers = self.timers
+        c = self.config
+        while (item := timers.pop_due(now)) is not None:
+            kind, subject = item
+            if kind == CIRCUIT:
+                self.refresh(subject)
+            elif kind == DEADLINE:
+                self._deadline(subject)
+            elif kind == RECHECK:
+                self._recheck_set = False
+                self.recheck()
+                if self.admission.waiting:
+                    self._set_recheck(now)
+            elif kind == HEALTH:
+                out.append(CheckHealth(self.cluster.workers(), True))
+                timers.push(now + c.health_check_interval_s, HEALTH)
+            elif kind == SICK_RECHECK:
+                self._sick_set = False
+                sick = self._sick()
+                if sick:
+                    out.append(CheckHealth(sick, False))
+                    self._set_sick_recheck(now)
+            elif kind == SWEEP:
+                out.append(SweepSessions(now))
+                if c.sweep_interval_s is not None:
+                    timers.push(now + c.sweep_interval_s, SWEEP)
+        return out
+
+    def _deadline(self, ticket: Ticket) -> None:
+        """A ticket's deadline timer: placed now (``on_ready`` called by :meth:`_leave`) or
+        refused (``on_ready`` called with ``ticket.error`` set); nothing if it left already."""
+        refused = self.withdraw(ticket)
+        if refused is not None:
+            ticket.error = refused
+            ticket.on_ready(ticket)
+
+    def _sick(self) -> tuple[str, ...]:
+        return tuple(u for u, wh in self.health.items() if not wh.health_ok)
+
+    def _set_sick_recheck(self, now: float) -> None:
+        """While a worker fails its checks, check it every ``health_recheck_interval_s``
+        between rounds (so it is back soon after it comes up)."""
+        c = self.config
+        every = min(c.health_recheck_interval_s, c.health_check_interval_s)
+        if not self._sick_set and every < c.health_check_interval_s:
+            self._sick_set = True
+            self.timers.push(now + every, SICK_RECHECK)
 
     def _new_health(self, url: str) -> WorkerHealth:
         c = self.config
