@@ -2,19 +2,29 @@
 
 :class:`RoutingCore` holds a policy, the cluster (workers, their availability and router-side
 load), and the router's decision helpers. ``serve`` drives it over HTTP in real time, the
-simulator drives it in virtual time; neither makes a routing decision of its own:
+simulator drives it in virtual time; neither makes a routing decision, keeps a timer or holds
+a default of its own. Each event a driver feeds in is answered with an action
+(:mod:`sessionroute.router.actions`: send, hold, retry after s, refuse with a status, probe,
+sweep), and the core's timers are run by :meth:`RoutingCore.on_timer` at
+:meth:`RoutingCore.next_deadline`:
 
 * :attr:`RoutingCore.requests` builds the policy's request (session id, size estimate,
   content keys; :mod:`sessionroute.router.requests`);
 * :meth:`RoutingCore.place` admits (:mod:`sessionroute.router.admission`), selects and
-  reserves in one synchronous step; :meth:`RoutingCore.complete` releases exactly once;
-* :attr:`RoutingCore.retry` and :meth:`RoutingCore.retarget` decide retries and re-placement
-  (:mod:`sessionroute.router.retry`);
+  reserves in one synchronous step: a :class:`Reservation` (send) or a
+  :class:`~sessionroute.router.admission.Ticket` (hold, placed or refused later by the core's
+  timers); :meth:`RoutingCore.complete` releases exactly once;
+* :meth:`~RoutingCore.attempt_failed`, :meth:`~RoutingCore.attempt_answered` and
+  :meth:`~RoutingCore.next_attempt` decide retries and re-placement
+  (:mod:`sessionroute.router.failures`, :mod:`sessionroute.router.retry`);
 * :meth:`RoutingCore.record_success`, :meth:`~RoutingCore.record_failure`,
   :meth:`~RoutingCore.record_unreachable` and :meth:`~RoutingCore.observe_check` keep each
-  worker's availability (:mod:`sessionroute.router.health`);
+  worker's availability (:mod:`sessionroute.router.availability`,
+  :mod:`sessionroute.router.health`);
 * :meth:`RoutingCore.finish_session`, :meth:`RoutingCore.sweep` and
   :meth:`RoutingCore.sweep_chunks` end sessions.
+
+Build one with :func:`sessionroute.router.build.build_router`.
 
 Every decision is counted by kind and, when :attr:`RoutingCore.log` is a list, appended to it
 as ``(session_id, worker, kind)``: the parity test compares the logs of both drivers.
@@ -36,19 +46,18 @@ from sessionroute.router.actions import (
     SICK_RECHECK,
     SWEEP,
     CheckHealth,
-    Refuse,
-    Retry,
     SweepSessions,
     Timers,
-    WorkerLost,
 )
 from sessionroute.router.admission import AdmissionQueue, Ticket
+from sessionroute.router.availability import WorkerAvailability
 from sessionroute.router.config import RouterConfig
-from sessionroute.router.health import CircuitBreaker, WorkerHealth
+from sessionroute.router.failures import AttemptOutcomes
+from sessionroute.router.health import WorkerHealth
 from sessionroute.router.kv.content import KvContent
 from sessionroute.router.policies.base import Policy
 from sessionroute.router.requests import RequestBuilder
-from sessionroute.router.retry import AttemptFailure, RetryPolicy, WorkerLostAction
+from sessionroute.router.retry import RetryPolicy
 from sessionroute.router.state.cluster import Cluster
 from sessionroute.types import DecisionKind, EngineGauges, RouteRequest
 
@@ -84,7 +93,7 @@ class Reservation:
     done: bool = False
 
 
-class RoutingCore:
+class RoutingCore(WorkerAvailability, AttemptOutcomes):
     """Select + reserve in one synchronous step, release exactly once, and the router's other
     decisions (module docstring).
 
@@ -335,99 +344,6 @@ class RoutingCore:
         self.complete(reservation)
         return self.route(reservation.request)
 
-    # -- failures ---------------------------------------------------------------------------
-    def attempt_failed(
-        self, reservation: Reservation, failure: AttemptFailure, attempt: int, detail: str
-    ) -> Retry | Refuse:
-        """Attempt number ``attempt`` (1-based) of ``reservation`` failed before any byte of
-        its answer reached the client: record it against the worker and decide.
-
-        A refused connection or a worker given up as hung (``CONNECT``, ``HUNG``) marks the
-        worker unavailable at once (:meth:`record_unreachable`), so the retry places the
-        request again without waiting; a broken connection (``UNSENT``, ``SENT``) or a timeout
-        counts towards its circuit (:meth:`record_failure`). A timeout is answered 504; a
-        failure after the request was sent is retried only with ``retry_after_send``
-        (:mod:`sessionroute.router.retry`); otherwise the request is retried after the
-        backoff until ``retry_max_attempts`` attempts were made, then answered 502.
-
-        Args:
-            reservation: the failed attempt's reservation.
-            failure: how it failed.
-            attempt: attempts made so far, this one included.
-            detail: what happened, for the client's error message.
-
-        Returns:
-            :class:`Retry` (wait, then :meth:`next_attempt`), or :class:`Refuse` (the
-            reservation is released).
-        """
-        url = reservation.worker
-        if failure is AttemptFailure.CONNECT or failure is AttemptFailure.HUNG:
-            self.record_unreachable(url, detail)
-        else:
-            self.record_failure(url)
-        if failure is AttemptFailure.TIMEOUT:
-            return self._refuse(reservation, 504, "upstream_timeout", detail)
-        if not self.retry.may_retry(failure):
-            return self._refuse(
-                reservation,
-                502,
-                "upstream_error",
-                f"upstream failed after the request was sent ({detail}); not retried, as it "
-                "may have started there (--retry-after-send retries it)",
-            )
-        wait_s = self.retry.after_failure(attempt, self.cluster.is_healthy(url))
-        if wait_s is None:
-            return self._refuse(
-                reservation,
-                502,
-                "upstream_unreachable",
-                f"upstream unreachable after {attempt} attempt(s): {detail}",
-            )
-        return Retry(reservation, wait_s)
-
-    def attempt_answered(self, reservation: Reservation, status: int, attempt: int) -> Retry | None:
-        """Attempt number ``attempt`` (1-based) was answered with ``status``: recorded as a
-        success below 500, a failure from 500; a retried status
-        (:data:`~sessionroute.router.retry.RETRY_STATUSES`) with attempts left is retried.
-
-        Returns:
-            :class:`Retry`, or None: relay this answer to the client.
-        """
-        url = reservation.worker
-        if status < 500:
-            self.record_success(url)
-        else:
-            self.record_failure(url)
-        retry = self.retry
-        if status not in retry.retried_statuses or attempt >= retry.max_attempts:
-            return None
-        wait_s = retry.after_failure(attempt, self.cluster.is_healthy(url))
-        return None if wait_s is None else Retry(reservation, wait_s)
-
-    def next_attempt(self, reservation: Reservation, last_error: str) -> Reservation | Refuse:
-        """The reservation for the attempt after a :class:`Retry`'s wait (:meth:`retarget`),
-        or :class:`Refuse` (503) when it must move and no worker is available."""
-        try:
-            return self.retarget(reservation)
-        except NoWorkerAvailable:
-            return self._refuse(
-                reservation,
-                503,
-                "no_worker_available",
-                f"no worker available (last error: {last_error})",
-            )
-
-    def _refuse(self, reservation: Reservation, status: int, code: str, message: str) -> Refuse:
-        self.complete(reservation)
-        return Refuse(status, code, message)
-
-    def on_worker_lost(self, client_started: bool) -> WorkerLostAction:
-        """What to do with a request in flight on a worker that was lost
-        (:class:`WorkerLost`), by whether its answer to the client has started: re-place it
-        (cancel it there; it fails as ``HUNG`` and :meth:`attempt_failed` places it again) or
-        watch it (:meth:`~sessionroute.router.retry.RetryPolicy.on_worker_lost`)."""
-        return self.retry.on_worker_lost(client_started)
-
     # -- sessions -------------------------------------------------------------------------
     def finish_session(self, session_id: str) -> bool:
         """Release a session (idempotent); True if the policy knew it."""
@@ -480,112 +396,6 @@ class RoutingCore:
         self.cluster.remove(url)
         self.health.pop(url, None)
         self.policy.on_worker_removed(url, self.cluster)
-
-    def set_health(self, url: str, healthy: bool) -> bool:
-        """Mark a worker available or not; True if it changed (WorkerError if unknown)."""
-        changed = self.cluster.set_healthy(url, healthy)
-        if changed:
-            self.policy.on_health_change(url, healthy, self.cluster)
-            if healthy:
-                self.pump()
-        return changed
-
-    def refresh(self, url: str) -> bool:
-        """Push ``url``'s availability (checks pass, circuit not open) to the cluster and the
-        policy; True if it changed."""
-        wh = self.health.get(url)
-        if wh is None or url not in self.cluster:
-            return False
-        return self.set_health(url, wh.available)
-
-    def record_success(self, url: str) -> bool:
-        """An upstream answer below 500 from ``url``; True if its availability changed."""
-        wh = self.health.get(url)
-        if wh is None or wh.breaker.settled:  # the common case: nothing to record
-            return False
-        return wh.breaker.record_success() and self.refresh(url)
-
-    def record_failure(self, url: str) -> float | None:
-        """An upstream failure (5xx, reset, timeout) from ``url``.
-
-        A circuit opens only while at least half of the workers (rounded up) would stay
-        available: failures that no worker can avoid (a request every worker answers with a
-        5xx, repeated by a client) would otherwise open every circuit in turn and refuse all
-        traffic for ``cb_timeout_s``, or leave one worker carrying the fleet's load. Envoy
-        bounds its outlier ejections the same way (``max_ejection_percent``; routing to every
-        host below its 50 % panic threshold). A worker whose circuit may not open keeps its
-        failures counted and opens at the next one once enough others are available. A
-        worker that really went away is still marked unavailable by a refused connection
-        (:meth:`record_unreachable`) and by its health checks.
-
-        Returns:
-            When this opened its circuit, the seconds after which it turns half-open (a timer
-            of the core's then pushes its availability again); None otherwise.
-        """
-        wh = self.health.get(url)
-        if wh is None:
-            return None
-        cluster = self.cluster
-        workers = cluster.workers()
-        others = sum(1 for u in workers if u != url and cluster.is_healthy(u))
-        if not wh.breaker.record_failure(may_open=others >= -(-len(workers) // 2)):
-            return None
-        self.refresh(url)
-        self.timers.push(wh.breaker.reopen_at, CIRCUIT, url)
-        return wh.breaker.timeout_s
-
-    def reopens_in(self, url: str) -> float | None:
-        """Seconds until ``url``'s open circuit turns half-open (0 when due); None when it is
-        not open."""
-        wh = self.health.get(url)
-        return None if wh is None else wh.breaker.reopens_in()
-
-    def record_unreachable(self, url: str, reason: str) -> float | None:
-        """``url`` refused a connection: unavailable at once, until its health checks pass
-        again (and its circuit, if this failure opened it, is no longer open).
-
-        Returns:
-            As :meth:`record_failure`: when this opened its circuit, the seconds after which
-            the driver should call :meth:`refresh`; None otherwise.
-        """
-        wh = self.health.get(url)
-        if wh is None:
-            return None
-        opened = wh.breaker.record_failure()
-        wh.mark_unreachable(reason)
-        self.refresh(url)
-        self._set_sick_recheck(self.clock.now())
-        if not opened:
-            return None
-        self.timers.push(wh.breaker.reopen_at, CIRCUIT, url)
-        return wh.breaker.timeout_s
-
-    def observe_check(self, url: str, ok: bool, reason: str = "") -> tuple[bool, WorkerLost | None]:
-        """Fold one health-check result of ``url`` in (``health_failure_threshold``
-        consecutive failures make it unhealthy, ``health_success_threshold`` passes healthy
-        again) and push its availability.
-
-        Returns:
-            Whether its health verdict changed, and when it turned unhealthy, the
-            :class:`WorkerLost` for the driver to act on its requests in flight.
-        """
-        wh = self.health.get(url)
-        if wh is None:
-            return False, None
-        if not ok and reason:
-            wh.last_error = reason
-        c = self.config
-        if not wh.observe_check(ok, c.health_failure_threshold, c.health_success_threshold):
-            return False, None
-        self.refresh(url)
-        if ok:
-            return True, None
-        self._set_sick_recheck(self.clock.now())
-        return True, WorkerLost(
-            url,
-            f"failed {c.health_failure_threshold} health check(s)",
-            c.health_check_timeout_s,
-        )
 
     # -- time -------------------------------------------------------------------------------
     def start(self, now: float) -> None:
@@ -643,26 +453,3 @@ class RoutingCore:
         if refused is not None:
             ticket.error = refused
             ticket.on_ready(ticket)
-
-    def _sick(self) -> tuple[str, ...]:
-        return tuple(u for u, wh in self.health.items() if not wh.health_ok)
-
-    def _set_sick_recheck(self, now: float) -> None:
-        """While a worker fails its checks, check it every ``health_recheck_interval_s``
-        between rounds (so it is back soon after it comes up)."""
-        c = self.config
-        every = min(c.health_recheck_interval_s, c.health_check_interval_s)
-        if not self._sick_set and every < c.health_check_interval_s:
-            self._sick_set = True
-            self.timers.push(now + every, SICK_RECHECK)
-
-    def _new_health(self, url: str) -> WorkerHealth:
-        c = self.config
-        breaker = CircuitBreaker(
-            c.cb_failure_threshold,
-            c.cb_success_threshold,
-            c.cb_timeout_s,
-            self.clock,
-            enabled=c.circuit_breaker,
-        )
-        return WorkerHealth(url, breaker)
