@@ -246,6 +246,7 @@ async def _forward(
                 first_byte_s, ex.hang, f"no response head within {first_byte_s:g} s"
             )
         action: Retry | Refuse | None
+        answered = False  # a retried answer's body is drained to keep its connection
         try:
             try:
                 if ex.sent_at:
@@ -276,6 +277,7 @@ async def _forward(
             else:
                 metrics.observe_upstream(worker, ex.sent_at, time.perf_counter())
                 action = core.attempt_answered(res, status, attempt)
+                answered = True
                 last_error = f"{worker}: status {status}"
             finally:
                 if timer is not None:
@@ -285,9 +287,12 @@ async def _forward(
                     return
                 last_error = f"{worker}: given up as hung while its answer was arriving"
                 action = core.attempt_failed(res, AttemptFailure.HUNG, attempt, last_error)
-            elif isinstance(action, Retry) and not await _drain(ex):
-                timeout_reading(conn, router, worker, rid)
-                return
+            elif answered and not await _drain(ex):
+                last_error = (
+                    f"upstream {worker} did not finish its response within "
+                    f"{s.request_timeout_secs} s"
+                )
+                action = core.attempt_failed(res, AttemptFailure.TIMEOUT, attempt, last_error)
         finally:
             ex.close()
         if isinstance(action, Refuse):
