@@ -159,8 +159,10 @@ async def _serve(
             session_ttl_secs=TTL_S,
             health_check_interval_secs=3600.0,
             health_failure_threshold=1,
-            retry_initial_backoff_ms=1.0,
-            retry_max_backoff_ms=5.0,
+            # a retry after a crash finds the dead backend's shutdown over (backoffs decide
+            # nothing: the simulator waits its own)
+            retry_initial_backoff_ms=300.0,
+            retry_max_backoff_ms=1000.0,
             shutdown_timeout_secs=1.0,
         ),
         clock=clock,
