@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from sessionroute.clock import ManualClock
 from sessionroute.router import RouterConfig, RoutingCore
+from sessionroute.router.actions import WorkerLost
 from sessionroute.router.health import BreakerState, CircuitBreaker
 from sessionroute.router.policies import create_policy
 from sessionroute.router.state import Cluster
@@ -21,24 +22,36 @@ def _core(clock: ManualClock, **config: object) -> RoutingCore:
     return RoutingCore(policy, Cluster(W), RouterConfig.model_validate(config))
 
 
-def test_a_refused_connection_that_opens_the_circuit_asks_for_a_refresh_at_half_open() -> None:
+def test_a_refused_connection_that_opens_the_circuit_sets_a_timer_for_half_open() -> None:
     clock = ManualClock()
-    core = _core(clock, cb_failure_threshold=1, cb_timeout_s=20.0)
+    core = _core(clock, cb_failure_threshold=1, cb_timeout_s=20.0, health_success_threshold=1)
     assert core.record_unreachable("http://w2", "refused") == 20.0  # the circuit opened
     assert not core.cluster.is_healthy("http://w2")
-    core.observe_check("http://w2", True, fail_n=3, pass_n=1)  # it came back, circuit open
+    assert core.observe_check("http://w2", True) == (True, None)  # it came back, circuit open
     assert not core.cluster.is_healthy("http://w2")
+    assert core.next_deadline() == 5.0  # the unhealthy worker's re-check comes first
     clock.advance(20.0)
-    core.refresh("http://w2")  # what the drivers schedule with the returned 20 s
+    assert core.on_timer(19.999) == []  # the re-check: its checks pass, none to probe
+    assert not core.cluster.is_healthy("http://w2")  # the circuit's timer is not due yet
+    core.on_timer(20.0)
     assert core.cluster.is_healthy("http://w2")
+
+
+def test_a_worker_failing_its_checks_is_lost_once() -> None:
+    core = _core(ManualClock(), health_failure_threshold=2)
+    assert core.observe_check("http://w1", False, "503") == (False, None)
+    changed, lost = core.observe_check("http://w1", False, "503")
+    assert changed and lost == WorkerLost("http://w1", "failed 2 health check(s)", 5.0)
+    assert core.observe_check("http://w1", False) == (False, None)
+    assert not core.cluster.is_healthy("http://w1") and core.health["http://w1"].last_error
 
 
 def test_a_refused_connection_below_the_threshold_needs_only_the_checks() -> None:
     core = _core(ManualClock(), cb_failure_threshold=10)
     assert core.record_unreachable("http://w1", "refused") is None
     assert not core.cluster.is_healthy("http://w1")
-    assert core.observe_check("http://w1", True, fail_n=3, pass_n=2) is False  # one pass of two
-    assert core.observe_check("http://w1", True, fail_n=3, pass_n=2) is True
+    assert core.observe_check("http://w1", True) == (False, None)  # one pass of two
+    assert core.observe_check("http://w1", True) == (True, None)
     assert core.cluster.is_healthy("http://w1")
 
 
@@ -84,18 +97,21 @@ def test_by_default_circuits_open_as_vllm_routers_do() -> None:
     assert core.cluster.healthy() == ()
 
 
-def test_a_circuit_timer_that_fires_early_is_told_how_long_is_left() -> None:
-    """An event loop's timer may fire a millisecond before the circuit is due: refresh then
-    changes nothing, and reopens_in says when to look again (the drivers re-arm with it)."""
-    clock = ManualClock()
-    core = _core(clock, cb_failure_threshold=1, cb_timeout_s=10.0)
-    assert core.record_failure("http://w1") == 10.0
-    clock.advance(9.9995)
-    assert core.refresh("http://w1") is False and not core.cluster.is_healthy("http://w1")
-    left = core.reopens_in("http://w1")
-    assert left is not None and 0.0 < left <= 0.0005 + 1e-9
-    clock.advance(left)
-    assert core.refresh("http://w1") is True and core.reopens_in("http://w1") is None
+def test_a_circuit_timer_that_fires_early_runs_nothing_and_stays_set() -> None:
+    """An event loop's timer may fire a millisecond before the circuit is due: the core runs
+    nothing then and keeps its deadline (the driver re-arms at it); at the deadline exactly
+    the circuit is half-open (the breaker compares the clock with that very deadline)."""
+    clock = ManualClock(3.3)
+    core = _core(clock, cb_failure_threshold=1, cb_timeout_s=10.1)
+    assert core.record_failure("http://w1") == 10.1
+    due = core.next_deadline()
+    assert due == 3.3 + 10.1
+    clock.advance(10.0995)
+    assert core.on_timer(clock.now()) == [] and not core.cluster.is_healthy("http://w1")
+    assert core.next_deadline() == due
+    clock.set(due)
+    core.on_timer(due)
+    assert core.cluster.is_healthy("http://w1") and core.next_deadline() is None
 
 
 def test_a_settled_breaker_skips_successes_and_a_failure_unsettles_it() -> None:

@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 import aiohttp
 import pytest
 
-from sessionroute.clock import Clock, ManualClock
+from sessionroute.clock import Clock, ManualClock, MonotonicClock
 from sessionroute.errors import AdmissionRefused, NoWorkerAvailable
 from sessionroute.router import RouterConfig, RoutingCore
 from sessionroute.router.admission import Ticket
@@ -192,8 +192,9 @@ async def test_serve_queues_held_back_requests_and_answers_503_when_full_or_late
 async def test_serve_refuses_a_request_that_waited_past_its_deadline(
     backends: list[FakeBackend], make_router: MakeRouter, client: aiohttp.ClientSession
 ) -> None:
-    router = await make_router(
+    router = await make_router(  # the deadline is a timer of the core's, on the router's clock
         [b.url for b in backends[:1]],
+        clock=MonotonicClock(),
         policy=f"{__name__}:InFlightGate",
         admission_max_wait_secs=0.05,
     )

@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 import aiohttp
 
+from sessionroute.clock import MonotonicClock
 from sessionroute.router.policies.adaptive_sticky import AdaptiveStickyPolicy
 from sessionroute.types import EngineGauges
 
@@ -49,8 +50,9 @@ async def test_serve_runs_adaptive_sticky_spread_escape_and_admission(
     cool, hot, knee = _vllm(0, 0.5), _vllm(10, 0.95), _vllm(3, 0.95)  # knee: KV in use
     for b in backends:
         b.metrics_text = cool
-    router = await make_router(
+    router = await make_router(  # the held turn's deadline is the core's timer: a real clock
         [b.url for b in backends],
+        clock=MonotonicClock(),
         policy="adaptive_sticky",
         scrape_interval_secs=0.02,
     )

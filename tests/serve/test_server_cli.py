@@ -15,6 +15,7 @@ from sessionroute.cli import build_parser, main
 from sessionroute.errors import ConfigError
 from sessionroute.router.config import RouterConfig
 from sessionroute.serve.config import SESSION_TTL_ENV, router_flags, settings_from_args
+from sessionroute.serve.flags import ROUTER_FLAGS
 
 from .backend import FakeBackend
 
@@ -210,3 +211,24 @@ def test_help_lists_every_built_in_policy(capsys: pytest.CaptureFixture[str]) ->
     listed = text.split("--policy POLICY routing policy:")[1].split("(default")[0]
     assert set(policy_names()) <= set(listed.replace(",", " ").split())
     assert {"adaptive_sticky", "kv_aware"} <= set(listed.replace(",", " ").split())
+
+
+def test_the_router_defaults_are_written_once_and_the_flags_follow_them() -> None:
+    """Drift check: the router core's defaults live in RouterConfig only. ``serve`` with no
+    flag runs exactly ``RouterConfig()``; every setting of it has a flag (or is the session
+    header list or the circuit switch); and ``router_flags`` gives back any config."""
+    parser = build_parser()
+    args = parser.parse_args(["serve"])
+    assert settings_from_args(args, environ={}).router_config() == RouterConfig()
+    fields = {field for field, _ in ROUTER_FLAGS.values()}
+    assert fields | {"session_headers", "circuit_breaker"} == set(RouterConfig.model_fields)
+    odd = RouterConfig(
+        retry_after_send=False,
+        health_check_interval_s=7.5,
+        health_failure_threshold=4,
+        retry_backoff_s=0.25,
+        sweep_interval_s=30.0,
+        circuit_breaker=False,
+    )
+    again = parser.parse_args(["serve", *router_flags(odd)])
+    assert settings_from_args(again, environ={}).router_config() == odd

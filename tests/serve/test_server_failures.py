@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 
-from sessionroute.clock import ManualClock
+from sessionroute.clock import ManualClock, MonotonicClock
 
 from .backend import FakeBackend
 from .conftest import MakeRouter, post_chat
@@ -115,22 +115,28 @@ async def test_a_circuit_timer_that_fires_early_is_armed_again(
 ) -> None:
     """uvloop's timers can fire up to a millisecond early: the circuit is then still open,
     and one timer left a healthy worker out of rotation for good (found by a review). The
-    timer's callback arms itself again for the time left."""
+    router's one timer runs the core's due timers and arms itself again at the core's next
+    deadline, so an early firing runs nothing and the circuit's deadline stays armed."""
     clock = ManualClock()
     a, b = backends[0], backends[1]
     running = await make_router(
-        [a.url, b.url], clock=clock, cb_failure_threshold=1, cb_timeout_duration_secs=30.0
+        [a.url, b.url],
+        clock=clock,
+        cb_failure_threshold=1,
+        cb_timeout_duration_secs=30.0,
+        session_sweep_interval_secs=3600.0,
+        health_check_interval_secs=3600.0,
     )
     router = running.router
     router.record_failure(a.url)
-    assert not router.core.cluster.is_healthy(a.url) and a.url in router._timers
+    assert not router.core.cluster.is_healthy(a.url) and router._timer_due == 30.0
     clock.advance(29.9995)  # the timer fires half a millisecond early
-    router._circuit_due(a.url)
+    router._fire()
     assert not router.core.cluster.is_healthy(a.url)
-    assert a.url in router._timers  # armed again, for the half millisecond left (+ margin)
+    assert router._timer is not None and router._timer_due == 30.0  # armed again
     clock.advance(0.001)
-    router._circuit_due(a.url)
-    assert router.core.cluster.is_healthy(a.url) and a.url not in router._timers
+    router._fire()
+    assert router.core.cluster.is_healthy(a.url) and router._timer_due == 3600.0
 
 
 @pytest.mark.parametrize("policy", ["consistent_hash", "sticky_least_loaded"])
@@ -214,8 +220,11 @@ async def test_periodic_health_checks_run(
     backends: list[FakeBackend], make_router: MakeRouter
 ) -> None:
     b = backends[0]
-    router = await make_router(
-        [b.url, backends[1].url], health_check_interval_secs=0.01, health_failure_threshold=2
+    router = await make_router(  # the core's timers run on the router's clock: a real one
+        [b.url, backends[1].url],
+        clock=MonotonicClock(),
+        health_check_interval_secs=0.01,
+        health_failure_threshold=2,
     )
     b.health_ok = False  # up at startup (a worker never up is unhealthy from the start)
     checker = router.router.health
@@ -290,19 +299,19 @@ async def slammer() -> AsyncIterator[str]:
 async def test_unreachable_after_retries_is_502(
     slammer: str, make_router: MakeRouter, client: aiohttp.ClientSession
 ) -> None:
-    # The worker closed after the request was written: it may have started, so the failure
-    # is surfaced at once (no duplicate generation) ...
+    # The worker closed after the request was written: retried, as vllm-router does, until
+    # the attempts run out ...
     router = await make_router([slammer], retry_max_retries=3)
     status, body = await post_chat(client, router, "u-1")
-    assert status == 502 and body["error"]["code"] == "upstream_error"
-    assert "not retried" in body["error"]["message"]
-    assert router.router.metrics.retries == {}
-    # ... and retried only when the operator says so
-    again = await make_router([slammer], retry_max_retries=3, retry_after_send=True)
-    status, body = await post_chat(client, again, "u-1")
     assert status == 502 and body["error"]["code"] == "upstream_unreachable"
     assert "3 attempt" in body["error"]["message"]
     assert router.router.core.cluster.in_flight(slammer) == 0
+    # ... or surfaced at once when the operator wants no generation to run twice
+    strict = await make_router([slammer], retry_max_retries=3, retry_after_send=False)
+    status, body = await post_chat(client, strict, "u-1")
+    assert status == 502 and body["error"]["code"] == "upstream_error"
+    assert "not retried" in body["error"]["message"]
+    assert strict.router.metrics.retries == {}
 
 
 async def test_an_unhealthy_worker_is_rechecked_between_rounds(
@@ -315,6 +324,7 @@ async def test_an_unhealthy_worker_is_rechecked_between_rounds(
     b.health_ok = False
     router = await make_router(
         [b.url, backends[1].url],
+        clock=MonotonicClock(),
         health_check_interval_secs=60.0,
         health_recheck_interval_secs=0.02,
         health_failure_threshold=1,

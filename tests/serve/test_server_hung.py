@@ -16,6 +16,7 @@ import aiohttp
 import pytest
 
 from sessionroute.bench.backend import free_port
+from sessionroute.clock import MonotonicClock
 from sessionroute.types import DecisionKind
 
 from .backend import FakeBackend, start_backends
@@ -64,8 +65,9 @@ async def test_a_frozen_worker_costs_no_client_errors(
     processes: list[str], make_router: MakeRouter
 ) -> None:
     await _wait_up(processes)
-    router = await make_router(
+    router = await make_router(  # the core's health-check timers run on a real clock
         processes,
+        clock=MonotonicClock(),
         policy="sticky_least_loaded",
         health_check_interval_secs=0.2,
         health_recheck_interval_secs=0.2,
@@ -140,20 +142,21 @@ async def test_first_byte_timeout_replaces_a_silent_stream(
         slow.hold.set()
 
 
-async def test_a_request_that_reached_the_worker_is_not_sent_twice(
+async def test_a_request_that_reached_the_worker_is_sent_twice_only_when_allowed(
     raw: RawBackend,
     make_router: MakeRouter,
 ) -> None:
-    """The worker read the whole request, then the connection broke: that attempt may have
-    started a generation, so it is surfaced as a 502 (retried only with --retry-after-send)."""
+    """The worker read the whole request, then the connection broke: retried as vllm-router
+    retries it (the default); with --no-retry-after-send that attempt may have started a
+    generation, so it is surfaced as a 502 after one attempt."""
     raw.respond = lambda head: (b"", True)  # read it all, then close without an answer
-    router = await make_router([raw.url], retry_max_retries=5)
+    router = await make_router([raw.url], retry_max_retries=5, retry_after_send=False)
     async with aiohttp.ClientSession() as client:
         async with client.post(router.url + "/v1/chat/completions", json=chat()) as r:
             assert r.status == 502
             assert "--retry-after-send" in (await r.json())["error"]["message"]
         assert len(raw.heads) == 1
-        again = await make_router([raw.url], retry_max_retries=3, retry_after_send=True)
+        again = await make_router([raw.url], retry_max_retries=3)
         async with client.post(again.url + "/v1/chat/completions", json=chat()) as r:
             assert r.status == 502
         assert len(raw.heads) == 1 + 3  # every attempt went out

@@ -410,7 +410,8 @@ async def test_many_concurrent_requests_share_the_pool(
 @pytest.mark.parametrize(
     ("answer", "code"),
     [
-        (b"SPDY/9 700 Nope\r\n\r\n", "upstream_error"),  # not HTTP, after the request: not retried
+        # not HTTP, after the request: retried as vllm-router retries it, then a 502
+        (b"SPDY/9 700 Nope\r\n\r\n", "upstream_unreachable"),
         (b"HTTP/1.1 200 OK\r\nContent-Length: 50\r\n\r\n" + OK_BODY[:10], "upstream_error"),
         (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", None),  # bad chunk
     ],

@@ -77,3 +77,33 @@ def test_a_slow_replica_is_busier_for_the_same_work() -> None:
     per_token_slow = r0_slow["busy_seconds"] / max(1, r0_slow["output_tokens"])
     assert per_token_slow > 2.0 * per_token_base
     assert slow["sessions_completed"] == 48
+
+
+def test_a_hung_replica_is_given_up_by_its_health_checks_and_loses_nothing() -> None:
+    """A replica that hangs (accepts, never answers) holds its requests until the router's
+    health checks fail it: then they are placed again (the core's worker-lost path) and every
+    session completes. With checks every 2 s the hang costs seconds, not the run."""
+    faults = [{"at_s": 20.0, "replica": 0, "kind": "hang"}]
+    router = {"health_check_interval_s": 2.0, "health_check_timeout_s": 1.0}
+    spec = SimSpec.model_validate({"workload": {"kind": "toy"}, "faults": faults, "router": router})
+    m = run_simulation(spec, "sticky_least_loaded", seed=0, wall_clock=ManualClock()).metrics
+    assert m["requests_failed_over"] > 0  # requests waiting on replica 0 were given up...
+    assert m["sessions_repinned"] > 0  # ...and placed elsewhere
+    assert m["sessions_completed"] == 48
+    assert m["turns_in_flight_at_end"] == 0
+    assert m["router_in_flight_at_end"] == 0
+    assert m["requests_submitted"] == m["requests_completed"]
+
+
+def test_a_replica_back_up_returns_when_its_health_checks_pass() -> None:
+    """``up`` makes no verdict itself: the router's re-checks of the unhealthy replica (every
+    health_recheck_interval_s) find it back after health_success_threshold passes."""
+    faults = [
+        {"at_s": 10.0, "replica": 2, "kind": "down"},
+        {"at_s": 11.0, "replica": 2, "kind": "up"},
+    ]
+    slow = {"health_recheck_interval_s": 50.0, "health_check_interval_s": 60.0}
+    fast = toy_run(faults)
+    spec = SimSpec.model_validate({"workload": {"kind": "toy"}, "faults": faults, "router": slow})
+    late = run_simulation(spec, "sticky_least_loaded", seed=0, wall_clock=ManualClock()).metrics
+    assert fast["per_replica"][2]["requests"] > late["per_replica"][2]["requests"]

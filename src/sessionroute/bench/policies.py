@@ -40,8 +40,8 @@ from sessionroute.bench.options import at_least
 from sessionroute.clock import ManualClock
 from sessionroute.keys import mix64
 from sessionroute.router.core import RoutingCore
-from sessionroute.router.kv.index import KvIndex
 from sessionroute.router.policies import create_policy, policy_names
+from sessionroute.router.policies.capabilities import ReadsKvEvents
 from sessionroute.router.requests import BYTES_PER_TOKEN, text_block_keys
 from sessionroute.router.state import Cluster
 from sessionroute.types import RouteRequest
@@ -150,9 +150,8 @@ def bench_long_prompts(
     """Long-prompt mode of :func:`bench_policy` (module docstring); same row, plus
     ``prompt_tokens``; policies with a KV index are measured by :func:`bench_kv_growing`."""
     core = _core(name, workers, seed)
-    index = getattr(core.policy, "index", None)
-    if isinstance(index, KvIndex):
-        return bench_kv_growing(core, index, sessions, turns, prompt_tokens, seed)
+    if isinstance(core.policy, ReadsKvEvents):
+        return bench_kv_growing(core, core.policy.index, sessions, turns, prompt_tokens, seed)
     total = prompt_tokens + _TURN_BLOCKS * _BLOCK
     later: list[list[int]] = []
     for i in range(sessions):

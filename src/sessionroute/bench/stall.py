@@ -65,14 +65,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _core(workers: list[str], policy_name: str) -> Any:
     from sessionroute.clock import ManualClock
     from sessionroute.router import RoutingCore, choose_policy
-    from sessionroute.router.core import SWEEP_CHUNK
     from sessionroute.router.state import Cluster
 
     clock = ManualClock()
     policy = choose_policy(policy_name, {}, session_ttl_s=60.0).build(
         clock=clock, rng=random.Random(0)
     )
-    policy.bound_sweeps(SWEEP_CHUNK)  # as serve does
     return RoutingCore(policy, Cluster(workers), rng=random.Random(0)), clock
 
 

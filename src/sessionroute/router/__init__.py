@@ -5,7 +5,11 @@ server (:mod:`sessionroute.serve`, real sockets). Nothing here imports asyncio, 
 library or the wall clock; time comes from an injected :class:`~sessionroute.clock.Clock`.
 
 * :mod:`~sessionroute.router.core`: :class:`RoutingCore`, select + reserve, release exactly
-  once, worker availability, decision log;
+  once, decision log; its actions and timers (:mod:`~sessionroute.router.actions`), worker
+  availability (:mod:`~sessionroute.router.availability`), failed attempts
+  (:mod:`~sessionroute.router.failures`);
+* :mod:`~sessionroute.router.build`: :func:`build_router`, the one construction for both
+  drivers;
 * :mod:`~sessionroute.router.requests`: the one builder of the policy's request;
 * :mod:`~sessionroute.router.retry`: the one retry / backoff / re-place decision;
 * :mod:`~sessionroute.router.admission`: the admission queue before placement;
@@ -17,8 +21,17 @@ library or the wall clock; time comes from an injected :class:`~sessionroute.clo
   rendezvous hashing).
 """
 
+from sessionroute.router.build import build_router, policy_choice
 from sessionroute.router.config import RouterConfig
 from sessionroute.router.core import Reservation, RoutingCore
 from sessionroute.router.policies.registry import PolicyChoice, choose_policy
 
-__all__ = ["PolicyChoice", "Reservation", "RouterConfig", "RoutingCore", "choose_policy"]
+__all__ = [
+    "PolicyChoice",
+    "Reservation",
+    "RouterConfig",
+    "RoutingCore",
+    "build_router",
+    "choose_policy",
+    "policy_choice",
+]

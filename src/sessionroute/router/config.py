@@ -89,8 +89,20 @@ class RouterConfig(BaseModel):
             (``max_sessions``, a policy option); given to every policy whose ``Config`` has
             ``session_table_max_bytes`` unless the policy's options set it.
         retry_after_send: also retry a request whose connection broke after it was fully
-            written to the worker (it may then run twice); off by default, so only requests
-            that provably did not reach the worker are retried.
+            written to the worker, before any byte of the answer reached the client (as
+            vllm-router does: its failed send is a 500, which it retries). On by default: a
+            worker that crashed mid-request took the generation with it, and the client gets
+            its answer from another worker instead of a 502. Off, only requests that provably
+            did not reach the worker are retried (a connection reset on a worker that lives on
+            could otherwise run a generation twice).
+        health_check_interval_s: seconds between health-check rounds of every worker.
+        health_recheck_interval_s: seconds between extra checks of the unhealthy workers
+            only, between rounds (capped by ``health_check_interval_s``).
+        health_check_timeout_s: seconds a check may take before it counts as failed; also
+            how long a stream from a worker that turned unhealthy may stay silent before it is
+            ended.
+        health_failure_threshold: consecutive failed checks that make a worker unhealthy.
+        health_success_threshold: consecutive passed checks that make it healthy again.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -117,7 +129,12 @@ class RouterConfig(BaseModel):
     rate_limit_per_s: float | None = Field(default=None, gt=0)
     max_session_id_bytes: int = Field(default=256, ge=1)
     session_table_max_bytes: int = Field(default=DEFAULT_MAX_BYTES, ge=1)
-    retry_after_send: bool = False
+    retry_after_send: bool = True
+    health_check_interval_s: float = Field(default=60.0, gt=0)
+    health_recheck_interval_s: float = Field(default=5.0, gt=0)
+    health_check_timeout_s: float = Field(default=5.0, gt=0)
+    health_failure_threshold: int = Field(default=3, ge=1)
+    health_success_threshold: int = Field(default=2, ge=1)
 
     @field_validator("session_headers")
     @classmethod

@@ -2,19 +2,29 @@
 
 :class:`RoutingCore` holds a policy, the cluster (workers, their availability and router-side
 load), and the router's decision helpers. ``serve`` drives it over HTTP in real time, the
-simulator drives it in virtual time; neither makes a routing decision of its own:
+simulator drives it in virtual time; neither makes a routing decision, keeps a timer or holds
+a default of its own. Each event a driver feeds in is answered with an action
+(:mod:`sessionroute.router.actions`: send, hold, retry after s, refuse with a status, probe,
+sweep), and the core's timers are run by :meth:`RoutingCore.on_timer` at
+:meth:`RoutingCore.next_deadline`:
 
 * :attr:`RoutingCore.requests` builds the policy's request (session id, size estimate,
   content keys; :mod:`sessionroute.router.requests`);
 * :meth:`RoutingCore.place` admits (:mod:`sessionroute.router.admission`), selects and
-  reserves in one synchronous step; :meth:`RoutingCore.complete` releases exactly once;
-* :attr:`RoutingCore.retry` and :meth:`RoutingCore.retarget` decide retries and re-placement
-  (:mod:`sessionroute.router.retry`);
+  reserves in one synchronous step: a :class:`Reservation` (send) or a
+  :class:`~sessionroute.router.admission.Ticket` (hold, placed or refused later by the core's
+  timers); :meth:`RoutingCore.complete` releases exactly once;
+* :meth:`~RoutingCore.attempt_failed`, :meth:`~RoutingCore.attempt_answered` and
+  :meth:`~RoutingCore.next_attempt` decide retries and re-placement
+  (:mod:`sessionroute.router.failures`, :mod:`sessionroute.router.retry`);
 * :meth:`RoutingCore.record_success`, :meth:`~RoutingCore.record_failure`,
   :meth:`~RoutingCore.record_unreachable` and :meth:`~RoutingCore.observe_check` keep each
-  worker's availability (:mod:`sessionroute.router.health`);
+  worker's availability (:mod:`sessionroute.router.availability`,
+  :mod:`sessionroute.router.health`);
 * :meth:`RoutingCore.finish_session`, :meth:`RoutingCore.sweep` and
   :meth:`RoutingCore.sweep_chunks` end sessions.
+
+Build one with :func:`sessionroute.router.build.build_router`.
 
 Every decision is counted by kind and, when :attr:`RoutingCore.log` is a list, appended to it
 as ``(session_id, worker, kind)``: the parity test compares the logs of both drivers.
@@ -28,9 +38,22 @@ from dataclasses import dataclass
 
 from sessionroute.clock import Clock
 from sessionroute.errors import AdmissionRefused, NoWorkerAvailable
+from sessionroute.router.actions import (
+    CIRCUIT,
+    DEADLINE,
+    HEALTH,
+    RECHECK,
+    SICK_RECHECK,
+    SWEEP,
+    CheckHealth,
+    SweepSessions,
+    Timers,
+)
 from sessionroute.router.admission import AdmissionQueue, Ticket
+from sessionroute.router.availability import WorkerAvailability
 from sessionroute.router.config import RouterConfig
-from sessionroute.router.health import CircuitBreaker, WorkerHealth
+from sessionroute.router.failures import AttemptOutcomes
+from sessionroute.router.health import WorkerHealth
 from sessionroute.router.kv.content import KvContent
 from sessionroute.router.policies.base import Policy
 from sessionroute.router.ratelimit import TokenBucket
@@ -39,11 +62,15 @@ from sessionroute.router.retry import RetryPolicy
 from sessionroute.router.state.cluster import Cluster
 from sessionroute.types import DecisionKind, EngineGauges, RouteRequest
 
-__all__ = ["SWEEP_CHUNK", "Reservation", "RoutingCore"]
+__all__ = ["SWEEP_CHUNK", "Reservation", "RoutingCore", "TimerAction"]
 
 SWEEP_CHUNK = 500
 """Sessions expired per chunk of :meth:`RoutingCore.sweep_chunks` (about a millisecond of
 work; ``sessionroute bench stall``)."""
+
+
+TimerAction = CheckHealth | SweepSessions
+"""What :meth:`RoutingCore.on_timer` asks of a driver."""
 
 
 @dataclass(eq=False, slots=True)
@@ -73,7 +100,7 @@ class Reservation:
     waited_s: float = 0.0
 
 
-class RoutingCore:
+class RoutingCore(WorkerAvailability, AttemptOutcomes):
     """Select + reserve in one synchronous step, release exactly once, and the router's other
     decisions (module docstring).
 
@@ -86,6 +113,9 @@ class RoutingCore:
         clock: time source of the circuit breakers (the policy's clock when omitted).
         kv_content: the servers' tokenizer and block-hash scheme for live requests' content
             (:class:`~sessionroute.router.requests.RequestBuilder`), or None.
+        sweep_chunk: most sessions a sweep inside a routing call expires
+            (:meth:`~sessionroute.router.policies.Policy.bound_sweeps`, set here for both
+            drivers).
     """
 
     def __init__(
@@ -98,6 +128,7 @@ class RoutingCore:
         log: list[tuple[str | None, str, str]] | None = None,
         clock: Clock | None = None,
         kv_content: KvContent | None = None,
+        sweep_chunk: int = SWEEP_CHUNK,
     ) -> None:
         self.policy = policy
         self.cluster = cluster
@@ -123,6 +154,14 @@ class RoutingCore:
         self.health: dict[str, WorkerHealth] = {w: self._new_health(w) for w in cluster.workers()}
         self.decisions: dict[DecisionKind, int] = dict.fromkeys(DecisionKind, 0)
         """Count of decisions by kind."""
+        self.timers = Timers()
+        """The core's timers (:mod:`sessionroute.router.actions`); a driver sets
+        ``timers.on_push`` to re-arm its one timer at :meth:`next_deadline`."""
+        self._recheck_set = False
+        self._sick_set = False
+        # no routing call expires a whole table at once, in either driver (the periodic
+        # sweep expires in chunks, :meth:`sweep_chunks`)
+        policy.bound_sweeps(sweep_chunk)
         # the default hooks admit everything and keep nothing per request: not asked then
         kind = type(policy)
         self._admits_all = kind.admit is Policy.admit
@@ -160,9 +199,9 @@ class RoutingCore:
 
         Returns:
             The reservation when the policy admits the request now; otherwise a waiting
-            :class:`Ticket`, whose ``on_ready`` is called once, later, when it was placed or
-            failed. Withdraw a ticket that still waits at its deadline
-            (:meth:`admission_max_wait_s`) with :meth:`withdraw`.
+            :class:`Ticket` (hold), whose ``on_ready`` is called once, later, when it was
+            placed, failed or refused at its deadline (:meth:`admission_max_wait_s`, a timer
+            of the core's: ``ticket.error`` is then the :class:`AdmissionRefused`).
 
         Raises:
             NoWorkerAvailable: when no worker is available.
@@ -196,20 +235,24 @@ class RoutingCore:
                 f"({len(self.admission)} of {self.admission.max_waiting} waiting)",
                 "queue_full",
             )
-        ticket = Ticket(request, on_ready, since=self.clock.now())
+        now = self.clock.now()
+        ticket = Ticket(request, on_ready, since=now)
         self.admission.push(ticket)
+        self.timers.push(now + self.admission_max_wait_s(), DEADLINE, ticket)
+        self._set_recheck(now)
         return ticket
 
     def admission_max_wait_s(self) -> float:
         """Seconds a held request may wait: the policy's own maximum
         (:meth:`~sessionroute.router.policies.Policy.admission_max_wait_s`) when it has one,
-        else ``RouterConfig.admission_max_wait_s``. The drivers set each ticket's deadline
-        from it."""
+        else ``RouterConfig.admission_max_wait_s``. Each ticket's deadline is a timer of the
+        core's."""
         own = self.policy.admission_max_wait_s()
         return self.config.admission_max_wait_s if own is None else own
 
     def withdraw(self, ticket: Ticket) -> AdmissionRefused | None:
-        """A ticket's deadline (:meth:`admission_max_wait_s`) passed: take it out of the queue.
+        """A ticket's deadline (:meth:`admission_max_wait_s`) passed: take it out of the queue
+        (the core's deadline timer calls this; so may a test).
 
         When the policy places at the maximum wait
         (:attr:`~sessionroute.router.policies.Policy.places_at_max_wait`) it is routed now and
@@ -295,7 +338,7 @@ class RoutingCore:
 
     def recheck(self) -> None:
         """Time passed: re-ask the policy about waiting tickets (its verdict may depend on
-        the clock, e.g. a maximum pause). Drivers call this every
+        the clock, e.g. a maximum pause). A timer of the core's runs this every
         :attr:`admission_recheck_s` while tickets wait; a no-op on an empty queue."""
         self.pump()
 
@@ -325,6 +368,12 @@ class RoutingCore:
             raise
         reservation.token = True
         return reservation
+
+    def _set_recheck(self, now: float) -> None:
+        every = self.admission_recheck_s
+        if every is not None and not self._recheck_set:
+            self._recheck_set = True
+            self.timers.push(now + every, RECHECK)
 
     def observe_gauges(self, url: str, gauges: EngineGauges) -> None:
         """Record scraped engine gauges of ``url`` (ignored for an unknown worker) and pump
@@ -430,103 +479,61 @@ class RoutingCore:
         self.health.pop(url, None)
         self.policy.on_worker_removed(url, self.cluster)
 
-    def set_health(self, url: str, healthy: bool) -> bool:
-        """Mark a worker available or not; True if it changed (WorkerError if unknown)."""
-        changed = self.cluster.set_healthy(url, healthy)
-        if changed:
-            self.policy.on_health_change(url, healthy, self.cluster)
-            if healthy:
-                self.pump()
-        return changed
+    # -- time -------------------------------------------------------------------------------
+    def start(self, now: float, *, checked: bool = False) -> None:
+        """The router starts at ``now``: set the periodic timers (a health-check round at
+        once, then every ``health_check_interval_s``; a session sweep every
+        ``sweep_interval_s``). ``checked``: the driver has run the first round itself (serve
+        does, before it listens), so the next is one interval later."""
+        first = now + self.config.health_check_interval_s if checked else now
+        self.timers.push(first, HEALTH)
+        sweep_s = self.config.sweep_interval_s
+        if sweep_s is not None:
+            self.timers.push(now + sweep_s, SWEEP)
 
-    def refresh(self, url: str) -> bool:
-        """Push ``url``'s availability (checks pass, circuit not open) to the cluster and the
-        policy; True if it changed."""
-        wh = self.health.get(url)
-        if wh is None or url not in self.cluster:
-            return False
-        return self.set_health(url, wh.available)
+    def next_deadline(self) -> float | None:
+        """The clock time of the core's earliest timer, or None: a driver keeps one timer
+        armed for it and calls :meth:`on_timer` when it fires (early is harmless)."""
+        return self.timers.next_due()
 
-    def record_success(self, url: str) -> bool:
-        """An upstream answer below 500 from ``url``; True if its availability changed."""
-        wh = self.health.get(url)
-        if wh is None or wh.breaker.settled:  # the common case: nothing to record
-            return False
-        return wh.breaker.record_success() and self.refresh(url)
-
-    def record_failure(self, url: str) -> float | None:
-        """An upstream failure (5xx, reset, timeout) from ``url``.
-
-        By default the circuit opens at the threshold whatever the rest of the fleet does
-        (vllm-router's breaker). With ``RouterConfig.cb_keep_half_available`` (sessionroute's
-        safer rule) a circuit opens only while at least half of the workers (rounded up) would
-        stay available: failures that no worker can avoid (a request every worker answers with a
-        5xx, repeated by a client) would otherwise open every circuit in turn and refuse all
-        traffic for ``cb_timeout_s``, or leave one worker carrying the fleet's load. Envoy
-        bounds its outlier ejections the same way (``max_ejection_percent``; routing to every
-        host below its 50 % panic threshold). A worker whose circuit may not open keeps its
-        failures counted and opens at the next one once enough others are available. A
-        worker that really went away is still marked unavailable by a refused connection
-        (:meth:`record_unreachable`) and by its health checks.
-
-        Returns:
-            When this opened its circuit, the seconds after which the driver should call
-            :meth:`refresh` (the circuit turns half-open); None otherwise.
-        """
-        wh = self.health.get(url)
-        if wh is None:
-            return None
-        may_open = True
-        if self.config.cb_keep_half_available:
-            cluster = self.cluster
-            workers = cluster.workers()
-            others = sum(1 for u in workers if u != url and cluster.is_healthy(u))
-            may_open = others >= -(-len(workers) // 2)
-        if not wh.breaker.record_failure(may_open=may_open):
-            return None
-        self.refresh(url)
-        return wh.breaker.timeout_s
-
-    def reopens_in(self, url: str) -> float | None:
-        """Seconds until ``url``'s open circuit turns half-open (0 when due); None when it is
-        not open. A driver whose timer fired before that (an event loop's timers may fire a
-        millisecond early) calls :meth:`refresh` again after this long."""
-        wh = self.health.get(url)
-        return None if wh is None else wh.breaker.reopens_in()
-
-    def record_unreachable(self, url: str, reason: str) -> float | None:
-        """``url`` refused a connection: unavailable at once, until its health checks pass
-        again (and its circuit, if this failure opened it, is no longer open).
-
-        Returns:
-            As :meth:`record_failure`: when this opened its circuit, the seconds after which
-            the driver should call :meth:`refresh`; None otherwise.
-        """
-        wh = self.health.get(url)
-        if wh is None:
-            return None
-        opened = wh.breaker.record_failure()
-        wh.mark_unreachable(reason)
-        self.refresh(url)
-        return wh.breaker.timeout_s if opened else None
-
-    def observe_check(self, url: str, ok: bool, fail_n: int, pass_n: int) -> bool:
-        """Fold one health-check result of ``url`` in (``fail_n`` consecutive failures make it
-        unhealthy, ``pass_n`` passes healthy again) and push its availability; True if its
-        health verdict changed."""
-        wh = self.health.get(url)
-        if wh is None or not wh.observe_check(ok, fail_n, pass_n):
-            return False
-        self.refresh(url)
-        return True
-
-    def _new_health(self, url: str) -> WorkerHealth:
+    def on_timer(self, now: float) -> list[TimerAction]:
+        """Run every timer due at ``now`` (the core's clock): open circuits turn half-open,
+        admission tickets past their deadline are placed or refused (their ``on_ready``),
+        waiting tickets are re-checked; returns what the driver must do now (health checks to
+        probe, a sweep to run), in order."""
+        out: list[TimerAction] = []
+        timers = self.timers
         c = self.config
-        breaker = CircuitBreaker(
-            c.cb_failure_threshold,
-            c.cb_success_threshold,
-            c.cb_timeout_s,
-            self.clock,
-            enabled=c.circuit_breaker,
-        )
-        return WorkerHealth(url, breaker)
+        while (item := timers.pop_due(now)) is not None:
+            kind, subject = item
+            if kind == CIRCUIT:
+                self.refresh(subject)
+            elif kind == DEADLINE:
+                self._deadline(subject)
+            elif kind == RECHECK:
+                self._recheck_set = False
+                self.recheck()
+                if self.admission.waiting:
+                    self._set_recheck(now)
+            elif kind == HEALTH:
+                out.append(CheckHealth(self.cluster.workers(), True))
+                timers.push(now + c.health_check_interval_s, HEALTH)
+            elif kind == SICK_RECHECK:
+                self._sick_set = False
+                sick = self._sick()
+                if sick:
+                    out.append(CheckHealth(sick, False))
+                    self._set_sick_recheck(now)
+            elif kind == SWEEP:
+                out.append(SweepSessions(now))
+                if c.sweep_interval_s is not None:
+                    timers.push(now + c.sweep_interval_s, SWEEP)
+        return out
+
+    def _deadline(self, ticket: Ticket) -> None:
+        """A ticket's deadline timer: placed now (``on_ready`` called by :meth:`_leave`) or
+        refused (``on_ready`` called with ``ticket.error`` set); nothing if it left already."""
+        refused = self.withdraw(ticket)
+        if refused is not None:
+            ticket.error = refused
+            ticket.on_ready(ticket)

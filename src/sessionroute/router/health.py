@@ -56,7 +56,7 @@ class CircuitBreaker:
     __slots__ = (
         "_clock",
         "_failures",
-        "_opened_at",
+        "_reopen_at",
         "_state",
         "_successes",
         "enabled",
@@ -83,16 +83,13 @@ class CircuitBreaker:
         self._state = BreakerState.CLOSED
         self._failures = 0
         self._successes = 0
-        self._opened_at = 0.0
+        self._reopen_at = 0.0
         self.settled = True
 
     @property
     def state(self) -> BreakerState:
         """The current state (an open circuit turns half-open once its timeout has passed)."""
-        if (
-            self._state is BreakerState.OPEN
-            and self._clock.now() - self._opened_at >= self.timeout_s
-        ):
+        if self._state is BreakerState.OPEN and self._clock.now() >= self._reopen_at:
             self._state = BreakerState.HALF_OPEN
             self._successes = 0
         return self._state
@@ -101,7 +98,14 @@ class CircuitBreaker:
         """Seconds until an open circuit turns half-open (0 when due); None when not open."""
         if self.state is not BreakerState.OPEN:
             return None
-        return max(0.0, self._opened_at + self.timeout_s - self._clock.now())
+        return max(0.0, self._reopen_at - self._clock.now())
+
+    @property
+    def reopen_at(self) -> float:
+        """The clock time at which the circuit opened last turns half-open: the opening time
+        plus ``timeout_s``, compared as is with the clock (no difference rounded), so a timer
+        set for it finds the circuit half-open."""
+        return self._reopen_at
 
     def allows(self) -> bool:
         """True unless the circuit is open."""
@@ -139,7 +143,7 @@ class CircuitBreaker:
             state is BreakerState.CLOSED and self._failures >= self.failure_threshold
         ):
             self._state = BreakerState.OPEN
-            self._opened_at = self._clock.now()
+            self._reopen_at = self._clock.now() + self.timeout_s
             self._failures = 0
             return True
         return False

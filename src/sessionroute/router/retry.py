@@ -9,14 +9,16 @@ connection errors. Ours differs on purpose in one place: a worker that is no lon
 the request is placed again at once, so a dead worker's sessions move instead of failing.
 Whether any byte already reached the client (no retry then) is the driver's to know.
 
-No duplicate generations (issue 19): a failed attempt is retried only when it provably did not
-run on the worker (:meth:`RetryPolicy.may_retry`): no connection was made, the connection broke
-before the request was fully written, or the router itself gave the worker up as hung and
-closed the connection before the worker answered (the worker then sees the close; vLLM aborts
-a request whose client went away). A connection that broke after the request was fully written
-may have started a generation, so that failure is surfaced (a 502) unless
-``retry_after_send`` is set. Requests in flight on a worker that stopped answering follow
-:meth:`RetryPolicy.on_worker_lost`.
+After the request was sent (issue 36): a connection that broke after the request was fully
+written, before any byte of the answer reached the client, is retried like any other failure
+(``retry_after_send``, on by default), as vllm-router does: its failed send becomes a 500, which
+its retry loop retries. A worker that crashed mid-request took the generation with it, so the
+client gets its answer from another worker instead of a 502. With ``retry_after_send`` off, only
+a failed attempt that provably did not run on the worker is retried
+(:meth:`RetryPolicy.may_retry`): no connection was made, the connection broke before the request
+was fully written, or the router gave the worker up as hung and closed the connection before it
+answered (vLLM aborts a request whose client went away). Requests in flight on a worker that
+stopped answering follow :meth:`RetryPolicy.on_worker_lost`.
 """
 
 from __future__ import annotations
@@ -44,6 +46,9 @@ class AttemptFailure(enum.StrEnum):
     first-byte timeout) before any byte reached the client, and closed the connection."""
     SENT = "sent"
     """The connection broke after the whole request was written: it may be running."""
+    TIMEOUT = "timeout"
+    """The worker did not answer (or finish a buffered answer) within the request timeout:
+    never retried (a 504)."""
 
 
 class WorkerLostAction(enum.StrEnum):
@@ -109,6 +114,8 @@ class RetryPolicy:
 
     def may_retry(self, failure: AttemptFailure) -> bool:
         """Whether an attempt that failed this way may be tried again (module docstring)."""
+        if failure is AttemptFailure.TIMEOUT:
+            return False
         return failure is not AttemptFailure.SENT or self.retry_after_send
 
     @staticmethod

@@ -27,6 +27,7 @@ from sessionroute.router.session_keys import DEFAULT_SESSION_BODY_FIELDS
 from sessionroute.serve.flags import (
     DEFAULT_REQUEST_ID_HEADERS,
     DEFAULTS,
+    ROUTER_FLAGS,
     SESSION_TTL_ENV,
     add_arguments,
 )
@@ -136,7 +137,7 @@ class RouterSettings(BaseModel):
     max_session_id_bytes: int = Field(DEFAULTS["max_session_id_bytes"], ge=1)
     session_table_max_bytes: int = Field(DEFAULTS["session_table_max_bytes"], ge=1)
     first_byte_timeout_secs: float = Field(DEFAULTS["first_byte_timeout_secs"], ge=0)
-    retry_after_send: bool = False
+    retry_after_send: bool = DEFAULTS["retry_after_send"]
     max_connections: int = Field(DEFAULTS["max_connections"], ge=1)
     header_timeout_secs: float = Field(DEFAULTS["header_timeout_secs"], gt=0)
     idle_timeout_secs: float = Field(DEFAULTS["idle_timeout_secs"], gt=0)
@@ -208,41 +209,37 @@ class RouterSettings(BaseModel):
         return path
 
     def router_config(self) -> RouterConfig:
-        """The router core's settings (seconds where the flags say milliseconds)."""
+        """The router core's settings (:data:`~sessionroute.serve.flags.ROUTER_FLAGS`:
+        seconds where the flags say milliseconds; vllm-router's rate limit and queue flags
+        (``--max-concurrent-requests``, ``--rate-limit-tokens-per-second``, ``--queue-size``,
+        ``--queue-timeout-secs``) set the admission queue's limits when given)."""
+        values: dict[str, Any] = {
+            field: getattr(self, flag) / scale if isinstance(scale, float) else getattr(self, flag)
+            for flag, (field, scale) in ROUTER_FLAGS.items()
+        }
+        if self.disable_retries:
+            values["retry_max_attempts"] = 1
+        values["scrape_interval_s"] = values["scrape_interval_s"] or None
         limited = (
             self.max_concurrent_requests is not None
             or self.rate_limit_tokens_per_second is not None
         )
+        if self.queue_size is not None:
+            values["admission_max_waiting"] = self.queue_size
+        elif limited:
+            values["admission_max_waiting"] = VLLM_ROUTER_QUEUE_SIZE
+        if self.queue_timeout_secs is not None:
+            values["admission_max_wait_s"] = self.queue_timeout_secs
         return RouterConfig(
             session_headers=self.session_headers,
             session_body_fields=self.session_body_fields,
-            session_ttl_s=self.session_ttl_secs,
-            sweep_interval_s=self.session_sweep_interval_secs,
-            retry_max_attempts=1 if self.disable_retries else self.retry_max_retries,
-            retry_backoff_s=self.retry_initial_backoff_ms / 1000.0,
-            retry_backoff_multiplier=self.retry_backoff_multiplier,
-            retry_max_backoff_s=self.retry_max_backoff_ms / 1000.0,
-            retry_jitter_factor=self.retry_jitter_factor,
             circuit_breaker=not self.disable_circuit_breaker,
-            cb_failure_threshold=self.cb_failure_threshold,
-            cb_success_threshold=self.cb_success_threshold,
-            cb_timeout_s=self.cb_timeout_duration_secs,
             cb_keep_half_available=self.cb_keep_half_available,
-            scrape_interval_s=self.scrape_interval_secs or None,
-            content_block_tokens=self.content_block_tokens,
-            admission_max_waiting=self.queue_size
-            if self.queue_size is not None
-            else (VLLM_ROUTER_QUEUE_SIZE if limited else self.admission_max_waiting),
-            admission_max_wait_s=self.admission_max_wait_secs
-            if self.queue_timeout_secs is None
-            else self.queue_timeout_secs,
             rate_limit_capacity=(self.max_concurrent_requests or VLLM_ROUTER_MAX_CONCURRENT)
             if limited
             else None,
             rate_limit_per_s=self.rate_limit_tokens_per_second,
-            max_session_id_bytes=self.max_session_id_bytes,
-            session_table_max_bytes=self.session_table_max_bytes,
-            retry_after_send=self.retry_after_send,
+            **values,
         )
 
     def _written_policy(self) -> tuple[str, dict[str, Any]]:
@@ -410,27 +407,21 @@ def router_flags(config: RouterConfig) -> list[str]:
     ``sweep_interval_s = None`` (no background sweep) has no flag: the router then sweeps
     every 60 s, which only changes when idle sessions are counted as expired.
     """
-    flags = [
-        "--session-headers", *config.session_headers,
-        "--session-body-fields", *config.session_body_fields,
-        "--session-ttl-secs", repr(config.session_ttl_s),
-        "--retry-max-retries", str(config.retry_max_attempts),
-        "--retry-initial-backoff-ms", repr(config.retry_backoff_s * 1000.0),
-        "--retry-backoff-multiplier", repr(config.retry_backoff_multiplier),
-        "--retry-max-backoff-ms", repr(config.retry_max_backoff_s * 1000.0),
-        "--retry-jitter-factor", repr(config.retry_jitter_factor),
-        "--cb-failure-threshold", str(config.cb_failure_threshold),
-        "--cb-success-threshold", str(config.cb_success_threshold),
-        "--cb-timeout-duration-secs", repr(config.cb_timeout_s),
-        "--content-block-tokens", str(config.content_block_tokens),
-        "--admission-max-waiting", str(config.admission_max_waiting),
-        "--admission-max-wait-secs", repr(config.admission_max_wait_s),
-        "--max-session-id-bytes", str(config.max_session_id_bytes),
-        "--session-table-max-bytes", str(config.session_table_max_bytes),
-    ]  # fmt: skip
-    flags += ["--scrape-interval-secs", repr(config.scrape_interval_s or 0.0)]
-    if config.sweep_interval_s is not None:
-        flags += ["--session-sweep-interval-secs", repr(config.sweep_interval_s)]
+    flags = ["--session-headers", *config.session_headers]
+    flags += ["--session-body-fields", *config.session_body_fields]
+    for flag, (field, scale) in ROUTER_FLAGS.items():
+        value = getattr(config, field)
+        name = "--" + flag.replace("_", "-")
+        if isinstance(value, bool):
+            flags.append(name if value else "--no-" + name[2:])
+        elif field == "scrape_interval_s":
+            flags += [name, repr(value or 0.0)]
+        elif value is None:  # sweep_interval_s: no flag
+            continue
+        elif isinstance(scale, float):
+            flags += [name, repr(value * scale)]
+        else:
+            flags += [name, str(value)]
     if not config.circuit_breaker:
         flags.append("--disable-circuit-breaker")
     if config.cb_keep_half_available:
@@ -440,6 +431,4 @@ def router_flags(config: RouterConfig) -> list[str]:
         flags += ["--queue-size", str(config.admission_max_waiting)]
     if config.rate_limit_per_s is not None:
         flags += ["--rate-limit-tokens-per-second", repr(config.rate_limit_per_s)]
-    if config.retry_after_send:
-        flags.append("--retry-after-send")
     return flags

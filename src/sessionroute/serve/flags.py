@@ -13,13 +13,14 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from sessionroute.router.config import DEFAULT_SESSION_HEADERS
+from sessionroute.router.config import DEFAULT_SESSION_HEADERS, RouterConfig
 from sessionroute.router.policies.registry import policy_names
 from sessionroute.router.session_keys import DEFAULT_SESSION_BODY_FIELDS
 
 __all__ = [
     "DEFAULTS",
     "DEFAULT_REQUEST_ID_HEADERS",
+    "ROUTER_FLAGS",
     "SESSION_TTL_ENV",
     "add_arguments",
 ]
@@ -35,27 +36,48 @@ DEFAULT_REQUEST_ID_HEADERS: tuple[str, ...] = (
 )
 """Headers whose value is echoed as the response's ``x-request-id`` (vllm-router's defaults)."""
 
+ROUTER_FLAGS: dict[str, tuple[str, float]] = {
+    "session_ttl_secs": ("session_ttl_s", 1.0),
+    "session_sweep_interval_secs": ("sweep_interval_s", 1.0),
+    "health_check_interval_secs": ("health_check_interval_s", 1.0),
+    "health_recheck_interval_secs": ("health_recheck_interval_s", 1.0),
+    "health_check_timeout_secs": ("health_check_timeout_s", 1.0),
+    "health_failure_threshold": ("health_failure_threshold", 1),
+    "health_success_threshold": ("health_success_threshold", 1),
+    "retry_max_retries": ("retry_max_attempts", 1),
+    "retry_initial_backoff_ms": ("retry_backoff_s", 1000.0),
+    "retry_max_backoff_ms": ("retry_max_backoff_s", 1000.0),
+    "retry_backoff_multiplier": ("retry_backoff_multiplier", 1.0),
+    "retry_jitter_factor": ("retry_jitter_factor", 1.0),
+    "cb_failure_threshold": ("cb_failure_threshold", 1),
+    "cb_success_threshold": ("cb_success_threshold", 1),
+    "cb_timeout_duration_secs": ("cb_timeout_s", 1.0),
+    "scrape_interval_secs": ("scrape_interval_s", 1.0),
+    "content_block_tokens": ("content_block_tokens", 1),
+    "admission_max_waiting": ("admission_max_waiting", 1),
+    "admission_max_wait_secs": ("admission_max_wait_s", 1.0),
+    "max_session_id_bytes": ("max_session_id_bytes", 1),
+    "session_table_max_bytes": ("session_table_max_bytes", 1),
+    "retry_after_send": ("retry_after_send", 1),
+}
+"""The ``serve`` settings that are router core settings: flag name -> (:class:`RouterConfig`
+field, flag units per field unit: 1000 for a flag in milliseconds of a field in seconds). The
+flags' defaults are the fields' (:data:`DEFAULTS`), and
+:meth:`~sessionroute.serve.config.RouterSettings.router_config` maps the values back."""
+
+
+def _router_default(flag: str) -> Any:
+    field, scale = ROUTER_FLAGS[flag]
+    value = RouterConfig.model_fields[field].default
+    return value * scale if isinstance(scale, float) and value is not None else value
+
+
 DEFAULTS: dict[str, Any] = {
     "host": "127.0.0.1",
     "port": 30000,
     "policy": "sticky_least_loaded",
-    "session_ttl_secs": 7200.0,
-    "session_sweep_interval_secs": 60.0,
     "request_timeout_secs": 1800.0,
-    "health_check_interval_secs": 60.0,
-    "health_recheck_interval_secs": 5.0,
-    "health_check_timeout_secs": 5.0,
-    "health_failure_threshold": 3,
-    "health_success_threshold": 2,
     "health_check_endpoint": "/health",
-    "retry_max_retries": 5,
-    "retry_initial_backoff_ms": 50.0,
-    "retry_max_backoff_ms": 30000.0,
-    "retry_backoff_multiplier": 1.5,
-    "retry_jitter_factor": 0.2,
-    "cb_failure_threshold": 10,
-    "cb_success_threshold": 3,
-    "cb_timeout_duration_secs": 60.0,
     "max_payload_size": 512 * 1024 * 1024,
     "prometheus_host": "127.0.0.1",
     "log_level": "info",
@@ -63,16 +85,10 @@ DEFAULTS: dict[str, Any] = {
     "balance_abs_threshold": 64,
     "balance_rel_threshold": 1.5,
     "shutdown_timeout_secs": 30.0,
-    "scrape_interval_secs": 1.0,
-    "content_block_tokens": 16,
-    "admission_max_waiting": 1024,
-    "admission_max_wait_secs": 60.0,
     "state_url": None,
     "state_key_prefix": "sessionroute",
     "state_lease_secs": 10.0,
     "state_timeout_secs": 0.5,
-    "max_session_id_bytes": 256,
-    "session_table_max_bytes": 256 * 1024 * 1024,
     "first_byte_timeout_secs": 0.0,
     "max_connections": 10000,
     "header_timeout_secs": 10.0,
@@ -81,8 +97,11 @@ DEFAULTS: dict[str, Any] = {
     "kv_hash_algo": "sha256",
     "worker_startup_timeout_secs": 600.0,
     "worker_startup_check_interval": 30.0,
+    **{flag: _router_default(flag) for flag in ROUTER_FLAGS},
 }
-"""Defaults of the ``serve`` flags (vllm-router 0.1.17's where the flag is shared)."""
+"""Defaults of the ``serve`` flags (vllm-router 0.1.17's where the flag is shared); those of
+the router core's settings come from :class:`RouterConfig` (:data:`ROUTER_FLAGS`), the one
+place they are written."""
 
 
 _UNSUPPORTED_VLLM_ROUTER_FLAGS: dict[str, str] = {
@@ -474,10 +493,12 @@ def _add_hardening_arguments(parser: argparse.ArgumentParser) -> None:
     )
     a(
         "--retry-after-send",
-        action="store_true",
-        help="also retry a request whose worker connection broke after the request was fully "
-        "sent (it may then run twice); by default only requests that provably did not reach "
-        "the worker are retried",
+        action=argparse.BooleanOptionalAction,
+        default=d["retry_after_send"],
+        help="retry a request whose worker connection broke after the request was fully "
+        "sent, before any byte reached the client, as vllm-router does (a worker that "
+        "crashed mid-request); --no-retry-after-send retries only requests that provably "
+        "did not reach the worker, so none runs twice (default: %(default)s)",
     )
     a(
         "--max-connections",

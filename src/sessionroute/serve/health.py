@@ -1,8 +1,10 @@
-"""Active health checks over HTTP: every worker every ``--health-check-interval-secs``.
+"""Active health checks over HTTP, when the router core's timers ask for them.
 
-The verdicts are folded into each worker's
-:class:`~sessionroute.router.health.WorkerHealth` (pure, in the router core), which also holds
-its circuit breaker.
+The core decides when (:class:`~sessionroute.router.actions.CheckHealth`: a round of every
+worker every ``health_check_interval_s``, the unhealthy ones every
+``health_recheck_interval_s`` between rounds); this module only probes, and the verdicts are
+folded into each worker's :class:`~sessionroute.router.health.WorkerHealth` by the core, which
+also holds its circuit breaker.
 """
 
 from __future__ import annotations
@@ -37,21 +39,15 @@ async def probe(
 
 
 class HealthChecker:
-    """Checks every worker every ``interval_s`` seconds until stopped.
+    """Probes workers when asked (:meth:`check_once`).
 
     Args:
         session: the router's pooled client session.
         workers: the router's url -> :class:`WorkerHealth` map (read at each round).
         endpoint: path to GET on each worker.
-        interval_s: seconds between rounds.
-        recheck_s: seconds between extra checks of the unhealthy workers only (between
-            rounds): a worker marked unhealthy (by checks, or at once when it refused a
-            request's connection) is back after ``success_threshold`` passes, about
-            ``success_threshold * recheck_s`` seconds after it comes up, instead of
-            ``success_threshold * interval_s``.
         timeout_s: per-check timeout in seconds.
         observe: folds one check result of a worker into its health record and returns
-            whether its verdict changed (the router core's
+            whether its verdict changed (through the router core's
             :meth:`~sessionroute.router.core.RoutingCore.observe_check`, which applies the
             failure and success thresholds).
         headers: headers sent with each check (the worker API key, if any).
@@ -63,8 +59,6 @@ class HealthChecker:
         workers: dict[str, WorkerHealth],
         *,
         endpoint: str,
-        interval_s: float,
-        recheck_s: float | None = None,
         timeout_s: float,
         observe: Callable[[str, bool], bool],
         headers: dict[str, str],
@@ -72,8 +66,6 @@ class HealthChecker:
         self._session = session
         self._workers = workers
         self._endpoint = endpoint
-        self._interval = interval_s
-        self._recheck = interval_s if recheck_s is None else min(recheck_s, interval_s)
         self._timeout = timeout_s
         self._observe = observe
         self._headers = headers
@@ -110,21 +102,3 @@ class HealthChecker:
             self.rounds += 1
             self.round_done.set()
             self.round_done = asyncio.Event()
-
-    async def run(self, *, first: bool = True) -> None:
-        """Check every worker now (unless ``first`` is False: the caller ran that round) and
-        then every ``interval_s`` seconds, and the unhealthy ones every ``recheck_s`` seconds
-        in between, forever (cancel the task to stop)."""
-        loop = asyncio.get_running_loop()
-        while True:
-            if first:
-                await self.check_once()
-            first = True
-            next_round = loop.time() + self._interval
-            while (left := next_round - loop.time()) > 0:
-                await asyncio.sleep(min(self._recheck, left))
-                if next_round - loop.time() <= 0:
-                    break
-                sick = [u for u, wh in self._workers.items() if not wh.health_ok]
-                if sick:
-                    await self.check_once(sick)

@@ -31,6 +31,7 @@ import logging
 import time
 
 from sessionroute.errors import AdmissionRefused, NoWorkerAvailable
+from sessionroute.router.actions import Refuse, Retry
 from sessionroute.router.admission import Ticket
 from sessionroute.router.core import Reservation, RoutingCore
 from sessionroute.router.retry import AttemptFailure
@@ -38,7 +39,6 @@ from sessionroute.serve.exchange import Exchange
 from sessionroute.serve.http1 import Connection, Request
 from sessionroute.serve.messages import (
     error,
-    record_status,
     refuse,
     relay_headers,
     relayed_whole,
@@ -105,42 +105,27 @@ async def forward_placed(
 
 
 def wake_ticket(ticket: Ticket) -> None:
-    """A ticket left the admission queue: wake the request waiting on it."""
-    fut: asyncio.Future[None] = ticket.context
-    if not fut.done():
+    """A ticket left the admission queue: wake the request waiting on it (if it waits yet)."""
+    fut: asyncio.Future[None] | None = ticket.context
+    if fut is not None and not fut.done():
         fut.set_result(None)
 
 
 async def _admitted(core: RoutingCore, ticket: Ticket) -> Reservation:
-    """Wait for a queued request to be placed (``core.admission_max_wait_s()`` at most).
+    """Wait for a held request to leave the admission queue: placed, or refused at its
+    deadline (the core's timers decide when).
 
     Raises:
         AdmissionRefused: it waited too long. NoWorkerAvailable: admitted with no worker.
     """
-    loop = asyncio.get_running_loop()
-    fut: asyncio.Future[None] = loop.create_future()
-    ticket.context = fut
-    deadline = loop.time() + core.admission_max_wait_s()
-    try:
-        while True:  # re-ask the policy every admission_recheck_s of real time
-            every = core.admission_recheck_s
-            left = deadline - loop.time()
-            try:
-                await asyncio.wait_for(
-                    asyncio.shield(fut), left if every is None else min(every, left)
-                )
-                break
-            except TimeoutError:
-                if loop.time() < deadline:
-                    core.recheck()
-                    continue
-                refused = core.withdraw(ticket)
-                if refused is not None:
-                    raise refused from None
-                break
-    except asyncio.CancelledError:
-        core.cancel_ticket(ticket)
-        raise
+    if ticket.waiting:
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        ticket.context = fut
+        try:
+            await fut
+        except asyncio.CancelledError:
+            core.cancel_ticket(ticket)
+            raise
     if ticket.error is not None:
         raise ticket.error
     if ticket.reservation is None:  # pragma: no cover - a ticket leaves placed or failed
@@ -156,41 +141,23 @@ async def _forward(
     rid: bytes,
     first: Exchange | None,
 ) -> None:
+    """Send attempts until one is answered or the core refuses: every failure and answer goes
+    to the core (``attempt_failed`` / ``attempt_answered``), which says retry after a wait or
+    refuse with a status; this function only does the I/O and the waiting."""
     s = router.settings
     core = router.core
     metrics = router.metrics
     pool = router.upstream
-    retry = core.retry
     first_byte_s = s.first_byte_timeout_secs
-    attempts = retry.max_attempts
-    last_error = ""
     task = conn.task  # not asyncio.current_task(): it costs a getpid() syscall
     if task is None:
         raise RuntimeError("a proxied request must run on its connection's task")
     if first is not None:
         first.attach(task)
-    for attempt in range(attempts):
+    attempt = 0
+    while True:
+        attempt += 1
         res = holder[0]
-        if attempt:
-            metrics.count_retry(res.worker)
-            wait_s = retry.after_failure(attempt, core.cluster.is_healthy(res.worker))
-            if wait_s is None:  # pragma: no cover - the loop stops at max_attempts first
-                break
-            if wait_s:
-                await asyncio.sleep(wait_s)
-            try:
-                res = holder[0] = core.retarget(res)
-                if router.state is not None:  # a moved session: tell the shared table
-                    res = holder[0] = await router.state.commit(res)
-            except NoWorkerAvailable:
-                error(
-                    conn,
-                    503,
-                    f"no worker available (last error: {last_error})",
-                    "no_worker_available",
-                    rid,
-                )
-                return
         worker = res.worker
         timer = None
         if first is not None:  # sent by the inline path: wait for its answer here
@@ -202,6 +169,8 @@ async def _forward(
             timer = task.get_loop().call_later(
                 first_byte_s, ex.hang, f"no response head within {first_byte_s:g} s"
             )
+        action: Retry | Refuse | None
+        answered = False  # a retried answer's body is drained to keep its connection
         try:
             try:
                 if ex.sent_at:
@@ -210,60 +179,55 @@ async def _forward(
                     status = await ex.send(upstream_request(router, req, worker))
             except UpstreamConnectError as exc:
                 last_error = f"{worker}: {type(exc).__name__}: {exc}"
-                router.record_unreachable(worker, last_error)
-                continue
+                action = core.attempt_failed(res, AttemptFailure.CONNECT, attempt, last_error)
             except UpstreamHung as exc:  # given up: unavailable now, so the retry re-places
                 last_error = f"{worker}: {exc}"
-                router.record_unreachable(worker, last_error)
-                continue
+                action = core.attempt_failed(res, AttemptFailure.HUNG, attempt, last_error)
             except UpstreamError as exc:  # reset, disconnect, malformed response
                 last_error = f"{worker}: {type(exc).__name__}: {exc}"
-                router.record_failure(worker)
                 failure = AttemptFailure.SENT if ex.sent_all else AttemptFailure.UNSENT
-                if retry.may_retry(failure):
-                    continue
-                metrics.count_request(worker, 502)
-                error(
-                    conn,
-                    502,
-                    f"upstream {worker} failed after the request was sent ({exc}); not "
-                    "retried, as it may have started there (--retry-after-send retries it)",
-                    "upstream_error",
-                    rid,
-                )
-                return
+                action = core.attempt_failed(res, failure, attempt, last_error)
             except asyncio.CancelledError:
                 if not ex.is_timeout():
                     metrics.count_request(worker, 499)  # the client went away (or shutdown)
                     raise
-                upstream_timeout(conn, router, worker, rid)
-                return
+                last_error = f"upstream {worker} did not answer within {s.request_timeout_secs} s"
+                action = core.attempt_failed(res, AttemptFailure.TIMEOUT, attempt, last_error)
+            else:
+                metrics.observe_upstream(worker, ex.sent_at, time.perf_counter())
+                action = core.attempt_answered(res, status, attempt)
+                answered = True
+                last_error = f"{worker}: status {status}"
             finally:
                 if timer is not None:
                     timer.cancel()
-            metrics.observe_upstream(worker, ex.sent_at, time.perf_counter())
-            record_status(router, worker, status)
-            if retry.retryable(status) and attempt + 1 < attempts:
-                if not await _drain(ex):
-                    upstream_timeout(conn, router, worker, rid, reading=True)
+            if action is None:  # relay this answer
+                if await _relay(conn, router, ex, worker, rid):
                     return
-                last_error = f"{worker}: status {status}"
-                continue
-            if await _relay(conn, router, ex, worker, rid):
-                return
-            last_error = f"{worker}: given up as hung while its answer was arriving"
-            router.record_unreachable(worker, last_error)
+                last_error = f"{worker}: given up as hung while its answer was arriving"
+                action = core.attempt_failed(res, AttemptFailure.HUNG, attempt, last_error)
+            elif answered and not await _drain(ex):
+                last_error = (
+                    f"upstream {worker} did not finish its response within "
+                    f"{s.request_timeout_secs} s"
+                )
+                action = core.attempt_failed(res, AttemptFailure.TIMEOUT, attempt, last_error)
         finally:
             ex.close()
-    metrics.count_request(holder[0].worker, 502)
-    error(
-        conn,
-        502,
-        f"upstream unreachable after {attempts} attempt(s): {last_error}",
-        "upstream_unreachable",
-        rid,
-    )
-    return
+        if isinstance(action, Refuse):
+            metrics.count_request(worker, action.status)
+            error(conn, action.status, action.message, action.code, rid)
+            return
+        metrics.count_retry(worker)
+        if action.after_s:
+            await asyncio.sleep(action.after_s)
+        placed = core.next_attempt(res, last_error)
+        if isinstance(placed, Refuse):
+            error(conn, placed.status, placed.message, placed.code, rid)
+            return
+        holder[0] = placed
+        if router.state is not None:  # a moved session: tell the shared table
+            holder[0] = await router.state.commit(placed)
 
 
 _DRAIN_MAX_BYTES = 65536

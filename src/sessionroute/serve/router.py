@@ -19,9 +19,10 @@ import aiohttp
 
 from sessionroute.clock import Clock, MonotonicClock
 from sessionroute.errors import ConfigError
-from sessionroute.router import RoutingCore, choose_policy
-from sessionroute.router.core import SWEEP_CHUNK
+from sessionroute.router.actions import CheckHealth, WorkerLost
+from sessionroute.router.build import build_router, policy_choice
 from sessionroute.router.kv.index import KvIndex
+from sessionroute.router.policies.capabilities import ReadsKvEvents
 from sessionroute.router.retry import WorkerLostAction
 from sessionroute.router.state import Cluster
 from sessionroute.router.state.shared import SharedCluster, share_table
@@ -40,9 +41,6 @@ if TYPE_CHECKING:
     from sessionroute.serve.state import RedisState
 
 __all__ = ["WORKER_KEEPALIVE_S", "Router"]
-
-CIRCUIT_RECHECK_MARGIN_S = 0.005
-"""Added to the time left when a circuit's timer fired before the circuit was due."""
 
 log = logging.getLogger("sessionroute.serve")
 
@@ -84,14 +82,8 @@ class Router:
         self.clock: Clock = clock if clock is not None else MonotonicClock()
         self.rng = rng if rng is not None else random.Random()
         config = settings.router_config()
-        choice = choose_policy(
-            settings.policy_name(),
-            settings.policy_options(),
-            session_ttl_s=config.session_ttl_s,
-            session_table_max_bytes=config.session_table_max_bytes,
-        )
-        policy = choice.build(clock=self.clock, rng=random.Random(self.rng.getrandbits(64)))
-        policy.bound_sweeps(SWEEP_CHUNK)  # no routing call expires a whole table at once
+        choice = policy_choice(config, settings.policy_name(), settings.policy_options())
+        policy_rng = random.Random(self.rng.getrandbits(64))
         shared = settings.state_url is not None
         kv_content = None
         if settings.kv_tokenizer is not None:
@@ -103,16 +95,20 @@ class Router:
                 settings.kv_hash_algo,
                 settings.kv_hash_seed,
             )
-        self.core = RoutingCore(
-            policy,
-            (SharedCluster if shared else Cluster)(settings.worker_urls),
+        self.core = build_router(
             config,
-            rng=random.Random(self.rng.getrandbits(64)),
+            self.clock,
+            random.Random(self.rng.getrandbits(64)),
+            choice=choice,
+            workers=settings.worker_urls,
+            policy_rng=policy_rng,
+            cluster=SharedCluster if shared else Cluster,
             kv_content=kv_content,
         )
-        self.kv_index: KvIndex | None = getattr(policy, "index", None)
+        policy = self.core.policy
+        self.kv_index: KvIndex | None = policy.index if isinstance(policy, ReadsKvEvents) else None
         """The policy's KV index fed by ``--kv-events`` (None for policies without one)."""
-        if settings.kv_events and not isinstance(self.kv_index, KvIndex):
+        if settings.kv_events and self.kv_index is None:
             raise ConfigError(
                 f"--kv-events given, but policy {settings.policy_name()!r} does not read KV events "
                 "(use kv_aware)"
@@ -144,7 +140,7 @@ class Router:
                 timeout_s=settings.state_timeout_secs,
             )
             self.metrics.registry.register(StateCollector(self.state))
-        if isinstance(self.kv_index, KvIndex):
+        if self.kv_index is not None:
             self.metrics.registry.register(KvEventsCollector(self.kv_index, self.kv_subscribers))
         self.usage: UsageMetrics | None = UsageMetrics() if settings.usage_metrics else None
         """Prompt and cached tokens per worker from the answers' usage (``--usage-metrics``)."""
@@ -188,7 +184,11 @@ class Router:
         self.health: HealthChecker | None = None
         self.gauges: GaugeScraper | None = None
         self._tasks: list[asyncio.Task[None]] = []
-        self._timers: dict[str, asyncio.TimerHandle] = {}
+        self._timer: asyncio.TimerHandle | None = None
+        """The one timer, armed at the core's next deadline."""
+        self._timer_due = float("inf")
+        self._jobs: set[asyncio.Task[None]] = set()
+        """Health checks and sweeps the core's timers asked for, still running."""
         self._zmq: Any = None
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -222,17 +222,14 @@ class Router:
             self._session,
             self.workers,
             endpoint=s.health_check_endpoint,
-            interval_s=s.health_check_interval_secs,
-            recheck_s=s.health_recheck_interval_secs,
-            timeout_s=s.health_check_timeout_secs,
+            timeout_s=self.core.config.health_check_timeout_s,
             observe=self._observe_check,
             headers=self.worker_headers,
         )
+        core = self.core
+        core.timers.on_push = self._arm
         await self.health.check_once()  # a worker counts healthy once a check passed
-        self._tasks = [
-            asyncio.create_task(self.health.run(first=False), name="sessionroute-health"),
-            asyncio.create_task(self._sweep_loop(), name="sessionroute-sweep"),
-        ]
+        core.start(self.clock.now(), checked=True)
         if not_started(self):
             self._tasks.append(
                 asyncio.create_task(wait_for_workers(self), name="sessionroute-startup")
@@ -244,7 +241,7 @@ class Router:
                 self._session,
                 self.core,
                 interval_s=interval,
-                timeout_s=min(interval, s.health_check_timeout_secs),
+                timeout_s=min(interval, self.core.config.health_check_timeout_s),
                 headers=self.worker_headers,
             )
             self._tasks.append(asyncio.create_task(self.gauges.run(), name="sessionroute-gauges"))
@@ -280,15 +277,18 @@ class Router:
 
     async def close(self) -> None:
         """Stop background tasks and close the upstream pools."""
-        for task in self._tasks:
+        self.core.timers.on_push = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        tasks = [*self._tasks, *self._jobs]
+        for task in tasks:
             task.cancel()
-        for task in self._tasks:
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks = []
-        for timer in self._timers.values():
-            timer.cancel()
-        self._timers.clear()
+        self._jobs.clear()
         if self._zmq is not None:
             self._zmq.term()
             self._zmq = None
@@ -301,21 +301,51 @@ class Router:
             await self._session.close()
             self._session = None
 
-    async def _sweep_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.settings.session_sweep_interval_secs)
-            n = await self.sweep_in_chunks()
-            if self.state is not None:
-                n = await self.state.sweep()
-            if n:
-                log.info("expired %d idle session(s)", n)
+    # -- the core's timers ----------------------------------------------------------------
+    def _arm(self, due: float, kind: int = 0) -> None:
+        """Keep the one timer armed at the core's earliest deadline (``timers.on_push``)."""
+        if self._timer is not None:
+            if self._timer_due <= due:
+                return
+            self._timer.cancel()
+        self._timer_due = due
+        loop = asyncio.get_running_loop()
+        self._timer = loop.call_later(max(0.0, due - self.clock.now()), self._fire)
 
-    async def sweep_in_chunks(self) -> int:
+    def _fire(self) -> None:
+        """The timer fired (perhaps a little early: the core then runs nothing yet): do what
+        the core's due timers ask and re-arm at its next deadline."""
+        self._timer = None
+        self._timer_due = float("inf")
+        for action in self.core.on_timer(self.clock.now()):
+            if isinstance(action, CheckHealth):
+                health = self.health
+                if health is not None:
+                    self._job(health.check_once(None if action.round else action.urls))
+            else:
+                self._job(self._sweep(action.now))
+        due = self.core.next_deadline()
+        if due is not None:
+            self._arm(due)
+
+    def _job(self, coro: Any) -> None:
+        task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coro)
+        self._jobs.add(task)
+        task.add_done_callback(self._jobs.discard)
+
+    async def _sweep(self, now: float) -> None:
+        n = await self.sweep_in_chunks(now)
+        if self.state is not None:
+            n = await self.state.sweep()
+        if n:
+            log.info("expired %d idle session(s)", n)
+
+    async def sweep_in_chunks(self, now: float | None = None) -> int:
         """Expire idle sessions in the router core's chunks
         (:meth:`~sessionroute.router.RoutingCore.sweep_chunks`), letting the event loop
         serve requests between chunks; returns how many expired."""
         total = 0
-        for n in self.core.sweep_chunks(self.clock.now()):
+        for n in self.core.sweep_chunks(self.clock.now() if now is None else now):
             total += n
             await asyncio.sleep(0)
         return total
@@ -331,42 +361,41 @@ class Router:
         """One health-check result of ``url``, folded in by the router core; True if its
         verdict changed. A worker that turns unhealthy gives up its requests in flight
         (:meth:`worker_lost`)."""
-        s = self.settings
-        changed = self.core.observe_check(
-            url, ok, s.health_failure_threshold, s.health_success_threshold
-        )
-        if changed and not ok:
-            self.worker_lost(url, f"failed {s.health_failure_threshold} health check(s)")
+        changed, lost = self.core.observe_check(url, ok)
+        if lost is not None:
+            self.worker_lost(lost)
         return changed
 
-    def worker_lost(self, url: str, reason: str) -> int:
-        """``url`` stopped answering: act on each request in flight there as
-        :meth:`~sessionroute.router.retry.RetryPolicy.on_worker_lost` says. Those whose answer
-        has not reached the client are cancelled there and placed again (the session moves, a
-        re-pin); those streaming to the client keep going while bytes arrive, and are ended
-        (a truncated stream) if none arrive for ``--health-check-timeout-secs``.
+    def worker_lost(self, lost: WorkerLost) -> int:
+        """A worker stopped answering: act on each request in flight there as
+        :meth:`~sessionroute.router.RoutingCore.on_worker_lost` says. Those whose answer has
+        not reached the client are cancelled there (they fail as hung, and the core places
+        them again: the session moves, a re-pin); those streaming to the client keep going
+        while bytes arrive, and are ended (a truncated stream) if none arrive for
+        ``lost.quiet_s``.
 
         Returns:
             How many requests were cancelled for re-placement.
         """
-        retry = self.core.retry
+        core = self.core
+        url = lost.url
         replaced = 0
         watched: list[tuple[Exchange, int]] = []
         for ex in self.upstream.in_flight_on(url):
-            if retry.on_worker_lost(ex.relaying) is WorkerLostAction.REPLACE:
-                replaced += ex.hang(f"worker unavailable: {reason}")
+            if core.on_worker_lost(ex.relaying) is WorkerLostAction.REPLACE:
+                replaced += ex.hang(f"worker unavailable: {lost.reason}")
             else:
                 watched.append((ex, ex.chunks))
         if replaced or watched:
             log.warning(
                 "worker %s lost (%s): %d request(s) re-placed, %d streaming watched",
                 url,
-                reason,
+                lost.reason,
                 replaced,
                 len(watched),
             )
         if watched:
-            quiet_s = self.settings.health_check_timeout_secs
+            quiet_s = lost.quiet_s
             asyncio.get_running_loop().call_later(quiet_s, self._cut_stalled, watched, quiet_s)
         return replaced
 
@@ -382,40 +411,10 @@ class Router:
             log.warning("worker %s available", url)
 
     def record_failure(self, url: str) -> None:
-        """An upstream failure (5xx, reset, timeout) from ``url``; may open its circuit."""
-        self._circuit_opened(url, self.core.record_failure(url))
-
-    def record_unreachable(self, url: str, reason: str) -> None:
-        """``url`` refused the connection: unavailable at once, so the retry re-places."""
-        was_available = self.core.cluster.is_healthy(url)
-        reopen_s = self.core.record_unreachable(url, reason)
-        if was_available:
-            log.warning("worker %s unreachable (%s); marked unhealthy", url, reason)
-        self._circuit_opened(url, reopen_s)
-
-    def _circuit_opened(self, url: str, reopen_s: float | None) -> None:
-        """When a failure opened ``url``'s circuit, look at it again once it turns half-open."""
-        if reopen_s is not None:
+        """An upstream failure (5xx, reset, timeout) from ``url``; may open its circuit (the
+        core's timer turns it half-open)."""
+        if self.core.record_failure(url) is not None:
             log.warning("circuit of %s opened", url)
-            self._schedule_refresh(url, reopen_s)
-
-    def _schedule_refresh(self, url: str, delay_s: float) -> None:
-        old = self._timers.pop(url, None)
-        if old is not None:
-            old.cancel()
-        loop = asyncio.get_running_loop()
-        self._timers[url] = loop.call_later(delay_s, self._circuit_due, url)
-
-    def _circuit_due(self, url: str) -> None:
-        """The timer of ``url``'s open circuit: push its availability, and if the circuit is
-        still open, look again when it is due. uvloop's timers can fire up to a millisecond
-        early; a single timer then left the worker out of rotation for good (found by a
-        review: a healthy worker stuck out, and with it a total outage)."""
-        self._timers.pop(url, None)
-        self.refresh(url)
-        remaining = self.core.reopens_in(url)
-        if remaining is not None:
-            self._schedule_refresh(url, remaining + CIRCUIT_RECHECK_MARGIN_S)
 
     # -- admin ----------------------------------------------------------------------------
     async def add_worker(self, url: str) -> None:
@@ -434,7 +433,7 @@ class Router:
         ok, reason = await probe(
             self.session,
             url.rstrip("/") + s.health_check_endpoint,
-            s.health_check_timeout_secs,
+            self.core.config.health_check_timeout_s,
             self.worker_headers,
         )
         if not ok:
@@ -451,9 +450,6 @@ class Router:
         """
         self.core.remove_worker(url)
         self.upstream.forget(url)
-        timer = self._timers.pop(url, None)
-        if timer is not None:
-            timer.cancel()
 
     # -- helpers --------------------------------------------------------------------------
     def _prefix_cache(self) -> dict[str, tuple[float, float]]:

@@ -2,11 +2,13 @@
 
 :class:`Dispatcher` does for the simulator what ``serve``'s proxy does over HTTP, and decides
 nothing itself: the policy's request comes from ``core.requests.from_turn``, placement and
-admission from ``core.place``, the router's retries from ``core.retry`` and
-``core.retarget``, worker availability from ``core.record_failure`` /
-``core.record_unreachable``. It owns only time: the admission deadline, the retry backoffs,
-and the client's own retries when the router gives up (502) or has no worker (503), after the
-OpenAI SDK's backoff (``RouterSection.client_retry_*``), so that no turn is lost.
+admission from ``core.place`` (a held ticket is placed or refused by the core's own timers),
+and every failed attempt goes to ``core.attempt_failed``, which says retry after a wait
+(:class:`~sessionroute.router.actions.Retry`) or refuse
+(:class:`~sessionroute.router.actions.Refuse`), exactly as for the live proxy. It interprets
+those answers on the event queue, and plays the client: its own retries when the router
+refuses (502, 503), after the OpenAI SDK's backoff (``RouterSection.client_retry_*``), so
+that no turn is lost.
 """
 
 from __future__ import annotations
@@ -14,9 +16,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from sessionroute.errors import AdmissionRefused, NoWorkerAvailable
+from sessionroute.router.actions import Refuse
 from sessionroute.router.admission import Ticket
 from sessionroute.router.core import Reservation, RoutingCore
-from sessionroute.sim.events import PRIO_ARRIVAL, PRIO_TIMER, EventQueue
+from sessionroute.router.retry import AttemptFailure
+from sessionroute.sim.events import PRIO_ARRIVAL, EventQueue
 from sessionroute.sim.inflight import ADMISSION, BACKOFF, ROUTED, InFlight
 from sessionroute.sim.spec import RouterSection
 
@@ -52,7 +56,6 @@ class Dispatcher:
         self._send = send
         self._block_size = block_size
         self._send_header = router.send_session_header
-        self._recheck_pending = False
 
     def route(self, req: InFlight) -> None:
         """The client sends the turn: the router builds its request and places it."""
@@ -75,37 +78,26 @@ class Dispatcher:
         except (NoWorkerAvailable, AdmissionRefused):
             self._refused(req)
             return
-        if isinstance(placed, Ticket):
+        if isinstance(placed, Ticket):  # held: the core places or refuses it later
             placed.context = req
             req.ticket = placed
             req.state = ADMISSION
-            deadline = self.queue.now() + core.admission_max_wait_s()
-            self.queue.push(deadline, PRIO_TIMER, self._admission_deadline, placed)
-            self._schedule_recheck()
             return
         self._send(req, placed)
 
-    def attempt_failed(self, req: InFlight, *, refused: bool) -> None:
-        """The attempt's replica refused the connection (``refused``) or broke mid-request:
-        the router's retry decision, as the live proxy takes it."""
-        core = self.core
+    def attempt_failed(self, req: InFlight, failure: AttemptFailure, detail: str) -> None:
+        """The attempt failed before its answer reached the client (its replica refused the
+        connection, broke mid-request, or was given up as hung): the router core decides."""
         res = req.res
         if res is None:  # pragma: no cover - an attempt always has a reservation
             raise RuntimeError(f"attempt {req.rid} failed without a reservation")
-        url = res.worker
-        if refused:
-            reopen_s = core.record_unreachable(url, "connection refused (replica down)")
-        else:
-            reopen_s = core.record_failure(url)
-        if reopen_s is not None:  # its circuit opened: look again when it turns half-open
-            self.queue.push(self.queue.now() + reopen_s, PRIO_TIMER, self._refresh, url)
-        wait_s = core.retry.after_failure(req.attempt, core.cluster.is_healthy(url))
-        if wait_s is None:  # the router gives up (502): the client sends the turn again
-            core.complete(res)
+        action = self.core.attempt_failed(res, failure, req.attempt, detail)
+        if isinstance(action, Refuse):  # the router answers 502: the client sends it again
             self._client_retry(req)
             return
         self.counts["requests_retried"] += 1
         req.state = BACKOFF
+        wait_s = action.after_s
         if wait_s > 0:
             self.queue.push(self.queue.now() + wait_s, PRIO_ARRIVAL, self._retry, req)
         else:
@@ -136,43 +128,12 @@ class Dispatcher:
         else:
             self._send(req, res)
 
-    def _schedule_recheck(self) -> None:
-        """While tickets wait, re-ask the policy every ``core.admission_recheck_s`` of
-        virtual time (a verdict that changes with time alone: a maximum pause)."""
-        every = self.core.admission_recheck_s
-        if every is None or self._recheck_pending:
-            return
-        self._recheck_pending = True
-        self.queue.push(self.queue.now() + every, PRIO_TIMER, self._recheck, None)
-
-    def _recheck(self, _: object) -> None:
-        self._recheck_pending = False
-        self.core.recheck()
-        if self.core.admission.waiting:
-            self._schedule_recheck()
-
-    def _admission_deadline(self, ticket: Ticket) -> None:
-        if self.core.withdraw(ticket) is not None:
-            req: InFlight = ticket.context
-            if req.state == ADMISSION:
-                self._refused(req)
-
-    def _refresh(self, url: str) -> None:
-        """A worker's open circuit turned half-open: push its availability to the router
-        (and look again a millisecond after it is due if rounding left it open)."""
-        core = self.core
-        core.refresh(url)
-        remaining = core.reopens_in(url)
-        if remaining is not None:
-            self.queue.push(self.queue.now() + remaining + 1e-3, PRIO_TIMER, self._refresh, url)
-
     def _retry(self, req: InFlight) -> None:
         """The router's next attempt: the same worker while available, else placed again."""
         if req.state != BACKOFF or req.res is None:
             return
-        try:
-            res = self.core.retarget(req.res)
-        except NoWorkerAvailable:
+        res = self.core.next_attempt(req.res, "")
+        if isinstance(res, Refuse):
             self._refused(req)
             return
         req.attempt += 1

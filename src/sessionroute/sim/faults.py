@@ -6,7 +6,7 @@ from sessionroute.sim.simulation import Simulation
 
 __all__ = ["FAULT_KINDS", "apply_fault"]
 
-FAULT_KINDS: tuple[str, ...] = ("down", "up", "slow", "drain", "add")
+FAULT_KINDS: tuple[str, ...] = ("down", "up", "slow", "drain", "add", "hang")
 
 
 def apply_fault(sim: Simulation, kind: str, index: int, factor: float = 1.0) -> None:
@@ -14,8 +14,11 @@ def apply_fault(sim: Simulation, kind: str, index: int, factor: float = 1.0) -> 
 
     * ``down``: the replica fails (:meth:`Simulation.fail_replica`); its sessions are re-placed
       by the policy on their next attempt.
-    * ``up``: a fresh engine (empty cache) if it was down; its health checks pass again at the
-      router, or it is re-added if it was drained.
+    * ``up``: a fresh engine (empty cache) if it was down or hung (a hung one is restarted:
+      its requests break); the router's health checks find it back, or it is re-added if it
+      was drained.
+    * ``hang``: the replica accepts requests and answers nothing (:meth:`Simulation.hang_replica`)
+      until the router's health checks give it up.
     * ``slow``: every step starting from now takes ``factor`` times as long (1.0 restores).
     * ``drain``: removed from the router; its in-flight requests finish.
     * ``add``: a new replica with the next index joins (``index`` is ignored).
@@ -34,13 +37,15 @@ def apply_fault(sim: Simulation, kind: str, index: int, factor: float = 1.0) -> 
     core = sim.core
     if kind == "down":
         sim.fail_replica(rep)
+    elif kind == "hang":
+        sim.hang_replica(rep)
     elif kind == "up":
+        if rep.hung:
+            sim.fail_replica(rep)
         rep.restart()
         if rep.drained:
             rep.drained = False
             core.add_worker(rep.url)
-        elif rep.url in core.cluster:
-            core.observe_check(rep.url, True, fail_n=1, pass_n=1)  # its health checks pass
     elif kind == "slow":
         sim.sync(rep)
         rep.set_slowdown(factor, sim.now())

@@ -54,6 +54,7 @@ class SimReplica:
         "drained",
         "engine",
         "fast",
+        "frozen",
         "index",
         "inflight",
         "kv_sum",
@@ -79,6 +80,8 @@ class SimReplica:
         """Called with ``(self, True)`` when a new engine starts (restart) and ``(self,
         False)`` when it is lost (the simulator's KV event feed listens here)."""
         self.drained = False
+        self.frozen: Replica | None = None
+        """The engine of a hung replica (:meth:`freeze`), kept aside: it runs no step."""
         self.inflight: dict[str, Any] = {}
         self.wake_t: float | None = None
         self.wake_token = 0
@@ -116,6 +119,26 @@ class SimReplica:
         self.inflight = {}
         self.wake_t = None
         self.wake_token += 1
+
+    @property
+    def hung(self) -> bool:
+        """True while the replica hangs (:meth:`freeze`)."""
+        return self.frozen is not None
+
+    def freeze(self) -> None:
+        """Hang: the engine stops (kept aside, so nothing advances it) while the replica still
+        accepts requests, which wait in ``inflight``."""
+        if self.engine is not None:
+            self.frozen = self.engine
+            self.engine = None
+            self.wake_t = None
+            self.wake_token += 1
+
+    def unfreeze(self) -> None:
+        """Put a hung replica's engine back where it was (to be failed or run again)."""
+        if self.frozen is not None:
+            self.engine = self.frozen
+            self.frozen = None
 
     def restart(self) -> None:
         """A fresh engine with an empty cache (no-op if up)."""

@@ -31,6 +31,7 @@ from typing import Any, ClassVar, Literal
 
 from sessionroute.clock import Clock
 from sessionroute.router.policies.base import Policy
+from sessionroute.router.policies.capabilities import KeepsSessionTable
 from sessionroute.router.policies.hashing import fbi_hash
 from sessionroute.router.state.cluster import ClusterView
 from sessionroute.router.state.sessions import SessionStats, SessionTable
@@ -93,16 +94,15 @@ class RouterFleet(Policy):
         self.state = state
         self._views: list[_RouterView] | None = None
         self._placed: dict[int, tuple[int, str, int]] = {}  # id(request) -> router, worker, tokens
-        if state == "shared":  # one session table: the first router's, given to the others
-            first = getattr(policies[0], "table", None)
-            if isinstance(first, SessionTable):
-                for p in policies[1:]:
-                    p.table = first  # type: ignore[attr-defined]
+        first = policies[0]
+        if state == "shared" and isinstance(first, KeepsSessionTable):
+            for p in policies[1:]:  # one session table: the first router's, given to the others
+                if isinstance(p, KeepsSessionTable):
+                    p.table = first.table
         self._tables: list[SessionTable] = []
         for p in policies:
-            t = getattr(p, "table", None)
-            if isinstance(t, SessionTable) and all(t is not u for u in self._tables):
-                self._tables.append(t)
+            if isinstance(p, KeepsSessionTable) and all(p.table is not u for u in self._tables):
+                self._tables.append(p.table)
 
     def _router(self, request: RouteRequest) -> int:
         return fbi_hash(request.request_id or request.session_id or "") % len(self.policies)

@@ -26,15 +26,15 @@ from sessionroute.replica import (
     load_profile_file,
     load_profiles,
 )
-from sessionroute.router import RoutingCore, choose_policy
-from sessionroute.router.kv.index import KvIndex
-from sessionroute.router.state.cluster import Cluster
+from sessionroute.router.build import build_router, policy_choice
+from sessionroute.router.policies.base import Policy
+from sessionroute.router.policies.capabilities import ReadsKvEvents
 from sessionroute.sim.events import PRIO_FAULT, EventQueue, VirtualClock
 from sessionroute.sim.faults import apply_fault
 from sessionroute.sim.kvview import KvEventFeed, SaltedIndexView
 from sessionroute.sim.replicas import SimReplica
 from sessionroute.sim.report import build_metrics
-from sessionroute.sim.sampling import Sampler, Scraper, Sweeper
+from sessionroute.sim.sampling import Sampler, Scraper
 from sessionroute.sim.simulation import Simulation
 from sessionroute.sim.spec import SimSpec
 from sessionroute.workloads.registry import default_replicas, workload_config
@@ -195,42 +195,44 @@ def run_simulation(
 
     clock = VirtualClock()
     queue = EventQueue(clock)
-    choice = choose_policy(
-        policy,
-        policy_options,
-        session_ttl_s=spec.router.session_ttl_s,
-        session_table_max_bytes=spec.router.session_table_max_bytes,
-    )
+    choice = policy_choice(spec.router, policy, policy_options)
     options = choice.options()
     pseed = seed if policy_seed is None else policy_seed
-    pol = choice.build(clock=clock, rng=random.Random(pseed))
+    wrap = None
     if spec.sim.routers > 1:
         from sessionroute.sim.routers import build_fleet
 
-        first = pol
-        pol = build_fleet(
-            lambda k: first if k == 0 else choice.build(clock=clock, rng=random.Random(pseed + k)),
-            spec.sim.routers,
-            spec.sim.router_state,
-            clock,
-        )
+        def wrap(first: Policy) -> Policy:
+            return build_fleet(
+                lambda k: (
+                    first if k == 0 else choice.build(clock=clock, rng=random.Random(pseed + k))
+                ),
+                spec.sim.routers,
+                spec.sim.router_state,
+                clock,
+            )
+
     replicas = [SimReplica(i, url_for(i), rcfg, fast=spec.sim.fast_engine) for i in range(count)]
-    core = RoutingCore(
-        pol,
-        Cluster([r.url for r in replicas]),
+    core = build_router(
         spec.router,
-        rng=random.Random(pseed ^ ROUTER_SEED_SALT),
+        clock,
+        random.Random(pseed ^ ROUTER_SEED_SALT),
+        choice=choice,
+        workers=[r.url for r in replicas],
+        policy_rng=random.Random(pseed),
+        wrap=wrap,
     )
+    pol = core.policy
     rec = Recorder()
     sim = Simulation(
         queue, core, replicas, spec.router, rec, url_for, rcfg, fast=spec.sim.fast_engine
     )
-    index = getattr(pol, "index", None)
-    use_cache = getattr(pol, "use_prefix_cache", None)
-    if isinstance(index, KvIndex) and callable(use_cache):
+    if isinstance(pol, ReadsKvEvents):
         # kv_aware and its kin: the replicas' KV events feed the policy's own index
-        KvEventFeed(index, rcfg.block_size, spec.router.content_block_tokens).watch(sim.replicas)
-        use_cache(SaltedIndexView(index))
+        KvEventFeed(pol.index, rcfg.block_size, spec.router.content_block_tokens).watch(
+            sim.replicas
+        )
+        pol.use_prefix_cache(SaltedIndexView(pol.index))
     workload = wcfg.build(np.random.default_rng(seed))
     n = count
     for f in sorted(spec.faults, key=lambda f: f.at_s):
@@ -246,8 +248,7 @@ def run_simulation(
     sampler.start()
     if spec.router.scrape_interval_s is not None:
         Scraper(sim, spec.router.scrape_interval_s).start()
-    if spec.router.sweep_interval_s is not None and pol.keeps_sessions:
-        Sweeper(sim, spec.router.sweep_interval_s).start()
+    sim.timers.start()  # the router's health checks and session sweeps
     workload.start(sim)
     limit = spec.sim.max_simulated_s if spec.sim.max_simulated_s is not None else float("inf")
     with _fewer_gc_passes():

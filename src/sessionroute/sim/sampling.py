@@ -1,4 +1,4 @@
-"""Periodic observation of a running simulation: time series, gauge scrapes, router sweeps."""
+"""Periodic observation of a running simulation: time series and engine gauge scrapes."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from sessionroute.sim.events import PRIO_SAMPLE
 from sessionroute.sim.simulation import Simulation
 from sessionroute.types import EngineGauges
 
-__all__ = ["Sampler", "Scraper", "Sweeper"]
+__all__ = ["Sampler", "Scraper"]
 
 
 class Sampler:
@@ -129,21 +129,4 @@ class Scraper:
             if g != last.get(rep.url) or cluster.gauges(rep.url) is None:
                 last[rep.url] = g
                 sim.core.observe_gauges(rep.url, g)
-        sim.queue.push(sim.now() + self.interval_s, PRIO_SAMPLE, self._tick)
-
-
-class Sweeper:
-    """Expires idle sessions every ``interval_s`` (the router's background sweep)."""
-
-    def __init__(self, sim: Simulation, interval_s: float) -> None:
-        self.sim = sim
-        self.interval_s = interval_s
-
-    def start(self) -> None:
-        """Schedule the first sweep."""
-        self.sim.queue.push(self.sim.now() + self.interval_s, PRIO_SAMPLE, self._tick)
-
-    def _tick(self, _: object) -> None:
-        sim = self.sim
-        sim.core.sweep(sim.now())
         sim.queue.push(sim.now() + self.interval_s, PRIO_SAMPLE, self._tick)

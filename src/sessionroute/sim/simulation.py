@@ -29,7 +29,10 @@ from typing import Any, Final
 from sessionroute.record import Recorder
 from sessionroute.replica import ReplicaConfig, RequestResult
 from sessionroute.replica.ideal import IdealCache
+from sessionroute.router.actions import WorkerLost
 from sessionroute.router.core import Reservation, RoutingCore
+from sessionroute.router.retry import AttemptFailure, WorkerLostAction
+from sessionroute.sim.coretimers import CoreTimers
 from sessionroute.sim.dispatch import Dispatcher
 from sessionroute.sim.events import PRIO_ARRIVAL, PRIO_TIMER, EventQueue
 from sessionroute.sim.inflight import (
@@ -137,6 +140,9 @@ class Simulation(ReplicaWakeups):
         self._deliver_cb = self._deliver
         self._arrive_cb = self._arrive
         self.dispatch = Dispatcher(queue, core, router, recorder.counts, self._send, self._bs)
+        self.timers = CoreTimers(queue, core, self._probe)
+        """The router core's timers on the event queue (:meth:`CoreTimers.start` starts the
+        health checks and sweeps)."""
 
     # -- Host protocol --------------------------------------------------------------------------
     @property
@@ -210,6 +216,9 @@ class Simulation(ReplicaWakeups):
                 rep.inflight.pop(req.rid, None)
                 self._complete(req)
                 self._reschedule(rep)
+            elif req.state == ENGINE:  # waiting on a hung replica
+                rep.inflight.pop(req.rid, None)
+                self._complete(req)
         else:
             self.dispatch.cancel(req)
         req.state = CANCELLED
@@ -276,7 +285,13 @@ class Simulation(ReplicaWakeups):
         rep = req.rep
         engine = None if rep is None else rep.engine
         if rep is None or engine is None:
-            self.dispatch.attempt_failed(req, refused=True)
+            if rep is not None and rep.hung:  # accepted, and never answered
+                req.state = ENGINE
+                rep.inflight[req.rid] = req
+                return
+            self.dispatch.attempt_failed(
+                req, AttemptFailure.CONNECT, "connection refused (replica down)"
+            )
             return
         queue = self.queue
         now = queue.clock._t
@@ -361,17 +376,73 @@ class Simulation(ReplicaWakeups):
         return rep
 
     def fail_replica(self, rep: SimReplica) -> None:
-        """``rep`` crashes now: its engine and cache are lost and each of its in-flight
-        requests breaks (an upstream failure at the router, then retried); the router learns
-        that it is down when it next tries to connect (the connection is refused)."""
-        if rep.engine is None:
+        """``rep`` crashes now (or a hung one is restarted): its engine and cache are lost and
+        each of its in-flight requests breaks after it was sent (an upstream failure at the
+        router: ``attempt_failed``, which retries it); the router learns that it is down when
+        it next tries to connect (the connection is refused) or from its health checks."""
+        if rep.hung:
+            rep.unfreeze()
+        elif rep.engine is None:
             return
-        self._sync(rep)
+        else:
+            self._sync(rep)
         stranded = list(rep.inflight.values())
         rep.fail()
         for req in stranded:
             self.rec.counts["requests_failed_over"] += 1
-            self.dispatch.attempt_failed(req, refused=False)
+            self.dispatch.attempt_failed(
+                req, AttemptFailure.SENT, f"{rep.url}: connection reset (replica crashed)"
+            )
+
+    def hang_replica(self, rep: SimReplica) -> None:
+        """``rep`` hangs now: it accepts connections and answers nothing (its engine stops),
+        until its health checks fail and the router gives its requests up
+        (:meth:`worker_lost`), or a fault restarts it."""
+        if rep.engine is None:
+            return
+        self.sync(rep)
+        rep.freeze()
+
+    # -- the router's health checks --------------------------------------------------------------
+    def _probe(self, url: str) -> None:
+        """One health check of ``url``: it passes on a live replica; a replica that is down
+        refuses it at once; a hung one fails it when the check times out."""
+        rep = self._by_url.get(url)
+        if rep is not None and rep.hung:
+            t = self.queue.now() + self.core.config.health_check_timeout_s
+            self.queue.push(t, PRIO_TIMER, self._check_done, (url, False))
+        else:
+            self._check_done((url, rep is not None and rep.engine is not None))
+
+    def _check_done(self, arg: tuple[str, bool]) -> None:
+        url, ok = arg
+        _, lost = self.core.observe_check(url, ok, "" if ok else "health check failed")
+        if lost is not None:
+            self.worker_lost(lost)
+
+    def worker_lost(self, lost: WorkerLost) -> None:
+        """A worker turned unhealthy: each request sent to it (travelling or in its engine)
+        is given up there and placed again, as the core says (a simulated client reads its
+        answer whole, so none has started)."""
+        rep = self._by_url.get(lost.url)
+        if rep is None:
+            return
+        core = self.core
+        for req in [r for r in self._reqs.values() if r.rep is rep]:
+            if req.state != ROUTED and req.state != ENGINE:
+                continue
+            if core.on_worker_lost(False) is not WorkerLostAction.REPLACE:
+                continue  # pragma: no cover - nothing started reaching the client
+            if req.state == ENGINE:
+                rep.inflight.pop(req.rid, None)
+                if rep.engine is not None:
+                    self._sync(rep)
+                    rep.engine.abort(req.rid, self.queue.clock._t)
+                    self._reschedule(rep)
+            self.rec.counts["requests_failed_over"] += 1
+            self.dispatch.attempt_failed(
+                req, AttemptFailure.HUNG, f"{rep.url}: worker unavailable: {lost.reason}"
+            )
 
     # -- observation ----------------------------------------------------------------------------
     def in_flight(self) -> int:

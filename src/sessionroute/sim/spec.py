@@ -103,13 +103,15 @@ class FaultSection(_Strict):
         replica: replica index (0-based); ignored by ``add`` (the new one gets the next index).
         kind: ``down`` (fails its in-flight requests, loses its cache), ``up`` (back, empty
             cache, or un-drained), ``slow`` (step times x ``factor``), ``drain`` (removed from
-            the router; in-flight requests finish), ``add`` (a new replica joins).
+            the router; in-flight requests finish), ``add`` (a new replica joins), ``hang``
+            (accepts requests and answers none until the router's health checks give it up;
+            ``up`` restarts it).
         factor: slowdown factor for ``slow`` (1.0 restores full speed).
     """
 
     at_s: float = Field(ge=0)
     replica: int = Field(default=0, ge=0)
-    kind: Literal["down", "up", "slow", "drain", "add"]
+    kind: Literal["down", "up", "slow", "drain", "add", "hang"]
     factor: float = Field(default=1.0, gt=0)
 
 
