@@ -9,6 +9,8 @@ import asyncio
 
 import aiohttp
 
+from sessionroute.clock import MonotonicClock
+
 from .backend import FakeBackend
 from .conftest import JSON, MakeRouter, chat
 
@@ -49,6 +51,7 @@ async def test_queued_requests_wait_for_a_token_or_time_out_with_408(
     b = backends[0]
     router = await make_router(
         [b.url],
+        clock=MonotonicClock(),  # the core's timers (queue deadline, refill) need real time
         max_concurrent_requests=1,
         rate_limit_tokens_per_second=0.001,
         queue_size=1,
