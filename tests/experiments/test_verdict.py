@@ -272,3 +272,21 @@ def test_a_short_rl_run_is_warned_with_the_measured_steps() -> None:
     assert warning is not None and "only after 20 steps" in warning
     assert short_run_warning(settings(20)) is None
     assert short_run_warning({"workload": {"kind": "toy"}}) is None
+
+
+def test_slo_goodput_counts_turns_meeting_both_limits_and_refusals_as_missed() -> None:
+    from sessionroute.experiments.results import RunOutput, add_slo_metrics, slo_metrics
+
+    # TTFT ok + ITL ok; TTFT late; ITL slow; a one-token answer (no gap) on time
+    ttft, itl = [1.0, 3.0, 0.5, 2.0], [0.1, 0.1, 0.3, 0.0]
+    m = slo_metrics(ttft, itl, slo_ttft_s=2.0, slo_itl_s=0.2, turns_refused=1, duration_s=10.0)
+    assert m["slo_goodput"] == pytest.approx(2 / 5) and m["slo_goodput_per_s"] == 0.2
+    with pytest.raises(ValueError, match="turn_itl_s"):
+        slo_metrics([1.0], [], slo_ttft_s=2.0, slo_itl_s=0.2)
+    run = RunOutput(0, {"requests_rejected": 1, "simulated_seconds": 10.0})
+    run.samples = {"ttft_s": ttft, "turn_itl_s": itl}
+    add_slo_metrics(run, 2.0, 0.2)
+    assert run.metrics["slo_goodput"] == pytest.approx(0.4) and "turn_itl_s" not in run.samples
+    assert run.metrics["slo"] == {"ttft_s": 2.0, "itl_s": 0.2}
+    bare = add_slo_metrics(RunOutput(0, {}), 2.0, 0.2)  # a live arm that does not stream
+    assert bare.metrics["slo_goodput"] is None

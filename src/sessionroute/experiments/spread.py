@@ -119,6 +119,7 @@ def short_run_warning(settings: Mapping[str, Any]) -> str | None:
     return (
         f"this run has {steps} RL steps: on the {ref.name} workload the ranking of the arms on "
         f"mean RL step time stopped changing only after {need} steps in every seed{best} "
-        f"({ref.source}; docs/objectives.md), so a ranking from fewer steps may not hold; run "
+        f"(seeds {ref.seeds[0]}-{ref.seeds[-1]}; docs/objectives.md), so a ranking from fewer "
+        f"steps may not hold; run "
         f"--steps {need} or more before choosing a policy"
     )

@@ -140,7 +140,8 @@ def _noise_line(v: Verdict) -> str:
         )
     return (
         "one seed and no spread measured for this workload: no ranking is possible below the "
-        "seed spread (differences of a few percent can be noise); run --repeats 3"
+        "seed spread (differences of a few percent can be noise); run 3 seeds (compare "
+        "--repeats 3, sweep --seeds 3)"
     )
 
 
