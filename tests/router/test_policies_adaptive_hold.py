@@ -185,6 +185,15 @@ def test_calm_scrapes_raise_the_ceiling_and_lift_it() -> None:
     assert p.ceiling == {}  # lifted
 
 
+@pytest.mark.parametrize(("queue_kv", "cut"), [(0.0, True), (0.3, True), (0.31, False)])
+def test_the_queue_watermark_counts_only_at_hold_queue_kv(queue_kv: float, cut: bool) -> None:
+    """THRASH has 8 waiting at kv_usage 0.3 (under hold_kv)."""
+    core, p, clock = _core(hold_queue_kv=queue_kv)
+    _four_sessions(core, clock)
+    _thrash_at_10(core, clock)
+    assert (A in p.ceiling) is cut and bool(p.held()) is cut
+
+
 def test_without_hold_it_is_adaptive_sticky() -> None:
     core, p, clock = _core(hold=False)
     _four_sessions(core, clock)

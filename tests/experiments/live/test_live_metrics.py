@@ -25,6 +25,8 @@ SIM_ONLY = {
     "admission_placed_after_wait",
     "admission_refused_timeout",
     "admission_refused_full",
+    # the policy's own counters (Policy.counters; not exported by serve yet)
+    "policy_counters",
 }
 LIVE_ONLY = {"sessions_per_replica", "requests_failed", "run_seconds", "errors", "live"}
 SIM_REPLICA_ONLY = {"engine_steps", "up", "drained"}

@@ -27,6 +27,9 @@ class AdaptiveHoldConfig(AdaptiveStickyConfig):
             thrash (the queue watermark).
         hold_kv: a scrape with ``kv_usage`` at or above this shows thrash (the KV watermark;
             ThunderAgent pauses at 0.95).
+        hold_queue_kv: the queue watermark counts only at this ``kv_usage`` or above (0:
+            always). A burst of first turns queues with the caches half empty; 0.8 would not
+            read it as thrash (measurements in docs/policies.md; not the default yet).
         resume_kv: a scrape shows a calm worker when ``kv_usage`` is below this and fewer than
             ``resume_waiting`` requests wait (ThunderAgent resumes at 0.85).
         resume_waiting: see ``resume_kv``.
@@ -62,6 +65,7 @@ class AdaptiveHoldConfig(AdaptiveStickyConfig):
     hold: bool = True
     hold_waiting: int = 8
     hold_kv: float = 0.95
+    hold_queue_kv: float = 0.0
     resume_kv: float = 0.85
     resume_waiting: int = 1
     hold_cut: float = 0.95
@@ -88,7 +92,7 @@ class AdaptiveHoldConfig(AdaptiveStickyConfig):
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ConfigError(f"{name} must be an integer >= 0, got {v!r}")
         for name in (
-            "hold_kv", "resume_kv", "hold_cut", "hold_raise", "lift_pressure",
+            "hold_kv", "hold_queue_kv", "resume_kv", "hold_cut", "hold_raise", "lift_pressure",
             "resume_fraction", "hold_interval_s", "hold_max_s", "hold_total_max_s",
             "hold_age_max_s", "hold_check_s",
         ):  # fmt: skip
@@ -97,7 +101,7 @@ class AdaptiveHoldConfig(AdaptiveStickyConfig):
                 raise ConfigError(f"{name} must be a finite number, got {v!r}")
             if v < 0:
                 raise ConfigError(f"{name} must be >= 0, got {v!r}")
-        for name in ("hold_kv", "resume_kv", "resume_fraction"):
+        for name in ("hold_kv", "hold_queue_kv", "resume_kv", "resume_fraction"):
             if getattr(self, name) > 1:
                 raise ConfigError(f"{name} must be in [0, 1], got {getattr(self, name)!r}")
         if self.resume_kv > self.hold_kv:

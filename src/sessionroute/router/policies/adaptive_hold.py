@@ -251,13 +251,14 @@ class AdaptiveHoldPolicy(AdaptiveStickyPolicy):
         if now - self._changed.get(worker, -math.inf) < c.hold_interval_s:
             return
         ceiling = self.ceiling.get(worker)
-        if g.waiting >= c.hold_waiting or g.kv_usage >= c.hold_kv:
+        kv = g.kv_usage
+        if kv >= c.hold_kv or (g.waiting >= c.hold_waiting and kv >= c.hold_queue_kv):
             active = float(self._context.get(worker, 0))
             base = active if ceiling is None else min(active, ceiling)
             self.ceiling[worker] = c.hold_cut * base
             self._changed[worker] = now
             self.cuts += 1
-        elif ceiling is not None and g.waiting < c.resume_waiting and g.kv_usage < c.resume_kv:
+        elif ceiling is not None and g.waiting < c.resume_waiting and kv < c.resume_kv:
             ceiling *= 1.0 + c.hold_raise
             self._changed[worker] = now
             if ceiling >= c.lift_pressure * cap and not self._queue.get(worker):
