@@ -17,7 +17,6 @@ from sessionroute.replica import (
     steps,
 )
 
-
 # the built-in profiles, and one with the per-sequence and per-request terms a calibrated
 # profile carries (0 in the built-ins)
 _PROFILES = [

@@ -53,10 +53,12 @@ async def inspect_servers(
     return tuple(servers)
 
 
-def plan_for(servers: Sequence[ServerInfo], *, reps: int = 7, decode_tokens: int = 48) -> ProbePlan:
+def plan_for(
+    servers: Sequence[ServerInfo], *, reps: int = 7, decode_tokens: int = 48, stream: bool = True
+) -> ProbePlan:
     """The default probe plan for the smallest of ``servers`` (``plan.default_plan``)."""
     smallest = min(servers, key=lambda s: (s.kv_capacity_tokens, s.max_num_seqs))
-    return default_plan(smallest, reps=reps, decode_tokens=decode_tokens)
+    return default_plan(smallest, reps=reps, decode_tokens=decode_tokens, stream=stream)
 
 
 async def calibrate_async(
@@ -69,6 +71,7 @@ async def calibrate_async(
     name: str | None = None,
     timeout_s: float = 120.0,
     progress: Progress | None = None,
+    stream: bool = True,
 ) -> CalibrationResult:
     """Calibrate against running vLLM servers: see :func:`calibrate`."""
     if probe not in ("all", "first"):
@@ -79,7 +82,7 @@ async def calibrate_async(
         servers = await inspect_servers(
             session, urls, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens
         )
-        the_plan = plan if plan is not None else plan_for(servers)
+        the_plan = plan if plan is not None else plan_for(servers, stream=stream)
         probed: list[ServerInfo] = []
         runs: list[PhaseRun] = []
         for info in servers if probe == "all" else servers[:1]:
@@ -116,6 +119,7 @@ def calibrate(
     name: str | None = None,
     timeout_s: float = 120.0,
     progress: Progress | None = None,
+    stream: bool = True,
 ) -> CalibrationResult:
     """Read running OpenAI-compatible vLLM servers, probe them and fit the step-time model.
 
@@ -133,6 +137,9 @@ def calibrate(
         timeout_s: per HTTP request, seconds.
         progress: called after each probe round with (rounds done, rounds in all on this
             server, phase label).
+        stream: probe with streaming requests and fit client-side times (match a live run
+            with ``stream = true``); False: plain requests, fit vLLM's own histograms. Used
+            when ``plan`` is None (else ``plan.stream``).
 
     Returns:
         The fitted profile, the servers, every phase's measurements and the fit's errors; write
@@ -153,5 +160,6 @@ def calibrate(
             name=name,
             timeout_s=timeout_s,
             progress=progress,
+            stream=stream,
         )
     )

@@ -13,13 +13,13 @@ import asyncio
 import random
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 
 from sessionroute.calibrate.probe import ProbeClient, RequestRecord, reset_prefix_cache
-from sessionroute.calibrate.server import ServerInfo
+from sessionroute.calibrate.server import ServerInfo, scrape
 from sessionroute.replica import EngineRequest, Replica, ReplicaConfig, StepTimeProfile
 from sessionroute.replica import chain_block_keys as block_keys
 
@@ -58,11 +58,14 @@ class CheckResult:
             measured at the client.
         sim: the same, from the replica model.
         requests: requests compared.
+        server: vLLM's own means over the run (``ttft_mean_s``, ``itl_mean_s`` from its
+            histograms): against ``live``, how much of the client's time is the server's.
     """
 
     live: dict[str, float]
     sim: dict[str, float]
     requests: int
+    server: dict[str, float] = field(default_factory=dict)
 
     def errors(self) -> dict[str, float]:
         """``sim / live - 1`` per metric."""
@@ -98,9 +101,13 @@ def _summary(ttft: list[float], itl: list[float], tokens: int, span: float) -> d
     }
 
 
-async def _live(client: ProbeClient, reqs: list[_Req]) -> list[tuple[float, RequestRecord]]:
-    """Send ``reqs`` at their arrival offsets; (sent offset, record) per request."""
+async def _live(
+    client: ProbeClient, reqs: list[_Req]
+) -> tuple[list[tuple[float, RequestRecord]], dict[str, float]]:
+    """Send ``reqs`` at their arrival offsets; (sent offset, record) per request, and vLLM's
+    own TTFT and ITL means over the run."""
     await reset_prefix_cache(client.session, client.info.url)
+    before = await scrape(client.session, client.info.url, client.info.model)
     t0 = time.perf_counter()
 
     async def one(req: _Req) -> tuple[float, RequestRecord]:
@@ -110,7 +117,17 @@ async def _live(client: ProbeClient, reqs: list[_Req]) -> list[tuple[float, Requ
         sent = time.perf_counter() - t0
         return sent, await client.complete(req.prompt, req.output)
 
-    return list(await asyncio.gather(*(one(r) for r in reqs)))
+    out = list(await asyncio.gather(*(one(r) for r in reqs)))
+    after = await scrape(client.session, client.info.url, client.info.model)
+    server = {}
+    for key, hist in (
+        ("ttft_mean_s", "vllm:time_to_first_token_seconds"),
+        ("itl_mean_s", "vllm:inter_token_latency_seconds"),
+    ):
+        mean = after.mean_delta(before, hist)
+        if mean is not None:
+            server[key] = mean
+    return out, server
 
 
 def _simulate(
@@ -162,17 +179,20 @@ async def check_profile(
             await client.load_ids()
             ids = client.ids
         reqs = _requests(w, ids)
-        live = await _live(client, reqs)
+        live, server = await _live(client, reqs)
     sent = [s for s, _ in live]
     sim = _simulate(profile, block_size, reqs, sent)
     tokens = sum(r.output for r in reqs)
-    live_ttft = [rec.ttft_s for _, rec in live]
+    live_ttft = [rec.ttft_s or 0.0 for _, rec in live]
     # mean gap over the request's tokens (stream chunks may carry several when the client lags)
-    live_itl = [rec.decode_s / (rec.output_tokens - 1) for _, rec in live if rec.output_tokens > 1]
+    live_itl = [
+        (rec.decode_s or 0.0) / (rec.output_tokens - 1) for _, rec in live if rec.output_tokens > 1
+    ]
     sim_ttft = [ft - s for (ft, _, _), s in zip(sim, sent, strict=True)]
     sim_itl = [itl for (_, _, itl), r in zip(sim, reqs, strict=True) if r.output > 1]
     return CheckResult(
         live=_summary(live_ttft, live_itl, tokens, max(s + r.latency_s for s, r in live) - sent[0]),
         sim=_summary(sim_ttft, sim_itl, tokens, max(f for _, f, _ in sim) - sent[0]),
         requests=len(reqs),
+        server=server,
     )

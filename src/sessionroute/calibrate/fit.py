@@ -178,7 +178,9 @@ def phase_row(run: PhaseRun) -> Row | None:
       tokens and ``C = (M - 1) * (L + M / 2)`` context per request.
 
     ``prefill``, ``cached`` and ``decode`` take the median round's time (and the rounds' mean
-    coefficients); ``churn`` sums its rounds.
+    coefficients): measured at the client when the probe streamed, else vLLM's own histogram
+    (``vllm:time_to_first_token_seconds``, ``vllm:request_decode_time_seconds``); ``churn``
+    sums its rounds.
     """
     ph = run.phase
     kind = ph.kind
@@ -195,16 +197,19 @@ def phase_row(run: PhaseRun) -> Row | None:
     ys: list[float] = []
     xs: list[tuple[float, ...]] = []
     servers: list[float] = []
+    streamed = all(r.ttft_s is not None for rnd in rounds for r in rnd.records)
     for rnd in rounds:
         recs = rnd.records
-        if kind == "decode":
-            y_r = statistics.fmean(r.decode_s for r in recs)
+        server_side = rnd.means.get(_SERVER_SIDE[kind])
+        if not streamed:
+            y_r = server_side or 0.0
+        elif kind == "decode":
+            y_r = statistics.fmean(r.decode_s or 0.0 for r in recs)
         else:
-            y_r = statistics.fmean(r.ttft_s for r in recs)
+            y_r = statistics.fmean(r.ttft_s or 0.0 for r in recs)
         if y_r <= 0:
             continue
         ys.append(y_r)
-        server_side = rnd.means.get(_SERVER_SIDE[kind])
         if server_side is not None:
             servers.append(server_side)
         if kind == "decode":
@@ -215,7 +220,8 @@ def phase_row(run: PhaseRun) -> Row | None:
         return None
     x_mean = tuple(float(v) for v in np.mean(np.array(xs), axis=0))
     server_y = float(np.median(servers)) if servers else None
-    return Row(ph.label, kind, run.server, x_mean, float(np.median(ys)), _SOURCE[kind], server_y)
+    source = _SOURCE[kind] if streamed else _SERVER_SIDE[kind]
+    return Row(ph.label, kind, run.server, x_mean, float(np.median(ys)), source, server_y)
 
 
 def _nnls(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, tuple[int, ...]]:

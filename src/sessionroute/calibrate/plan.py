@@ -99,10 +99,14 @@ class ProbePlan:
     Attributes:
         phases: in run order.
         seed: seed of the prompts' token ids.
+        stream: send streaming requests and fit times measured at the client (as a streaming
+            client sees them, the frontend's per-token work included); False sends plain
+            requests and fits vLLM's own histograms (for workloads that do not stream).
     """
 
     phases: tuple[Phase, ...]
     seed: int = 0
+    stream: bool = True
 
     @property
     def num_requests(self) -> int:
@@ -115,7 +119,9 @@ def _blocks_down(tokens: int, block_size: int) -> int:
     return max(block_size, tokens // block_size * block_size)
 
 
-def default_plan(info: ServerInfo, *, reps: int = 7, decode_tokens: int = 48) -> ProbePlan:
+def default_plan(
+    info: ServerInfo, *, reps: int = 7, decode_tokens: int = 48, stream: bool = True
+) -> ProbePlan:
     """The plan sized to one server's limits.
 
     Prompt lengths go up to ``Lcap = min(max_num_batched_tokens, max_model_len - 2, KV / 4)``
@@ -126,6 +132,7 @@ def default_plan(info: ServerInfo, *, reps: int = 7, decode_tokens: int = 48) ->
         info: the server (its block size, KV capacity and limits).
         reps: rounds of each phase (``churn``: ``max(1, reps // 2)``).
         decode_tokens: output tokens of a ``decode`` request (``churn``: at most this).
+        stream: :attr:`ProbePlan.stream`.
 
     Raises:
         ValueError: ``reps`` or ``decode_tokens`` below 1, or a server too small to probe
@@ -178,4 +185,4 @@ def default_plan(info: ServerInfo, *, reps: int = 7, decode_tokens: int = 48) ->
             )
         )
     unique = list(dict.fromkeys(phases))
-    return ProbePlan(tuple(unique))
+    return ProbePlan(tuple(unique), stream=stream)

@@ -63,17 +63,18 @@ class RequestRecord:
         prompt_tokens: prompt tokens.
         cached_tokens: prompt tokens served from the prefix cache.
         output_tokens: generated tokens.
-        latency_s: from sending to the end of the stream, seconds.
-        ttft_s: from sending to the first token, seconds.
-        decode_s: from the first token to the last, seconds (0 for one token).
+        latency_s: from sending to the end of the answer, seconds.
+        ttft_s: from sending to the first token, seconds (None: not streamed).
+        decode_s: from the first token to the last, seconds (0 for one token; None: not
+            streamed).
     """
 
     prompt_tokens: int
     cached_tokens: int
     output_tokens: int
     latency_s: float
-    ttft_s: float
-    decode_s: float
+    ttft_s: float | None
+    decode_s: float | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,17 +153,20 @@ class ProbeClient:
             if len(ids) >= 32:
                 self.ids = ids
 
-    async def complete(self, prompt: list[int], max_tokens: int) -> RequestRecord:
-        """Send one streaming completion; its record."""
-        body = {
+    async def complete(
+        self, prompt: list[int], max_tokens: int, stream: bool = True
+    ) -> RequestRecord:
+        """Send one completion (streaming unless ``stream`` is False); its record."""
+        body: dict[str, Any] = {
             "model": self.info.model,
             "prompt": prompt,
             "max_tokens": max_tokens,
             "temperature": 0,
             "ignore_eos": True,
-            "stream": True,
-            "stream_options": {"include_usage": True},
         }
+        if stream:
+            body["stream"] = True
+            body["stream_options"] = {"include_usage": True}
         t0 = time.perf_counter()
         first = last = 0.0
         usage: dict[str, Any] = {}
@@ -172,16 +176,21 @@ class ProbeClient:
                 if resp.status != 200:
                     text = await resp.text()
                     raise CalibrationError(f"{url} answered {resp.status}: {text[:300]}")
-                async for raw in resp.content:
-                    line = raw.decode(errors="replace").strip()
-                    if not line.startswith("data:") or line == "data: [DONE]":
-                        continue
-                    event: Any = json.loads(line[5:])
-                    if event.get("usage"):
-                        usage = event["usage"]
-                    if event.get("choices"):
-                        last = time.perf_counter()
-                        first = first or last
+                if not stream:
+                    data: Any = await resp.json(content_type=None)
+                    usage = data.get("usage") or {}
+                    first = last = time.perf_counter()
+                else:
+                    async for raw in resp.content:
+                        line = raw.decode(errors="replace").strip()
+                        if not line.startswith("data:") or line == "data: [DONE]":
+                            continue
+                        event: Any = json.loads(line[5:])
+                        if event.get("usage"):
+                            usage = event["usage"]
+                        if event.get("choices"):
+                            last = time.perf_counter()
+                            first = first or last
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             raise CalibrationError(f"{url}: {exc or type(exc).__name__}") from exc
         end = time.perf_counter()
@@ -192,8 +201,8 @@ class ProbeClient:
             cached_tokens=int(details.get("cached_tokens") or 0),
             output_tokens=int(usage.get("completion_tokens", max_tokens)),
             latency_s=end - t0,
-            ttft_s=first - t0,
-            decode_s=(last or first) - first,
+            ttft_s=first - t0 if stream else None,
+            decode_s=(last or first) - first if stream else None,
         )
 
 
@@ -232,14 +241,14 @@ async def _settled(
 
 
 async def _run_round(
-    client: ProbeClient, prompts: list[tuple[list[int], int]], concurrency: int
+    client: ProbeClient, prompts: list[tuple[list[int], int]], concurrency: int, stream: bool
 ) -> Round:
     before = await scrape(client.session, client.info.url, client.info.model)
     gate = asyncio.Semaphore(concurrency)
 
     async def one(prompt: list[int], out: int) -> RequestRecord:
         async with gate:
-            return await client.complete(prompt, out)
+            return await client.complete(prompt, out, stream)
 
     t0 = time.perf_counter()
     records = await asyncio.gather(*(one(p, o) for p, o in prompts))
@@ -255,7 +264,7 @@ async def _run_round(
 
 
 async def _run_phase_round(
-    client: ProbeClient, phase: Phase, prefix: list[int], rng: random.Random
+    client: ProbeClient, phase: Phase, prefix: list[int], rng: random.Random, stream: bool
 ) -> Round:
     """One round of ``phase``: reset the cache (when allowed), warm the phase's prefix so that
     its requests hit it, send the round."""
@@ -269,7 +278,7 @@ async def _run_phase_round(
         fresh = rng.randint(phase.fresh_min, phase.fresh_tokens)
         out = rng.randint(phase.output_min, phase.output_tokens)
         prompts.append(([*prefix, *_tokens(rng, ids, fresh)], out))
-    return await _run_round(client, prompts, phase.concurrency)
+    return await _run_round(client, prompts, phase.concurrency, stream)
 
 
 async def _warm_up(client: ProbeClient, rng: random.Random, plan: ProbePlan) -> None:
@@ -321,7 +330,8 @@ async def run_plan(
         for i, phase in enumerate(plan.phases):
             if r >= phase.rounds:
                 continue
-            rounds[i].append(await _run_phase_round(client, phase, prefixes[i], rng))
+            rnd = await _run_phase_round(client, phase, prefixes[i], rng, plan.stream)
+            rounds[i].append(rnd)
             done += 1
             if progress is not None:
                 progress(done, total, phase.label)

@@ -83,6 +83,14 @@ def register(sub: Any) -> None:
         metavar="N",
         help="output tokens of a decode-phase request (48)",
     )
+    parser.add_argument(
+        "--no-stream",
+        action="store_true",
+        help="send plain (non-streaming) probe requests and fit vLLM's own histograms: for "
+        "workloads that do not stream (a [live] section without stream = true). By default "
+        "probes stream and the fit uses times measured at the client, which include the "
+        "frontend's per-token work",
+    )
     parser.add_argument("--name", help="profile name (default: calibrated-<served model>)")
     parser.add_argument(
         "--timeout", type=float, default=120.0, metavar="S", help="per request, seconds (120)"
@@ -90,9 +98,9 @@ def register(sub: Any) -> None:
     parser.add_argument(
         "--check",
         action="store_true",
-        help="after fitting, run a held-out probe-like workload (Poisson arrivals, shared "
-        "prefixes, varied lengths) on the first server live and through the fitted model, "
-        "and print TTFT, ITL and tok/s side by side",
+        help="after fitting, run a held-out probe-like workload (48 requests, Poisson arrivals "
+        "at 6/s and at 16/s, shared prefixes, varied lengths) on the first server live and "
+        "through the fitted model, and print TTFT, ITL and tok/s side by side",
     )
     parser.add_argument(
         "--dry-run",
@@ -176,22 +184,29 @@ def print_fit(console: Any, result: Any) -> None:
     )
 
 
-def print_check(console: Any, check: Any) -> None:
-    """Print a :class:`~sessionroute.calibrate.CheckResult` (live vs model, error)."""
+def print_check(console: Any, checks: Any, rates: Any) -> None:
+    """Print :class:`~sessionroute.calibrate.CheckResult` s (live vs model, error), one per
+    arrival rate."""
     from rich.table import Table
 
-    table = Table(title=f"check: held-out workload, {check.requests} requests, live vs model")
-    for col in ("metric", "live", "model", "error"):
+    table = Table(
+        title=f"check: held-out workload ({checks[0].requests} streaming requests), live vs model"
+    )
+    for col in ("arrivals", "metric", "live", "model", "error", "vLLM's (mean)"):
         table.add_column(col)
-    errors = check.errors()
-    for key, live in check.live.items():
-        scale, fmt = (1.0, "{:.0f}") if key == "tok_per_s" else (1e3, "{:.2f} ms")
-        table.add_row(
-            key,
-            fmt.format(live * scale),
-            fmt.format(check.sim[key] * scale),
-            f"{errors[key]:+.1%}" if key in errors else "-",
-        )
+    for check, rate in zip(checks, rates, strict=True):
+        errors = check.errors()
+        for key, live in check.live.items():
+            scale, fmt = (1.0, "{:.0f}") if key == "tok_per_s" else (1e3, "{:.2f} ms")
+            server = check.server.get(key)
+            table.add_row(
+                f"{rate:g}/s",
+                key,
+                fmt.format(live * scale),
+                fmt.format(check.sim[key] * scale),
+                f"{errors[key]:+.1%}" if key in errors else "-",
+                "-" if server is None else fmt.format(server * scale),
+            )
     console.print(table)
 
 
@@ -233,7 +248,9 @@ def _run(args: argparse.Namespace) -> int:
 
     try:
         servers = asyncio.run(inspect())
-        plan = plan_for(servers, reps=args.reps, decode_tokens=args.decode_tokens)
+        plan = plan_for(
+            servers, reps=args.reps, decode_tokens=args.decode_tokens, stream=not args.no_stream
+        )
     except (CalibrationError, ValueError) as exc:
         return fail(str(exc))
     _print_servers(console, servers)
@@ -268,14 +285,25 @@ def _run(args: argparse.Namespace) -> int:
         except (CalibrationError, ValueError) as exc:
             return fail(str(exc))
     print_fit(console, result)
-    if args.check:
-        from sessionroute.calibrate import check_profile
+    if args.check and not args.no_stream:
+        from sessionroute.calibrate import CheckWorkload, check_profile
 
-        try:
-            check = asyncio.run(check_profile(result.servers[0], result.profile, result.block_size))
-        except CalibrationError as exc:
-            return fail(str(exc))
-        print_check(console, check)
+        checks = []
+        for rate in (6.0, 16.0):  # light load, and arrivals that keep a queue
+            try:
+                checks.append(
+                    asyncio.run(
+                        check_profile(
+                            result.servers[0],
+                            result.profile,
+                            result.block_size,
+                            CheckWorkload(rate_per_s=rate),
+                        )
+                    )
+                )
+            except CalibrationError as exc:
+                return fail(str(exc))
+        print_check(console, checks, (6.0, 16.0))
     try:
         path = write_profile(result, args.out)
     except OSError as exc:
