@@ -158,6 +158,7 @@ def test_live_engine_settings_never_silently_default(tmp_path: Path) -> None:
         "max_num_seqs": 8,
         "max_model_len": 2048,
         "block_size": 32,
+        "max_num_batched_tokens": 2048,
     }
     assert "config.json" in e.source
     explicit = _settings(live, {"kv_capacity_tokens": 1000, "max_num_seqs": 4})

@@ -15,7 +15,8 @@ Where they come from, first match wins:
 4. ``replicas = "command"`` with ``preset = "vllm-cpu"``: derived from the model directory's
    ``config.json`` and ``[live] kv_cache_bytes`` as vLLM sizes its cache (blocks of
    ``block_size`` tokens, ``2 * layers * kv_heads * head_dim * dtype bytes`` per token), with
-   ``[live]``'s ``max_num_seqs`` and ``max_model_len``, the flags the preset starts them with.
+   ``[live]``'s ``max_num_seqs`` and ``max_model_len``, the flags the preset starts them with,
+   and vllm-cpu's default ``max_num_batched_tokens`` (:data:`VLLM_CPU_BATCHED_TOKENS`).
 
 Otherwise :func:`live_engine_settings` refuses with what to add. Emulated replicas (the
 default ``[live]``) run the simulator's own replica settings: nothing to do.
@@ -33,6 +34,7 @@ from sessionroute.experiments.live_section import LiveSection
 from sessionroute.replica.profiles import is_profile_path, load_profile_file
 
 __all__ = [
+    "VLLM_CPU_BATCHED_TOKENS",
     "EngineSettings",
     "apply_engine_settings",
     "engine_from_servers",
@@ -40,6 +42,10 @@ __all__ = [
     "profile_note",
     "vllm_kv_tokens",
 ]
+
+VLLM_CPU_BATCHED_TOKENS = 2048
+"""``max_num_batched_tokens`` of the vllm-cpu preset's servers (vllm-cpu 0.32.0's default, read
+from their ``/server_info`` with ``--max-model-len 2048``; the preset does not set it)."""
 
 _DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2, "fp8": 1}
 
@@ -141,11 +147,12 @@ def live_engine_settings(settings: dict[str, Any]) -> EngineSettings | None:
             max_num_seqs=live.max_num_seqs,
             max_model_len=live.max_model_len,
             block_size=block,
-            max_num_batched_tokens=None,
+            max_num_batched_tokens=VLLM_CPU_BATCHED_TOKENS,
             source=(
                 f"derived from {live.model}/config.json and [live] kv_cache_bytes = "
                 f"{live.kv_cache_bytes} ({tokens} tokens per server), max_num_seqs = "
-                f"{live.max_num_seqs}, max_model_len = {live.max_model_len}"
+                f"{live.max_num_seqs}, max_model_len = {live.max_model_len}, "
+                f"max_num_batched_tokens = {VLLM_CPU_BATCHED_TOKENS} (vllm-cpu's default)"
             ),
         )
     raise ConfigError(

@@ -272,7 +272,8 @@ class SweRlWorkload:
         g.last_end_s = max(g.last_end_s, now)
         if g.open == 0:
             host.record_group(g.last_end_s - g.admit_s)
-        r.chain = BlockChain(1)  # free the key list
+        r.chain = BlockChain(1)  # free the key lists
+        r.before_reply = None
         if how == "completed":
             self._buffer.append(r)
             self._maybe_train()
