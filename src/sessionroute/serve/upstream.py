@@ -160,10 +160,11 @@ class UpstreamPool:
         less than ``keepalive_s`` at ``now`` (``time.monotonic()``), taken out of the pool;
         None when there is none (those closed or stale are closed and dropped).
 
-        Raises:
-            UpstreamConnectError: ``worker`` is not an http(s) URL with a host.
         """
-        idle = self._target(worker).idle
+        target = self._targets.get(worker)
+        if target is None:  # never connected to (or removed): nothing idle
+            return None
+        idle = target.idle
         stale = now - self.keepalive_s  # idle since before: the worker may be closing it now
         while idle:
             conn, since = idle.pop()
