@@ -8,21 +8,38 @@ the coroutine path does everything, which the other serve tests cover).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Coroutine
+from typing import Any
 
 import aiohttp
+import pytest
+
+from sessionroute.serve.http1 import Connection
 
 from .backend import FakeBackend
 from .conftest import MakeRouter, chat, post_chat
 
 
 async def test_answers_come_back_inline_on_a_pooled_connection(
-    backends: list[FakeBackend], make_router: MakeRouter, client: aiohttp.ClientSession
+    backends: list[FakeBackend],
+    make_router: MakeRouter,
+    client: aiohttp.ClientSession,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     b = backends[0]
     router = await make_router([b.url])
+    handed: list[object] = []
+    hand_over = Connection.hand_over
+
+    def counted(conn: Connection, coro: Coroutine[Any, Any, None]) -> None:
+        handed.append(coro)
+        hand_over(conn, coro)
+
+    monkeypatch.setattr(Connection, "hand_over", counted)
     for i in range(5):
         status, body = await post_chat(client, router, f"s-{i % 2}")
         assert status == 200 and body["choices"]
+    assert len(handed) == 1  # only the first, which had to connect: the others ran inline
     assert router.router.upstream.idle_count(b.url) == 1  # one connection, reused
     assert router.router.metrics.requests[(b.url, 200)] == 5
     assert router.router.core.cluster.in_flight(b.url) == 0

@@ -257,8 +257,11 @@ class Exchange:
             self._wake()
 
     def read_done(self) -> None:
-        if self._inline is not None and (self.complete or self.status):
-            self._wake()  # once the whole read is parsed: a small answer is complete by now
+        inline = self._inline
+        if inline is not None and (self.complete or self.status):
+            # told once the whole read is parsed (a small answer is complete by now)
+            self._inline = None
+            inline(self)
 
     def fail(self, error: UpstreamError) -> None:
         if self._error is None and not self.complete:

@@ -8,9 +8,10 @@
    :meth:`~sessionroute.router.requests.RequestBuilder.from_http`: 400 before anything is
    pinned), placed (``core.place``) and written to an idle pooled worker connection;
 2. the worker's answer arrives (:meth:`InlineProxy._answer`, the exchange's ``inline``
-   callback, told once the read that brought the answer is parsed): a complete, final response of a known length up
-   to :data:`~sessionroute.serve.messages.BUFFER_LIMIT` is relayed in one write, the exchange
-   and the reservation are released, and the listener goes on to the next request.
+   callback, told once the read that brought the answer is parsed): a complete, final
+   response of a known length up to :data:`~sessionroute.serve.messages.BUFFER_LIMIT` is
+   relayed in one write, the exchange and the reservation are released, and the listener
+   goes on to the next request.
 
 A request that must wait is handed to the connection's task
 (:meth:`~sessionroute.serve.http1.Connection.hand_over`) at the point it got to, and

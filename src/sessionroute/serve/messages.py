@@ -24,7 +24,6 @@ from sessionroute.serve.router import Router
 __all__ = [
     "BUFFER_LIMIT",
     "error",
-    "header_block",
     "record_status",
     "refuse",
     "relay_headers",
@@ -40,29 +39,31 @@ BUFFER_LIMIT = 256 * 1024
 
 
 # -- to the worker ---------------------------------------------------------------------------
-def header_block(router: Router, req: Request) -> bytes:
-    """The client's headers as received, minus the dropped ones, plus the worker credential
-    (``req`` from the router's listener: its ``forward_drop`` is :attr:`Router.request_drop`,
-    so :attr:`Request.forward` holds the lines to forward)."""
+def upstream_request(router: Router, req: Request, worker: str) -> list[bytes]:
+    """``req`` as it goes to ``worker``: the head, then the body's pieces as received.
+
+    The head is the request line and ``Host`` for ``worker``, the client's headers as
+    received less the dropped ones (``req`` comes from the router's listener, whose
+    ``forward_drop`` is :attr:`Router.request_drop`: :attr:`Request.forward` holds the lines
+    to forward), the worker credential and the ``Content-Length``.
+    """
     if req.connection_header:  # it names more headers to drop (rare with HTTP/1.1 clients)
-        return _header_block_connection(router, req)
-    return b"".join(req.forward) + router.worker_auth
+        forward = _forwarded_without_connection_tokens(router, req)
+    else:
+        forward = b"".join(req.forward)
+    head = router.upstream.request_head(worker, req.method, req.target)
+    tail = b"Content-Length: %d\r\n\r\n" % req.size
+    return [head + forward + router.worker_auth + tail, *req.parts]
 
 
-def _header_block_connection(router: Router, req: Request) -> bytes:
+def _forwarded_without_connection_tokens(router: Router, req: Request) -> bytes:
+    """The client's header lines less the dropped ones and those its ``Connection`` header
+    names (RFC 9110 7.6.1)."""
     drop = set(router.request_drop)
     for name, value in req.headers:
         if name.lower() == b"connection":
             drop.update(t.strip().lower() for t in value.split(b","))
-    kept = [b"%s: %s\r\n" % kv for kv in req.headers if kv[0].lower() not in drop]
-    return b"".join(kept) + router.worker_auth
-
-
-def upstream_request(router: Router, req: Request, worker: str) -> list[bytes]:
-    """``req`` as it goes to ``worker``: the head, then the body's pieces as received."""
-    head = router.upstream.request_head(worker, req.method, req.target)
-    tail = b"Content-Length: %d\r\n\r\n" % req.size
-    return [head + header_block(router, req) + tail, *req.parts]
+    return b"".join(b"%s: %s\r\n" % kv for kv in req.headers if kv[0].lower() not in drop)
 
 
 # -- a worker's answer -----------------------------------------------------------------------

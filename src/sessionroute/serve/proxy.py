@@ -41,6 +41,7 @@ from sessionroute.serve.messages import (
     error,
     refuse,
     relay_headers,
+    relay_whole,
     relayed_whole,
     upstream_request,
     upstream_timeout,
@@ -263,7 +264,6 @@ async def _relay(conn: Connection, router: Router, ex: Exchange, worker: str, ri
     status = ex.status
     metrics = router.metrics
     try:
-        headers = relay_headers(router, ex, rid)
         if relayed_whole(ex):
             try:
                 data = ex.body() if ex.complete else await ex.read()
@@ -286,11 +286,9 @@ async def _relay(conn: Connection, router: Router, ex: Exchange, worker: str, ri
                 upstream_timeout(conn, router, worker, rid, reading=True)
                 return True
             metrics.count_request(worker, status)
-            if router.usage is not None:
-                router.usage.observe(worker, data)
-            conn.respond_raw(status, headers, data)
+            relay_whole(conn, router, ex, rid, data)
             return True
-        conn.start_response(status, headers, ex.length)
+        conn.start_response(status, relay_headers(router, ex, rid), ex.length)
         try:
             await ex.relay(conn)  # written piece by piece as it arrives
         except (UpstreamError, asyncio.CancelledError) as exc:

@@ -124,8 +124,8 @@ class UpstreamPool:
                 await self._watchdog
             self._watchdog = None
         for target in self._targets.values():
-            for proto, _ in target.idle:
-                proto.close()
+            for conn, _ in target.idle:
+                conn.close()
             target.idle.clear()
 
     async def _watch(self) -> None:
@@ -160,10 +160,11 @@ class UpstreamPool:
         less than ``keepalive_s`` at ``now`` (``time.monotonic()``), taken out of the pool;
         None when there is none (those closed or stale are closed and dropped).
 
-        Raises:
-            UpstreamConnectError: ``worker`` is not an http(s) URL with a host.
         """
-        idle = self._target(worker).idle
+        target = self._targets.get(worker)
+        if target is None:  # never connected to (or removed): nothing idle
+            return None
+        idle = target.idle
         stale = now - self.keepalive_s  # idle since before: the worker may be closing it now
         while idle:
             conn, since = idle.pop()
@@ -247,8 +248,8 @@ class UpstreamPool:
         """Close ``worker``'s idle connections and forget it (a removed worker)."""
         target = self._targets.pop(worker, None)
         if target is not None:
-            for proto, _ in target.idle:
-                proto.close()
+            for conn, _ in target.idle:
+                conn.close()
         self._heads = {k: v for k, v in self._heads.items() if k[0] != worker}
 
     def prune(self) -> int:
@@ -257,11 +258,11 @@ class UpstreamPool:
         n = 0
         for target in self._targets.values():
             keep = []
-            for proto, since in target.idle:
-                if not proto.lost and now - since < self.keepalive_s:
-                    keep.append((proto, since))
+            for conn, since in target.idle:
+                if not conn.lost and now - since < self.keepalive_s:
+                    keep.append((conn, since))
                 else:
-                    proto.close()
+                    conn.close()
                     n += 1
             target.idle[:] = keep
         return n
