@@ -16,10 +16,12 @@ from email.utils import formatdate
 from http import HTTPStatus
 from typing import Any
 
-__all__ = ["REASONS", "HeadCache", "Response", "ResponseWriter", "json_response"]
+__all__ = ["STATUS_LINES", "HeadCache", "Response", "ResponseWriter", "json_response"]
 
-REASONS: dict[int, bytes] = {s.value: s.phrase.encode("ascii") for s in HTTPStatus}
-"""Standard reason phrases by status (RFC 9110)."""
+STATUS_LINES: dict[int, bytes] = {
+    s.value: b"HTTP/1.1 %d %s\r\n" % (s.value, s.phrase.encode("ascii")) for s in HTTPStatus
+}
+"""``HTTP/1.1 <status> <reason>\\r\\n`` for each standard status (RFC 9110 reason phrases)."""
 
 
 class HeadCache:
@@ -33,17 +35,14 @@ class HeadCache:
         self._date_line = b""
 
     def start(self, status: int) -> bytes:
-        """``HTTP/1.1 <status> <reason>\r\nDate: <IMF-fixdate>\r\n`` (the standard reason
+        """``HTTP/1.1 <status> <reason>\\r\\nDate: <IMF-fixdate>\\r\\n`` (the standard reason
         phrase, ``Unknown`` for a non-standard status)."""
         now = int(time.time())
         if now != self._date_second:
             self._date_second = now
             self._date_line = b"Date: " + formatdate(now, usegmt=True).encode("ascii") + b"\r\n"
-        return b"HTTP/1.1 %d %s\r\n%s" % (
-            status,
-            REASONS.get(status, b"Unknown"),
-            self._date_line,
-        )
+        line = STATUS_LINES.get(status) or b"HTTP/1.1 %d Unknown\r\n" % status
+        return line + self._date_line
 
 
 @dataclass(slots=True)
