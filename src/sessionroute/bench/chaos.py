@@ -35,12 +35,13 @@ import json
 import os
 import signal
 import time
+from collections import Counter
 from typing import Any
 
 import aiohttp
 
 from sessionroute.bench.chaos_fleet import Fleet, rss_mib
-from sessionroute.bench.chaos_load import LoadConfig, drive
+from sessionroute.bench.chaos_load import Attempt, LoadConfig, SessionLog, drive
 from sessionroute.bench.chaos_report import account
 from sessionroute.bench.chaos_report import print_table as _print_table
 from sessionroute.bench.options import at_least, positive_float
@@ -69,11 +70,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--replicas", type=at_least(2), default=3, help="emulated replicas (3)")
     a("--turns", type=at_least(2), default=5, help="turns per session at most (5)")
     a("--attempts", type=at_least(1), default=4, help="tries per turn, retries included (4)")
-    a("--time-scale", type=positive_float, default=20.0, help="emulator speed-up (20)")
-    a("--max-tokens", type=at_least(1), default=8, help="tokens per answer (8)")
+    a(
+        "--time-scale",
+        type=positive_float,
+        default=1.0,
+        help="emulator speed-up over the modelled GPU (1: a 64-token answer takes about 0.5 s, "
+        "so faults find requests open; the emulator costs little CPU at any scale)",
+    )
+    a("--max-tokens", type=at_least(1), default=64, help="tokens per answer (64)")
     a("--seed", type=int, default=0, help="seed of arrivals and turns (0)")
     a("--drain", type=positive_float, default=180.0, help="seconds the last sessions get (180)")
     a("--out", default=None, metavar="FILE", help="also write the JSON result to FILE")
+    a(
+        "--trace",
+        action="store_true",
+        help="put every attempt in the JSON (session, turn, router, start, end, worker, error)",
+    )
 
 
 def schedule(kind: str, duration_s: float) -> list[tuple[float, str]]:
@@ -86,17 +98,26 @@ def schedule(kind: str, duration_s: float) -> list[tuple[float, str]]:
     return [(first + i * step, f) for i, f in enumerate(faults)]
 
 
-async def _fault(fleet: Fleet, kind: str, t0: float) -> dict[str, Any]:
+async def _when_open(open_now: Counter[str], key: str, t0: float) -> tuple[float, int]:
+    """Wait up to 10 s for a request open on ``key``; (seconds since t0, requests open)."""
+    deadline = time.monotonic() + 10.0
+    while open_now[key] <= 0 and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    return time.monotonic() - t0, open_now[key]
+
+
+async def _fault(fleet: Fleet, kind: str, t0: float, open_now: Counter[str]) -> dict[str, Any]:
     target = _TARGET[kind]
     start = time.monotonic() - t0
     hold = _HOLD_S[kind]
     note = ""
     if kind == "replica_crash":
         child = fleet.replicas[target]
+        start, opened = await _when_open(open_now, child.url, t0)
         child.kill()
         await asyncio.sleep(hold)
         await child.start()
-        note = f"SIGKILL, restarted on port {child.port} after {hold:g} s"
+        note = f"{opened} requests open; SIGKILL, restarted on port {child.port} after {hold:g} s"
     elif kind == "replica_freeze":
         child = fleet.replicas[target]
         child.send(signal.SIGSTOP)
@@ -110,19 +131,25 @@ async def _fault(fleet: Fleet, kind: str, t0: float) -> dict[str, Any]:
         note = f"SIGKILL (data lost), restarted after {hold:g} s"
     else:
         child = fleet.routers[target]
+        start, opened = await _when_open(open_now, f"router{target}", t0)
+        note = f"{opened} requests open; "
         child.kill()
         await child.start()
-        note = "SIGKILL with requests open, restarted at once"
+        note += "SIGKILL, restarted at once"
     end = time.monotonic() - t0
     return {"kind": kind, "target": target, "start_s": start, "end_s": end, "note": note}
 
 
 async def _run_faults(
-    fleet: Fleet, plan: list[tuple[float, str]], t0: float, out: list[dict[str, Any]]
+    fleet: Fleet,
+    plan: list[tuple[float, str]],
+    t0: float,
+    out: list[dict[str, Any]],
+    open_now: Counter[str],
 ) -> None:
     for at, kind in plan:
         await asyncio.sleep(max(0.0, t0 + at - time.monotonic()))
-        out.append(await _fault(fleet, kind, t0))
+        out.append(await _fault(fleet, kind, t0, open_now))
 
 
 def _rss(fleet: Fleet) -> dict[str, float | None]:
@@ -203,8 +230,9 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
         sample("start")
         t0 = time.monotonic()
         urls = [r.url for r in fleet.routers]
-        load = asyncio.create_task(drive(cfg, urls, duration, args.drain, t0, "chaos"))
-        chaos = asyncio.create_task(_run_faults(fleet, plan, t0, faults))
+        open_now: Counter[str] = Counter()
+        load = asyncio.create_task(drive(cfg, urls, duration, args.drain, t0, open_now))
+        chaos = asyncio.create_task(_run_faults(fleet, plan, t0, faults, open_now))
         await asyncio.sleep(0.1 * duration)
         sample("after_warmup")
         logs, skipped = await load
@@ -261,7 +289,20 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
         "rss_note": "router1 is restarted by the schedule: its later samples are a new process",
         "problems": problems,
         "ok": not problems,
+        **({"trace": _trace(logs, fleet)} if args.trace else {}),
     }
+
+
+def _who(a: Attempt, fleet: Fleet) -> tuple[int | None, str | None]:
+    return fleet.worker_index(a.worker), a.error
+
+
+def _trace(logs: list[SessionLog], fleet: Fleet) -> list[list[Any]]:
+    return [
+        [s.sid, a.turn, a.router, round(a.start, 3), round(a.end, 3), *_who(a, fleet)]
+        for s in logs
+        for a in s.attempts
+    ]
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

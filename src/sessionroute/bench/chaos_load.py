@@ -17,6 +17,7 @@ import asyncio
 import json
 import random
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -104,19 +105,27 @@ async def _session(
     routers: list[str],
     http: aiohttp.ClientSession,
     t0: float,
+    open_now: Counter[str],
 ) -> None:
     messages: list[dict[str, str]] = []
+    last: str | None = None  # the worker of the last answer
     for t in range(log.turns):
         messages.append({"role": "user", "content": f"{log.sid} turn {t}: go on"})
         body = {"messages": messages, "max_tokens": cfg.max_tokens, "stream": log.stream}
         for a in range(cfg.attempts):
             r = (log.index + t + a) % len(routers)
             start = time.monotonic() - t0
-            ok, worker, error, text = await _attempt(
-                http, routers[r] + "/v1/chat/completions", log.sid, body, log.stream
-            )
+            keys = [f"router{r}", *([last] if last else [])]
+            open_now.update(keys)
+            try:
+                ok, worker, error, text = await _attempt(
+                    http, routers[r] + "/v1/chat/completions", log.sid, body, log.stream
+                )
+            finally:
+                open_now.subtract(keys)
             log.attempts.append(Attempt(t, r, start, time.monotonic() - t0, ok, worker, error))
             if ok:
+                last = worker
                 messages.append({"role": "assistant", "content": text[:200]})
                 log.done_turns += 1
                 break
@@ -134,9 +143,12 @@ async def drive(
     duration_s: float,
     drain_s: float,
     t0: float,
-    prefix: str,
+    open_now: Counter[str],
+    prefix: str = "chaos",
 ) -> tuple[list[SessionLog], int]:
-    """Start sessions for ``duration_s`` seconds, then wait up to ``drain_s`` for the live ones.
+    """Start sessions for ``duration_s`` seconds, then wait up to ``drain_s`` for the live ones
+    (``open_now``: requests open now through ``router<r>``, and on each worker URL as far
+    as the client knows: that of the session's last answer).
 
     Returns:
         every session's log (those still running after the drain were cancelled: ``running``)
@@ -160,7 +172,7 @@ async def drive(
             k = len(logs)
             log = SessionLog(f"{prefix}-{k}", k, k % 2 == 1, rng.randint(2, max(2, cfg.turns)))
             logs.append(log)
-            task = asyncio.create_task(_session(log, cfg, routers, http, t0))
+            task = asyncio.create_task(_session(log, cfg, routers, http, t0, open_now))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
         if tasks:

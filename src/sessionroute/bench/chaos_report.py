@@ -119,7 +119,16 @@ def account(
                 retried_ok += 1
             elif not attempts[-1].ok:
                 failed_turns += 1
+    for f in faults:  # requests open when the fault hit (through the router, for a router)
+        f["open_at_start"] = sum(
+            a.start <= f["start_s"] <= a.end
+            and (f["kind"] != "router_restart" or a.router == f["target"])
+            for s in logs
+            for a in s.attempts
+        )
+    took = sorted(a.end - a.start for s in logs for a in s.attempts if a.ok)
     return {
+        "ok_attempt_s_median": round(took[len(took) // 2], 3) if took else None,
         "sessions": len(logs),
         "completed": states["completed"],
         "aborted": states["aborted"],
@@ -154,11 +163,12 @@ def print_table(result: dict[str, Any]) -> None:
     r = result
     console = Console()
     faults = Table(title=f"chaos ({r['schedule']}): faults, seconds since the load started")
-    for col in ("fault", "target", "start", "back", "note"):
+    for col in ("fault", "target", "start", "back", "open requests", "note"):
         faults.add_column(col, justify="left" if col in ("fault", "note") else "right")
     for f in r["faults"]:
         back = f"{f['end_s']:.1f}"
-        faults.add_row(_LABEL[f["kind"]], str(f["target"]), f"{f['start_s']:.1f}", back, f["note"])
+        start, opened = f"{f['start_s']:.1f}", str(f.get("open_at_start"))
+        faults.add_row(_LABEL[f["kind"]], str(f["target"]), start, back, opened, f["note"])
     console.print(faults)
     a = r["accounting"]
     t = Table(title=f"{a['sessions']} sessions, {a['attempts']} attempts over 2 routers")
@@ -170,6 +180,7 @@ def print_table(result: dict[str, Any]) -> None:
         ("sessions lost (no outcome after the drain)", a["lost"]),
         ("turns ok / planned", f"{a['turns_ok']} / {a['turns_planned']}"),
         ("turns ok after a retry", a["turns_ok_after_retry"]),
+        ("median seconds of an answered attempt", a["ok_attempt_s_median"]),
         ("turns failed (retries exhausted)", a["turns_failed"]),
     ]
     for cause, n in sorted(a["failed_attempts"].items()):
