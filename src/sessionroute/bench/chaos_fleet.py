@@ -172,7 +172,7 @@ class Fleet:
             cmd += ["--state-url", redis.url, "--state-key-prefix", f"chaos-{os.getpid()}"]
             cmd += ["--expose-worker-header", "--log-level", "warning"]
             cmd += ["--health-check-interval-secs", "2", "--health-recheck-interval-secs", "1"]
-            cmd += ["--health-check-timeout-secs", "3", "--health-failure-threshold", "2"]
+            cmd += ["--health-check-timeout-secs", "5", "--health-failure-threshold", "2"]
             cmd += ["--health-success-threshold", "1", "--request-timeout-secs", "60"]
             cmd += ["--session-ttl-secs", "3600"]
             outs.append(Child(f"router{i}", "router", cmd, port))
