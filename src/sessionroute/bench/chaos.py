@@ -58,7 +58,12 @@ _RSS_POINTS = ("start", "after_warmup", "end_of_load", "after_release")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``sessionroute bench chaos``."""
     a = parser.add_argument
-    a("--schedule", choices=["short", "long"], default="short", help="short: each fault once; long: the cycle 5 times over >= 30 minutes")
+    a(
+        "--schedule",
+        choices=["short", "long"],
+        default="short",
+        help="short: each fault once; long: the cycle 5 times over >= 30 minutes",
+    )
     a(
         "--duration",
         type=positive_float,
