@@ -230,6 +230,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
         for name, v in _rss(fleet).items():
             rss[name][point] = v
 
+    tasks: list[asyncio.Task[Any]] = []
     try:
         await fleet.start_all()
         sample("start")
@@ -238,6 +239,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
         open_now: Counter[str] = Counter()
         load = asyncio.create_task(drive(cfg, urls, duration, args.drain, t0, open_now))
         chaos = asyncio.create_task(_run_faults(fleet, plan, t0, faults, open_now))
+        tasks += [load, chaos]
         await asyncio.sleep(0.1 * duration)
         sample("after_warmup")
         logs, skipped = await load
@@ -250,6 +252,9 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
         restarts = {c.name: c.starts - 1 for c in fleet.children}
         worker_urls = [r.url for r in fleet.replicas]
     finally:
+        for task in tasks:  # on an error: nothing may signal a child after the stop
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         fleet.stop_all()
     acc = account(logs, faults, fleet.worker_index)
     live = 0  # every session was released above
