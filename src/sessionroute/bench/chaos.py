@@ -34,6 +34,7 @@ import asyncio
 import json
 import os
 import signal
+import sys
 import time
 from collections import Counter
 from typing import Any
@@ -231,6 +232,9 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
             rss[name][point] = v
 
     tasks: list[asyncio.Task[Any]] = []
+    me = asyncio.current_task()
+    if me is not None:  # SIGTERM (timeout, kill): stop everything as Ctrl-C does
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, me.cancel)
     try:
         await fleet.start_all()
         sample("start")
@@ -318,7 +322,14 @@ def _trace(logs: list[SessionLog], fleet: Fleet) -> list[list[Any]]:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Run the chaos bench (module docstring); returns the result document (also written to
     ``--out`` when given)."""
-    result = asyncio.run(_run(args))
+    try:
+        result = asyncio.run(_run(args))
+    except asyncio.CancelledError:
+        print(
+            "sessionroute bench chaos: stopped (SIGTERM); its processes were stopped",
+            file=sys.stderr,
+        )
+        raise SystemExit(143) from None
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)
