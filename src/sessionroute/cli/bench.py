@@ -45,6 +45,10 @@ _TARGETS: dict[str, tuple[str, str]] = {
         "sessionroute.bench.soak",
         "router memory under never-released sessions (10 minutes by default)",
     ),
+    "chaos": (
+        "sessionroute.bench.chaos",
+        "faults while loaded: two routers on one Redis, emulated replicas, crashes and restarts",
+    ),
     "instructions": (
         "sessionroute.bench.instructions",
         "instructions per request of engine, sim or proxy (valgrind)",

@@ -1,0 +1,84 @@
+"""``sessionroute bench chaos``: the short fault schedule over real processes (two routers, a
+real redis-server, emulated replicas), and its accounting invariants.
+
+Nothing here asserts a latency or a duration: the machine may be loaded. What must hold is
+the accounting: every session completed or aborted with a retryable error, no session lost,
+every failed attempt and every move of a session explained by a fault, every session released
+through one of the two routers and none left pinned in Redis.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sessionroute.bench.chaos import schedule
+
+_EXPLAINED = {"router restart", "replica crash", "replica freeze", "redis restart"}
+
+
+def test_the_long_schedule_runs_every_fault_five_times_after_warm_up() -> None:
+    plan = schedule("long", 1800.0)
+    kinds = [k for _, k in plan]
+    for kind in ("replica_crash", "replica_freeze", "redis_restart", "router_restart"):
+        assert kinds.count(kind) == 5
+    times = [t for t, _ in plan]
+    assert times == sorted(times)
+    assert times[0] >= 0.1 * 1800 and times[-1] <= 0.8 * 1800
+    assert [k for _, k in schedule("short", 60.0)] == kinds[:4]
+
+
+def test_a_long_schedule_shorter_than_30_minutes_is_refused() -> None:
+    cmd = [sys.executable, "-m", "sessionroute.cli", "bench", "chaos", "--schedule", "long"]
+    proc = subprocess.run(
+        [*cmd, "--duration", "60"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert "--duration >= 1800" in proc.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server")
+def test_short_chaos_schedule_loses_no_session_and_explains_every_error(tmp_path: Path) -> None:
+    out = tmp_path / "chaos.json"
+    cmd = [sys.executable, "-m", "sessionroute.cli", "bench", "chaos", "--duration", "40"]
+    cmd += ["--rate", "2", "--concurrency", "12", "--out", str(out), "--json"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert out.exists(), proc.stderr[-3000:]
+    r = json.loads(out.read_text())
+    assert json.loads(proc.stdout) == r
+    a = r["accounting"]
+    assert [f["kind"] for f in r["faults"]] == [
+        "replica_crash",
+        "replica_freeze",
+        "redis_restart",
+        "router_restart",
+    ]
+    assert r["restarts"]["replica0"] == 1 and r["restarts"]["redis"] == 1
+    assert r["restarts"]["router1"] == 1
+    assert a["sessions"] >= 10  # fewer arrive when a loaded machine slows every turn
+    assert a["lost"] == 0
+    assert a["completed"] + a["aborted"] == a["sessions"]
+    assert a["turns_ok"] + a["turns_failed"] + a["turns_not_sent"] == a["turns_planned"]
+    assert a["turns_failed"] == a["aborted"]
+    assert set(a["failed_attempts"]) <= _EXPLAINED, a["failed_attempt_details"]
+    assert a["unexplained_errors"] == 0
+    assert a["ok_without_worker_header"] == 0
+    assert a["unexplained_moves"] == 0, a["moved_session_traces"]
+    assert a["unexplained_flaps"] == 0, a["moved_session_traces"]
+    assert r["finish"]["failed"] == 0
+    assert sum(r["finish"]["ok_per_router"]) == a["sessions"]
+    assert min(r["finish"]["ok_per_router"]) >= a["sessions"] // 2
+    assert r["redis_after"]["pins"] == 0 and r["redis_after"]["counted"] == 0
+    for samples in r["rss_mib"].values():
+        assert all(samples[p] > 0 for p in r["rss_points"])
+    assert r["ok"], r["problems"]
+    assert proc.returncode == 0
