@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 import aiohttp
 
+from sessionroute.clock import MonotonicClock
 from sessionroute.router.policies.adaptive_hold import AdaptiveHoldPolicy
 
 from .backend import FakeBackend
@@ -26,7 +27,9 @@ async def test_serve_holds_a_running_sessions_turn_and_resumes_it(
     backends: list[FakeBackend], make_router: MakeRouter, client: aiohttp.ClientSession
 ) -> None:
     url = backends[0].url
-    router = await make_router([url], policy="adaptive_hold", policy_option=("hold_check_s=0.02",))
+    router = await make_router(  # the core's re-check timer follows the router's clock
+        [url], clock=MonotonicClock(), policy="adaptive_hold", policy_option=("hold_check_s=0.02",)
+    )
     core = router.router.core
     policy = core.policy
     assert isinstance(policy, AdaptiveHoldPolicy) and core.admission_recheck_s == 0.02
@@ -46,5 +49,5 @@ async def test_serve_holds_a_running_sessions_turn_and_resumes_it(
     policy.ceiling.clear()  # the worker drained: the driver's next re-check resumes it
     assert (await waiting)[0] == 200
     assert policy.held() == {} and policy.released["resumed"] == len(held)
-    assert policy.held_turns == 1  # (the test router's clock is manual: no wait measured)
+    assert policy.held_turns == 1
     assert [s.session for s in backends[0].seen].count(held[0]) == 2

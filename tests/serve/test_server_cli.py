@@ -221,7 +221,15 @@ def test_the_router_defaults_are_written_once_and_the_flags_follow_them() -> Non
     args = parser.parse_args(["serve"])
     assert settings_from_args(args, environ={}).router_config() == RouterConfig()
     fields = {field for field, _ in ROUTER_FLAGS.values()}
-    assert fields | {"session_headers", "circuit_breaker"} == set(RouterConfig.model_fields)
+    own_flags = {  # each has a flag of its own shape (a list, a switch, vllm-router's limits)
+        "session_headers",
+        "session_body_fields",
+        "circuit_breaker",
+        "cb_keep_half_available",
+        "rate_limit_capacity",
+        "rate_limit_per_s",
+    }
+    assert fields | own_flags == set(RouterConfig.model_fields)
     odd = RouterConfig(
         retry_after_send=False,
         health_check_interval_s=7.5,
@@ -229,6 +237,10 @@ def test_the_router_defaults_are_written_once_and_the_flags_follow_them() -> Non
         retry_backoff_s=0.25,
         sweep_interval_s=30.0,
         circuit_breaker=False,
+        session_body_fields=("user",),
+        cb_keep_half_available=True,
+        rate_limit_capacity=5,
+        rate_limit_per_s=2.0,
     )
     again = parser.parse_args(["serve", *router_flags(odd)])
     assert settings_from_args(again, environ={}).router_config() == odd

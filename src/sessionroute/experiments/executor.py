@@ -14,7 +14,8 @@ in failure handling:
   back through a Ray queue.
 
 Both return one entry per task: its output, or a :class:`RunFailed` naming what went wrong, so
-that a partial experiment still writes what finished.
+that a partial experiment still writes what finished. A :class:`~sessionroute.errors.ConfigError`
+(a setting of the experiment that every run would trip on) is raised instead.
 """
 
 from __future__ import annotations
@@ -99,6 +100,12 @@ def _ignore(fraction: float) -> None:
 
 
 def _failure(label: str, exc: BaseException) -> RunFailed:
+    """The :class:`RunFailed` of a run that raised ``exc``; a :class:`ConfigError` (the
+    experiment's own settings, which every run would hit alike) is raised instead."""
+    cause = getattr(exc, "cause", None)  # a Ray task's error wraps the run's
+    for err in (exc, cause):
+        if isinstance(err, ConfigError):
+            raise err
     detail = "".join(traceback.format_exception(exc))
     return RunFailed(label, f"{type(exc).__name__}: {exc}", detail)
 
