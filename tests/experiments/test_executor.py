@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from sessionroute.cli import main
-from sessionroute.cli.compare import experiment_from_args
+from sessionroute.cli.experiment_args import experiment_from_args
 from sessionroute.errors import ConfigError
 from sessionroute.experiments.executor import LocalExecutor, RayExecutor, RunFailed, Task
 from sessionroute.experiments.results import RunOutput

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sessionroute.cli import build_parser
-from sessionroute.cli.compare import experiment_from_args
+from sessionroute.cli.experiment_args import experiment_from_args
 from sessionroute.errors import ConfigError
 from sessionroute.experiments.spec import resolve_arms
 from sessionroute.router.policies.options import (

@@ -120,7 +120,7 @@ def _run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.markup import escape
 
-    from sessionroute.cli.compare import experiment_from_args
+    from sessionroute.cli.experiment_args import experiment_from_args
     from sessionroute.errors import SessionRouteError
     from sessionroute.experiments.sweep import KNOBS, sweep_experiment
 

@@ -120,7 +120,7 @@ def _space(args: argparse.Namespace, cls: Any) -> tuple[dict[str, Any], dict[str
 
 def _setup(args: argparse.Namespace) -> Any:
     """The study's :class:`~sessionroute.experiments.tune.TuneSetup` from the arguments."""
-    from sessionroute.cli.compare import experiment_from_args
+    from sessionroute.cli.experiment_args import experiment_from_args
     from sessionroute.cli.sweep import DEFAULT_STEPS, _values
     from sessionroute.errors import ConfigError
     from sessionroute.experiments.sweep import KNOBS
