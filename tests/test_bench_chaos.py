@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 
 from sessionroute.bench.chaos import schedule
+from sessionroute.bench.chaos_load import Attempt, SessionLog
+from sessionroute.bench.chaos_report import account
 
 _EXPLAINED = {"router restart", "replica crash", "replica freeze", "redis restart"}
 
@@ -31,6 +33,25 @@ def test_the_long_schedule_runs_every_fault_five_times_after_warm_up() -> None:
     assert times == sorted(times)
     assert times[0] >= 0.1 * 1800 and times[-1] <= 0.8 * 1800
     assert [k for _, k in schedule("short", 60.0)] == kinds[:4]
+
+
+def _moves(turn1: Attempt) -> dict[str, int]:
+    """The moves of a session answered on worker 0, then by ``turn1``, with replica 0
+    crashed from 7.18 s to 10.8 s (the CI run that found the case)."""
+    log = SessionLog("s", 0, False, 2, "completed", 2)
+    log.attempts = [Attempt(0, 0, 6.46, 6.9, True, "w0"), turn1]
+    crash = {"kind": "replica_crash", "target": 0, "start_s": 7.18, "end_s": 10.8}
+    result = account([log], [crash], lambda url: int(url[1:]))
+    return dict(result["moves"])
+
+
+def test_a_move_the_router_made_after_a_crash_mid_attempt_is_put_down_to_the_crash() -> None:
+    # sent at 7.17 towards worker 0, which died at 7.18; the router retried it on worker 1
+    assert _moves(Attempt(1, 1, 7.17, 7.6, True, "w1")) == {"replica crash": 1}
+
+
+def test_a_move_before_any_fault_stays_unexplained() -> None:
+    assert _moves(Attempt(1, 1, 7.0, 7.1, True, "w1")) == {"unexplained": 1}
 
 
 def test_a_long_schedule_shorter_than_30_minutes_is_refused() -> None:

@@ -47,11 +47,13 @@ def _cause(a: Attempt, faults: list[dict[str, Any]]) -> str:
 
 
 def _move_cause(
-    left: int | None, at: float, before: float, first: float, faults: list[dict[str, Any]]
+    left: int | None, before: float, answered: float, first: float, faults: list[dict[str, Any]]
 ) -> str:
-    """The fault that explains a move off worker ``left`` between a turn that ended at
-    ``before`` and the next one sent at ``at`` (``first``: the session's first answer)."""
-    live = [f for f in faults if _covers(f, before, at)]
+    """The fault that explains a move off worker ``left`` between a turn answered at
+    ``before`` and the next one answered at ``answered`` (``first``: the session's first
+    answer). The window runs to the answer, not the send: the router may retry an attempt
+    on another worker when its worker dies after the request went out."""
+    live = [f for f in faults if _covers(f, before, answered)]
     for f in live:
         if f["kind"] == "redis_restart":
             if first < f["start_s"]:
@@ -90,7 +92,7 @@ def account(
                 no_worker += w is None
                 if served and served[-1][0] != w:
                     left, before = served[-1]
-                    cause = _move_cause(left, a.start, before, served[0][1], faults)
+                    cause = _move_cause(left, before, a.end, served[0][1], faults)
                     moves[cause] += 1
                     causes.append(cause)
                     if w in seen and flapped is None:
