@@ -11,7 +11,15 @@ import pytest
 from sessionroute.cli import main
 from sessionroute.experiments.objective import Constraint, Objective
 from sessionroute.experiments.results import ArmResult, RunOutput
-from sessionroute.experiments.tune import StudyResult, TrialScore, TuneSetup, score_runs
+from sessionroute.experiments.tune import (
+    StudyResult,
+    TrialScore,
+    TuneSetup,
+    _interrupted,
+    _suggest,
+    open_study,
+    score_runs,
+)
 from sessionroute.experiments.tune_report import tuned_options
 from sessionroute.experiments.verdict import ArmRuns, judge
 from sessionroute.router.policies.options import Knob, load_policy_file
@@ -90,6 +98,25 @@ def test_tune_writes_a_policy_file_and_resumes(tmp_path: Path) -> None:
     assert _tune(tmp_path, "--trials", "3", "--resume") == 0
     doc = json.loads((out / "tune.json").read_text())
     assert [t["trial"] for t in doc["trials"]] == [0, 1, 2]  # 0 and 1 were not run again
+
+
+def test_a_resumed_study_reruns_the_interrupted_trial_and_samples_anew(tmp_path: Path) -> None:
+    setup, path = _setup(), tmp_path / "study.log"
+    study = open_study(setup, path, resume=False)
+    asked = []
+    for value in (600.0, 590.0, None):  # trial 2 is interrupted: asked, never told
+        trial = study.ask()
+        asked.append(_suggest(trial, setup.space))
+        if value is not None:
+            study.tell(trial, value)
+    assert asked[0] == {"c": 1.25}  # trial 0: the defaults
+    resumed = open_study(setup, path, resume=True)
+    again = _suggest(resumed.ask(), setup.space)
+    assert again == asked[2]  # the interrupted trial's settings first
+    fresh = _suggest(resumed.ask(), setup.space)
+    assert fresh not in asked  # not the first run's start-up sequence again
+    closed = resumed.trials[2]
+    assert _interrupted(closed) and not _interrupted(resumed.trials[1])
 
 
 @pytest.mark.parametrize(

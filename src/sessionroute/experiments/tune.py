@@ -232,6 +232,7 @@ def open_study(setup: TuneSetup, path: Path, resume: bool) -> Any:
             raise ConfigError(
                 f"--resume: the study at {str(path)!r} tunes {theirs}, not {identity}"
             )
+        _resume(study, setup.seed)
         return study
     study = optuna.create_study(
         study_name="tune", storage=storage, sampler=sampler, direction=direction
@@ -239,6 +240,29 @@ def open_study(setup: TuneSetup, path: Path, resume: bool) -> Any:
     study.set_user_attr("identity", identity)
     study.enqueue_trial(setup.defaults())
     return study
+
+
+def _resume(study: Any, seed: int) -> None:
+    """Make a loaded study go on where it stopped: a trial an interrupted run left unfinished
+    is closed (as failed, marked ``interrupted``: it does not count against the budget) and
+    its settings are asked again first; the sampler is reseeded with ``seed`` plus the number
+    of trials so far, so that it does not propose the first trials' settings again (a sampler
+    seeded as at the start repeats its random start-up trials)."""
+    import optuna
+
+    running = optuna.trial.TrialState.RUNNING
+    for t in study.get_trials(deepcopy=False, states=(running,)):
+        study.enqueue_trial(t.params)
+        study.tell(t.number, state=optuna.trial.TrialState.FAIL)
+    n = len(study.trials)
+    study.sampler = optuna.samplers.TPESampler(seed=seed + n, n_startup_trials=8)
+
+
+def _interrupted(t: Any) -> bool:
+    """A trial closed by :func:`_resume`: it never recorded its runs' outcome."""
+    import optuna
+
+    return bool(t.state == optuna.trial.TrialState.FAIL and "violations" not in t.user_attrs)
 
 
 def run_study(
@@ -271,7 +295,8 @@ def run_study(
     start = clock()
     ended = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL)
     while True:
-        done = [t for t in study.trials if t.state in ended]  # a failed trial counts too
+        # a failed trial counts too, one a stop interrupted does not (see _resume)
+        done = [t for t in study.trials if t.state in ended and not _interrupted(t)]
         if len(done) >= trials or (timeout_s is not None and clock() - start >= timeout_s):
             break
         trial = study.ask()
