@@ -24,13 +24,13 @@ from sessionroute.router.config import DEFAULT_SESSION_HEADERS, RouterConfig, he
 from sessionroute.router.policies.options import load_policy_file, parse_policy
 from sessionroute.router.policies.registry import policy_class, takes_option
 from sessionroute.router.session_keys import DEFAULT_SESSION_BODY_FIELDS
-from sessionroute.serve.flags import (
+from sessionroute.serve.flag_defaults import (
     DEFAULT_REQUEST_ID_HEADERS,
     DEFAULTS,
     ROUTER_FLAGS,
     SESSION_TTL_ENV,
-    add_arguments,
 )
+from sessionroute.serve.flags import add_arguments
 
 __all__ = [
     "DEFAULTS",
