@@ -129,14 +129,14 @@ async def test_a_circuit_timer_that_fires_early_is_armed_again(
     )
     router = running.router
     router.record_failure(a.url)
-    assert not router.core.cluster.is_healthy(a.url) and router._timer_due == 30.0
+    assert not router.core.cluster.is_healthy(a.url) and router.timers.due == 30.0
     clock.advance(29.9995)  # the timer fires half a millisecond early
-    router._fire()
+    router.timers.fire()
     assert not router.core.cluster.is_healthy(a.url)
-    assert router._timer is not None and router._timer_due == 30.0  # armed again
+    assert router.timers.timer is not None and router.timers.due == 30.0  # armed again
     clock.advance(0.001)
-    router._fire()
-    assert router.core.cluster.is_healthy(a.url) and router._timer_due == 3600.0
+    router.timers.fire()
+    assert router.core.cluster.is_healthy(a.url) and router.timers.due == 3600.0
 
 
 @pytest.mark.parametrize("policy", ["consistent_hash", "sticky_least_loaded"])
