@@ -10,6 +10,7 @@ the moment it turns half-open; a worker that turns unhealthy is re-checked every
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from sessionroute.clock import Clock
@@ -32,6 +33,9 @@ class WorkerAvailability:
     clock: Clock
     timers: Timers
     health: dict[str, WorkerHealth]
+    on_circuit: Callable[[str, bool], None] | None
+    """Called with ``(url, True)`` when a request failure opened ``url``'s circuit and
+    ``(url, False)`` when successes closed it again (``serve`` logs them), or None."""
     _sick_set: bool
 
     if TYPE_CHECKING:
@@ -60,7 +64,11 @@ class WorkerAvailability:
         wh = self.health.get(url)
         if wh is None or wh.breaker.settled:  # the common case: nothing to record
             return False
-        return wh.breaker.record_success() and self.refresh(url)
+        if not wh.breaker.record_success():
+            return False
+        if self.on_circuit is not None:  # the circuit closed
+            self.on_circuit(url, False)
+        return self.refresh(url)
 
     def record_failure(self, url: str) -> float | None:
         """An upstream failure (5xx, reset, timeout) from ``url``.
@@ -94,6 +102,8 @@ class WorkerAvailability:
             return None
         self.refresh(url)
         self.timers.push(wh.breaker.reopen_at, CIRCUIT, url)
+        if self.on_circuit is not None:
+            self.on_circuit(url, True)
         return wh.breaker.timeout_s
 
     def reopens_in(self, url: str) -> float | None:

@@ -103,6 +103,13 @@ class RouterConfig(BaseModel):
             ended.
         health_failure_threshold: consecutive failed checks that make a worker unhealthy.
         health_success_threshold: consecutive passed checks that make it healthy again.
+        request_timeout_s: seconds a worker has to answer a request in full, from the moment
+            the attempt starts; past it the attempt fails as a timeout (a 504, never retried:
+            :meth:`~sessionroute.router.RoutingCore.attempt_failed`,
+            :meth:`~sessionroute.router.RoutingCore.answer_broke`).
+        first_byte_timeout_s: seconds a worker has to send the response head of a streamed
+            request before it is given up as hung and the request placed again
+            (:meth:`~sessionroute.router.RoutingCore.first_byte_timeout_s`); 0: no such limit.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -135,6 +142,8 @@ class RouterConfig(BaseModel):
     health_check_timeout_s: float = Field(default=5.0, gt=0)
     health_failure_threshold: int = Field(default=3, ge=1)
     health_success_threshold: int = Field(default=2, ge=1)
+    request_timeout_s: float = Field(default=1800.0, gt=0)
+    first_byte_timeout_s: float = Field(default=0.0, ge=0)
 
     @field_validator("session_headers")
     @classmethod

@@ -126,6 +126,7 @@ class RoutingCore(AdmissionControl, WorkerAvailability, AttemptOutcomes, CoreTim
         self.log = log
         self.on_decision: Callable[[Reservation], None] | None = None
         """Called with every new reservation (``serve``'s route receipts), or None."""
+        self.on_circuit = None
         self.requests = RequestBuilder(
             self.config,
             needs_content=policy.needs_content,

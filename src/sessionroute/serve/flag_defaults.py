@@ -48,6 +48,8 @@ ROUTER_FLAGS: dict[str, tuple[str, float]] = {
     "max_session_id_bytes": ("max_session_id_bytes", 1),
     "session_table_max_bytes": ("session_table_max_bytes", 1),
     "retry_after_send": ("retry_after_send", 1),
+    "request_timeout_secs": ("request_timeout_s", 1.0),
+    "first_byte_timeout_secs": ("first_byte_timeout_s", 1.0),
 }
 """The ``serve`` settings that are router core settings: flag name -> (:class:`RouterConfig`
 field, flag units per field unit: 1000 for a flag in milliseconds of a field in seconds). The
@@ -65,7 +67,6 @@ DEFAULTS: dict[str, Any] = {
     "host": "127.0.0.1",
     "port": 30000,
     "policy": "sticky_least_loaded",
-    "request_timeout_secs": 1800.0,
     "health_check_endpoint": "/health",
     "max_payload_size": 512 * 1024 * 1024,
     "prometheus_host": "127.0.0.1",
@@ -78,7 +79,6 @@ DEFAULTS: dict[str, Any] = {
     "state_key_prefix": "sessionroute",
     "state_lease_secs": 10.0,
     "state_timeout_secs": 0.5,
-    "first_byte_timeout_secs": 0.0,
     "max_connections": 10000,
     "header_timeout_secs": 10.0,
     "idle_timeout_secs": 30.0,

@@ -111,6 +111,7 @@ class Router:
         for url, wh in self.workers.items():  # healthy only once a check passed
             wh.start_unchecked()
             self.core.refresh(url)
+        self.core.on_circuit = _log_circuit
         self.fatal_error: str | None = None
         """Why the router must stop (no worker passed a check within
         ``--worker-startup-timeout-secs``; :mod:`sessionroute.serve.probes`), or None."""
@@ -307,12 +308,6 @@ class Router:
         return total
 
     # -- worker availability --------------------------------------------------------------
-    def refresh(self, url: str) -> None:
-        """Push a worker's availability (checks pass and circuit not open) to the cluster."""
-        if self.core.refresh(url):
-            available = self.core.cluster.is_healthy(url)
-            log.warning("worker %s %s", url, "available" if available else "unavailable")
-
     def _observe_check(self, url: str, ok: bool) -> bool:
         """One health-check result of ``url``, folded in by the router core; True if its
         verdict changed. A worker that turns unhealthy gives up its requests in flight
@@ -343,17 +338,6 @@ class Router:
                 watched,
             )
         return replaced
-
-    def record_success(self, url: str) -> None:
-        """An upstream answer below 500 from ``url``."""
-        if self.core.record_success(url):
-            log.warning("worker %s available", url)
-
-    def record_failure(self, url: str) -> None:
-        """An upstream failure (5xx, reset, timeout) from ``url``; may open its circuit (the
-        core's timer turns it half-open)."""
-        if self.core.record_failure(url) is not None:
-            log.warning("circuit of %s opened", url)
 
     # -- admin ----------------------------------------------------------------------------
     async def add_worker(self, url: str) -> None:
@@ -406,3 +390,9 @@ class Router:
         if self.receipts is not None:
             out += self.receipts.header_lines(worker, raw_rid, status)
         return out
+
+
+def _log_circuit(url: str, opened: bool) -> None:
+    """The core's ``on_circuit``: request failures opened ``url``'s circuit, or successes
+    closed it."""
+    log.warning("circuit of %s %s", url, "opened" if opened else "closed")

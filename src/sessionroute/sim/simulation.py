@@ -316,10 +316,11 @@ class Simulation(ReplicaWakeups):
         if req is None:
             raise RuntimeError(f"replica {rep.url} finished unknown request {r.request_id!r}")
         del inflight[r.request_id]
-        core = self.core
-        core.record_success(rep.url)
-        if req.res is not None:
-            core.complete(req.res)
+        res = req.res
+        if res is not None:  # a replica answers 200: a success of its worker, relayed
+            core = self.core
+            core.attempt_answered(res, 200, req.attempt)
+            core.complete(res)
         d = self._delay
         sent = req.sent_s
         done = r.finish_s + d
