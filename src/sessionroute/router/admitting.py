@@ -14,41 +14,22 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from sessionroute.clock import Clock
 from sessionroute.errors import AdmissionRefused, NoWorkerAvailable
-from sessionroute.router.actions import DEADLINE, RECHECK, Timers
-from sessionroute.router.admission import AdmissionQueue, Ticket
-from sessionroute.router.config import RouterConfig
-from sessionroute.router.policies.base import Policy
-from sessionroute.router.ratelimit import TokenBucket
-from sessionroute.router.state.cluster import Cluster
+from sessionroute.router.actions import DEADLINE, RECHECK
+from sessionroute.router.admission import Ticket
+from sessionroute.router.coreparts import CoreParts
 from sessionroute.types import RouteRequest
 
 if TYPE_CHECKING:
     from sessionroute.router.core import Reservation
 
+
 __all__ = ["AdmissionControl"]
 
 
-class AdmissionControl:
+class AdmissionControl(CoreParts):
     """Placement through admission (module docstring); the core's attributes it reads are
     set by :class:`~sessionroute.router.core.RoutingCore`."""
-
-    policy: Policy
-    cluster: Cluster
-    config: RouterConfig
-    clock: Clock
-    timers: Timers
-    admission: AdmissionQueue
-    limiter: TokenBucket | None
-    _admits_all: bool
-    _recheck_set: bool
-
-    if TYPE_CHECKING:
-
-        def route(self, request: RouteRequest) -> Reservation: ...
-
-        def complete(self, reservation: Reservation) -> bool: ...
 
     def place(
         self, request: RouteRequest, on_ready: Callable[[Ticket], None]

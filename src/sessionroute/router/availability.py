@@ -10,37 +10,16 @@ the moment it turns half-open; a worker that turns unhealthy is re-checked every
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING
-
-from sessionroute.clock import Clock
-from sessionroute.router.actions import CIRCUIT, SICK_RECHECK, Timers, WorkerLost
-from sessionroute.router.config import RouterConfig
+from sessionroute.router.actions import CIRCUIT, SICK_RECHECK, WorkerLost
+from sessionroute.router.coreparts import CoreParts
 from sessionroute.router.health import CircuitBreaker, WorkerHealth
-from sessionroute.router.policies.base import Policy
-from sessionroute.router.state.cluster import Cluster
 
 __all__ = ["WorkerAvailability"]
 
 
-class WorkerAvailability:
+class WorkerAvailability(CoreParts):
     """Availability of the workers (module docstring); the core's attributes it reads are
     set by :class:`~sessionroute.router.core.RoutingCore`."""
-
-    policy: Policy
-    cluster: Cluster
-    config: RouterConfig
-    clock: Clock
-    timers: Timers
-    health: dict[str, WorkerHealth]
-    on_circuit: Callable[[str, bool], None] | None
-    """Called with ``(url, True)`` when a request failure opened ``url``'s circuit and
-    ``(url, False)`` when successes closed it again (``serve`` logs them), or None."""
-    _sick_set: bool
-
-    if TYPE_CHECKING:
-
-        def pump(self) -> None: ...
 
     def set_health(self, url: str, healthy: bool) -> bool:
         """Mark a worker available or not; True if it changed (WorkerError if unknown)."""

@@ -20,6 +20,7 @@ from sessionroute.router.session_keys import AGENT_SESSION_HEADERS, DEFAULT_SESS
 from sessionroute.router.state.sessions import DEFAULT_MAX_BYTES
 
 __all__ = [
+    "CONNECT_TIMEOUT_S",
     "DEFAULT_SESSION_HEADERS",
     "VLLM_ROUTER_SESSION_HEADERS",
     "RouterConfig",
@@ -39,6 +40,11 @@ VLLM_ROUTER_SESSION_HEADERS: tuple[str, ...] = (
     "x-trace-id",
 )
 """vllm-router 0.1.17's list, checked in order (``shared/ROUTER.md``)."""
+
+
+CONNECT_TIMEOUT_S = 10.0
+"""Longest wait for a connection to a worker to open, in seconds
+(:attr:`RouterConfig.connect_timeout_s`)."""
 
 
 class RouterConfig(BaseModel):
@@ -144,6 +150,20 @@ class RouterConfig(BaseModel):
     health_success_threshold: int = Field(default=2, ge=1)
     request_timeout_s: float = Field(default=1800.0, gt=0)
     first_byte_timeout_s: float = Field(default=0.0, ge=0)
+
+    @property
+    def connect_timeout_s(self) -> float:
+        """Seconds a connection to a worker may take to open: :data:`CONNECT_TIMEOUT_S`, or
+        the request timeout when that is shorter."""
+        return min(self.request_timeout_s, CONNECT_TIMEOUT_S)
+
+    @property
+    def scrape_timeout_s(self) -> float:
+        """Seconds one scrape of a worker's engine gauges may take: the health-check timeout,
+        or the scrape interval when that is shorter (a scrape never overlaps the next)."""
+        interval = self.scrape_interval_s
+        timeout = self.health_check_timeout_s
+        return timeout if interval is None else min(interval, timeout)
 
     @field_validator("session_headers")
     @classmethod

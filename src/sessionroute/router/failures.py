@@ -23,36 +23,20 @@ from typing import TYPE_CHECKING
 
 from sessionroute.errors import NoWorkerAvailable
 from sessionroute.router.actions import Refuse, Retry
-from sessionroute.router.config import RouterConfig
-from sessionroute.router.retry import AttemptFailure, RetryPolicy, WorkerLostAction
-from sessionroute.router.state.cluster import Cluster
+from sessionroute.router.coreparts import CoreParts
+from sessionroute.router.retry import AttemptFailure, WorkerLostAction
 from sessionroute.types import RouteRequest
 
 if TYPE_CHECKING:
     from sessionroute.router.core import Reservation
 
+
 __all__ = ["AttemptOutcomes"]
 
 
-class AttemptOutcomes:
+class AttemptOutcomes(CoreParts):
     """What follows an attempt (module docstring); the core's attributes it reads are set by
     :class:`~sessionroute.router.core.RoutingCore`."""
-
-    cluster: Cluster
-    config: RouterConfig
-    retry: RetryPolicy
-
-    if TYPE_CHECKING:
-
-        def complete(self, reservation: Reservation) -> bool: ...
-
-        def retarget(self, reservation: Reservation) -> Reservation: ...
-
-        def record_failure(self, url: str) -> float | None: ...
-
-        def record_success(self, url: str) -> bool: ...
-
-        def record_unreachable(self, url: str, reason: str) -> float | None: ...
 
     def attempt_failed(
         self, reservation: Reservation, failure: AttemptFailure, attempt: int, detail: str

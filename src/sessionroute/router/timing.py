@@ -5,8 +5,6 @@ rounds, session sweeps) and :meth:`CoreTiming.on_timer`, which runs every timer 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from sessionroute.router.actions import (
     CIRCUIT,
     DEADLINE,
@@ -16,14 +14,9 @@ from sessionroute.router.actions import (
     SWEEP,
     CheckHealth,
     SweepSessions,
-    Timers,
 )
-from sessionroute.router.admission import AdmissionQueue, Ticket
-from sessionroute.router.config import RouterConfig
-from sessionroute.router.state.cluster import Cluster
-
-if TYPE_CHECKING:
-    from sessionroute.errors import AdmissionRefused
+from sessionroute.router.admission import Ticket
+from sessionroute.router.coreparts import CoreParts
 
 __all__ = ["CoreTiming", "TimerAction"]
 
@@ -32,30 +25,9 @@ TimerAction = CheckHealth | SweepSessions
 """What :meth:`CoreTiming.on_timer` asks of a driver."""
 
 
-class CoreTiming:
+class CoreTiming(CoreParts):
     """The core's timers (module docstring); the core's attributes it reads are set by
     :class:`~sessionroute.router.core.RoutingCore`."""
-
-    cluster: Cluster
-    config: RouterConfig
-    timers: Timers
-    admission: AdmissionQueue
-    _recheck_set: bool
-    _sick_set: bool
-
-    if TYPE_CHECKING:
-
-        def refresh(self, url: str) -> bool: ...
-
-        def recheck(self) -> None: ...
-
-        def withdraw(self, ticket: Ticket) -> AdmissionRefused | None: ...
-
-        def _set_recheck(self, now: float) -> None: ...
-
-        def _sick(self) -> tuple[str, ...]: ...
-
-        def _set_sick_recheck(self, now: float) -> None: ...
 
     def start(self, now: float, *, checked: bool = False) -> None:
         """The router starts at ``now``: set the periodic timers (a health-check round at

@@ -12,13 +12,13 @@ tasks of its own: a :class:`~sessionroute.router.actions.CheckHealth` probes the
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable, Coroutine
 from typing import Any
 
 from sessionroute.clock import Clock
 from sessionroute.router.actions import CheckHealth
 from sessionroute.router.core import RoutingCore
+from sessionroute.serve.tasks import cancel_and_wait
 
 __all__ = ["CoreTimers"]
 
@@ -64,12 +64,7 @@ class CoreTimers:
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
-        jobs = list(self._jobs)
-        for task in jobs:
-            task.cancel()
-        for task in jobs:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(list(self._jobs))
         self._jobs.clear()
 
     def arm(self, due: float, kind: int = 0) -> None:

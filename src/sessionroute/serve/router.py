@@ -8,7 +8,6 @@ select-and-reserve is atomic without locks.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 from collections.abc import Callable
@@ -33,6 +32,7 @@ from sessionroute.serve.metrics import RouterMetrics
 from sessionroute.serve.probes import not_started, wait_for_workers
 from sessionroute.serve.receipts import Receipts
 from sessionroute.serve.request_ids import RequestIds
+from sessionroute.serve.tasks import cancel_and_wait
 from sessionroute.serve.upstream import REQUEST_DROP, UpstreamPool
 from sessionroute.serve.usage import UsageCollector, UsageMetrics
 
@@ -168,7 +168,7 @@ class Router:
         (:meth:`~sessionroute.serve.request_ids.RequestIds.new`)."""
         self.upstream = UpstreamPool(
             timeout_s=settings.request_timeout_secs,
-            connect_timeout_s=min(settings.request_timeout_secs, 10.0),
+            connect_timeout_s=config.connect_timeout_s,
             keepalive_s=WORKER_KEEPALIVE_S,
         )
         self._session: aiohttp.ClientSession | None = None
@@ -201,7 +201,7 @@ class Router:
             auto_decompress=False,
             skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
             timeout=aiohttp.ClientTimeout(
-                total=s.request_timeout_secs, sock_connect=min(s.request_timeout_secs, 10.0)
+                total=s.request_timeout_secs, sock_connect=self.core.config.connect_timeout_s
             ),
             cookie_jar=aiohttp.DummyCookieJar(),
             read_bufsize=2**18,
@@ -229,7 +229,7 @@ class Router:
                 self._session,
                 self.core,
                 interval_s=interval,
-                timeout_s=min(interval, self.core.config.health_check_timeout_s),
+                timeout_s=self.core.config.scrape_timeout_s,
                 headers=self.worker_headers,
             )
             self._tasks.append(asyncio.create_task(self.gauges.run(), name="sessionroute-gauges"))
@@ -266,12 +266,7 @@ class Router:
     async def close(self) -> None:
         """Stop background tasks and close the upstream pools."""
         await self.timers.close()
-        tasks = self._tasks
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(self._tasks)
         self._tasks = []
         if self._zmq is not None:
             self._zmq.term()

@@ -40,6 +40,7 @@ from sessionroute.router.core import Reservation, RoutingCore
 from sessionroute.router.state.shared import SharedCluster, SharedSessionTable
 from sessionroute.serve import scripts
 from sessionroute.serve.redislink import RedisLink
+from sessionroute.serve.tasks import cancel_and_wait
 from sessionroute.types import DecisionKind, RouteRequest
 
 __all__ = ["RedisState", "StateCollector", "check_state_url"]
@@ -158,11 +159,7 @@ class RedisState:
         """Stop the background tasks and hand the lease back (this router's in-flight counts
         leave the shared view at once rather than when the lease expires)."""
         tasks = [*self._tasks, *([self._reconnect] if self._reconnect else [])]
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(tasks)
         self._tasks = []
         self._reconnect = None
         if self.up:
