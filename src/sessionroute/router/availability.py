@@ -21,6 +21,14 @@ class WorkerAvailability(CoreParts):
     """Availability of the workers (module docstring); the core's attributes it reads are
     set by :class:`~sessionroute.router.core.RoutingCore`."""
 
+    def start_unchecked(self) -> None:
+        """Count every worker unavailable until a health check of it passes (a live router,
+        which does not know yet whether its workers are up; the simulator's replicas start
+        up)."""
+        for url, wh in self.health.items():
+            wh.start_unchecked()
+            self.refresh(url)
+
     def set_health(self, url: str, healthy: bool) -> bool:
         """Mark a worker available or not; True if it changed (WorkerError if unknown)."""
         changed = self.cluster.set_healthy(url, healthy)

@@ -108,9 +108,7 @@ class Router:
         self.kv_subscribers: list[KvEventSubscriber] = []
         self.workers = self.core.health
         """url -> health record of every worker (the core's)."""
-        for url, wh in self.workers.items():  # healthy only once a check passed
-            wh.start_unchecked()
-            self.core.refresh(url)
+        self.core.start_unchecked()  # a worker is available once a check of it passed
         self.core.on_circuit = _log_circuit
         self.fatal_error: str | None = None
         """Why the router must stop (no worker passed a check within
