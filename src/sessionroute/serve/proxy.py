@@ -2,8 +2,11 @@
 
 Every routing decision is the router core's (:class:`~sessionroute.router.RoutingCore`): the
 policy's request is built by ``core.requests`` (session id, size estimate, content keys),
-placed by ``core.place`` (admission, select + reserve), and retried by ``core.retry`` and
-``core.retarget``; this module does the I/O around them for requests that wait (for a
+placed by ``core.place`` (admission, select + reserve); each attempt's outcome goes to the
+core (``attempt_failed``, ``attempt_answered``, ``answer_broke``), which says retry after a
+wait (then ``next_attempt``), relay, or refuse with a status, and gives the first-byte
+deadline (``first_byte_timeout_s``). This module does the I/O around them for requests that
+wait (for a
 connection, an admission ticket, a shared session table, a streamed or large answer, a
 retry); the common case runs from protocol callbacks in :mod:`sessionroute.serve.inline`,
 which hands over to the coroutines here where it must wait. The body is read once (as the pieces
@@ -17,10 +20,7 @@ else (server-sent event streams in particular) is relayed chunk by chunk as it a
 written straight to the client connection (:class:`~sessionroute.serve.http1.Connection`)
 with its flow control. The bytes written either way, and the router's own error answers,
 come from :mod:`sessionroute.serve.messages` (shared with the inline path).
-Retries (on :data:`~sessionroute.router.retry.RETRY_STATUSES` and connection errors, with
-exponential backoff and jitter) happen only before the first byte of a response is sent to
-the client. A worker that refuses connections is marked unavailable at once, so the next
-attempt re-places the session.
+Retries happen only before the first byte of a response is sent to the client.
 The policy's reservation is released exactly once on every path (``try/finally``).
 """
 
