@@ -22,6 +22,8 @@ from sessionroute.router.state.sessions import DEFAULT_MAX_BYTES
 __all__ = [
     "CONNECT_TIMEOUT_S",
     "DEFAULT_SESSION_HEADERS",
+    "VLLM_ROUTER_MAX_CONCURRENT",
+    "VLLM_ROUTER_QUEUE_SIZE",
     "VLLM_ROUTER_SESSION_HEADERS",
     "RouterConfig",
     "header_names",
@@ -41,6 +43,14 @@ VLLM_ROUTER_SESSION_HEADERS: tuple[str, ...] = (
 )
 """vllm-router 0.1.17's list, checked in order (``shared/ROUTER.md``)."""
 
+
+VLLM_ROUTER_QUEUE_SIZE = 100
+"""vllm-router 0.1.17's ``--queue-size`` default: requests that may wait for a token of its
+rate limit (:attr:`RouterConfig.admission_max_waiting` when the rate limit is on)."""
+
+VLLM_ROUTER_MAX_CONCURRENT = 32768
+"""vllm-router 0.1.17's ``--max-concurrent-requests`` default: the rate limit's capacity
+(:attr:`RouterConfig.rate_limit_capacity`) when only its refill rate is given."""
 
 CONNECT_TIMEOUT_S = 10.0
 """Longest wait for a connection to a worker to open, in seconds

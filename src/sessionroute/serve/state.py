@@ -115,7 +115,8 @@ class RedisState:
         tag = "{" + prefix + "}:"
         self.keys = [tag + k for k in ("pins", "last", "counts", "version", "routers")]
         self.lease_prefix = tag + "lease:"
-        self._ttl_ms = str(int((table.ttl_s if table is not None else 7200.0) * 1000))
+        ttl_s = table.ttl_s if table is not None else core.config.session_ttl_s
+        self._ttl_ms = str(int(ttl_s * 1000))
         self._lease_ms = str(max(1, int(lease_s * 1000)))
         self._max = str(table._max if table is not None else 1_000_000)
         self.link = RedisLink(url, timeout_s)
