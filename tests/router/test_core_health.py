@@ -167,3 +167,14 @@ def test_skipping_successes_on_a_settled_breaker_changes_no_state(
             assert skipping.state is BreakerState.CLOSED
     if not enabled:
         assert every.state is BreakerState.CLOSED and skipping.settled
+
+
+def test_unchecked_workers_are_unavailable_until_their_first_check_passes() -> None:
+    """A live router does not know whether its workers are up: none is placed on before a
+    check of it passes, and the first pass is enough (not ``health_success_threshold``)."""
+    core = _core(ManualClock(), health_success_threshold=3)
+    core.start_unchecked()
+    assert core.cluster.healthy() == ()
+    assert core.observe_check("http://w2", False) == (False, None)
+    assert core.observe_check("http://w1", True) == (True, None)
+    assert core.cluster.healthy() == ("http://w1",)

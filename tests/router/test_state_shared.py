@@ -6,6 +6,7 @@ import random
 
 from sessionroute.clock import ManualClock
 from sessionroute.router import RoutingCore
+from sessionroute.router.commit import MAX_COMMIT_ATTEMPTS, PinCommit
 from sessionroute.router.policies.sticky_least_loaded import (
     StickyLeastLoadedConfig,
     StickyLeastLoadedPolicy,
@@ -94,3 +95,45 @@ def test_the_local_cache_is_bounded_without_counting_evictions() -> None:
         table.load(f"s{k}", "http://a", {"http://a": k + 1}, k, float(k))
     assert [sid for sid, _ in table.pins()] == ["s3", "s4"]
     assert table.stats.evicted == 0 and table.count("http://a") == 5
+
+
+def test_a_refused_pin_is_decided_again_on_the_state_the_refusal_returned() -> None:
+    """PinCommit (the compare-and-set protocol of one placement, sans-I/O): a refusal that
+    says another router pinned the session meanwhile sends it there, uncounting the first
+    decision; a refusal that leaves it unpinned decides (and commits) again."""
+    pol, table = _policy()
+    cluster = SharedCluster(W)
+    core = RoutingCore(pol, cluster)
+    table.load("s1", None, {}, 7, 0.0)
+    first = core.route(RouteRequest(session_id="s1", prompt_tokens=10))
+    assert PinCommit.needed(table, first) and not PinCommit.needed(None, first)
+    commit = PinCommit(core, table, first)
+    assert commit.expected_version() == 7  # the version the decision was made on
+    # moved on, still unpinned: decided again on the new counts, to be committed again
+    busy = {first.worker: 5}
+    assert commit.refused(None, busy, 8, 1.0)
+    second = commit.reservation
+    assert second is not first and first.done and second.worker != first.worker
+    assert commit.expected_version() == 8 and commit.attempt == 1
+    # pinned elsewhere meanwhile: the session goes there, nothing more to commit
+    other = next(w for w in W if w not in (first.worker, second.worker))
+    assert not commit.refused(other, {other: 1}, 9, 2.0)
+    final = commit.reservation
+    assert (final.worker, final.kind) == (other, DecisionKind.STICKY)
+    assert core.decisions[DecisionKind.NEW] == 0 and table.stats.new == 0
+    assert cluster.in_flight(other) == 1 and sum(cluster.in_flight(w) for w in W) == 1
+    sticky = core.route(RouteRequest(session_id="s1"))
+    assert not PinCommit.needed(table, sticky)  # a sticky turn writes no pin
+
+
+def test_the_last_commit_attempt_pins_without_the_version_check() -> None:
+    pol, table = _policy()
+    core = RoutingCore(pol, SharedCluster(W))
+    table.load("s1", None, {}, 0, 0.0)
+    commit = PinCommit(core, table, core.route(RouteRequest(session_id="s1")))
+    versions = []
+    for i in range(MAX_COMMIT_ATTEMPTS):
+        versions.append(commit.expected_version())
+        assert commit.refused(None, {}, i + 1, float(i))
+    assert versions[:-1] == list(range(MAX_COMMIT_ATTEMPTS - 1))
+    assert versions[-1] is None

@@ -128,15 +128,15 @@ async def test_a_circuit_timer_that_fires_early_is_armed_again(
         health_check_interval_secs=3600.0,
     )
     router = running.router
-    router.record_failure(a.url)
-    assert not router.core.cluster.is_healthy(a.url) and router._timer_due == 30.0
+    router.core.record_failure(a.url)
+    assert not router.core.cluster.is_healthy(a.url) and router.timers.due == 30.0
     clock.advance(29.9995)  # the timer fires half a millisecond early
-    router._fire()
+    router.timers.fire()
     assert not router.core.cluster.is_healthy(a.url)
-    assert router._timer is not None and router._timer_due == 30.0  # armed again
+    assert router.timers.timer is not None and router.timers.due == 30.0  # armed again
     clock.advance(0.001)
-    router._fire()
-    assert router.core.cluster.is_healthy(a.url) and router._timer_due == 3600.0
+    router.timers.fire()
+    assert router.core.cluster.is_healthy(a.url) and router.timers.due == 3600.0
 
 
 @pytest.mark.parametrize("policy", ["consistent_hash", "sticky_least_loaded"])
@@ -259,7 +259,7 @@ async def test_circuit_breaker_opens_and_recovers(
         router.router.metrics.render().decode()
     )
     clock.advance(30.0)
-    router.router.refresh(b.url)  # what the breaker's timer does after the timeout
+    router.router.core.refresh(b.url)  # what the breaker's timer does after the timeout
     assert router.router.core.cluster.is_healthy(b.url)  # half-open: may be tried again
     n = len(b.seen)
     for _ in range(4):

@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime
+import functools
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, ParamSpec, TypeVar
 
 import aiohttp
 
@@ -17,6 +19,21 @@ from sessionroute.calibrate.result import CalibrationResult, build_profile
 from sessionroute.calibrate.server import CalibrationError, ServerInfo, read_server_info
 
 __all__ = ["calibrate", "calibrate_async", "inspect_servers", "plan_for"]
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+def _blocking(fn: Callable[P, Coroutine[Any, Any, T]], name: str, doc: str) -> Callable[P, T]:
+    """``fn`` run to completion with :func:`asyncio.run`, named ``name``."""
+
+    @functools.wraps(fn)  # (help() and inspect.signature show fn's arguments)
+    def run(*args: P.args, **kwargs: P.kwargs) -> T:
+        return asyncio.run(fn(*args, **kwargs))
+
+    run.__name__ = run.__qualname__ = name
+    run.__doc__ = doc
+    return run
 
 
 def _check_same(servers: Sequence[ServerInfo]) -> None:
@@ -73,7 +90,34 @@ async def calibrate_async(
     progress: Progress | None = None,
     stream: bool = True,
 ) -> CalibrationResult:
-    """Calibrate against running vLLM servers: see :func:`calibrate`."""
+    """Read running OpenAI-compatible vLLM servers, probe them and fit the step-time model
+    (:func:`calibrate` runs it on an event loop of its own, for callers without one).
+
+    Args:
+        urls: base URLs of the servers (same model and block size), e.g.
+            ``["http://127.0.0.1:8001"]``.
+        plan: the probe plan (default: :func:`plan_for` the servers).
+        max_num_seqs, max_num_batched_tokens: the servers' batch limits when they do not expose
+            them (``/server_info`` answers only with ``VLLM_SERVER_DEV_MODE=1``).
+        probe: ``"all"`` probes every server in turn (one fit over all); ``"first"`` probes
+            the first and only reads the others.
+        name: the profile's name (default ``calibrated-<model>``).
+        timeout_s: per HTTP request, seconds.
+        progress: called after each probe round with (rounds done, rounds in all on this
+            server, phase label).
+        stream: probe with streaming requests and fit client-side times (match a live run
+            with ``stream = true``); False: plain requests, fit vLLM's own histograms. Used
+            when ``plan`` is None (else ``plan.stream``).
+
+    Returns:
+        The fitted profile, the servers, every phase's measurements and the fit's errors; write
+        it with :func:`~sessionroute.calibrate.write_profile`.
+
+    Raises:
+        CalibrationError: a server is unreachable, is not vLLM, lacks what the fit needs, or
+            failed a probe request.
+        ValueError: ``probe`` is neither ``"all"`` nor ``"first"``.
+    """
     if probe not in ("all", "first"):
         raise ValueError(f"probe must be 'all' or 'first', got {probe!r}")
     t0 = time.monotonic()
@@ -109,57 +153,10 @@ async def calibrate_async(
     )
 
 
-def calibrate(
-    urls: Sequence[str],
-    *,
-    plan: ProbePlan | None = None,
-    max_num_seqs: int | None = None,
-    max_num_batched_tokens: int | None = None,
-    probe: str = "all",
-    name: str | None = None,
-    timeout_s: float = 120.0,
-    progress: Progress | None = None,
-    stream: bool = True,
-) -> CalibrationResult:
-    """Read running OpenAI-compatible vLLM servers, probe them and fit the step-time model.
-
-    Blocking (runs its own event loop; from async code use :func:`calibrate_async`).
-
-    Args:
-        urls: base URLs of the servers (same model and block size), e.g.
-            ``["http://127.0.0.1:8001"]``.
-        plan: the probe plan (default: :func:`plan_for` the servers).
-        max_num_seqs, max_num_batched_tokens: the servers' batch limits when they do not expose
-            them (``/server_info`` answers only with ``VLLM_SERVER_DEV_MODE=1``).
-        probe: ``"all"`` probes every server in turn (one fit over all); ``"first"`` probes
-            the first and only reads the others.
-        name: the profile's name (default ``calibrated-<model>``).
-        timeout_s: per HTTP request, seconds.
-        progress: called after each probe round with (rounds done, rounds in all on this
-            server, phase label).
-        stream: probe with streaming requests and fit client-side times (match a live run
-            with ``stream = true``); False: plain requests, fit vLLM's own histograms. Used
-            when ``plan`` is None (else ``plan.stream``).
-
-    Returns:
-        The fitted profile, the servers, every phase's measurements and the fit's errors; write
-        it with :func:`~sessionroute.calibrate.write_profile`.
-
-    Raises:
-        CalibrationError: a server is unreachable, is not vLLM, lacks what the fit needs, or
-            failed a probe request.
-        ValueError: ``probe`` is neither ``"all"`` nor ``"first"``.
-    """
-    return asyncio.run(
-        calibrate_async(
-            urls,
-            plan=plan,
-            max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens,
-            probe=probe,
-            name=name,
-            timeout_s=timeout_s,
-            progress=progress,
-            stream=stream,
-        )
-    )
+calibrate = _blocking(
+    calibrate_async,
+    "calibrate",
+    """Read running OpenAI-compatible vLLM servers, probe them and fit the step-time model:
+    :func:`calibrate_async` (its arguments, result and errors) run on an event loop of its own,
+    for callers without one.""",
+)

@@ -23,10 +23,10 @@ from __future__ import annotations
 import multiprocessing
 import time
 import traceback
-from collections.abc import Callable, Sequence
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from sessionroute.errors import ConfigError
 from sessionroute.experiments.results import RunOutput
@@ -41,6 +41,8 @@ __all__ = [
     "Task",
     "make_executor",
 ]
+
+H = TypeVar("H")
 
 ProgressFn = Callable[[float], None]
 """Called with the fraction done of the current run, in [0, 1]."""
@@ -150,26 +152,57 @@ class LocalExecutor:
         ctx = multiprocessing.get_context("spawn")
         with ctx.Manager() as manager, ProcessPoolExecutor(self.jobs, mp_context=ctx) as pool:
             queue = manager.Queue()
-            updaters = {t.label: reporter.start_run(t.label) for t in tasks} if reporter else {}
             futures = [
                 pool.submit(_run_with_queue, arm_runner, t.arm, t.seed, t.label, queue)
                 for t in tasks
             ]
-            pending = set(futures)
-            while pending:
-                _done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
+
+            def wait_some(pending: list[Future[RunOutput]]) -> list[Future[RunOutput]]:
+                return list(wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)[1])
+
+            def updates() -> Iterator[tuple[str, float]]:
                 while not queue.empty():
-                    label, fraction = queue.get()
-                    if label in updaters:
-                        updaters[label](fraction)
-            if reporter:
-                for t in tasks:
-                    reporter.end_run(t.label)
-            outputs: list[RunOutput | RunFailed] = []
-            for task, future in zip(tasks, futures, strict=True):
-                exc = future.exception()
-                outputs.append(_failure(task.label, exc) if exc else future.result())
-            return outputs
+                    yield queue.get()
+
+            return _collect(tasks, reporter, futures, wait_some, updates, Future.result)
+
+
+def _collect(
+    tasks: Sequence[Task],
+    reporter: ProgressReporter | None,
+    handles: list[H],
+    wait_some: Callable[[list[H]], list[H]],
+    updates: Callable[[], Iterator[tuple[str, float]]],
+    result: Callable[[H], RunOutput],
+) -> list[RunOutput | RunFailed]:
+    """Follow submitted runs to the end, for either pool: show their progress, then collect
+    each one's output or :class:`RunFailed`, in task order.
+
+    Args:
+        tasks: the runs, in order.
+        reporter: shows progress, or None.
+        handles: one per task (a future, a Ray object ref).
+        wait_some: waits a little (0.2 s at most) and returns the handles still pending.
+        updates: the ``(label, fraction)`` progress reports queued since the last call.
+        result: a finished handle's output (raises what the run raised).
+    """
+    updaters = {t.label: reporter.start_run(t.label) for t in tasks} if reporter else {}
+    pending = list(handles)
+    while pending:
+        pending = wait_some(pending)
+        for label, fraction in updates():
+            if label in updaters:
+                updaters[label](fraction)
+    if reporter:
+        for t in tasks:
+            reporter.end_run(t.label)
+    outputs: list[RunOutput | RunFailed] = []
+    for task, handle in zip(tasks, handles, strict=True):
+        try:
+            outputs.append(result(handle))
+        except Exception as exc:  # reported per run; the other runs' outputs are kept
+            outputs.append(_failure(task.label, exc))
+    return outputs
 
 
 def _run_with_queue(
@@ -240,27 +273,20 @@ class RayExecutor:
         try:
             queue = Queue()
             remote = ray.remote(max_retries=self.max_retries)(_run_with_queue)
-            updaters = {t.label: reporter.start_run(t.label) for t in tasks} if reporter else {}
             refs = [remote.remote(arm_runner, t.arm, t.seed, t.label, queue) for t in tasks]
-            pending = list(refs)
-            while pending:
-                _done, pending = ray.wait(pending, num_returns=1, timeout=0.2)
+
+            def wait_some(pending: list[Any]) -> list[Any]:
+                return list(ray.wait(pending, num_returns=1, timeout=0.2)[1])
+
+            def updates() -> Iterator[tuple[str, float]]:
                 while True:
                     try:
-                        label, fraction = queue.get_nowait()
+                        yield queue.get_nowait()
                     except Empty:
-                        break
-                    if label in updaters:
-                        updaters[label](fraction)
-            if reporter:
-                for t in tasks:
-                    reporter.end_run(t.label)
-            outputs: list[RunOutput | RunFailed] = []
-            for task, ref in zip(tasks, refs, strict=True):
-                try:
-                    outputs.append(ray.get(ref))
-                except Exception as exc:  # a RayTaskError (the run raised) or a dead worker
-                    outputs.append(_failure(task.label, exc))
+                        return
+
+            # a RayTaskError (the run raised) or a dead worker is the run's RunFailed
+            outputs = _collect(tasks, reporter, refs, wait_some, updates, ray.get)
             queue.shutdown()
             return outputs
         finally:

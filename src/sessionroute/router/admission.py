@@ -16,9 +16,10 @@ requests from admission altogether
 (:meth:`~sessionroute.router.policies.Policy.admission_applies`): those are routed at once and
 never wait behind held ones.
 
-Pure and clock-free: the drivers own time. ``serve`` waits on a future that the ticket's
-``on_ready`` callback completes and withdraws the ticket when its deadline passes
-(``asyncio.wait_for``); the simulator schedules the same two events in virtual time.
+Pure and clock-free: the queue's deadlines and re-checks are timers of the router core's
+(:mod:`sessionroute.router.admitting`), which the drivers run at their own clock; a driver
+only waits for the ticket's ``on_ready`` callback (``serve`` on a future, the simulator on its
+event queue).
 """
 
 from __future__ import annotations

@@ -10,33 +10,24 @@ the moment it turns half-open; a worker that turns unhealthy is re-checked every
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from sessionroute.clock import Clock
-from sessionroute.router.actions import CIRCUIT, SICK_RECHECK, Timers, WorkerLost
-from sessionroute.router.config import RouterConfig
+from sessionroute.router.actions import CIRCUIT, SICK_RECHECK, WorkerLost
+from sessionroute.router.coreparts import CoreParts
 from sessionroute.router.health import CircuitBreaker, WorkerHealth
-from sessionroute.router.policies.base import Policy
-from sessionroute.router.state.cluster import Cluster
 
 __all__ = ["WorkerAvailability"]
 
 
-class WorkerAvailability:
+class WorkerAvailability(CoreParts):
     """Availability of the workers (module docstring); the core's attributes it reads are
     set by :class:`~sessionroute.router.core.RoutingCore`."""
 
-    policy: Policy
-    cluster: Cluster
-    config: RouterConfig
-    clock: Clock
-    timers: Timers
-    health: dict[str, WorkerHealth]
-    _sick_set: bool
-
-    if TYPE_CHECKING:
-
-        def pump(self) -> None: ...
+    def start_unchecked(self) -> None:
+        """Count every worker unavailable until a health check of it passes (a live router,
+        which does not know yet whether its workers are up; the simulator's replicas start
+        up)."""
+        for url, wh in self.health.items():
+            wh.start_unchecked()
+            self.refresh(url)
 
     def set_health(self, url: str, healthy: bool) -> bool:
         """Mark a worker available or not; True if it changed (WorkerError if unknown)."""
@@ -60,7 +51,11 @@ class WorkerAvailability:
         wh = self.health.get(url)
         if wh is None or wh.breaker.settled:  # the common case: nothing to record
             return False
-        return wh.breaker.record_success() and self.refresh(url)
+        if not wh.breaker.record_success():
+            return False
+        if self.on_circuit is not None:  # the circuit closed
+            self.on_circuit(url, False)
+        return self.refresh(url)
 
     def record_failure(self, url: str) -> float | None:
         """An upstream failure (5xx, reset, timeout) from ``url``.
@@ -94,6 +89,8 @@ class WorkerAvailability:
             return None
         self.refresh(url)
         self.timers.push(wh.breaker.reopen_at, CIRCUIT, url)
+        if self.on_circuit is not None:
+            self.on_circuit(url, True)
         return wh.breaker.timeout_s
 
     def reopens_in(self, url: str) -> float | None:

@@ -20,7 +20,10 @@ from sessionroute.router.session_keys import AGENT_SESSION_HEADERS, DEFAULT_SESS
 from sessionroute.router.state.sessions import DEFAULT_MAX_BYTES
 
 __all__ = [
+    "CONNECT_TIMEOUT_S",
     "DEFAULT_SESSION_HEADERS",
+    "VLLM_ROUTER_MAX_CONCURRENT",
+    "VLLM_ROUTER_QUEUE_SIZE",
     "VLLM_ROUTER_SESSION_HEADERS",
     "RouterConfig",
     "header_names",
@@ -39,6 +42,19 @@ VLLM_ROUTER_SESSION_HEADERS: tuple[str, ...] = (
     "x-trace-id",
 )
 """vllm-router 0.1.17's list, checked in order (``shared/ROUTER.md``)."""
+
+
+VLLM_ROUTER_QUEUE_SIZE = 100
+"""vllm-router 0.1.17's ``--queue-size`` default: requests that may wait for a token of its
+rate limit (:attr:`RouterConfig.admission_max_waiting` when the rate limit is on)."""
+
+VLLM_ROUTER_MAX_CONCURRENT = 32768
+"""vllm-router 0.1.17's ``--max-concurrent-requests`` default: the rate limit's capacity
+(:attr:`RouterConfig.rate_limit_capacity`) when only its refill rate is given."""
+
+CONNECT_TIMEOUT_S = 10.0
+"""Longest wait for a connection to a worker to open, in seconds
+(:attr:`RouterConfig.connect_timeout_s`)."""
 
 
 class RouterConfig(BaseModel):
@@ -103,6 +119,13 @@ class RouterConfig(BaseModel):
             ended.
         health_failure_threshold: consecutive failed checks that make a worker unhealthy.
         health_success_threshold: consecutive passed checks that make it healthy again.
+        request_timeout_s: seconds a worker has to answer a request in full, from the moment
+            the attempt starts; past it the attempt fails as a timeout (a 504, never retried:
+            :meth:`~sessionroute.router.RoutingCore.attempt_failed`,
+            :meth:`~sessionroute.router.RoutingCore.answer_broke`).
+        first_byte_timeout_s: seconds a worker has to send the response head of a streamed
+            request before it is given up as hung and the request placed again
+            (:meth:`~sessionroute.router.RoutingCore.first_byte_timeout_s`); 0: no such limit.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -135,6 +158,22 @@ class RouterConfig(BaseModel):
     health_check_timeout_s: float = Field(default=5.0, gt=0)
     health_failure_threshold: int = Field(default=3, ge=1)
     health_success_threshold: int = Field(default=2, ge=1)
+    request_timeout_s: float = Field(default=1800.0, gt=0)
+    first_byte_timeout_s: float = Field(default=0.0, ge=0)
+
+    @property
+    def connect_timeout_s(self) -> float:
+        """Seconds a connection to a worker may take to open: :data:`CONNECT_TIMEOUT_S`, or
+        the request timeout when that is shorter."""
+        return min(self.request_timeout_s, CONNECT_TIMEOUT_S)
+
+    @property
+    def scrape_timeout_s(self) -> float:
+        """Seconds one scrape of a worker's engine gauges may take: the health-check timeout,
+        or the scrape interval when that is shorter (a scrape never overlaps the next)."""
+        interval = self.scrape_interval_s
+        timeout = self.health_check_timeout_s
+        return timeout if interval is None else min(interval, timeout)
 
     @field_validator("session_headers")
     @classmethod

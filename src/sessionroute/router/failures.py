@@ -1,6 +1,21 @@
 """Failed and answered attempts in the router core: the one retry-or-refuse decision for both
 drivers (:class:`AttemptOutcomes`, a base of :class:`~sessionroute.router.core.RoutingCore`;
-the schedule and the rules are :mod:`sessionroute.router.retry`'s)."""
+the schedule and the rules are :mod:`sessionroute.router.retry`'s).
+
+An attempt ends in one of three events, each recorded against its worker and answered with
+what the driver does next:
+
+* :meth:`~AttemptOutcomes.attempt_failed`: nothing of the answer reached the client (no
+  connection, a broken connection, no response head in time, a timeout): retry or refuse;
+* :meth:`~AttemptOutcomes.attempt_answered`: a response head with a status came: relay it, or
+  retry a retried status;
+* :meth:`~AttemptOutcomes.answer_broke`: the answer being relayed broke after its head (the
+  connection broke, or the request timeout passed while the body arrived): refuse (502 or
+  504), or cut the client's stream if part of it was already written.
+
+The timers of an attempt are the core's too: :meth:`~AttemptOutcomes.first_byte_timeout_s`
+says which requests get a first-byte deadline and how long it is (``serve`` arms it).
+"""
 
 from __future__ import annotations
 
@@ -8,33 +23,20 @@ from typing import TYPE_CHECKING
 
 from sessionroute.errors import NoWorkerAvailable
 from sessionroute.router.actions import Refuse, Retry
-from sessionroute.router.retry import AttemptFailure, RetryPolicy, WorkerLostAction
-from sessionroute.router.state.cluster import Cluster
+from sessionroute.router.coreparts import CoreParts
+from sessionroute.router.retry import AttemptFailure, WorkerLostAction
+from sessionroute.types import RouteRequest
 
 if TYPE_CHECKING:
     from sessionroute.router.core import Reservation
 
+
 __all__ = ["AttemptOutcomes"]
 
 
-class AttemptOutcomes:
+class AttemptOutcomes(CoreParts):
     """What follows an attempt (module docstring); the core's attributes it reads are set by
     :class:`~sessionroute.router.core.RoutingCore`."""
-
-    cluster: Cluster
-    retry: RetryPolicy
-
-    if TYPE_CHECKING:
-
-        def complete(self, reservation: Reservation) -> bool: ...
-
-        def retarget(self, reservation: Reservation) -> Reservation: ...
-
-        def record_failure(self, url: str) -> float | None: ...
-
-        def record_success(self, url: str) -> bool: ...
-
-        def record_unreachable(self, url: str, reason: str) -> float | None: ...
 
     def attempt_failed(
         self, reservation: Reservation, failure: AttemptFailure, attempt: int, detail: str
@@ -87,8 +89,8 @@ class AttemptOutcomes:
 
     def attempt_answered(self, reservation: Reservation, status: int, attempt: int) -> Retry | None:
         """Attempt number ``attempt`` (1-based) was answered with ``status``: recorded as a
-        success below 500, a failure from 500; a retried status
-        (:data:`~sessionroute.router.retry.RETRY_STATUSES`) with attempts left is retried.
+        success below 500, a failure from 500; an answer :meth:`retries_answer` retries is
+        retried.
 
         Returns:
             :class:`Retry`, or None: relay this answer to the client.
@@ -98,11 +100,64 @@ class AttemptOutcomes:
             self.record_success(url)
         else:
             self.record_failure(url)
-        retry = self.retry
-        if status not in retry.retried_statuses or attempt >= retry.max_attempts:
+        if not self.retries_answer(status, attempt):
             return None
-        wait_s = retry.after_failure(attempt, self.cluster.is_healthy(url))
+        wait_s = self.retry.after_failure(attempt, self.cluster.is_healthy(url))
         return None if wait_s is None else Retry(reservation, wait_s)
+
+    def retries_answer(self, status: int, attempt: int) -> bool:
+        """Whether :meth:`attempt_answered` retries an answer with ``status`` to attempt
+        number ``attempt``: a retried status
+        (:data:`~sessionroute.router.retry.RETRY_STATUSES`) with attempts left. A driver that
+        relays a complete answer without waiting asks this first."""
+        retry = self.retry
+        return status in retry.retried_statuses and attempt < retry.max_attempts
+
+    def answer_broke(
+        self,
+        reservation: Reservation,
+        failure: AttemptFailure,
+        detail: str,
+        *,
+        started: bool = False,
+    ) -> Refuse:
+        """The answer of ``reservation``'s attempt broke after its response head arrived: the
+        connection broke (``SENT``) or the request timeout passed (``TIMEOUT``) while its body
+        was being read or relayed. Not retried (the head was taken as the answer, and a
+        streamed one may have reached the client): recorded as a failure of the worker, and
+        the reservation is released.
+
+        Args:
+            reservation: the attempt's reservation.
+            failure: ``TIMEOUT``, or how the connection broke.
+            detail: what happened (the timeout's message, or the error).
+            started: part of the answer was already written to the client (a stream).
+
+        Returns:
+            The answer to the client: 504 for a timeout, else 502. When the answer had
+            ``started``, the driver cuts the client's stream instead (the client saw the
+            worker's head and a truncated body), and the request counts as a 502 whatever
+            broke it.
+        """
+        url = reservation.worker
+        self.record_failure(url)
+        if failure is AttemptFailure.TIMEOUT and not started:
+            return self._refuse(reservation, 504, "upstream_timeout", detail)
+        return self._refuse(
+            reservation,
+            502,
+            "upstream_error",
+            f"upstream {url} failed while sending its response: {detail}",
+        )
+
+    def first_byte_timeout_s(self, request: RouteRequest) -> float | None:
+        """Seconds the worker has to send the response head of ``request`` before it is given
+        up as hung (then :meth:`attempt_failed` with ``HUNG`` places it again), or None for no
+        such deadline: only streamed requests get one
+        (``RouterConfig.first_byte_timeout_s``; a long non-streamed generation sends its head
+        only at the end)."""
+        timeout_s = self.config.first_byte_timeout_s
+        return timeout_s if timeout_s and request.stream else None
 
     def next_attempt(self, reservation: Reservation, last_error: str) -> Reservation | Refuse:
         """The reservation for the attempt after a :class:`Retry`'s wait (:meth:`retarget`),

@@ -32,7 +32,7 @@ from sessionroute.serve.http1 import Request
 from sessionroute.serve.router import Router
 from sessionroute.serve.wire import Response, json_response
 
-__all__ = ["EXTRA_GENERATION_ROUTES", "REFUSED_ROUTES", "routes"]
+__all__ = ["EXTRA_GENERATION_ROUTES", "REFUSED_ROUTES", "first_answer", "routes"]
 
 Handler = Callable[[Request, Router], Awaitable[Response]]
 
@@ -87,17 +87,32 @@ async def get_loads(request: Request, router: Router) -> Response:
 async def forward_get(request: Request, router: Router) -> Response:
     """The first available worker's answer to ``GET <path>`` (the query kept), passed
     through; 503 when no worker is available, 502 when none answers."""
+    target = request.path + (f"?{request.query}" if request.query else "")
+    return await first_answer(router, target, request.path, router.settings.request_timeout_secs)
+
+
+async def first_answer(router: Router, target: str, what: str, timeout_s: float) -> Response:
+    """``GET target`` from each available worker in turn; the first answer, passed through.
+
+    Args:
+        router: the router (its available workers, client session and worker credential).
+        target: the path and query to get.
+        what: the route named in the 502's message.
+        timeout_s: seconds each worker has to answer.
+
+    Returns:
+        The worker's answer; 503 when no worker is available, 502 when none answers.
+    """
     healthy = router.core.cluster.healthy()
     if not healthy:
         return error_response(503, "no healthy worker available", "no_worker_available")
-    target = request.path + (f"?{request.query}" if request.query else "")
     errors: list[str] = []
     for url in healthy:
         try:
             async with router.session.get(
                 url.rstrip("/") + target,
                 headers=router.worker_headers,
-                timeout=aiohttp.ClientTimeout(total=router.settings.request_timeout_secs),
+                timeout=aiohttp.ClientTimeout(total=timeout_s),
             ) as resp:
                 body = await resp.read()
                 ctype = resp.headers.get("Content-Type", "application/json")
@@ -105,7 +120,7 @@ async def forward_get(request: Request, router: Router) -> Response:
         except (TimeoutError, aiohttp.ClientError) as exc:
             errors.append(f"{url}: {type(exc).__name__}")
     return error_response(
-        502, f"no worker answered {request.path}: " + "; ".join(errors), "upstream_unreachable"
+        502, f"no worker answered {what}: " + "; ".join(errors), "upstream_unreachable"
     )
 
 

@@ -14,23 +14,29 @@ import argparse
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from sessionroute.errors import ConfigError
-from sessionroute.router.config import DEFAULT_SESSION_HEADERS, RouterConfig, header_names
+from sessionroute.router.config import (
+    DEFAULT_SESSION_HEADERS,
+    VLLM_ROUTER_MAX_CONCURRENT,
+    VLLM_ROUTER_QUEUE_SIZE,
+    RouterConfig,
+    header_names,
+)
 from sessionroute.router.policies.options import load_policy_file, parse_policy
 from sessionroute.router.policies.registry import policy_class, takes_option
 from sessionroute.router.session_keys import DEFAULT_SESSION_BODY_FIELDS
-from sessionroute.serve.flags import (
+from sessionroute.serve.flag_defaults import (
     DEFAULT_REQUEST_ID_HEADERS,
     DEFAULTS,
     ROUTER_FLAGS,
     SESSION_TTL_ENV,
-    add_arguments,
 )
+from sessionroute.serve.flags import add_arguments
+from sessionroute.serve.kvstreams import KvStreamConfig, kv_streams
 
 __all__ = [
     "DEFAULTS",
@@ -42,31 +48,6 @@ __all__ = [
     "router_flags",
     "settings_from_args",
 ]
-
-
-VLLM_ROUTER_QUEUE_SIZE = 100
-"""vllm-router 0.1.17's ``--queue-size`` default (the queue of the rate limit)."""
-
-VLLM_ROUTER_MAX_CONCURRENT = 32768
-"""vllm-router 0.1.17's ``--max-concurrent-requests`` default."""
-
-
-@dataclass(frozen=True, slots=True)
-class KvStreamConfig:
-    """Where one worker's KV events arrive.
-
-    Attributes:
-        worker: the worker's url (as the router knows it).
-        endpoint: the ZMQ address the router binds for the worker's publisher
-            (``tcp://127.0.0.1:5557``).
-        replay_endpoint: the server's replay socket (``tcp://HOST:PORT``), or None.
-        topic: the publisher's topic (vLLM's default ``""``).
-    """
-
-    worker: str
-    endpoint: str
-    replay_endpoint: str | None = None
-    topic: str = ""
 
 
 class RouterSettings(BaseModel):
@@ -307,38 +288,13 @@ class RouterSettings(BaseModel):
             raise ConfigError("invalid router settings: " + "; ".join(parts)) from None
 
 
-def kv_streams(specs: tuple[str, ...] | list[str]) -> list[KvStreamConfig]:
-    """Parse ``URL=ENDPOINT[,REPLAY]`` specs (``--kv-events``).
-
-    Raises:
-        ValueError: on a malformed spec or a worker named twice (the message has the value).
-    """
-    out: list[KvStreamConfig] = []
-    seen: set[str] = set()
-    for spec in specs:
-        url, sep, rest = spec.partition("=")
-        endpoint, _, replay = rest.partition(",")
-        if not sep or not url.startswith(("http://", "https://")) or "://" not in endpoint:
-            raise ValueError(
-                f"--kv-events wants URL=ENDPOINT[,REPLAY] (e.g. "
-                f"http://127.0.0.1:8000=tcp://127.0.0.1:5557), got {spec!r}"
-            )
-        if replay and "://" not in replay:
-            raise ValueError(f"--kv-events replay address must be a ZMQ address, got {replay!r}")
-        if url in seen:
-            raise ValueError(f"--kv-events names worker {url!r} twice")
-        seen.add(url)
-        out.append(KvStreamConfig(url, endpoint, replay or None))
-    return out
-
-
 def settings_from_args(
     args: argparse.Namespace, environ: Mapping[str, str] | None = None
 ) -> RouterSettings:
     """Validated settings from parsed ``serve`` arguments.
 
     The session TTL is ``--session-ttl-secs`` if given, else ``$VLLM_ROUTER_SLL_SESSION_
-    EXPIRATION_IN_S``, else 7200 seconds.
+    EXPIRATION_IN_S``, else ``RouterConfig.session_ttl_s``'s default (7200 seconds).
 
     Raises:
         ConfigError: on any invalid value (named with the value), including a bad TTL variable.
@@ -353,7 +309,7 @@ def settings_from_args(
             except ValueError:
                 raise ConfigError(f"{SESSION_TTL_ENV} must be a number, got {raw!r}") from None
         else:
-            ttl = 7200.0
+            ttl = DEFAULTS["session_ttl_secs"]
     values: dict[str, Any] = {
         name: getattr(args, name)
         for name in RouterSettings.model_fields

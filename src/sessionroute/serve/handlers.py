@@ -7,9 +7,8 @@ from __future__ import annotations
 
 from urllib.parse import parse_qsl, unquote
 
-import aiohttp
-
 from sessionroute.errors import WorkerError
+from sessionroute.serve.compat_routes import first_answer
 from sessionroute.serve.errors import error_for_exception, error_response
 from sessionroute.serve.http1 import Request
 from sessionroute.serve.metrics import CONTENT_TYPE
@@ -154,25 +153,8 @@ async def session_info(request: Request, router: Router) -> Response:
 
 async def models(request: Request, router: Router) -> Response:
     """``GET /v1/models``: the first available worker's answer; 503 when none, 502 if all fail."""
-    healthy = router.core.cluster.healthy()
-    if not healthy:
-        return error_response(503, "no healthy worker available", "no_worker_available")
-    errors: list[str] = []
-    for url in healthy:
-        try:
-            async with router.session.get(
-                url.rstrip("/") + "/v1/models",
-                headers=router.worker_headers,
-                timeout=aiohttp.ClientTimeout(total=router.settings.health_check_timeout_secs),
-            ) as resp:
-                body = await resp.read()
-                ctype = resp.headers.get("Content-Type", "application/json")
-                return Response(resp.status, body, ctype)
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            errors.append(f"{url}: {type(exc).__name__}")
-    return error_response(
-        502, "no worker answered /v1/models: " + "; ".join(errors), "upstream_unreachable"
-    )
+    timeout_s = router.settings.health_check_timeout_secs
+    return await first_answer(router, "/v1/models", "/v1/models", timeout_s)
 
 
 async def metrics(request: Request, router: Router) -> Response:

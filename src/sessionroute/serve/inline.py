@@ -34,20 +34,22 @@ from __future__ import annotations
 import time
 
 from sessionroute.errors import AdmissionRefused, MalformedRequest, NoWorkerAvailable
+from sessionroute.router.actions import Refuse
 from sessionroute.router.admission import Ticket
 from sessionroute.router.core import Reservation
+from sessionroute.router.retry import AttemptFailure
 from sessionroute.router.validate import InvalidJSON, UnsupportedMediaType, check_media_type
 from sessionroute.serve.exchange import Exchange
 from sessionroute.serve.http1 import Connection, Inline, Request
 from sessionroute.serve.messages import (
     error,
-    record_status,
+    refusal,
     refuse,
     relay_whole,
     relayed_whole,
+    timed_out,
     too_large,
     upstream_request,
-    upstream_timeout,
 )
 from sessionroute.serve.proxy import forward_placed, place_and_forward, wake_ticket
 from sessionroute.serve.router import Router
@@ -135,9 +137,7 @@ class InlineProxy(Inline):
             code = "malformed_json" if isinstance(exc, InvalidJSON) else "invalid_request"
             error(conn, 400, str(exc), code, raw_rid)
             return False
-        if router.state is not None or (
-            route_req.stream and router.settings.first_byte_timeout_secs
-        ):
+        if router.state is not None or core.first_byte_timeout_s(route_req) is not None:
             conn.hand_over(place_and_forward(conn, req, router, route_req, raw_rid))
             return True
         t0 = time.perf_counter()
@@ -167,20 +167,25 @@ class InlineProxy(Inline):
     def _answer(self, ex: Exchange) -> None:
         """The exchange's one callback: relay a complete simple answer, else hand over."""
         router = self._router
+        core = router.core
         worker = ex.worker
-        if ex.timed_out:  # (no head: a complete answer would have come first)
-            upstream_timeout(self._conn, router, worker, self._raw_rid)
-            self._end()
-            return
-        status = ex.status
         res = self._res
         if res is None:  # pragma: no cover - an exchange exists only once placed
             raise RuntimeError("an inline exchange without a reservation")
+        if ex.timed_out:  # (no head: a complete answer would have come first)
+            action = core.attempt_failed(res, AttemptFailure.TIMEOUT, 1, timed_out(router, worker))
+            if not isinstance(action, Refuse):  # pragma: no cover - never retried
+                raise RuntimeError("the core retried a timed-out attempt")
+            router.metrics.count_request(worker, action.status)
+            refusal(self._conn, action, self._raw_rid)
+            self._end()
+            return
+        status = ex.status
         if (
-            ex.complete and status not in router.core.retry.retried_statuses and relayed_whole(ex)
+            ex.complete and relayed_whole(ex) and not core.retries_answer(status, 1)
         ):  # as the coroutine answers it after the head and the body came
             router.metrics.observe_upstream(worker, ex.sent_at, time.perf_counter(), status)
-            record_status(router, worker, status)
+            core.attempt_answered(res, status, 1)  # recorded; relayed (not retried)
             relay_whole(self._conn, router, ex, self._raw_rid, ex.body())
             self._end()
             return

@@ -45,7 +45,7 @@ from sessionroute.router.kv.events import (
     encode_seq,
 )
 from sessionroute.router.kv.index import Applied, KvIndex
-from sessionroute.serve.config import KvStreamConfig
+from sessionroute.serve.kvstreams import KvStreamConfig
 
 __all__ = ["KvEventSubscriber", "KvEventsCollector"]
 

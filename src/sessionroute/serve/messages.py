@@ -7,15 +7,18 @@ request gets the same bytes, headers and records whichever path answered it:
 - :func:`upstream_request`: the request as it goes to a worker (the client's headers as
   received, minus the hop-by-hop ones, plus ``Host``, the worker credential and
   ``Content-Length``);
-- :func:`relay_headers`, :func:`relay_whole`, :func:`record_status`: a worker's answer
-  relayed to the client, and what it says about the worker's health;
-- :func:`error`, :func:`refuse`, :func:`too_large`, :func:`upstream_timeout`: the router's
-  own JSON error answers (each with the request id).
+- :func:`relay_headers`, :func:`relay_whole`: a worker's answer relayed to the client;
+- :func:`error`, :func:`refuse`, :func:`refusal`, :func:`too_large`: the router's own JSON
+  error answers (each with the request id), and :func:`timed_out`, the message of a timeout.
+
+What an answer or a failure says about the worker, and whether the request is retried, is the
+router core's to decide (:mod:`sessionroute.router.failures`); this module only writes.
 """
 
 from __future__ import annotations
 
 from sessionroute.errors import AdmissionRefused, NoWorkerAvailable
+from sessionroute.router.actions import Refuse
 from sessionroute.serve.errors import error_for_exception, error_response
 from sessionroute.serve.exchange import Exchange
 from sessionroute.serve.http1 import Connection, Request
@@ -24,14 +27,14 @@ from sessionroute.serve.router import Router
 __all__ = [
     "BUFFER_LIMIT",
     "error",
-    "record_status",
+    "refusal",
     "refuse",
     "relay_headers",
     "relay_whole",
     "relayed_whole",
+    "timed_out",
     "too_large",
     "upstream_request",
-    "upstream_timeout",
 ]
 
 BUFFER_LIMIT = 256 * 1024
@@ -91,14 +94,6 @@ def relay_whole(conn: Connection, router: Router, ex: Exchange, rid: bytes, body
     conn.respond_raw(ex.status, relay_headers(router, ex, rid), body)
 
 
-def record_status(router: Router, worker: str, status: int) -> None:
-    """What an answer says about its worker: a failure for a 5xx, else a success."""
-    if status >= 500:
-        router.record_failure(worker)
-    else:
-        router.record_success(worker)
-
-
 # -- the router's own answers ----------------------------------------------------------------
 def error(
     conn: Connection, status: int, message: str, code: str, rid: bytes, *, keep: bool = True
@@ -121,6 +116,18 @@ def refuse(conn: Connection, exc: NoWorkerAvailable | AdmissionRefused, rid: byt
     )
 
 
+def refusal(conn: Connection, action: Refuse, rid: bytes) -> None:
+    """Answer with the router core's :class:`~sessionroute.router.actions.Refuse`."""
+    error(conn, action.status, action.message, action.code, rid)
+
+
+def timed_out(router: Router, worker: str, *, reading: bool = False) -> str:
+    """The message of an attempt whose request timeout passed before ``worker``'s answer
+    (``reading``: before its body) was complete."""
+    what = "finish its response" if reading else "answer"
+    return f"upstream {worker} did not {what} within {router.core.config.request_timeout_s} s"
+
+
 def too_large(conn: Connection, req: Request, limit: int, rid: bytes) -> None:
     """Answer 413: the body is over ``limit`` bytes (by its Content-Length or as received)."""
     length = req.content_length
@@ -132,21 +139,4 @@ def too_large(conn: Connection, req: Request, limit: int, rid: bytes) -> None:
         "payload_too_large",
         rid,
         keep=req.complete,
-    )
-
-
-def upstream_timeout(
-    conn: Connection, router: Router, worker: str, rid: bytes, *, reading: bool = False
-) -> None:
-    """The exchange's deadline passed before the worker's answer (``reading``: before its
-    body) was complete: a failure of the worker, counted and answered 504."""
-    router.record_failure(worker)
-    router.metrics.count_request(worker, 504)
-    what = "finish its response" if reading else "answer"
-    error(
-        conn,
-        504,
-        f"upstream {worker} did not {what} within {router.settings.request_timeout_secs} s",
-        "upstream_timeout",
-        rid,
     )

@@ -2,8 +2,11 @@
 
 Every routing decision is the router core's (:class:`~sessionroute.router.RoutingCore`): the
 policy's request is built by ``core.requests`` (session id, size estimate, content keys),
-placed by ``core.place`` (admission, select + reserve), and retried by ``core.retry`` and
-``core.retarget``; this module does the I/O around them for requests that wait (for a
+placed by ``core.place`` (admission, select + reserve); each attempt's outcome goes to the
+core (``attempt_failed``, ``attempt_answered``, ``answer_broke``), which says retry after a
+wait (then ``next_attempt``), relay, or refuse with a status, and gives the first-byte
+deadline (``first_byte_timeout_s``). This module does the I/O around them for requests that
+wait (for a
 connection, an admission ticket, a shared session table, a streamed or large answer, a
 retry); the common case runs from protocol callbacks in :mod:`sessionroute.serve.inline`,
 which hands over to the coroutines here where it must wait. The body is read once (as the pieces
@@ -17,10 +20,7 @@ else (server-sent event streams in particular) is relayed chunk by chunk as it a
 written straight to the client connection (:class:`~sessionroute.serve.http1.Connection`)
 with its flow control. The bytes written either way, and the router's own error answers,
 come from :mod:`sessionroute.serve.messages` (shared with the inline path).
-Retries (on :data:`~sessionroute.router.retry.RETRY_STATUSES` and connection errors, with
-exponential backoff and jitter) happen only before the first byte of a response is sent to
-the client. A worker that refuses connections is marked unavailable at once, so the next
-attempt re-places the session.
+Retries happen only before the first byte of a response is sent to the client.
 The policy's reservation is released exactly once on every path (``try/finally``).
 """
 
@@ -38,13 +38,13 @@ from sessionroute.router.retry import AttemptFailure
 from sessionroute.serve.exchange import Exchange
 from sessionroute.serve.http1 import Connection, Request
 from sessionroute.serve.messages import (
-    error,
+    refusal,
     refuse,
     relay_headers,
     relay_whole,
     relayed_whole,
+    timed_out,
     upstream_request,
-    upstream_timeout,
 )
 from sessionroute.serve.router import Router
 from sessionroute.serve.upstream import UpstreamConnectError, UpstreamError, UpstreamHung
@@ -145,11 +145,10 @@ async def _forward(
     """Send attempts until one is answered or the core refuses: every failure and answer goes
     to the core (``attempt_failed`` / ``attempt_answered``), which says retry after a wait or
     refuse with a status; this function only does the I/O and the waiting."""
-    s = router.settings
     core = router.core
     metrics = router.metrics
     pool = router.upstream
-    first_byte_s = s.first_byte_timeout_secs
+    first_byte_s = core.first_byte_timeout_s(holder[0].request)  # None: no such deadline
     task = conn.task  # not asyncio.current_task(): it costs a getpid() syscall
     if task is None:
         raise RuntimeError("a proxied request must run on its connection's task")
@@ -166,7 +165,7 @@ async def _forward(
             first = None
         else:
             ex = Exchange(pool, worker, task)
-        if first_byte_s and res.request.stream and not ex.status:  # a hung worker sends no head
+        if first_byte_s is not None and not ex.status:  # a hung worker sends no head
             timer = task.get_loop().call_later(
                 first_byte_s, ex.hang, f"no response head within {first_byte_s:g} s"
             )
@@ -192,7 +191,7 @@ async def _forward(
                 if not ex.is_timeout():
                     metrics.count_request(worker, 499)  # the client went away (or shutdown)
                     raise
-                last_error = f"upstream {worker} did not answer within {s.request_timeout_secs} s"
+                last_error = timed_out(router, worker)
                 action = core.attempt_failed(res, AttemptFailure.TIMEOUT, attempt, last_error)
             else:
                 metrics.observe_upstream(worker, ex.sent_at, time.perf_counter())
@@ -203,28 +202,25 @@ async def _forward(
                 if timer is not None:
                     timer.cancel()
             if action is None:  # relay this answer
-                if await _relay(conn, router, ex, worker, rid):
+                if await _relay(conn, router, ex, res, rid):
                     return
                 last_error = f"{worker}: given up as hung while its answer was arriving"
                 action = core.attempt_failed(res, AttemptFailure.HUNG, attempt, last_error)
             elif answered and not await _drain(ex):
-                last_error = (
-                    f"upstream {worker} did not finish its response within "
-                    f"{s.request_timeout_secs} s"
-                )
+                last_error = timed_out(router, worker, reading=True)
                 action = core.attempt_failed(res, AttemptFailure.TIMEOUT, attempt, last_error)
         finally:
             ex.close()
         if isinstance(action, Refuse):
             metrics.count_request(worker, action.status)
-            error(conn, action.status, action.message, action.code, rid)
+            refusal(conn, action, rid)
             return
         metrics.count_retry(worker)
         if action.after_s:
             await asyncio.sleep(action.after_s)
         placed = core.next_attempt(res, last_error)
         if isinstance(placed, Refuse):
-            error(conn, placed.status, placed.message, placed.code, rid)
+            refusal(conn, placed, rid)
             return
         holder[0] = placed
         if router.state is not None:  # a moved session: tell the shared table
@@ -258,11 +254,17 @@ async def _drain(ex: Exchange) -> bool:
     return True
 
 
-async def _relay(conn: Connection, router: Router, ex: Exchange, worker: str, rid: bytes) -> bool:
+async def _relay(
+    conn: Connection, router: Router, ex: Exchange, res: Reservation, rid: bytes
+) -> bool:
     """Relay the answer; False when the worker was given up as hung before any byte of it
-    reached the client (the caller places the request again)."""
+    reached the client (the caller places the request again). An answer that breaks after
+    its head goes to the core (``answer_broke``): its error is written when nothing was yet,
+    else the client's stream is cut."""
     status = ex.status
+    worker = ex.worker
     metrics = router.metrics
+    core = router.core
     try:
         if relayed_whole(ex):
             try:
@@ -270,33 +272,32 @@ async def _relay(conn: Connection, router: Router, ex: Exchange, worker: str, ri
             except UpstreamHung:
                 return False
             except UpstreamError as exc:
-                router.record_failure(worker)
-                metrics.count_request(worker, 502)
-                error(
-                    conn,
-                    502,
-                    f"upstream {worker} failed while sending its response: {exc}",
-                    "upstream_error",
-                    rid,
-                )
-                return True
+                action = core.answer_broke(res, AttemptFailure.SENT, str(exc))
             except asyncio.CancelledError:
                 if not ex.is_timeout():
                     raise
-                upstream_timeout(conn, router, worker, rid, reading=True)
+                detail = timed_out(router, worker, reading=True)
+                action = core.answer_broke(res, AttemptFailure.TIMEOUT, detail)
+            else:
+                metrics.count_request(worker, status)
+                relay_whole(conn, router, ex, rid, data)
                 return True
-            metrics.count_request(worker, status)
-            relay_whole(conn, router, ex, rid, data)
+            metrics.count_request(worker, action.status)
+            refusal(conn, action, rid)
             return True
         conn.start_response(status, relay_headers(router, ex, rid), ex.length)
         try:
             await ex.relay(conn)  # written piece by piece as it arrives
         except (UpstreamError, asyncio.CancelledError) as exc:
-            if isinstance(exc, asyncio.CancelledError) and not ex.is_timeout():
+            if isinstance(exc, UpstreamError):
+                failure, detail = AttemptFailure.SENT, str(exc)
+            elif ex.is_timeout():
+                failure, detail = AttemptFailure.TIMEOUT, timed_out(router, worker, reading=True)
+            else:
                 raise
+            action = core.answer_broke(res, failure, detail, started=True)
             log.warning("upstream %s failed mid-response: %r", worker, exc)
-            router.record_failure(worker)
-            metrics.count_request(worker, 502)
+            metrics.count_request(worker, action.status)
             conn.abort()  # no terminating chunk: the client sees truncation
             return True
         conn.end_response()

@@ -8,10 +8,8 @@ select-and-reserve is atomic without locks.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
-import string
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -19,21 +17,22 @@ import aiohttp
 
 from sessionroute.clock import Clock, MonotonicClock
 from sessionroute.errors import ConfigError
-from sessionroute.router.actions import CheckHealth, WorkerLost
+from sessionroute.router.actions import WorkerLost
 from sessionroute.router.build import build_router, policy_choice
 from sessionroute.router.kv.index import KvIndex
 from sessionroute.router.policies.capabilities import ReadsKvEvents
-from sessionroute.router.retry import WorkerLostAction
 from sessionroute.router.state import Cluster
 from sessionroute.router.state.shared import SharedCluster, share_table
 from sessionroute.serve.config import RouterSettings
-from sessionroute.serve.exchange import Exchange
+from sessionroute.serve.coretimers import CoreTimers
 from sessionroute.serve.gauges import GaugeScraper
 from sessionroute.serve.health import HealthChecker, probe
 from sessionroute.serve.kvevents import KvEventsCollector, KvEventSubscriber
 from sessionroute.serve.metrics import RouterMetrics
 from sessionroute.serve.probes import not_started, wait_for_workers
 from sessionroute.serve.receipts import Receipts
+from sessionroute.serve.request_ids import RequestIds
+from sessionroute.serve.tasks import cancel_and_wait
 from sessionroute.serve.upstream import REQUEST_DROP, UpstreamPool
 from sessionroute.serve.usage import UsageCollector, UsageMetrics
 
@@ -48,13 +47,6 @@ WORKER_KEEPALIVE_S = 4.0
 """Seconds an idle connection to a worker is reused: below vLLM's API server keep-alive
 (``VLLM_HTTP_TIMEOUT_KEEP_ALIVE``, 5 s by default; uvicorn's default is 5 s too), so the router
 does not send a request on a connection the worker is closing at that moment."""
-
-_ALNUM = string.ascii_letters + string.digits
-_ID_TABLE = bytes(ord(_ALNUM[i % len(_ALNUM)]) for i in range(256))
-"""Maps a random byte to an alphanumeric (the slight bias toward 8 letters is harmless)."""
-_ID_PREFIX = {"/v1/chat/completions": "chatcmpl-", "/v1/completions": "cmpl-"}
-_ID_SEQ_START = 10**11
-"""The first sequence number of generated request ids (the smallest with 12 digits)."""
 
 
 class Router:
@@ -116,9 +108,8 @@ class Router:
         self.kv_subscribers: list[KvEventSubscriber] = []
         self.workers = self.core.health
         """url -> health record of every worker (the core's)."""
-        for url, wh in self.workers.items():  # healthy only once a check passed
-            wh.start_unchecked()
-            self.core.refresh(url)
+        self.core.start_unchecked()  # a worker is available once a check of it passed
+        self.core.on_circuit = _log_circuit
         self.fatal_error: str | None = None
         """Why the router must stop (no worker passed a check within
         ``--worker-startup-timeout-secs``; :mod:`sessionroute.serve.probes`), or None."""
@@ -170,25 +161,20 @@ class Router:
         self.expose_worker = settings.expose_worker_header or self.receipts is not None
         """Add :meth:`worker_header` to proxied responses (``--expose-worker-header``,
         ``--route-receipts``)."""
-        base = self.rng.randbytes(12).translate(_ID_TABLE).decode()
-        self._id_heads = {path: prefix + base for path, prefix in _ID_PREFIX.items()}
-        """The ids' first 21 or 17 characters (prefix and random part) by route."""
-        self._id_other = "req-" + base
-        self._id_seq = _ID_SEQ_START
+        self.new_request_id: Callable[[str], str] = RequestIds(self.rng).new
+        """A new request id for a request to ``path`` that brought none
+        (:meth:`~sessionroute.serve.request_ids.RequestIds.new`)."""
         self.upstream = UpstreamPool(
             timeout_s=settings.request_timeout_secs,
-            connect_timeout_s=min(settings.request_timeout_secs, 10.0),
+            connect_timeout_s=config.connect_timeout_s,
             keepalive_s=WORKER_KEEPALIVE_S,
         )
         self._session: aiohttp.ClientSession | None = None
         self.health: HealthChecker | None = None
         self.gauges: GaugeScraper | None = None
         self._tasks: list[asyncio.Task[None]] = []
-        self._timer: asyncio.TimerHandle | None = None
-        """The one timer, armed at the core's next deadline."""
-        self._timer_due = float("inf")
-        self._jobs: set[asyncio.Task[None]] = set()
-        """Health checks and sweeps the core's timers asked for, still running."""
+        self.timers = CoreTimers(self.core, self.clock, self._check, self._sweep)
+        """The core's timers on the event loop."""
         self._zmq: Any = None
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -213,7 +199,7 @@ class Router:
             auto_decompress=False,
             skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
             timeout=aiohttp.ClientTimeout(
-                total=s.request_timeout_secs, sock_connect=min(s.request_timeout_secs, 10.0)
+                total=s.request_timeout_secs, sock_connect=self.core.config.connect_timeout_s
             ),
             cookie_jar=aiohttp.DummyCookieJar(),
             read_bufsize=2**18,
@@ -227,7 +213,7 @@ class Router:
             headers=self.worker_headers,
         )
         core = self.core
-        core.timers.on_push = self._arm
+        self.timers.start()
         await self.health.check_once()  # a worker counts healthy once a check passed
         core.start(self.clock.now(), checked=True)
         if not_started(self):
@@ -241,7 +227,7 @@ class Router:
                 self._session,
                 self.core,
                 interval_s=interval,
-                timeout_s=min(interval, self.core.config.health_check_timeout_s),
+                timeout_s=self.core.config.scrape_timeout_s,
                 headers=self.worker_headers,
             )
             self._tasks.append(asyncio.create_task(self.gauges.run(), name="sessionroute-gauges"))
@@ -277,18 +263,9 @@ class Router:
 
     async def close(self) -> None:
         """Stop background tasks and close the upstream pools."""
-        self.core.timers.on_push = None
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        tasks = [*self._tasks, *self._jobs]
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await self.timers.close()
+        await cancel_and_wait(self._tasks)
         self._tasks = []
-        self._jobs.clear()
         if self._zmq is not None:
             self._zmq.term()
             self._zmq = None
@@ -301,37 +278,10 @@ class Router:
             await self._session.close()
             self._session = None
 
-    # -- the core's timers ----------------------------------------------------------------
-    def _arm(self, due: float, kind: int = 0) -> None:
-        """Keep the one timer armed at the core's earliest deadline (``timers.on_push``)."""
-        if self._timer is not None:
-            if self._timer_due <= due:
-                return
-            self._timer.cancel()
-        self._timer_due = due
-        loop = asyncio.get_running_loop()
-        self._timer = loop.call_later(max(0.0, due - self.clock.now()), self._fire)
-
-    def _fire(self) -> None:
-        """The timer fired (perhaps a little early: the core then runs nothing yet): do what
-        the core's due timers ask and re-arm at its next deadline."""
-        self._timer = None
-        self._timer_due = float("inf")
-        for action in self.core.on_timer(self.clock.now()):
-            if isinstance(action, CheckHealth):
-                health = self.health
-                if health is not None:
-                    self._job(health.check_once(None if action.round else action.urls))
-            else:
-                self._job(self._sweep(action.now))
-        due = self.core.next_deadline()
-        if due is not None:
-            self._arm(due)
-
-    def _job(self, coro: Any) -> None:
-        task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coro)
-        self._jobs.add(task)
-        task.add_done_callback(self._jobs.discard)
+    # -- what the core's timers ask for -----------------------------------------------------
+    async def _check(self, urls: tuple[str, ...] | None) -> None:
+        if self.health is not None:
+            await self.health.check_once(urls)
 
     async def _sweep(self, now: float) -> None:
         n = await self.sweep_in_chunks(now)
@@ -351,12 +301,6 @@ class Router:
         return total
 
     # -- worker availability --------------------------------------------------------------
-    def refresh(self, url: str) -> None:
-        """Push a worker's availability (checks pass and circuit not open) to the cluster."""
-        if self.core.refresh(url):
-            available = self.core.cluster.is_healthy(url)
-            log.warning("worker %s %s", url, "available" if available else "unavailable")
-
     def _observe_check(self, url: str, ok: bool) -> bool:
         """One health-check result of ``url``, folded in by the router core; True if its
         verdict changed. A worker that turns unhealthy gives up its requests in flight
@@ -377,44 +321,16 @@ class Router:
         Returns:
             How many requests were cancelled for re-placement.
         """
-        core = self.core
-        url = lost.url
-        replaced = 0
-        watched: list[tuple[Exchange, int]] = []
-        for ex in self.upstream.in_flight_on(url):
-            if core.on_worker_lost(ex.relaying) is WorkerLostAction.REPLACE:
-                replaced += ex.hang(f"worker unavailable: {lost.reason}")
-            else:
-                watched.append((ex, ex.chunks))
+        replaced, watched = self.upstream.give_up(lost, self.core.on_worker_lost)
         if replaced or watched:
             log.warning(
                 "worker %s lost (%s): %d request(s) re-placed, %d streaming watched",
-                url,
+                lost.url,
                 lost.reason,
                 replaced,
-                len(watched),
+                watched,
             )
-        if watched:
-            quiet_s = lost.quiet_s
-            asyncio.get_running_loop().call_later(quiet_s, self._cut_stalled, watched, quiet_s)
         return replaced
-
-    @staticmethod
-    def _cut_stalled(watched: list[tuple[Exchange, int]], quiet_s: float) -> None:
-        for ex, chunks in watched:
-            if ex.chunks == chunks and not ex.complete:
-                ex.cut(f"the worker is unavailable and sent nothing for {quiet_s:g} s")
-
-    def record_success(self, url: str) -> None:
-        """An upstream answer below 500 from ``url``."""
-        if self.core.record_success(url):
-            log.warning("worker %s available", url)
-
-    def record_failure(self, url: str) -> None:
-        """An upstream failure (5xx, reset, timeout) from ``url``; may open its circuit (the
-        core's timer turns it half-open)."""
-        if self.core.record_failure(url) is not None:
-            log.warning("circuit of %s opened", url)
 
     # -- admin ----------------------------------------------------------------------------
     async def add_worker(self, url: str) -> None:
@@ -468,14 +384,8 @@ class Router:
             out += self.receipts.header_lines(worker, raw_rid, status)
         return out
 
-    def new_request_id(self, path: str) -> str:
-        """``chatcmpl-``/``cmpl-``/``req-`` + 24 alphanumerics (vllm-router's format).
 
-        The 24 characters are 12 random ones drawn once per router and a 12-digit sequence
-        number: unique within the router without a random draw per request. The sequence
-        runs over the 12-digit numbers (10**11 up to 10**12 - 1, then again), so it needs no
-        zero padding.
-        """
-        seq = self._id_seq + 1
-        self._id_seq = seq = seq if seq < 10**12 else _ID_SEQ_START
-        return self._id_heads.get(path, self._id_other) + str(seq)
+def _log_circuit(url: str, opened: bool) -> None:
+    """The core's ``on_circuit``: request failures opened ``url``'s circuit, or successes
+    closed it."""
+    log.warning("circuit of %s %s", url, "opened" if opened else "closed")

@@ -10,8 +10,9 @@ keeps in step with Redis around each decision:
 * :meth:`RedisState.commit`, after it, only when the decision pinned a session (a first turn,
   a re-pin): a compare-and-set on the version. A refusal (another router changed the table
   since the load) withdraws the decision and decides again on the state the refusal returned,
-  so a burst of first turns spread over routers cannot herd. A later turn of a known session
-  costs one round trip, a first turn two.
+  so a burst of first turns spread over routers cannot herd (the protocol is the core's,
+  :class:`~sessionroute.router.commit.PinCommit`; this module does its round trips). A later
+  turn of a known session costs one round trip, a first turn two.
 
 In-flight counts are leases: each router writes its own per-worker counts with every load and
 every ``lease_s / 3`` seconds; a router that dies stops renewing them and they expire after
@@ -36,11 +37,13 @@ from redis.exceptions import RedisError
 
 from sessionroute.clock import Clock
 from sessionroute.errors import ConfigError
+from sessionroute.router.commit import MAX_COMMIT_ATTEMPTS, PinCommit
 from sessionroute.router.core import Reservation, RoutingCore
 from sessionroute.router.state.shared import SharedCluster, SharedSessionTable
 from sessionroute.serve import scripts
 from sessionroute.serve.redislink import RedisLink
-from sessionroute.types import DecisionKind, RouteRequest
+from sessionroute.serve.tasks import cancel_and_wait
+from sessionroute.types import RouteRequest
 
 __all__ = ["RedisState", "StateCollector", "check_state_url"]
 
@@ -48,10 +51,6 @@ log = logging.getLogger("sessionroute.serve.state")
 
 _ERRORS = (RedisError, OSError, asyncio.TimeoutError)
 """What an unreachable or failing Redis raises through redis-py."""
-
-MAX_COMMIT_ATTEMPTS = 16
-"""Compare-and-set attempts of one placement; the last one pins without the version check (a
-placement never fails because other routers keep changing the table)."""
 
 _BATCH = 500
 """Commands per pipeline when replaying releases and claiming pins after a reconnection."""
@@ -114,7 +113,8 @@ class RedisState:
         tag = "{" + prefix + "}:"
         self.keys = [tag + k for k in ("pins", "last", "counts", "version", "routers")]
         self.lease_prefix = tag + "lease:"
-        self._ttl_ms = str(int((table.ttl_s if table is not None else 7200.0) * 1000))
+        ttl_s = table.ttl_s if table is not None else core.config.session_ttl_s
+        self._ttl_ms = str(int(ttl_s * 1000))
         self._lease_ms = str(max(1, int(lease_s * 1000)))
         self._max = str(table._max if table is not None else 1_000_000)
         self.link = RedisLink(url, timeout_s)
@@ -158,11 +158,7 @@ class RedisState:
         """Stop the background tasks and hand the lease back (this router's in-flight counts
         leave the shared view at once rather than when the lease expires)."""
         tasks = [*self._tasks, *([self._reconnect] if self._reconnect else [])]
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(tasks)
         self._tasks = []
         self._reconnect = None
         if self.up:
@@ -190,45 +186,41 @@ class RedisState:
 
     async def commit(self, reservation: Reservation) -> Reservation:
         """Commit the pin ``reservation``'s decision made, or decide again until the shared
-        table takes one (see the module docstring); returns the reservation to forward.
+        table takes one (:class:`~sessionroute.router.commit.PinCommit`); returns the
+        reservation to forward.
 
         Raises:
             NoWorkerAvailable: when deciding again finds no worker (none is healthy any more).
         """
-        if self.table is None or reservation.request.session_id is None:
+        table = self.table
+        if table is None or not PinCommit.needed(table, reservation):
             return reservation
-        if not self._pins(reservation.kind):
-            return reservation
-        sid = reservation.request.session_id
-        decided = self.table.decided_at(sid)
-        current = [reservation]
+        commit = PinCommit(self.core, table, reservation)
         try:
             async with self._placing:
-                return await self._commit(current, self.table, sid, decided)
+                return await self._commit(commit)
         except asyncio.CancelledError:  # the client went away: release what it holds
-            self.core.complete(current[0])
+            self.core.complete(commit.reservation)
             raise
 
-    async def _commit(
-        self, current: list[Reservation], table: SharedSessionTable, sid: str, decided: int
-    ) -> Reservation:
-        """:meth:`commit` under the placement lock: one placement in flight per router, so
-        the compare-and-set only ever races other routers' placements. ``current[0]`` is
-        the reservation held at each moment (the caller releases it if cancelled)."""
-        reservation = current[0]
-        for attempt in range(MAX_COMMIT_ATTEMPTS):
+    async def _commit(self, commit: PinCommit) -> Reservation:
+        """:meth:`commit`'s round trips, under the placement lock: one placement in flight
+        per router, so the compare-and-set only ever races other routers' placements."""
+        sid = commit.session_id
+        for _ in range(MAX_COMMIT_ATTEMPTS):
+            reservation = commit.reservation
             if not self.up:
                 self._dirty.add(sid)
                 return reservation
-            want = str(decided)
-            if attempt == MAX_COMMIT_ATTEMPTS - 1:
-                want = ""
+            version = commit.expected_version()
+            if version is None:
                 log.warning(
                     "session %r pinned without the version check: the shared table "
                     "kept changing under %d attempts",
                     sid,
-                    attempt,
+                    commit.attempt,
                 )
+            want = "" if version is None else str(version)
             try:
                 reply = await self._script(
                     "PIN", sid, reservation.worker, want, self._max, self._ttl_ms
@@ -238,21 +230,16 @@ class RedisState:
                 self._dirty.add(sid)
                 return reservation
             self.round_trips += 1
-            ok, cur, version, counts = reply
+            ok, cur, now_version, counts = reply
             if reservation.done:  # answered meanwhile (client gone): nothing to forward
                 return reservation
             if ok:
-                table.load(None, None, _pairs(counts), int(version), self.clock.now())
+                commit.accepted(_pairs(counts), int(now_version), self.clock.now())
                 return reservation
             self.conflicts += 1
-            self.core.retract(reservation)
-            table.withdraw(sid, reservation.kind is DecisionKind.NEW)
-            table.load(sid, cur or None, _pairs(counts), int(version), self.clock.now())
-            reservation = current[0] = self.core.route(reservation.request)
-            decided = table.decided_at(sid)
-            if not self._pins(reservation.kind):
-                return reservation  # the session was pinned meanwhile: it goes there
-        return reservation  # pragma: no cover - the last attempt never compares
+            if not commit.refused(cur or None, _pairs(counts), int(now_version), self.clock.now()):
+                return commit.reservation  # the session was pinned meanwhile: it goes there
+        return commit.reservation  # pragma: no cover - the last attempt never compares
 
     async def finish(self, session_id: str) -> None:
         """Release ``session_id`` in the shared table (replayed after a reconnection when
@@ -278,10 +265,6 @@ class RedisState:
         return int(n)
 
     # -- internals ------------------------------------------------------------------------
-    @staticmethod
-    def _pins(kind: DecisionKind) -> bool:
-        return kind is DecisionKind.NEW or kind is DecisionKind.REPINNED
-
     def _load_args(self, sid: str | None) -> list[str | int]:
         args: list[str | int] = [
             sid or "",

@@ -34,11 +34,14 @@ import asyncio
 import contextlib
 import ssl
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from yarl import URL
 
+from sessionroute.router.actions import WorkerLost
+from sessionroute.router.retry import WorkerLostAction
 from sessionroute.serve.worker_connection import (
     HOP_BY_HOP,
     UpstreamConnectError,
@@ -271,7 +274,39 @@ class UpstreamPool:
         """The exchanges in progress with ``worker`` (O(exchanges in flight))."""
         return [ex for ex in self._inflight if ex.worker == worker]
 
+    def give_up(
+        self, lost: WorkerLost, decide: Callable[[bool], WorkerLostAction]
+    ) -> tuple[int, int]:
+        """``lost.url`` stopped answering: act on each exchange in flight there as ``decide``
+        (the core's :meth:`~sessionroute.router.RoutingCore.on_worker_lost`) says, by whether
+        its answer is being relayed to the client. Those to re-place are given up as hung
+        (they fail as hung, and the core places them again: the session moves, a re-pin);
+        those watched keep going while bytes arrive, and are cut (a truncated stream) if none
+        arrive for ``lost.quiet_s``.
+
+        Returns:
+            How many exchanges were given up for re-placement, and how many are watched.
+        """
+        replaced = 0
+        watched: list[tuple[Exchange, int]] = []
+        for ex in self.in_flight_on(lost.url):
+            if decide(ex.relaying) is WorkerLostAction.REPLACE:
+                replaced += ex.hang(f"worker unavailable: {lost.reason}")
+            else:
+                watched.append((ex, ex.chunks))
+        if watched:
+            quiet_s = lost.quiet_s
+            asyncio.get_running_loop().call_later(quiet_s, _cut_stalled, watched, quiet_s)
+        return replaced, len(watched)
+
     def idle_count(self, worker: str) -> int:
         """Idle connections pooled for ``worker``."""
         target = self._targets.get(worker)
         return len(target.idle) if target is not None else 0
+
+
+def _cut_stalled(watched: list[tuple[Exchange, int]], quiet_s: float) -> None:
+    """End the watched exchanges that received nothing since they were watched."""
+    for ex, chunks in watched:
+        if ex.chunks == chunks and not ex.complete:
+            ex.cut(f"the worker is unavailable and sent nothing for {quiet_s:g} s")

@@ -1,23 +1,23 @@
 """The simulated cluster: clients, router and replicas in virtual time.
 
 :class:`Simulation` implements the workload :class:`~sessionroute.workloads.base.Host`. It
-drives the same :class:`~sessionroute.router.RoutingCore` that ``sessionroute serve`` drives
-and makes no routing decision of its own: a turn's request is built by ``core.requests``
-(as the live router builds it from headers and body), placed by ``core.place`` (admission,
-select + reserve), and retried by ``core.retry`` / ``core.retarget`` exactly as the live
-proxy retries. A turn reaches its replica ``network_delay_s`` after it was placed, and its
-response reaches the client ``network_delay_s`` after the replica finished it. Replicas
-advance lazily: on an arrival at time ``t`` the replica runs to ``t`` and takes the request; a
-wake-up event at its ``next_event_time()`` collects completions.
+drives the same :class:`~sessionroute.router.RoutingCore` that ``sessionroute serve`` drives and
+makes no routing decision of its own: a turn's request is built by ``core.requests`` (as the
+live router builds it from headers and body), placed by ``core.place`` (admission, select +
+reserve), and every outcome of an attempt goes to the core as the live proxy's does
+(``attempt_failed``, ``attempt_answered``). A turn reaches its replica ``network_delay_s`` after
+it was placed, and its response reaches the client ``network_delay_s`` after the replica
+finished it. Replicas advance lazily: on an arrival at time ``t`` the replica runs to ``t`` and
+takes the request; a wake-up event at its ``next_event_time()`` collects completions.
 
 The router side of a turn (placement, admission waits, retries, the client's re-sends) is
 :class:`~sessionroute.sim.dispatch.Dispatcher`'s; this module owns the turn's life around it:
-the replicas, delivery to the workload, cancellation and faults. A replica that goes down
-behaves as a crashed server does behind the live router: its in-flight requests break (an
-upstream failure) and are retried; a request sent to it is refused, which marks it
-unavailable at once, and the retry places the session elsewhere. Turns are never lost, and
-every routed attempt is completed at the router exactly once (finished, failed, or
-cancelled).
+the replicas, delivery to the workload and cancellation; faults and health checks are
+:class:`~sessionroute.sim.faulting.ReplicaFaults`'. A replica that goes down behaves as a
+crashed server does behind the live router: its in-flight requests break (an upstream failure)
+and are retried; a request sent to it is refused, which marks it unavailable at once, and the
+retry places the session elsewhere. Turns are never lost, and every routed attempt is completed
+at the router exactly once (finished, failed, or cancelled).
 """
 
 from __future__ import annotations
@@ -29,12 +29,12 @@ from typing import Any, Final
 from sessionroute.record import Recorder
 from sessionroute.replica import ReplicaConfig, RequestResult
 from sessionroute.replica.ideal import IdealCache
-from sessionroute.router.actions import WorkerLost
 from sessionroute.router.core import Reservation, RoutingCore
-from sessionroute.router.retry import AttemptFailure, WorkerLostAction
+from sessionroute.router.retry import AttemptFailure
 from sessionroute.sim.coretimers import CoreTimers
 from sessionroute.sim.dispatch import Dispatcher
 from sessionroute.sim.events import PRIO_ARRIVAL, PRIO_TIMER, EventQueue
+from sessionroute.sim.faulting import ReplicaFaults
 from sessionroute.sim.inflight import (
     CANCELLED,
     DELIVER,
@@ -79,7 +79,7 @@ def ideal_work_s(
     )
 
 
-class Simulation(ReplicaWakeups):
+class Simulation(ReplicaFaults, ReplicaWakeups):
     """The workloads' host: turns' lifecycle over the replicas, with the router side in
     :attr:`dispatch`.
 
@@ -316,10 +316,11 @@ class Simulation(ReplicaWakeups):
         if req is None:
             raise RuntimeError(f"replica {rep.url} finished unknown request {r.request_id!r}")
         del inflight[r.request_id]
-        core = self.core
-        core.record_success(rep.url)
-        if req.res is not None:
-            core.complete(req.res)
+        res = req.res
+        if res is not None:  # a replica answers 200: a success of its worker, relayed
+            core = self.core
+            core.attempt_answered(res, 200, req.attempt)
+            core.complete(res)
         d = self._delay
         sent = req.sent_s
         done = r.finish_s + d
@@ -360,89 +361,6 @@ class Simulation(ReplicaWakeups):
         out = req.out
         if out is not None:
             req.on_done(out)
-
-    # -- replica lifecycle (used by :mod:`sessionroute.sim.faults`) ------------------------------
-    def add_replica(self) -> SimReplica:
-        """A new replica with the next index joins the cluster and the router."""
-        i = len(self.replicas)
-        rep = SimReplica(i, self._url_for(i), self.config, fast=self._fast)
-        hook = self.replicas[0].on_engine if self.replicas else None
-        if hook is not None:  # the KV event feed follows new replicas too
-            rep.on_engine = hook
-            hook(rep, True)
-        self.replicas.append(rep)
-        self._by_url[rep.url] = rep
-        self.core.add_worker(rep.url)
-        return rep
-
-    def fail_replica(self, rep: SimReplica) -> None:
-        """``rep`` crashes now (or a hung one is restarted): its engine and cache are lost and
-        each of its in-flight requests breaks after it was sent (an upstream failure at the
-        router: ``attempt_failed``, which retries it); the router learns that it is down when
-        it next tries to connect (the connection is refused) or from its health checks."""
-        if rep.hung:
-            rep.unfreeze()
-        elif rep.engine is None:
-            return
-        else:
-            self._sync(rep)
-        stranded = list(rep.inflight.values())
-        rep.fail()
-        for req in stranded:
-            self.rec.counts["requests_failed_over"] += 1
-            self.dispatch.attempt_failed(
-                req, AttemptFailure.SENT, f"{rep.url}: connection reset (replica crashed)"
-            )
-
-    def hang_replica(self, rep: SimReplica) -> None:
-        """``rep`` hangs now: it accepts connections and answers nothing (its engine stops),
-        until its health checks fail and the router gives its requests up
-        (:meth:`worker_lost`), or a fault restarts it."""
-        if rep.engine is None:
-            return
-        self.sync(rep)
-        rep.freeze()
-
-    # -- the router's health checks --------------------------------------------------------------
-    def _probe(self, url: str) -> None:
-        """One health check of ``url``: it passes on a live replica; a replica that is down
-        refuses it at once; a hung one fails it when the check times out."""
-        rep = self._by_url.get(url)
-        if rep is not None and rep.hung:
-            t = self.queue.now() + self.core.config.health_check_timeout_s
-            self.queue.push(t, PRIO_TIMER, self._check_done, (url, False))
-        else:
-            self._check_done((url, rep is not None and rep.engine is not None))
-
-    def _check_done(self, arg: tuple[str, bool]) -> None:
-        url, ok = arg
-        _, lost = self.core.observe_check(url, ok, "" if ok else "health check failed")
-        if lost is not None:
-            self.worker_lost(lost)
-
-    def worker_lost(self, lost: WorkerLost) -> None:
-        """A worker turned unhealthy: each request sent to it (travelling or in its engine)
-        is given up there and placed again, as the core says (a simulated client reads its
-        answer whole, so none has started)."""
-        rep = self._by_url.get(lost.url)
-        if rep is None:
-            return
-        core = self.core
-        for req in [r for r in self._reqs.values() if r.rep is rep]:
-            if req.state != ROUTED and req.state != ENGINE:
-                continue
-            if core.on_worker_lost(False) is not WorkerLostAction.REPLACE:
-                continue  # pragma: no cover - nothing started reaching the client
-            if req.state == ENGINE:
-                rep.inflight.pop(req.rid, None)
-                if rep.engine is not None:
-                    self._sync(rep)
-                    rep.engine.abort(req.rid, self.queue.clock._t)
-                    self._reschedule(rep)
-            self.rec.counts["requests_failed_over"] += 1
-            self.dispatch.attempt_failed(
-                req, AttemptFailure.HUNG, f"{rep.url}: worker unavailable: {lost.reason}"
-            )
 
     # -- observation ----------------------------------------------------------------------------
     def in_flight(self) -> int:

@@ -207,31 +207,16 @@ class AdaptiveHoldPolicy(AdaptiveStickyPolicy):
             return False
         return super()._calm(worker, cluster)
 
-    def _admit_limit(self, healthy: Sequence[str]) -> int | None:
+    def _worker_bound(self, worker: str, bound: int) -> int | None:
         """``adaptive_sticky``'s bound with :meth:`_past_knee`'s additions: a worker holding
         sessions takes none; one with a ceiling takes ``t`` only while ``context + t <=
         ceiling``, i.e. ``t < floor(ceiling) - context + 1``."""
-        kp = self.cfg.knee_pressure
-        count = self.table.count
-        final = self._final
-        context = self._context
-        best: int | None = None
-        for w in healthy:
-            cap = self._capacity.get(w)
-            if cap is None:
-                return None
-            if self._queue.get(w):
-                continue
-            knee = kp * cap
-            if (count(w) + 1) * final >= knee:
-                continue
-            bound = math.ceil(knee) - context.get(w, 0)
-            ceiling = self.ceiling.get(w)
-            if ceiling is not None:
-                bound = min(bound, math.floor(ceiling) - context.get(w, 0) + 1)
-            if best is None or bound > best:
-                best = bound
-        return 0 if best is None else best
+        if self._queue.get(worker):
+            return None
+        ceiling = self.ceiling.get(worker)
+        if ceiling is None:
+            return bound
+        return min(bound, math.floor(ceiling) - self._context.get(worker, 0) + 1)
 
     # -- rule 4: ceilings, holds, resumes --------------------------------------------------
     def _refresh(self, worker: str, cluster: ClusterView) -> EngineGauges | None:

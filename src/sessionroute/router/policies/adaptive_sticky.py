@@ -234,10 +234,16 @@ class AdaptiveStickyPolicy(SessionPolicy):
             knee = kp * cap
             if (count(w) + 1) * final >= knee:
                 continue
-            bound = math.ceil(knee) - context.get(w, 0)
-            if best is None or bound > best:
+            bound = self._worker_bound(w, math.ceil(knee) - context.get(w, 0))
+            if bound is not None and (best is None or bound > best):
                 best = bound
         return 0 if best is None else best
+
+    def _worker_bound(self, worker: str, bound: int) -> int | None:
+        """``worker``'s part of :meth:`_admit_limit`: it takes a first turn of ``t`` tokens
+        when ``t < bound`` (``bound``: its knee less its context), or None when it takes none;
+        a subclass that adds to :meth:`_past_knee` narrows it here."""
+        return bound
 
     def admission_max_wait_s(self) -> float | None:
         """``max_wait_s``: then the held session is placed anyway (:attr:`places_at_max_wait`)."""
