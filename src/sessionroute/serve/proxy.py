@@ -46,6 +46,7 @@ from sessionroute.serve.messages import (
     upstream_request,
     upstream_timeout,
 )
+from sessionroute.serve.metrics_admission import wait_line
 from sessionroute.serve.router import Router
 from sessionroute.serve.upstream import UpstreamConnectError, UpstreamError, UpstreamHung
 from sessionroute.types import RouteRequest
@@ -78,7 +79,11 @@ async def place_and_forward(
                 await state.load(route_req)
             placed = core.place(route_req, wake_ticket)
         if isinstance(placed, Ticket):
-            placed = await _admitted(core, placed)
+            ticket = placed
+            try:
+                placed = await _admitted(core, ticket)
+            finally:
+                router.metrics.admission.observe(ticket, core.clock.now())
         if state is not None:
             placed = await state.commit(placed)
     except (NoWorkerAvailable, AdmissionRefused) as exc:
@@ -203,7 +208,9 @@ async def _forward(
                 if timer is not None:
                     timer.cancel()
             if action is None:  # relay this answer
-                if await _relay(conn, router, ex, worker, rid):
+                if res.waited_s:  # it waited in the admission queue: say how long
+                    ex.relay_lines.append(wait_line(res.waited_s))
+                if await _relay(conn, router, ex, worker, rid, req.arrived):
                     return
                 last_error = f"{worker}: given up as hung while its answer was arriving"
                 action = core.attempt_failed(res, AttemptFailure.HUNG, attempt, last_error)
@@ -258,9 +265,12 @@ async def _drain(ex: Exchange) -> bool:
     return True
 
 
-async def _relay(conn: Connection, router: Router, ex: Exchange, worker: str, rid: bytes) -> bool:
+async def _relay(
+    conn: Connection, router: Router, ex: Exchange, worker: str, rid: bytes, arrived: float
+) -> bool:
     """Relay the answer; False when the worker was given up as hung before any byte of it
-    reached the client (the caller places the request again)."""
+    reached the client (the caller places the request again). ``arrived``: when a streamed
+    request was complete at the router (0.0: not streamed), for its time to first token."""
     status = ex.status
     metrics = router.metrics
     try:
@@ -289,6 +299,8 @@ async def _relay(conn: Connection, router: Router, ex: Exchange, worker: str, ri
             relay_whole(conn, router, ex, rid, data)
             return True
         conn.start_response(status, relay_headers(router, ex, rid), ex.length)
+        if arrived:
+            ex.timing = metrics.stream.timer(worker, arrived)
         try:
             await ex.relay(conn)  # written piece by piece as it arrives
         except (UpstreamError, asyncio.CancelledError) as exc:
