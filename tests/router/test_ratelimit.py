@@ -55,18 +55,18 @@ def test_no_token_queues_then_a_completion_places_the_oldest() -> None:
     assert core.limiter is not None and core.limiter.tokens == 1
 
 
-def test_a_queue_timeout_is_a_408_and_refill_places_without_a_completion() -> None:
+def test_a_queue_timeout_is_a_408_and_refill_serves_the_queue_only_at_an_event() -> None:
     clock = ManualClock()
     core = _core(clock, rate_limit_capacity=1, rate_limit_per_s=2.0, admission_max_wait_s=1.0)
     held = core.place(_req(0), lambda t: None)
     ticket = core.place(_req(1), lambda t: None)
     assert isinstance(held, Reservation) and isinstance(ticket, Ticket)
-    assert core.admission_recheck_s == pytest.approx(0.5)  # the driver looks again then
-    late = core.place(_req(2), lambda t: None)
-    assert isinstance(late, Ticket)
-    clock.advance(0.5)
-    core.recheck()  # one token refilled: the oldest leaves
-    assert ticket.reservation is not None and late.waiting
+    assert core.admission_recheck_s is None  # no timer for the refill (vllm-router's queue):
+    assert core.next_deadline() == pytest.approx(1.0)  # the ticket's deadline comes first
+    clock.advance(0.5)  # a token refilled; the next event serves the queue
+    assert ticket.waiting
+    late = core.place(_req(2), lambda t: None)  # an arrival: the oldest gets the token first
+    assert isinstance(late, Ticket) and ticket.reservation is not None and late.waiting
     refused = core.withdraw(late)
     assert refused is not None and refused.status == 408
 

@@ -209,6 +209,11 @@ async def test_serve_refuses_a_request_that_waited_past_its_deadline(
     assert len(router.router.core.admission) == 0
     hold.set()
     assert (await first)[0] == 200
+    async with client.get(router.url + "/metrics") as r:  # the wait, by how it ended
+        text = await r.text()
+    assert 'sessionroute_admission_queue_wait_seconds_count{outcome="refused"} 1.0' in text
+    assert 'sessionroute_admission_queue_wait_seconds_count{outcome="placed"} 0.0' in text
+    assert "sessionroute_admission_wait_cap_seconds 0.05" in text
 
 
 def test_the_simulator_holds_requests_at_the_router_and_loses_none() -> None:

@@ -191,14 +191,14 @@ class AdmissionControl(CoreParts):
     @property
     def admission_recheck_s(self) -> float | None:
         """Seconds between the driver's :meth:`recheck` calls while tickets wait (the
-        policy's ``admission_recheck_s``, and with a rate limit the time its bucket takes to
-        refill a token; None: no verdict depends on the clock)."""
-        every = self.policy.admission_recheck_s
-        limiter = self.limiter
-        if limiter is None:
-            return every
-        refill = max(limiter.wait_s(self.clock.now()), 0.001)
-        return refill if every is None else min(every, refill)
+        policy's ``admission_recheck_s``; None: no verdict depends on the clock).
+
+        The rate limit's refill is not waited for: a request queued for a token is served by
+        one a completing request gives back (:meth:`complete`), or at the next arrival (oldest
+        first), else refused at its deadline (408), as vllm-router's queue behaves (its
+        integration test ``test_rate_limit_queue_and_timeout``: C=1, R=1/s, one 2 s request
+        in flight, the queued one gets 408 at ``--queue-timeout-secs`` 1)."""
+        return self.policy.admission_recheck_s
 
     def _take_token(self) -> bool:
         limiter = self.limiter

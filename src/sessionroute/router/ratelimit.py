@@ -4,7 +4,9 @@ vllm-router 0.1.17's ``--max-concurrent-requests`` (C) is the bucket's capacity 
 ``--rate-limit-tokens-per-second`` (R, default C) its refill rate: a request takes a token
 to be placed and gives it back when it completes; tokens never exceed C. A request that finds
 no token waits in the router core's admission queue (``--queue-size``, FIFO, oldest first)
-for up to ``--queue-timeout-secs``; a full queue (or ``--queue-size 0``) is refused at once.
+for up to ``--queue-timeout-secs``, served by a token a completing request gives back (or at
+the next arrival, oldest first), not by the refill alone, as vllm-router's queue; a full queue
+(or ``--queue-size 0``) is refused at once.
 Statuses as vllm-router's (measured with its binary): 429 with ``Retry-After: 1`` when
 refused, 408 when the wait timed out. Because the bucket also refills with time, C bounds
 bursts rather than strictly the requests in flight, as in vllm-router.

@@ -51,6 +51,8 @@ GENERATION_ROUTES: tuple[str, ...] = (
 _OPEN_ROUTES = frozenset({"/liveness", "/readiness", "/health"})
 _ADMIN_ROUTES = frozenset({"/add_worker", "/remove_worker", "/flush_cache"})
 _SESSIONS = "/sessions/"
+_WORKER_WRITES = frozenset({"POST", "DELETE"})
+"""Methods that make ``/workers`` and ``/workers/{url}`` admin routes (add, remove)."""
 
 Handler = Callable[[Request, Router], Awaitable[Response]]
 """A generic route handler: the request (body not awaited) and the router."""
@@ -123,7 +125,11 @@ class RouterApp:
         if methods is None:
             conn.respond(error_response(404, "Not Found", "not_found"))
             return None
-        if path in _ADMIN_ROUTES or path.startswith(_SESSIONS):
+        if (
+            path in _ADMIN_ROUTES
+            or path.startswith(_SESSIONS)
+            or (path.startswith("/workers") and req.method in _WORKER_WRITES)
+        ):
             if not self._admin_ok(conn, req):
                 conn.respond(
                     error_response(

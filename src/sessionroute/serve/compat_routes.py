@@ -2,6 +2,8 @@
 
 Served (shapes measured against the ``vllm-router`` binary in front of fake workers):
 
+* ``POST /workers``, ``GET /workers/{url}``, ``DELETE /workers/{url}``: add, show and
+  remove a worker (:mod:`sessionroute.serve.workers_admin`);
 * ``GET /workers``: ``{"workers": [{"url", "model_id", "worker_type", "is_healthy", "load",
   "connection_mode", "priority", "cost"}], "total": N, "stats": {...}}``; ``load`` is the
   router's in-flight requests on the worker;
@@ -27,6 +29,7 @@ from collections.abc import Awaitable, Callable
 
 import aiohttp
 
+from sessionroute.serve import workers_admin
 from sessionroute.serve.errors import error_response
 from sessionroute.serve.http1 import Request
 from sessionroute.serve.router import Router
@@ -160,7 +163,11 @@ def _refuse(feature: str) -> Handler:
 def routes() -> dict[str, dict[str, Handler]]:
     """The routes of this module by path and method (a path ending in "/" is a prefix)."""
     table: dict[str, dict[str, Handler]] = {
-        "/workers": {"GET": workers},
+        "/workers": {"GET": workers, "POST": workers_admin.create_worker},
+        workers_admin.PREFIX: {
+            "GET": workers_admin.get_worker,
+            "DELETE": workers_admin.delete_worker,
+        },
         "/get_loads": {"GET": get_loads},
         "/get_server_info": {"GET": forward_get},
         "/get_model_info": {"GET": forward_get},

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from sessionroute.serve.metrics_stream import StreamTimer
 from sessionroute.serve.upstream import UpstreamPool
 from sessionroute.serve.wire import ResponseWriter
 from sessionroute.serve.worker_connection import UpstreamError, UpstreamHung, WorkerConnection
@@ -60,6 +61,8 @@ class Exchange:
         sent_at: ``time.perf_counter()`` when the request was written (0 before).
         sent_all: every byte of the request was handed to the kernel.
         chunks: body pieces received so far.
+        timing: told of each piece :meth:`relay` writes to the client (a streamed answer's
+            :class:`~sessionroute.serve.metrics_stream.StreamTimer`), or None.
     """
 
     __slots__ = (
@@ -86,6 +89,7 @@ class Exchange:
         "started",
         "status",
         "timed_out",
+        "timing",
         "worker",
     )
 
@@ -120,6 +124,7 @@ class Exchange:
         self.sent_all = False
         self.sent_at = 0.0
         self.chunks = 0
+        self.timing: StreamTimer | None = None
         pool.track(self)
 
     # -- sending and waiting --------------------------------------------------------------
@@ -194,8 +199,11 @@ class Exchange:
             UpstreamError: the connection broke before the body ended.
             asyncio.CancelledError: as :meth:`send`.
         """
-        for part in self._parts:
+        parts = self._parts
+        for part in parts:
             sink.write(part)
+        if parts and self.timing is not None:  # what came before the relay began: one piece
+            self.timing.piece()
         self._parts = []
         self._sink = sink
         if sink.paused:
@@ -248,6 +256,9 @@ class Exchange:
             self._parts.append(piece)
             return
         sink.write(piece)
+        timing = self.timing
+        if timing is not None:
+            timing.piece()
         if sink.paused and not self._up_paused:
             self._pause_upstream()
 

@@ -137,10 +137,12 @@ class InlineProxy(Inline):
             code = "malformed_json" if isinstance(exc, InvalidJSON) else "invalid_request"
             error(conn, 400, str(exc), code, raw_rid)
             return False
+        t0 = time.perf_counter()
+        if route_req.stream:
+            req.arrived = t0  # its time to first token starts here (serve/metrics_stream.py)
         if router.state is not None or core.first_byte_timeout_s(route_req) is not None:
             conn.hand_over(place_and_forward(conn, req, router, route_req, raw_rid))
             return True
-        t0 = time.perf_counter()
         try:
             placed = core.place(route_req, wake_ticket)
         except (NoWorkerAvailable, AdmissionRefused) as exc:

@@ -12,15 +12,16 @@ Exported (all prefixed ``sessionroute_``): ``requests_total{worker,status}``,
 ``sessions_expired_total``, ``sessions_evicted_total``, ``session_table_bytes`` (estimated),
 ``retries_total{worker}``, ``circuit_state{worker}``
 (0 closed, 1 open, 2 half-open), ``routing_decision_seconds`` and
-``upstream_seconds{worker}`` (time to upstream response headers) histograms.
+``upstream_seconds{worker}`` (time to upstream response headers) histograms; streamed
+answers' ``time_to_first_token_seconds{worker}`` and ``inter_token_latency_seconds{worker}``
+(:mod:`sessionroute.serve.metrics_stream`); the admission queue's waits, the decisions placed
+after one, the wait cap and the policy's holds (:mod:`sessionroute.serve.metrics_admission`).
 """
 
 from __future__ import annotations
 
-import math
 from bisect import bisect_left
 from collections.abc import Callable, Iterator, Mapping
-from typing import cast
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
@@ -30,10 +31,12 @@ from prometheus_client.core import (
     Metric,
 )
 from prometheus_client.registry import Collector
-from prometheus_client.utils import floatToGoString as _go_float
 
 from sessionroute.router.core import RoutingCore
 from sessionroute.router.health import WorkerHealth
+from sessionroute.serve.histogram import Histogram as _Histogram
+from sessionroute.serve.metrics_admission import AdmissionCollector, AdmissionMetrics
+from sessionroute.serve.metrics_stream import StreamCollector, StreamMetrics
 
 __all__ = ["CONTENT_TYPE", "RouterMetrics"]
 
@@ -147,32 +150,6 @@ class _StateCollector(Collector):
         )  # fmt: skip
 
 
-_le = cast(Callable[[float], str], _go_float)  # the "le" label text prometheus-client writes
-
-
-class _Histogram:
-    """Bucket counts and sum of observations (cumulated at scrape time)."""
-
-    __slots__ = ("bounds", "counts", "total")
-
-    def __init__(self, bounds: tuple[float, ...]) -> None:
-        self.bounds = bounds
-        self.counts = [0] * (len(bounds) + 1)  # the last one is +Inf
-        self.total = 0.0
-
-    def observe(self, value: float) -> None:
-        self.counts[bisect_left(self.bounds, value)] += 1  # first bound >= value ("le")
-        self.total += value
-
-    def buckets(self) -> list[tuple[str, float]]:
-        out: list[tuple[str, float]] = []
-        acc = 0
-        for bound, n in zip((*self.bounds, math.inf), self.counts, strict=True):
-            acc += n
-            out.append((_le(bound), acc))
-        return out
-
-
 class RouterMetrics:
     """The metrics of one router instance.
 
@@ -200,8 +177,14 @@ class RouterMetrics:
         ``header_timeout``, ``body_timeout``, ``idle_timeout``)."""
         self.routing_seconds = _Histogram(_LATENCY_BUCKETS)
         self.upstream_seconds: dict[str, _Histogram] = {}
+        self.stream = StreamMetrics()
+        """Time to first token and inter-token gaps of streamed answers, per worker."""
+        self.admission = AdmissionMetrics()
+        """Waits in the admission queue and the decisions placed after one."""
         self.registry.register(_StateCollector(core, workers))
         self.registry.register(_RequestCollector(self))
+        self.registry.register(StreamCollector(self.stream))
+        self.registry.register(AdmissionCollector(self.admission, core))
 
     def count_request(self, worker: str, status: int) -> None:
         """Count one finished request (``status`` 499 when the client went away)."""

@@ -46,6 +46,7 @@ from sessionroute.serve.messages import (
     timed_out,
     upstream_request,
 )
+from sessionroute.serve.metrics_admission import wait_line
 from sessionroute.serve.router import Router
 from sessionroute.serve.upstream import UpstreamConnectError, UpstreamError, UpstreamHung
 from sessionroute.types import RouteRequest
@@ -78,7 +79,11 @@ async def place_and_forward(
                 await state.load(route_req)
             placed = core.place(route_req, wake_ticket)
         if isinstance(placed, Ticket):
-            placed = await _admitted(core, placed)
+            ticket = placed
+            try:
+                placed = await _admitted(core, ticket)
+            finally:
+                router.metrics.admission.observe(ticket, core.clock.now())
         if state is not None:
             placed = await state.commit(placed)
     except (NoWorkerAvailable, AdmissionRefused) as exc:
@@ -202,7 +207,9 @@ async def _forward(
                 if timer is not None:
                     timer.cancel()
             if action is None:  # relay this answer
-                if await _relay(conn, router, ex, res, rid):
+                if res.waited_s:  # it waited in the admission queue: say how long
+                    ex.relay_lines.append(wait_line(res.waited_s))
+                if await _relay(conn, router, ex, res, rid, req.arrived):
                     return
                 last_error = f"{worker}: given up as hung while its answer was arriving"
                 action = core.attempt_failed(res, AttemptFailure.HUNG, attempt, last_error)
@@ -255,12 +262,13 @@ async def _drain(ex: Exchange) -> bool:
 
 
 async def _relay(
-    conn: Connection, router: Router, ex: Exchange, res: Reservation, rid: bytes
+    conn: Connection, router: Router, ex: Exchange, res: Reservation, rid: bytes, arrived: float
 ) -> bool:
     """Relay the answer; False when the worker was given up as hung before any byte of it
     reached the client (the caller places the request again). An answer that breaks after
     its head goes to the core (``answer_broke``): its error is written when nothing was yet,
-    else the client's stream is cut."""
+    else the client's stream is cut. ``arrived``: when a streamed request was complete at the
+    router (0.0: not streamed), for its time to first token."""
     status = ex.status
     worker = ex.worker
     metrics = router.metrics
@@ -286,6 +294,8 @@ async def _relay(
             refusal(conn, action, rid)
             return True
         conn.start_response(status, relay_headers(router, ex, rid), ex.length)
+        if arrived:
+            ex.timing = metrics.stream.timer(worker, arrived)
         try:
             await ex.relay(conn)  # written piece by piece as it arrives
         except (UpstreamError, asyncio.CancelledError) as exc:

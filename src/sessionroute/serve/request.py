@@ -79,11 +79,14 @@ class Request:
         size: their total length, bytes.
         complete: the whole body has arrived.
         too_large: the body is over the listener's limit (its pieces are dropped).
+        arrived: ``time.perf_counter()`` when a streamed generation request was complete at
+            the proxy (the start of its time to first token); 0.0 for any other request.
     """
 
     __slots__ = (
         "_ready",
         "_waiter",
+        "arrived",
         "complete",
         "connection_header",
         "content_length",
@@ -120,6 +123,7 @@ class Request:
         self.complete = False
         self.too_large = False
         self.discard = False
+        self.arrived = 0.0
         self.trusted = False
         """Set by the handler: the client may see details (``/health``)."""
         self._waiter: asyncio.Future[None] | None = None

@@ -137,8 +137,8 @@ async def serve(
     )
     if settings.router_api_key is None:
         log.warning(
-            "no --router-api-key: admin routes (/add_worker, /remove_worker, /sessions/ID) "
-            "answer %s",
+            "no --router-api-key: admin routes (/add_worker, /remove_worker, POST /workers, "
+            "DELETE /workers/URL, /sessions/ID) answer %s",
             "every client (--allow-remote-admin)"
             if settings.allow_remote_admin
             else "loopback clients only (--allow-remote-admin opens them)",
