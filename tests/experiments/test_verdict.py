@@ -142,13 +142,18 @@ def test_constraints_exclude_an_arm_and_the_costs_read_as_differences_and_ratios
 
 def test_noise_from_matched_seeds_and_from_a_reference_spread() -> None:
     obj = Objective("step_time_s.mean", -1)
-    a = ArmRuns("a", (_run(500.0, 1, 0, 0), _run(510.0, 1, 0, 0)))
-    b = ArmRuns("b", (_run(515.0, 1, 0, 0), _run(505.0, 1, 0, 0)))  # +15, -5: mean 5, range 20
-    c = ArmRuns("c", (_run(560.0, 1, 0, 0), _run(562.0, 1, 0, 0)))  # +60, +52: always worse
-    d = ArmRuns("d", (_run(503.0, 1, 0, 0), _run(514.0, 1, 0, 0)))  # +3, +4: small, but always
+    a = ArmRuns("a", (_run(500.0, 1, 0, 0), _run(510.0, 1, 0, 0), _run(520.0, 1, 0, 0)))
+    # seed-by-seed differences from a, and the 95 % interval of their mean (t = 4.303, n = 3)
+    b = ArmRuns("b", (_run(515.0, 1, 0, 0), _run(505.0, 1, 0, 0), _run(530.0, 1, 0, 0)))
+    # +15, -5, +10: mean 6.7 +- 25.8: within noise
+    c = ArmRuns("c", (_run(560.0, 1, 0, 0), _run(562.0, 1, 0, 0), _run(578.0, 1, 0, 0)))
+    # +60, +52, +58: always worse
+    d = ArmRuns("d", (_run(503.0, 1, 0, 0), _run(514.0, 1, 0, 0), _run(523.5, 1, 0, 0)))
+    # +3, +4, +3.5: small, but always, and steady: 3.5 +- 1.2
     v = judge(obj, [a, b, c, d])
     assert v.noise.kind == "repeats" and v.within_noise == ("b",)
-    assert "2 seeds; a difference no larger than its own range" in verdict_lines(v)[2]
+    assert "3 seeds; the 95 % interval of its seed-by-seed difference" in verdict_lines(v)[2]
+    a, b, c, d = (ArmRuns(x.name, x.runs[:2]) for x in (a, b, c, d))
     # unmatched seeds: the larger of the two arms' own ranges (d's 11 s covers its 3.5 s)
     shifted = [ArmRuns(x.name, x.runs, (10 * i, 10 * i + 1)) for i, x in enumerate((a, d))]
     assert judge(obj, shifted).within_noise == ("d",)
@@ -158,6 +163,23 @@ def test_noise_from_matched_seeds_and_from_a_reference_spread() -> None:
     assert ref.noise.kind == "reference" and ref.within_noise == ("b",)
     assert "±4.0 %" in verdict_lines(ref)[2]
     assert "no ranking is possible" in verdict_lines(judge(obj, one))[2]
+
+
+def test_more_seeds_settle_a_ranking_the_range_of_the_differences_could_not() -> None:
+    # the confirmation of a tune study (consistent_hash_bounded_load, c = 1.02 vs the default
+    # 1.25, default workload, seeds 1000-1009): better on 9 seeds, equal on one; the range of
+    # the differences (0-74 s) exceeds their mean (37 s), the 95 % interval (37 +- 18) does not
+    tuned = [530, 502, 533, 524, 571, 512, 512, 531, 530, 538]
+    defaults = [605, 517, 585, 545, 645, 551, 566, 530, 558, 554]
+    obj = Objective("step_time_s.mean", -1)
+    arms = [
+        ArmRuns(name, tuple(_run(float(x), 1, 0, 0) for x in xs))
+        for name, xs in (("defaults", defaults), ("tuned", tuned))
+    ]
+    v = judge(obj, arms)
+    assert v.best == "tuned" and v.within_noise == ()
+    three = judge(obj, [ArmRuns(a.name, a.runs[:3]) for a in arms])
+    assert three.within_noise == ("defaults",)  # seeds 0-2 alone: +74, +15, +52 is not enough
 
 
 def test_no_arm_meets_the_constraints() -> None:

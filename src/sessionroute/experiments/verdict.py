@@ -12,12 +12,13 @@ Rules (``docs/objectives.md``):
   TTFT p99, then the lower timed-out share. Arms that did not measure the objective are never
   best.
 * Within noise: with 2 or more runs per arm on the same seeds (a matched experiment), an arm
-  whose mean difference from the best is no larger than the range over seeds of that
-  difference (seed by seed: the difference is smaller than its own seed-to-seed change); on
-  unmatched seeds, no larger than the larger of the two arms' seed ranges; with one run, no
-  larger than a reference spread measured on the same workload (a fraction of the best's
-  value), when there is one; otherwise no arm is within noise and the verdict says that no
-  ranking is possible below the seed spread.
+  whose seed-by-seed difference from the best has a 95 % confidence interval of its mean
+  (Student's t, n - 1 degrees of freedom) that contains zero; on unmatched seeds, a mean
+  difference no larger than the larger of the two arms' seed ranges; with one run, no larger
+  than a reference spread measured on the same workload (a fraction of the best's value),
+  when there is one; otherwise no arm is within noise and the verdict says that no ranking is
+  possible below the seed spread. (The interval narrows as seeds are added; the range of the
+  differences, the rule before, widens, so more seeds could never settle a ranking.)
 * The Pareto front: arms not dominated on (objective, TTFT p99, timed-out share), each axis
   that every arm measured.
 """
@@ -25,6 +26,7 @@ Rules (``docs/objectives.md``):
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -34,6 +36,7 @@ from sessionroute.experiments.results import get_path, metric_domain
 
 __all__ = [
     "PARETO_AXES",
+    "T_975",
     "ArmJudgement",
     "ArmRuns",
     "Noise",
@@ -41,6 +44,7 @@ __all__ = [
     "change_text",
     "judge",
     "metric_value",
+    "paired_half_width",
 ]
 
 PARETO_AXES: tuple[tuple[str, int], ...] = (
@@ -205,6 +209,24 @@ def _fmt(v: float) -> str:
     return f"{v:.3f}"
 
 
+T_975 = (
+    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
+)  # fmt: skip
+"""Student's t distribution, 97.5 % quantile, for 1 to 30 degrees of freedom (the standard
+table, e.g. NIST/SEMATECH e-Handbook of Statistical Methods, section 1.3.6.7.2); 1.96 (the
+normal's) beyond."""
+
+
+def paired_half_width(diffs: Sequence[float]) -> float:
+    """Half-width of the 95 % confidence interval of the mean of ``diffs`` (seed-by-seed
+    differences between two arms, at least 2): ``t(0.975, n - 1) * sd / sqrt(n)``."""
+    n = len(diffs)
+    t = T_975[n - 2] if n - 1 <= len(T_975) else 1.96
+    return t * statistics.stdev(diffs) / math.sqrt(n)
+
+
 def _within(
     arm: Mapping[int, float], best: Mapping[int, float], noise: Noise, best_value: float
 ) -> bool:
@@ -214,9 +236,9 @@ def _within(
     diff = abs(sum(arm.values()) / len(arm) - sum(best.values()) / len(best))
     if noise.kind == "repeats":
         common = sorted(set(arm) & set(best))
-        if len(common) >= 2:  # matched seeds: the difference against its own seed-to-seed range
+        if len(common) >= 2:  # matched seeds: a paired comparison
             d = [arm[k] - best[k] for k in common]
-            return abs(sum(d) / len(d)) <= max(d) - min(d)
+            return abs(statistics.fmean(d)) <= paired_half_width(d)
         if len(arm) >= 2 and len(best) >= 2:
             a, b = list(arm.values()), list(best.values())
             return diff <= max(max(a) - min(a), max(b) - min(b))

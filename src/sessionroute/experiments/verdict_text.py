@@ -91,10 +91,10 @@ GLOSSARY: tuple[tuple[str, str], ...] = (
     ),
     (
         "within noise",
-        "a difference no larger than the seed spread: with --repeats >= 2, the range over the "
-        "seeds of the seed-by-seed difference between the two arms (arms run the same seeds); "
-        "with one repeat, the spread of that difference measured on the same workload over "
-        "seeds 0-2, when it was measured. No ranking is possible below it.",
+        "a difference no larger than the seed spread: with --repeats >= 2, the 95 % confidence "
+        "interval of the mean seed-by-seed difference between the two arms (arms run the same "
+        "seeds) contains zero; with one repeat, the spread of that difference measured on the "
+        "same workload over seeds 0-2, when it was measured. No ranking is possible below it.",
     ),
     (
         "Pareto front",
@@ -129,8 +129,8 @@ def _noise_line(v: Verdict) -> str:
     near = ", ".join(v.within_noise) or "none"
     if n.kind == "repeats":
         return (
-            f"within noise of it ({n.runs} seeds; a difference no larger than its own range "
-            f"over the seeds): {near}"
+            f"within noise of it ({n.runs} seeds; the 95 % interval of its seed-by-seed "
+            f"difference from the best contains zero): {near}"
         )
     if n.kind == "reference" and n.relative is not None:
         return (
