@@ -110,13 +110,18 @@ class WorkerAvailability(CoreParts):
         wh = self.health.get(url)
         if wh is None:
             return None
+        was_available = wh.available
         opened = wh.breaker.record_failure()
         wh.mark_unreachable(reason)
         self.refresh(url)
         self._set_sick_recheck(self.clock.now())
+        if was_available and self.on_unreachable is not None:
+            self.on_unreachable(url, reason)
         if not opened:
             return None
         self.timers.push(wh.breaker.reopen_at, CIRCUIT, url)
+        if self.on_circuit is not None:
+            self.on_circuit(url, True)
         return wh.breaker.timeout_s
 
     def observe_check(self, url: str, ok: bool, reason: str = "") -> tuple[bool, WorkerLost | None]:
