@@ -59,8 +59,8 @@ def _query_param(request: Request, name: str) -> str | None:
 
 
 def _url_param(request: Request) -> str | None:
-    url = _query_param(request, "url")
-    return url.rstrip("/") if url else None
+    """The ``url`` query parameter as given (matched exactly, as vllm-router), or None."""
+    return _query_param(request, "url") or None
 
 
 async def add_worker(request: Request, router: Router) -> Response:
