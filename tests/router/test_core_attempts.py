@@ -101,3 +101,22 @@ def test_the_circuit_hook_hears_an_opening_and_the_closing_successes() -> None:
     assert heard == [(res.worker, True)]  # one success of two
     core.attempt_answered(again, 200, 1)
     assert heard == [(res.worker, True), (res.worker, False)]
+
+
+def test_a_refused_connection_is_heard_once_and_a_circuit_it_opens_too() -> None:
+    """``serve`` logs a worker that a request found unreachable (``on_unreachable``), once
+    while it stays down, and the circuit that this opened (``on_circuit``), as for any other
+    failure that opens one."""
+    core = _core(cb_failure_threshold=2)
+    lost: list[tuple[str, str]] = []
+    circuits: list[tuple[str, bool]] = []
+    core.on_unreachable = lambda url, reason: lost.append((url, reason))
+    core.on_circuit = lambda url, opened: circuits.append((url, opened))
+    res = core.route(RouteRequest(session_id="a"))
+    url = res.worker
+    action = core.attempt_failed(res, AttemptFailure.CONNECT, 1, "connection refused")
+    assert isinstance(action, Retry) and not core.cluster.is_healthy(url)
+    assert lost == [(url, "connection refused")] and circuits == []
+    core.attempt_failed(res, AttemptFailure.CONNECT, 2, "connection refused")  # down already
+    assert lost == [(url, "connection refused")]
+    assert circuits == [(url, True)]  # the second failure of two opened its circuit

@@ -178,3 +178,20 @@ def test_unchecked_workers_are_unavailable_until_their_first_check_passes() -> N
     assert core.observe_check("http://w2", False) == (False, None)
     assert core.observe_check("http://w1", True) == (True, None)
     assert core.cluster.healthy() == ("http://w1",)
+
+
+def test_ready_while_one_worker_is_available_and_healthy_only_when_all_are() -> None:
+    """The probe verdicts ``serve`` answers: ``/readiness`` while one worker is available,
+    ``/health`` (vllm-router's meaning) only when none is unavailable; a worker started
+    unchecked counts unavailable until its first passing check."""
+    core = _core(ManualClock(), cb_failure_threshold=1)
+    core.start_unchecked()
+    assert not core.ready() and core.unavailable_workers() == W
+    core.observe_check("http://w2", True)
+    assert core.ready() and core.unavailable_workers() == ["http://w1"]
+    core.observe_check("http://w1", True)
+    assert core.ready() and core.unavailable_workers() == []
+    core.record_unreachable("http://w1", "refused")
+    assert core.ready() and core.unavailable_workers() == ["http://w1"]
+    core.record_unreachable("http://w2", "refused")
+    assert not core.ready() and core.unavailable_workers() == W

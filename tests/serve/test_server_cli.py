@@ -244,3 +244,31 @@ def test_the_router_defaults_are_written_once_and_the_flags_follow_them() -> Non
     )
     again = parser.parse_args(["serve", *router_flags(odd)])
     assert settings_from_args(again, environ={}).router_config() == odd
+
+
+def test_policy_and_session_table_defaults_come_from_one_place() -> None:
+    """Drift check: ``--cache-threshold`` and the balance thresholds default to
+    ``cache_aware``'s own option defaults, and the session TTL and table cap that ``serve``,
+    the shared table and every session policy use are the session table's."""
+    import dataclasses
+
+    from sessionroute.router.policies.cache_aware import CacheAwareConfig
+    from sessionroute.router.policies.registry import policy_class
+    from sessionroute.router.state.sessions import (
+        DEFAULT_MAX_SESSIONS,
+        DEFAULT_TTL_S,
+        SessionTable,
+    )
+
+    s = settings_from_args(_parse("--policy", "cache_aware"), environ={})  # type: ignore[arg-type]
+    own = {f.name: f.default for f in dataclasses.fields(CacheAwareConfig)}
+    assert s.policy_options() == {k: own[k] for k in s.policy_options()}
+    assert s.session_ttl_secs == RouterConfig().session_ttl_s == DEFAULT_TTL_S
+    table = SessionTable()
+    assert (table.ttl_s, table.max_sessions) == (DEFAULT_TTL_S, DEFAULT_MAX_SESSIONS)
+    for name in ("sticky_least_loaded", "consistent_hash_bounded_load", "adaptive_sticky"):
+        config = policy_class(name).Config
+        assert config is not None and dataclasses.is_dataclass(config)
+        defaults = {f.name: f.default for f in dataclasses.fields(config)}
+        assert defaults["session_ttl_s"] == DEFAULT_TTL_S, name
+        assert defaults["max_sessions"] == DEFAULT_MAX_SESSIONS, name

@@ -6,10 +6,13 @@ with --max-concurrent-requests 1 --queue-size 0, 408 on a queue timeout)."""
 from __future__ import annotations
 
 import asyncio
+import json
 
 import aiohttp
 
 from sessionroute.clock import MonotonicClock
+from sessionroute.errors import AdmissionRefused
+from sessionroute.serve.errors import error_for_exception
 
 from .backend import FakeBackend
 from .conftest import JSON, MakeRouter, chat
@@ -70,3 +73,14 @@ async def test_queued_requests_wait_for_a_token_or_time_out_with_408(
     b.hold.set()  # the first completes, gives its token back: the queued one is served
     assert (await first)[0] == 200
     assert (await queued)[0] == 200
+
+
+def test_the_refusals_have_a_typed_openai_error_body() -> None:
+    """A queue timeout (408) is a ``timeout_error`` like the upstream's 504, a full queue
+    (429) a ``rate_limit_error`` with its ``Retry-After`` (the body's ``type`` was the
+    generic ``error`` for 408)."""
+    timeout = error_for_exception(AdmissionRefused("waited 0.3 s", "timeout", status=408))
+    full = error_for_exception(AdmissionRefused("full", "queue_full", status=429, retry_after_s=1))
+    assert json.loads(timeout.body)["error"]["type"] == "timeout_error"
+    assert json.loads(full.body)["error"]["type"] == "rate_limit_error"
+    assert (timeout.status, full.status, full.headers) == (408, 429, (("Retry-After", "1"),))

@@ -25,7 +25,7 @@ async def test_post_workers_adds_a_worker_that_takes_new_sessions(
     router = await make_router([first.url, second.url], policy="sticky_least_loaded")
     for i in range(4):
         await post_chat(client, router, f"old-{i}")
-    async with client.post(router.url + "/workers", json={"url": third.url + "/"}) as r:
+    async with client.post(router.url + "/workers", json={"url": third.url}) as r:
         assert r.status == 200
         assert await r.json() == {
             "success": True,
@@ -144,3 +144,31 @@ async def test_worker_writes_are_admin_routes(
     async with client.delete(router.url + _one(other), headers=auth) as r:
         assert r.status == 200
     assert other not in router.router.core.cluster
+
+
+async def test_a_worker_url_is_matched_exactly_as_given_trailing_slash_included(
+    backends: list[FakeBackend], make_router: MakeRouter, client: aiohttp.ClientSession
+) -> None:
+    """As vllm-router 0.1.17 (measured with its binary): a worker started or added with a
+    trailing slash shows, and is removed, under that exact string. Stripping it in the
+    admin routes only left a ``--worker-urls http://h:p/`` worker impossible to remove:
+    ``DELETE /workers/{url}`` answered "removed" and kept it, ``/remove_worker`` said unknown."""
+    first, second, third = (b.url + "/" for b in backends)
+    router = await make_router([first, second])
+    cluster = router.router.core.cluster
+    async with client.delete(router.url + _one(first)) as r:
+        assert (
+            r.status == 200
+            and (await r.json())["message"] == f"Worker {first} removed successfully"
+        )
+    assert first not in cluster
+    async with client.post(router.url + "/remove_worker", params={"url": second}) as r:
+        assert r.status == 200
+    assert second not in cluster
+    async with client.post(router.url + "/workers", json={"url": third}) as r:
+        assert await r.json() == {"success": True, "message": f"Successfully added worker: {third}"}
+    async with client.get(router.url + _one(third)) as r:
+        assert r.status == 200 and (await r.json())["url"] == third
+    async with client.get(router.url + "/list_workers") as r:
+        assert (await r.json())["urls"] == [third]
+    assert (await post_chat(client, router, "s"))[0] == 200  # proxied to http://h:p/v1/...

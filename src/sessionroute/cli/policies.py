@@ -29,19 +29,21 @@ def register(sub: Any) -> None:
 
 
 def _summary(cls: type[Any]) -> str:
-    """The first paragraph of the policy module's docstring, without its leading name."""
+    """The first paragraph of the policy module's docstring, without its leading name and
+    without reStructuredText's double backquotes (a terminal shows them as they are)."""
     import sys
 
     doc = (sys.modules[cls.__module__].__doc__ or cls.__doc__ or "").strip()
     first = doc.split("\n\n")[0].replace("\n", " ")
     head, sep, rest = first.partition(": ")
-    return rest if sep and head.strip("`") == getattr(cls, "name", None) else first
+    text = rest if sep and head.strip("`") == getattr(cls, "name", None) else first
+    return text.replace("``", "")
 
 
 def _run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.markup import escape
-    from rich.table import Table
+    from rich.table import Column, Table
 
     from sessionroute.errors import SessionRouteError
     from sessionroute.router.policies.options import knobs
@@ -49,8 +51,11 @@ def _run(args: argparse.Namespace) -> int:
 
     out = Console()
     if args.name is None:
-        table = Table("policy", "what it does", "tunable knobs", title="routing policies")
-        for name in policy_names():
+        names = policy_names()
+        policy = Column("policy", no_wrap=True, min_width=max(map(len, names)))  # copyable
+        knob_names = Column("tunable knobs", overflow="fold")
+        table = Table(policy, "what it does", knob_names, title="routing policies")
+        for name in names:
             cls = policy_class(name)
             table.add_row(name, escape(_summary(cls)), ", ".join(knobs(cls)) or "-")
         out.print(table)

@@ -29,6 +29,17 @@ class WorkerAvailability(CoreParts):
             wh.start_unchecked()
             self.refresh(url)
 
+    def ready(self) -> bool:
+        """Whether the router can route: at least one worker is available (``serve``'s
+        ``/readiness``: 200, else 503)."""
+        return bool(self.cluster.healthy())
+
+    def unavailable_workers(self) -> list[str]:
+        """The workers not available now, in the order they were added (``serve``'s
+        ``/health`` is healthy only when there are none: vllm-router's meaning)."""
+        cluster = self.cluster
+        return [url for url in cluster.workers() if not cluster.is_healthy(url)]
+
     def set_health(self, url: str, healthy: bool) -> bool:
         """Mark a worker available or not; True if it changed (WorkerError if unknown)."""
         changed = self.cluster.set_healthy(url, healthy)
@@ -110,13 +121,18 @@ class WorkerAvailability(CoreParts):
         wh = self.health.get(url)
         if wh is None:
             return None
+        was_available = wh.available
         opened = wh.breaker.record_failure()
         wh.mark_unreachable(reason)
         self.refresh(url)
         self._set_sick_recheck(self.clock.now())
+        if was_available and self.on_unreachable is not None:
+            self.on_unreachable(url, reason)
         if not opened:
             return None
         self.timers.push(wh.breaker.reopen_at, CIRCUIT, url)
+        if self.on_circuit is not None:
+            self.on_circuit(url, True)
         return wh.breaker.timeout_s
 
     def observe_check(self, url: str, ok: bool, reason: str = "") -> tuple[bool, WorkerLost | None]:

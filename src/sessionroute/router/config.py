@@ -17,7 +17,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from sessionroute.router.session_keys import AGENT_SESSION_HEADERS, DEFAULT_SESSION_BODY_FIELDS
-from sessionroute.router.state.sessions import DEFAULT_MAX_BYTES
+from sessionroute.router.state.sessions import DEFAULT_MAX_BYTES, DEFAULT_TTL_S
 
 __all__ = [
     "CONNECT_TIMEOUT_S",
@@ -132,7 +132,7 @@ class RouterConfig(BaseModel):
 
     session_headers: tuple[str, ...] = Field(default=DEFAULT_SESSION_HEADERS, min_length=1)
     session_body_fields: tuple[str, ...] = DEFAULT_SESSION_BODY_FIELDS
-    session_ttl_s: float = Field(default=7200.0, gt=0)
+    session_ttl_s: float = Field(default=DEFAULT_TTL_S, gt=0)
     sweep_interval_s: float | None = Field(default=60.0, gt=0)
     retry_max_attempts: int = Field(default=5, ge=1)
     retry_backoff_s: float = Field(default=0.05, ge=0)

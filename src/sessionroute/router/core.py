@@ -127,6 +127,7 @@ class RoutingCore(AdmissionControl, WorkerAvailability, AttemptOutcomes, CoreTim
         self.on_decision: Callable[[Reservation], None] | None = None
         """Called with every new reservation (``serve``'s route receipts), or None."""
         self.on_circuit = None
+        self.on_unreachable = None
         self.requests = RequestBuilder(
             self.config,
             needs_content=policy.needs_content,

@@ -44,6 +44,10 @@ class CoreParts:
     on_circuit: Callable[[str, bool], None] | None
     """Called with ``(url, True)`` when a request failure opened ``url``'s circuit and
     ``(url, False)`` when successes closed it again (``serve`` logs them), or None."""
+    on_unreachable: Callable[[str, str], None] | None
+    """Called with ``(url, reason)`` when a refused connection (or a worker given up as hung)
+    made an available worker unavailable; its health checks bring it back (``serve`` logs
+    both), or None."""
     _admits_all: bool
     _recheck_set: bool
     _sick_set: bool

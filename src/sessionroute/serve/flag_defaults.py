@@ -8,9 +8,11 @@ vllm-router 0.1.17's where the flag is shared (``shared/ROUTER.md``).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from sessionroute.router.config import RouterConfig
+from sessionroute.router.policies.cache_aware import CacheAwareConfig
 
 __all__ = ["DEFAULTS", "DEFAULT_REQUEST_ID_HEADERS", "ROUTER_FLAGS", "SESSION_TTL_ENV"]
 
@@ -63,6 +65,10 @@ def _router_default(flag: str) -> Any:
     return value * scale if isinstance(scale, float) and value is not None else value
 
 
+_CACHE_AWARE: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(CacheAwareConfig)}
+"""``cache_aware``'s option defaults: those of ``--cache-threshold`` and the two balance
+thresholds (vllm-router's), written once, in the policy's ``Config``."""
+
 DEFAULTS: dict[str, Any] = {
     "host": "127.0.0.1",
     "port": 30000,
@@ -71,9 +77,9 @@ DEFAULTS: dict[str, Any] = {
     "max_payload_size": 512 * 1024 * 1024,
     "prometheus_host": "127.0.0.1",
     "log_level": "info",
-    "cache_threshold": 0.3,
-    "balance_abs_threshold": 64,
-    "balance_rel_threshold": 1.5,
+    "cache_threshold": _CACHE_AWARE["cache_threshold"],
+    "balance_abs_threshold": _CACHE_AWARE["balance_abs_threshold"],
+    "balance_rel_threshold": _CACHE_AWARE["balance_rel_threshold"],
     "shutdown_timeout_secs": 30.0,
     "state_url": None,
     "state_key_prefix": "sessionroute",

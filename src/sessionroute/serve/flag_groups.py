@@ -109,7 +109,8 @@ def add_hardening_arguments(parser: argparse.ArgumentParser) -> None:
         "--allow-remote-admin",
         action="store_true",
         help="without --router-api-key, let clients other than loopback ones use the admin "
-        "routes (/add_worker, /remove_worker, /sessions/ID); with a key they need the key",
+        "routes (/add_worker, /remove_worker, POST /workers, DELETE /workers/URL, "
+        "/sessions/ID); with a key they need the key",
     )
     a(
         "--route-receipts",

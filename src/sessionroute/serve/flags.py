@@ -108,7 +108,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--session-ttl-secs",
         type=float,
         default=None,
-        help=f"idle seconds before a session expires (default: ${SESSION_TTL_ENV} or 7200)",
+        help="idle seconds before a session expires "
+        f"(default: ${SESSION_TTL_ENV} or {d['session_ttl_secs']:g})",
     )
     a(
         "--session-sweep-interval-secs",

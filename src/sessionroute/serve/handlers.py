@@ -59,8 +59,8 @@ def _query_param(request: Request, name: str) -> str | None:
 
 
 def _url_param(request: Request) -> str | None:
-    url = _query_param(request, "url")
-    return url.rstrip("/") if url else None
+    """The ``url`` query parameter as given (matched exactly, as vllm-router), or None."""
+    return _query_param(request, "url") or None
 
 
 async def add_worker(request: Request, router: Router) -> Response:
@@ -94,10 +94,10 @@ async def liveness(request: Request, router: Router) -> Response:
 
 async def readiness(request: Request, router: Router) -> Response:
     """``GET /readiness``: 200 with counts when a worker is available, else 503."""
-    cluster = router.core.cluster
-    healthy, total = len(cluster.healthy()), len(cluster.workers())
-    body = {"healthy_workers": healthy, "total_workers": total}
-    if healthy:
+    core = router.core
+    cluster = core.cluster
+    body = {"healthy_workers": len(cluster.healthy()), "total_workers": len(cluster.workers())}
+    if core.ready():
         return json_response({"status": "ready", **body})
     return json_response({"status": "not_ready", **body}, 503)
 
@@ -105,15 +105,14 @@ async def readiness(request: Request, router: Router) -> Response:
 async def health(request: Request, router: Router) -> Response:
     """``GET /health``: 200 when every worker is available, else 503; the worker URLs (of the
     unavailable ones) only for a client allowed the admin routes (``request.trusted``)."""
-    cluster = router.core.cluster
-    unhealthy = [u for u in cluster.workers() if not cluster.is_healthy(u)]
+    unhealthy = router.core.unavailable_workers()
     if not request.trusted:
         return json_response(
             {"status": "unhealthy" if unhealthy else "healthy"}, 503 if unhealthy else 200
         )
     if unhealthy:
         return json_response({"status": "unhealthy", "unhealthy_workers": unhealthy}, 503)
-    return json_response({"status": "healthy", "workers": len(cluster.workers())})
+    return json_response({"status": "healthy", "workers": len(router.core.cluster.workers())})
 
 
 async def session_info(request: Request, router: Router) -> Response:

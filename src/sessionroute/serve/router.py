@@ -110,6 +110,7 @@ class Router:
         """url -> health record of every worker (the core's)."""
         self.core.start_unchecked()  # a worker is available once a check of it passed
         self.core.on_circuit = _log_circuit
+        self.core.on_unreachable = _log_unreachable
         self.fatal_error: str | None = None
         """Why the router must stop (no worker passed a check within
         ``--worker-startup-timeout-secs``; :mod:`sessionroute.serve.probes`), or None."""
@@ -389,3 +390,9 @@ def _log_circuit(url: str, opened: bool) -> None:
     """The core's ``on_circuit``: request failures opened ``url``'s circuit, or successes
     closed it."""
     log.warning("circuit of %s %s", url, "opened" if opened else "closed")
+
+
+def _log_unreachable(url: str, reason: str) -> None:
+    """The core's ``on_unreachable``: a request found ``url`` unreachable (the health checks
+    log its return)."""
+    log.warning("worker %s is now unavailable: %s", url, reason)

@@ -39,6 +39,7 @@ from sessionroute.clock import Clock
 from sessionroute.errors import ConfigError
 from sessionroute.router.commit import MAX_COMMIT_ATTEMPTS, PinCommit
 from sessionroute.router.core import Reservation, RoutingCore
+from sessionroute.router.state.sessions import DEFAULT_MAX_SESSIONS
 from sessionroute.router.state.shared import SharedCluster, SharedSessionTable
 from sessionroute.serve import scripts
 from sessionroute.serve.redislink import RedisLink
@@ -116,7 +117,7 @@ class RedisState:
         ttl_s = table.ttl_s if table is not None else core.config.session_ttl_s
         self._ttl_ms = str(int(ttl_s * 1000))
         self._lease_ms = str(max(1, int(lease_s * 1000)))
-        self._max = str(table._max if table is not None else 1_000_000)
+        self._max = str(table.max_sessions if table is not None else DEFAULT_MAX_SESSIONS)
         self.link = RedisLink(url, timeout_s)
         self.timeout_s = timeout_s
         self._sha: dict[str, str] = {}

@@ -18,6 +18,10 @@ front of fake workers):
 * ``DELETE /workers/{url}``: removes it, ``200 {"success": true, "message": "Worker U
   removed successfully"}``, for an unknown URL too (an idempotent delete, as vllm-router).
 
+A worker's URL is matched exactly, as vllm-router matches it (``http://h:8000/`` and
+``http://h:8000`` are two workers): the string given at start (``--worker-urls``) or when added
+is the one that shows, removes and is hashed.
+
 Adding and removing go through :meth:`sessionroute.serve.router.Router.add_worker` and
 :meth:`~sessionroute.serve.router.Router.remove_worker`, as ``/add_worker`` and
 ``/remove_worker`` do: the routing core learns a new worker at once (the policy may place
@@ -69,7 +73,6 @@ async def create_worker(request: Request, router: Router) -> Response:
             b"missing or non-string field `url`",
             _TEXT,
         )
-    url = url.rstrip("/")
     if not url.startswith(("http://", "https://")):
         return _failed(f"worker url must start with http:// or https://: {url}")
     s = router.settings
@@ -94,7 +97,7 @@ async def create_worker(request: Request, router: Router) -> Response:
 
 
 def _worker_url(request: Request) -> str:
-    return unquote(request.path[len(PREFIX) :]).rstrip("/")
+    return unquote(request.path[len(PREFIX) :])
 
 
 async def get_worker(request: Request, router: Router) -> Response:

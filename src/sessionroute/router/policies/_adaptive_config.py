@@ -7,7 +7,11 @@ import math
 from dataclasses import dataclass, fields
 
 from sessionroute.errors import ConfigError
-from sessionroute.router.state.sessions import DEFAULT_MAX_BYTES
+from sessionroute.router.state.sessions import (
+    DEFAULT_MAX_BYTES,
+    DEFAULT_MAX_SESSIONS,
+    DEFAULT_TTL_S,
+)
 
 __all__ = ["AdaptiveStickyConfig"]
 
@@ -123,9 +127,9 @@ class AdaptiveStickyConfig:
     thrash_gate_s: float = 300.0
     max_wait_s: float = 600.0
     working_set_idle_s: float = 300.0
-    session_ttl_s: float = 7200.0
+    session_ttl_s: float = DEFAULT_TTL_S
     sweep_interval_s: float = 60.0
-    max_sessions: int = 1_000_000
+    max_sessions: int = DEFAULT_MAX_SESSIONS
     session_table_max_bytes: int = DEFAULT_MAX_BYTES
 
     def __post_init__(self) -> None:

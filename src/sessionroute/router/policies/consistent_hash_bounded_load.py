@@ -38,7 +38,11 @@ from sessionroute.router.policies._sessions import SessionPolicy
 from sessionroute.router.policies.least_loaded import LeastRecentlyChosen
 from sessionroute.router.policies.options import knob
 from sessionroute.router.state.cluster import ClusterView
-from sessionroute.router.state.sessions import DEFAULT_MAX_BYTES
+from sessionroute.router.state.sessions import (
+    DEFAULT_MAX_BYTES,
+    DEFAULT_MAX_SESSIONS,
+    DEFAULT_TTL_S,
+)
 from sessionroute.types import RouteRequest
 
 __all__ = ["ConsistentHashBoundedLoadConfig", "ConsistentHashBoundedLoadPolicy"]
@@ -62,9 +66,9 @@ class ConsistentHashBoundedLoadConfig:
     """
 
     c: float = knob(1.25, 1.0, 2.0)
-    session_ttl_s: float = 7200.0
+    session_ttl_s: float = DEFAULT_TTL_S
     sweep_interval_s: float = 60.0
-    max_sessions: int = 1_000_000
+    max_sessions: int = DEFAULT_MAX_SESSIONS
     session_table_max_bytes: int = DEFAULT_MAX_BYTES
 
     def __post_init__(self) -> None:

@@ -26,7 +26,11 @@ from sessionroute.router.policies._rendezvous import rendezvous_winner
 from sessionroute.router.policies._sessions import SessionPolicy
 from sessionroute.router.policies.base import least_loaded_of
 from sessionroute.router.state.cluster import ClusterView
-from sessionroute.router.state.sessions import DEFAULT_MAX_BYTES
+from sessionroute.router.state.sessions import (
+    DEFAULT_MAX_BYTES,
+    DEFAULT_MAX_SESSIONS,
+    DEFAULT_TTL_S,
+)
 from sessionroute.types import RouteRequest
 
 __all__ = ["StickyLeastLoadedConfig", "StickyLeastLoadedPolicy"]
@@ -45,9 +49,9 @@ class StickyLeastLoadedConfig:
             (``SessionTable``'s ``max_bytes``; the router's ``RouterConfig`` gives its own).
     """
 
-    session_ttl_s: float = 7200.0
+    session_ttl_s: float = DEFAULT_TTL_S
     sweep_interval_s: float = 60.0
-    max_sessions: int = 1_000_000
+    max_sessions: int = DEFAULT_MAX_SESSIONS
     session_table_max_bytes: int = DEFAULT_MAX_BYTES
 
     def __post_init__(self) -> None:

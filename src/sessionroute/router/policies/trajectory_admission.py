@@ -45,7 +45,11 @@ from sessionroute.errors import ConfigError
 from sessionroute.router.policies._pick import LowestScore
 from sessionroute.router.policies._sessions import SessionPolicy
 from sessionroute.router.state.cluster import ClusterView
-from sessionroute.router.state.sessions import DEFAULT_MAX_BYTES
+from sessionroute.router.state.sessions import (
+    DEFAULT_MAX_BYTES,
+    DEFAULT_MAX_SESSIONS,
+    DEFAULT_TTL_S,
+)
 from sessionroute.types import Decision, EngineGauges, RouteRequest
 
 __all__ = ["TrajectoryAdmissionConfig", "TrajectoryAdmissionPolicy"]
@@ -82,9 +86,9 @@ class TrajectoryAdmissionConfig:
     max_pause_s: float = 1800.0
     check_interval_s: float = 5.0
     kv_capacity_tokens: int | None = None
-    session_ttl_s: float = 7200.0
+    session_ttl_s: float = DEFAULT_TTL_S
     sweep_interval_s: float = 60.0
-    max_sessions: int = 1_000_000
+    max_sessions: int = DEFAULT_MAX_SESSIONS
     session_table_max_bytes: int = DEFAULT_MAX_BYTES
 
     def __post_init__(self) -> None:

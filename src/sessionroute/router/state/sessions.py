@@ -28,6 +28,8 @@ from sessionroute.errors import ConfigError
 
 __all__ = [
     "DEFAULT_MAX_BYTES",
+    "DEFAULT_MAX_SESSIONS",
+    "DEFAULT_TTL_S",
     "ENTRY_OVERHEAD_BYTES",
     "SessionInfo",
     "SessionStats",
@@ -39,6 +41,14 @@ ENTRY_OVERHEAD_BYTES = 256
 """Estimated bytes of one table entry besides its session id's characters: the ordered-dict
 slot, the pin tuple and its floats (~200 bytes, measured with ``tracemalloc`` on CPython 3.11)
 and the id string's header (49 bytes)."""
+
+DEFAULT_TTL_S = 7200.0
+"""Default idle seconds before a pinned session expires (vllm-router's
+``VLLM_ROUTER_SLL_SESSION_EXPIRATION_IN_S`` default); ``RouterConfig.session_ttl_s`` and the
+policies' ``session_ttl_s`` take it from here."""
+
+DEFAULT_MAX_SESSIONS = 1_000_000
+"""Default entry bound of a session table (the policies' ``max_sessions``)."""
 
 DEFAULT_MAX_BYTES = 256 * 1024 * 1024
 """Default byte bound of a session table (256 MiB): about 880,000 sessions with 36-character
@@ -153,8 +163,8 @@ class SessionTable:
 
     def __init__(
         self,
-        ttl_s: float = 7200.0,
-        max_sessions: int = 1_000_000,
+        ttl_s: float = DEFAULT_TTL_S,
+        max_sessions: int = DEFAULT_MAX_SESSIONS,
         max_bytes: int = DEFAULT_MAX_BYTES,
     ) -> None:
         if not ttl_s > 0:

@@ -34,7 +34,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from sessionroute.router.state.cluster import Cluster
-from sessionroute.router.state.sessions import DEFAULT_MAX_BYTES, SessionTable, entry_bytes
+from sessionroute.router.state.sessions import (
+    DEFAULT_MAX_BYTES,
+    DEFAULT_MAX_SESSIONS,
+    DEFAULT_TTL_S,
+    SessionTable,
+    entry_bytes,
+)
 
 __all__ = ["SharedCluster", "SharedSessionTable", "share_table"]
 
@@ -52,8 +58,8 @@ class SharedSessionTable(SessionTable):
 
     def __init__(
         self,
-        ttl_s: float = 7200.0,
-        max_sessions: int = 1_000_000,
+        ttl_s: float = DEFAULT_TTL_S,
+        max_sessions: int = DEFAULT_MAX_SESSIONS,
         max_bytes: int = DEFAULT_MAX_BYTES,
     ) -> None:
         super().__init__(ttl_s, max_sessions, max_bytes)
