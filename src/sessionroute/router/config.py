@@ -126,6 +126,11 @@ class RouterConfig(BaseModel):
         first_byte_timeout_s: seconds a worker has to send the response head of a streamed
             request before it is given up as hung and the request placed again
             (:meth:`~sessionroute.router.RoutingCore.first_byte_timeout_s`); 0: no such limit.
+        worker_startup_timeout_s: how long a wait for workers to pass their first health
+            check may last, at start-up and for a worker added at run time
+            (:class:`~sessionroute.router.startup.StartupWait`; vllm-router's 600 s).
+        worker_startup_check_interval_s: seconds between the checks of that wait
+            (vllm-router's 30 s).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -160,6 +165,8 @@ class RouterConfig(BaseModel):
     health_success_threshold: int = Field(default=2, ge=1)
     request_timeout_s: float = Field(default=1800.0, gt=0)
     first_byte_timeout_s: float = Field(default=0.0, ge=0)
+    worker_startup_timeout_s: float = Field(default=600.0, ge=0)
+    worker_startup_check_interval_s: float = Field(default=30.0, gt=0)
 
     @property
     def connect_timeout_s(self) -> float:

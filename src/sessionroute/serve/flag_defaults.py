@@ -52,6 +52,8 @@ ROUTER_FLAGS: dict[str, tuple[str, float]] = {
     "retry_after_send": ("retry_after_send", 1),
     "request_timeout_secs": ("request_timeout_s", 1.0),
     "first_byte_timeout_secs": ("first_byte_timeout_s", 1.0),
+    "worker_startup_timeout_secs": ("worker_startup_timeout_s", 1.0),
+    "worker_startup_check_interval": ("worker_startup_check_interval_s", 1.0),
 }
 """The ``serve`` settings that are router core settings: flag name -> (:class:`RouterConfig`
 field, flag units per field unit: 1000 for a flag in milliseconds of a field in seconds). The
@@ -90,8 +92,6 @@ DEFAULTS: dict[str, Any] = {
     "idle_timeout_secs": 30.0,
     "kv_block_size": 16,
     "kv_hash_algo": "sha256",
-    "worker_startup_timeout_secs": 600.0,
-    "worker_startup_check_interval": 30.0,
     **{flag: _router_default(flag) for flag in ROUTER_FLAGS},
 }
 """Defaults of the ``serve`` flags (vllm-router 0.1.17's where the flag is shared); those of

@@ -25,6 +25,8 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
+from sessionroute.router.startup import StartupWait
+
 if TYPE_CHECKING:
     from sessionroute.serve.router import Router
 
@@ -56,38 +58,39 @@ async def wait_for_workers(router: Router) -> None:
     if checker is None:
         raise RuntimeError("router not started")
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + s.worker_startup_timeout_secs
+    config = router.core.config
+    wait = StartupWait(
+        loop.time(), config.worker_startup_timeout_s, config.worker_startup_check_interval_s
+    )
     pending = not_started(router)
     if pending:
         log.info(
             "waiting for %d worker(s) to pass a health check (timeout %g s, every %g s): %s",
             len(pending),
-            s.worker_startup_timeout_secs,
-            s.worker_startup_check_interval,
+            wait.timeout_s,
+            wait.interval_s,
             pending,
         )
-    while pending:
-        left = deadline - loop.time()
-        if left <= 0:
-            break
-        await asyncio.sleep(min(s.worker_startup_check_interval, left))
+    while pending and (pause := wait.next_check_in(loop.time())) is not None:
+        await asyncio.sleep(pause)
         await checker.check_once(not_started(router))
         pending = not_started(router)
-    if not pending:
+    outcome = wait.outcome(len(pending), len(router.workers))
+    if outcome == "ready":
         if router.workers:
             log.info("all %d worker(s) passed a health check", len(router.workers))
         return
-    if len(pending) < len(router.workers):
+    if outcome == "partial":
         log.warning(
             "after %g s (--worker-startup-timeout-secs) these workers have not passed a health "
             "check; routing to the others, and checking these every "
             "--health-recheck-interval-secs: %s",
-            s.worker_startup_timeout_secs,
+            wait.timeout_s,
             pending,
         )
         return
     message = (
-        f"Timeout {s.worker_startup_timeout_secs:g}s waiting for workers {pending} to pass a "
+        f"Timeout {wait.timeout_s:g}s waiting for workers {pending} to pass a "
         f"health check ({s.health_check_endpoint}); start them, or set "
         "--worker-startup-timeout-secs to a larger value"
     )

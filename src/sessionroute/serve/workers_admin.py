@@ -37,6 +37,7 @@ import json
 from urllib.parse import unquote
 
 from sessionroute.errors import WorkerError
+from sessionroute.router.startup import StartupWait
 from sessionroute.serve.http1 import Request
 from sessionroute.serve.router import Router
 from sessionroute.serve.wire import Response, json_response
@@ -75,23 +76,25 @@ async def create_worker(request: Request, router: Router) -> Response:
         )
     if not url.startswith(("http://", "https://")):
         return _failed(f"worker url must start with http:// or https://: {url}")
-    s = router.settings
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + s.worker_startup_timeout_secs
+    config = router.core.config
+    wait = StartupWait(
+        loop.time(), config.worker_startup_timeout_s, config.worker_startup_check_interval_s
+    )
     while True:
         if url in router.core.cluster:
             return _failed(f"Worker {url} already exists")
         try:
             await router.add_worker(url)
         except WorkerError as exc:
-            left = deadline - loop.time()
-            if left <= 0:
+            pause = wait.next_check_in(loop.time())
+            if pause is None:
                 return _failed(
-                    f"Timeout {s.worker_startup_timeout_secs:g}s waiting for worker {url} to "
+                    f"Timeout {wait.timeout_s:g}s waiting for worker {url} to "
                     f"become healthy ({exc}); start it, or set --worker-startup-timeout-secs "
                     "to a larger value"
                 )
-            await asyncio.sleep(min(s.worker_startup_check_interval, left))
+            await asyncio.sleep(pause)
             continue
         return json_response({"success": True, "message": f"Successfully added worker: {url}"})
 
