@@ -52,6 +52,23 @@ def test_knee_is_where_throughput_stops_scaling_with_load() -> None:
     assert len(s.runs) == 12
 
 
+def test_one_policy_with_two_settings_is_judged_as_two_arms() -> None:
+    knob = KNOBS["inflight"]
+    labels = ("chwbl(c=1.25)", "chwbl(c=1.05)")
+    arms = [
+        ResolvedArm(name=f"{label}@{v}", policy="chwbl", policy_options={}, settings={})
+        for v in (100, 200)
+        for label in labels
+    ]
+    results = [
+        ArmResult(arm.name, "chwbl", {}, [RunOutput(seed=0, metrics={"output_tokens_per_s": x})])
+        for arm, x in zip(arms, (900.0, 1000.0, 1800.0, 2000.0), strict=True)
+    ]
+    s = summarize(knob, results, arms)
+    assert s.policies == list(labels)
+    assert [j.best for j in s.judgements] == ["chwbl(c=1.05)", "chwbl(c=1.05)"]
+
+
 def test_intervals_stay_in_each_metrics_domain_and_empty_summaries_are_left_out() -> None:
     """Two far-apart seeds: the raw Student-t interval of a hit rate passes 1 and that of a
     step time goes below 0; the sweep's bands are clipped to the metric's domain. A step-time

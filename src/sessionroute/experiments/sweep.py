@@ -325,7 +325,7 @@ def summarize(
             objective,
             [
                 ArmRuns(
-                    arm.policy,
+                    arm.name.rpartition("@")[0],  # the arm's label: one policy may run twice
                     tuple(r.metrics for r in res.runs),
                     tuple(r.seed for r in res.runs),
                 )
