@@ -27,12 +27,13 @@ _EXPLAINED = {"router restart", "replica crash", "replica freeze", "redis restar
 def test_the_long_schedule_runs_every_fault_five_times_after_warm_up() -> None:
     plan = schedule("long", 1800.0)
     kinds = [k for _, k in plan]
-    for kind in ("replica_crash", "replica_freeze", "redis_restart", "router_restart"):
+    for kind in ("replica_crash", "replica_freeze", "replica_slow", "redis_restart"):
         assert kinds.count(kind) == 5
+    assert kinds.count("router_restart") == 5
     times = [t for t, _ in plan]
     assert times == sorted(times)
     assert times[0] >= 0.1 * 1800 and times[-1] <= 0.8 * 1800
-    assert [k for _, k in schedule("short", 60.0)] == kinds[:4]
+    assert [k for _, k in schedule("short", 60.0)] == kinds[:5]
 
 
 def _moves(turn1: Attempt) -> dict[str, int]:
@@ -52,6 +53,24 @@ def test_a_move_the_router_made_after_a_crash_mid_attempt_is_put_down_to_the_cra
 
 def test_a_move_before_any_fault_stays_unexplained() -> None:
     assert _moves(Attempt(1, 1, 7.0, 7.1, True, "w1")) == {"unexplained": 1}
+
+
+def _redis_moves(*before: Attempt) -> dict[str, int]:
+    """The moves of a session answered by ``before``, then on worker 1 through router 1
+    while Redis is away (30 s to 33 s)."""
+    log = SessionLog("s", 0, False, 3, "completed", 3)
+    log.attempts = [*before, Attempt(len(before), 1, 31.0, 31.5, True, "w1")]
+    outage = {"kind": "redis_restart", "target": 0, "start_s": 30.0, "end_s": 33.0}
+    return dict(account([log], [outage], lambda url: int(url[1:]))["moves"])
+
+
+def test_a_move_over_a_redis_outage_is_put_down_to_what_the_routers_knew() -> None:
+    by_0 = Attempt(0, 0, 28.0, 28.5, True, "w0")
+    by_1 = Attempt(1, 1, 29.0, 29.5, True, "w0")
+    assert _redis_moves(by_0, by_1) == {"redis restart: pin not restored": 1}
+    assert _redis_moves(by_0) == {"redis outage: pin known to one router only": 1}
+    begun = Attempt(0, 0, 30.5, 30.9, True, "w0")
+    assert _redis_moves(begun) == {"redis outage: session begun during it": 1}
 
 
 def test_a_long_schedule_shorter_than_30_minutes_is_refused() -> None:
@@ -80,6 +99,7 @@ def test_short_chaos_schedule_loses_no_session_and_explains_every_error(tmp_path
     assert [f["kind"] for f in r["faults"]] == [
         "replica_crash",
         "replica_freeze",
+        "replica_slow",
         "redis_restart",
         "router_restart",
     ]
@@ -92,6 +112,9 @@ def test_short_chaos_schedule_loses_no_session_and_explains_every_error(tmp_path
     assert a["turns_failed"] == a["aborted"]
     assert set(a["failed_attempts"]) <= _EXPLAINED, a["failed_attempt_details"]
     assert a["unexplained_errors"] == 0
+    assert "replica slowed" not in a["failed_attempts"]  # slow answers are still answers
+    slow = r["faults"][2]
+    assert slow["target"] == 2 and set(slow["placed_per_worker"]) <= {"0", "1", "2"}
     assert a["ok_without_worker_header"] == 0
     assert a["unexplained_moves"] == 0, a["moved_session_traces"]
     assert a["unexplained_flaps"] == 0, a["moved_session_traces"]

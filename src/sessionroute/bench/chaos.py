@@ -11,12 +11,14 @@ Meanwhile the fault schedule runs, one fault at a time:
 
 - ``replica_crash``: replica 0 gets SIGKILL and is started again on the same port 3 s later;
 - ``replica_freeze``: replica 1 gets SIGSTOP, and SIGCONT 5 s later;
+- ``replica_slow``: the last replica runs 10x slower for 10 s (``POST /fault/slowdown`` of
+  the emulator, started with ``--fault-routes``: it keeps answering, slowly; its ``/health``
+  stays quick, as a throttled or noisy-neighboured GPU's would);
 - ``redis_restart``: Redis gets SIGKILL (its data is gone) and is started again 3 s later;
 - ``router_restart``: router 1 gets SIGKILL while streams are open and is started again.
 
 ``--schedule short`` runs each fault once; ``long`` runs the cycle five times over at least
-30 minutes (the issue's soak; ``--duration`` defaults to 1800 there). Not yet built (later
-steps of issue 39): the replica slowed 10x, and the scale run (64 workers, 10,000 sessions).
+30 minutes (the issue's soak; ``--duration`` defaults to 1800 there).
 
 Checked at the end (:mod:`sessionroute.bench.chaos_report`): every session completed or
 aborted with a retryable error (0 lost), every failed attempt explained by a fault, no
@@ -41,7 +43,7 @@ from typing import Any
 
 import aiohttp
 
-from sessionroute.bench.chaos_fleet import Fleet, rss_mib
+from sessionroute.bench.chaos_fleet import Child, Fleet, rss_mib
 from sessionroute.bench.chaos_load import Attempt, LoadConfig, SessionLog, drive
 from sessionroute.bench.chaos_report import account
 from sessionroute.bench.chaos_report import print_table as _print_table
@@ -49,9 +51,11 @@ from sessionroute.bench.options import at_least, positive_float
 
 __all__ = ["add_arguments", "exit_status", "print_table", "run", "schedule"]
 
-_CYCLE = ("replica_crash", "replica_freeze", "redis_restart", "router_restart")
+_CYCLE = ("replica_crash", "replica_freeze", "replica_slow", "redis_restart", "router_restart")
 _TARGET = {"replica_crash": 0, "replica_freeze": 1, "redis_restart": 0, "router_restart": 1}
-_HOLD_S = {"replica_crash": 3.0, "replica_freeze": 5.0, "redis_restart": 3.0, "router_restart": 0}
+_HOLD_S = {"replica_crash": 3.0, "replica_freeze": 5.0, "replica_slow": 10.0, "redis_restart": 3.0}
+SLOWDOWN = 10.0
+"""Factor on every engine step of the slowed replica."""
 _LONG_MIN_S = 1800.0
 _RSS_POINTS = ("start", "after_warmup", "end_of_load", "after_release")
 
@@ -63,7 +67,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--schedule",
         choices=["short", "long"],
         default="short",
-        help="short: each fault once; long: the cycle 5 times over >= 30 minutes",
+        help="short: each of the 5 faults once; long: the cycle 5 times over >= 30 minutes",
     )
     a(
         "--duration",
@@ -112,10 +116,20 @@ async def _when_open(open_now: Counter[str], key: str, t0: float) -> tuple[float
     return time.monotonic() - t0, open_now[key]
 
 
+async def _slow(child: Child, factor: float) -> None:
+    """Set the emulated replica's slowdown (its ``/fault/slowdown`` route)."""
+    timeout = aiohttp.ClientTimeout(total=10)
+    async with (
+        aiohttp.ClientSession(timeout=timeout) as http,
+        http.post(child.url + "/fault/slowdown", json={"factor": factor}) as resp,
+    ):
+        resp.raise_for_status()
+
+
 async def _fault(fleet: Fleet, kind: str, t0: float, open_now: Counter[str]) -> dict[str, Any]:
-    target = _TARGET[kind]
+    target = _TARGET.get(kind, len(fleet.replicas) - 1)
     start = time.monotonic() - t0
-    hold = _HOLD_S[kind]
+    hold = _HOLD_S.get(kind, 0.0)
     note = ""
     if kind == "replica_crash":
         child = fleet.replicas[target]
@@ -130,6 +144,12 @@ async def _fault(fleet: Fleet, kind: str, t0: float, open_now: Counter[str]) -> 
         await asyncio.sleep(hold)
         child.send(signal.SIGCONT)
         note = f"SIGSTOP, SIGCONT after {hold:g} s"
+    elif kind == "replica_slow":
+        child = fleet.replicas[target]
+        await _slow(child, SLOWDOWN)
+        await asyncio.sleep(hold)
+        await _slow(child, 1.0)
+        note = f"every step {SLOWDOWN:g}x slower for {hold:g} s, then full speed"
     elif kind == "redis_restart":
         fleet.redis.kill()
         await asyncio.sleep(hold)

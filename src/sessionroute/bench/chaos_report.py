@@ -4,11 +4,12 @@ failed attempt, explained by the faults that were running, and the table.
 A failed attempt is *explained* when its interval overlaps a fault's window (from the signal
 to the child answering again, plus ``GRACE_S`` for health checks and circuits to catch up):
 ``router restart`` when it went to the restarted router, else ``replica crash``, ``replica
-freeze`` or ``redis restart``. Anything else is ``unexplained``. A worker change between two
-consecutive turns of a session (a *move*) is explained by a crash or freeze of the worker it
-left, or by a Redis outage (routers place independently while Redis is away); a move back to
-a worker the session had left is a *flap*, the sign of two routers answering a session from
-two workers at once.
+freeze``, ``replica slowed`` or ``redis restart``. Anything else is ``unexplained``. A worker
+change between two consecutive turns of a session (a *move*) is explained by a crash, freeze
+or slowdown of the worker it left, or by a Redis outage; a move back to a worker the session
+had left is a *flap*, the sign of two routers answering a session from two workers at once.
+For a slowdown, the sessions placed while it lasted are counted per worker (the router should
+place new sessions away from the slow one by load, and fail nothing).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ _LABEL = {
     "router_restart": "router restart",
     "replica_crash": "replica crash",
     "replica_freeze": "replica freeze",
+    "replica_slow": "replica slowed",
     "redis_restart": "redis restart",
 }
 
@@ -40,37 +42,63 @@ def _cause(a: Attempt, faults: list[dict[str, Any]]) -> str:
     for f in live:
         if f["kind"] == "router_restart" and f["target"] == a.router:
             return _LABEL["router_restart"]
-    for kind in ("replica_crash", "replica_freeze", "redis_restart"):
+    for kind in ("replica_crash", "replica_freeze", "redis_restart", "replica_slow"):
         if any(f["kind"] == kind for f in live):
             return _LABEL[kind]
     return "unexplained"
 
 
 def _move_cause(
-    left: int | None, before: float, answered: float, first: float, faults: list[dict[str, Any]]
+    left: int | None,
+    before: float,
+    answered: float,
+    log: SessionLog,
+    faults: list[dict[str, Any]],
+    routers: int,
 ) -> str:
     """The fault that explains a move off worker ``left`` between a turn answered at
-    ``before`` and the next one answered at ``answered`` (``first``: the session's first
-    answer). The window runs to the answer, not the send: the router may retry an attempt
-    on another worker when its worker dies after the request went out."""
+    ``before`` and the next one answered at ``answered``. The window runs to the answer, not
+    the send: the router may retry an attempt on another worker when its worker dies after
+    the request went out.
+
+    Over a Redis outage the move is put down to what the routers knew when Redis went away
+    (the routers that had answered a turn of the session): both of them, a *pin not
+    restored* (a fault of the router); one of them, a *pin known to one router only* (the
+    other cannot know it without Redis); none, a *session begun during the outage* (the
+    routers place it alike by rendezvous, except while one has reconnected and the other
+    not yet)."""
     live = [f for f in faults if _covers(f, before, answered)]
     for f in live:
         if f["kind"] == "redis_restart":
-            if first < f["start_s"]:
+            knew = {a.router for a in log.attempts if a.ok and a.start < f["start_s"]}
+            if len(knew) >= routers:
                 return "redis restart: pin not restored"
-            return "redis restart: placed twice while Redis was away"
+            if knew:
+                return "redis outage: pin known to one router only"
+            return "redis outage: session begun during it"
     for f in live:
-        if f["kind"] in ("replica_crash", "replica_freeze") and f["target"] == left:
+        if f["kind"] in ("replica_crash", "replica_freeze", "replica_slow") and f["target"] == left:
             return _LABEL[f["kind"]]
     return "unexplained"
 
 
+def _placed(logs: list[SessionLog], fault: dict[str, Any], worker_index: Any) -> dict[str, int]:
+    """Sessions whose first answer was sent while ``fault`` lasted, per worker index."""
+    placed: Counter[str] = Counter()
+    for s in logs:
+        first = next((a for a in s.attempts if a.ok), None)
+        if first is not None and fault["start_s"] <= first.start <= fault["end_s"]:
+            placed[str(worker_index(first.worker))] += 1
+    return dict(sorted(placed.items()))
+
+
 def account(
-    logs: list[SessionLog], faults: list[dict[str, Any]], worker_index: Any
+    logs: list[SessionLog], faults: list[dict[str, Any]], worker_index: Any, routers: int = 2
 ) -> dict[str, Any]:
     """Sessions, turns, attempts, errors by cause, moves by cause, flaps.
 
-    ``worker_index`` maps a worker URL (the router's header) to a replica index or None.
+    ``worker_index`` maps a worker URL (the router's header) to a replica index or None;
+    ``routers``: how many routers the turns went through.
     """
     states = Counter(s.state for s in logs)
     errors: Counter[str] = Counter()
@@ -92,7 +120,7 @@ def account(
                 no_worker += w is None
                 if served and served[-1][0] != w:
                     left, before = served[-1]
-                    cause = _move_cause(left, before, a.end, served[0][1], faults)
+                    cause = _move_cause(left, before, a.end, s, faults, routers)
                     moves[cause] += 1
                     causes.append(cause)
                     if w in seen and flapped is None:
@@ -128,6 +156,8 @@ def account(
             for s in logs
             for a in s.attempts
         )
+        if f["kind"] == "replica_slow":
+            f["placed_per_worker"] = _placed(logs, f, worker_index)
     took = sorted(a.end - a.start for s in logs for a in s.attempts if a.ok)
     return {
         "ok_attempt_s_median": round(took[len(took) // 2], 3) if took else None,
@@ -170,7 +200,11 @@ def print_table(result: dict[str, Any]) -> None:
     for f in r["faults"]:
         back = f"{f['end_s']:.1f}"
         start, opened = f"{f['start_s']:.1f}", str(f.get("open_at_start"))
-        faults.add_row(_LABEL[f["kind"]], str(f["target"]), start, back, opened, f["note"])
+        note = f["note"]
+        if "placed_per_worker" in f:
+            per = ", ".join(f"{w}: {n}" for w, n in f["placed_per_worker"].items())
+            note += f"; sessions placed meanwhile per replica: {per or 'none'}"
+        faults.add_row(_LABEL[f["kind"]], str(f["target"]), start, back, opened, note)
     console.print(faults)
     a = r["accounting"]
     t = Table(title=f"{a['sessions']} sessions, {a['attempts']} attempts over 2 routers")
