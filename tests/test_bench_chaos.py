@@ -120,8 +120,10 @@ def test_short_chaos_schedule_loses_no_session_and_explains_every_error(tmp_path
     assert a["unexplained_flaps"] == 0, a["moved_session_traces"]
     assert r["finish"]["failed"] == 0
     assert sum(r["finish"]["ok_per_router"]) == a["sessions"]
-    assert min(r["finish"]["ok_per_router"]) >= a["sessions"] // 2
-    assert r["redis_after"]["pins"] == 0 and r["redis_after"]["counted"] == 0
+    assert min(r["finish"]["ok_per_router"]) >= a["sessions"] // 3  # retries go elsewhere
+    assert r["finish"]["after_run"] == 0  # each released as it ended
+    red = r["redis_after"]  # pins left: released ones a router wrote back after Redis' loss
+    assert red["pins"] == red["counted"] == red["restored_after_release"]
     for samples in r["rss_mib"].values():
         assert all(samples[p] > 0 for p in r["rss_points"])
     assert r["ok"], r["problems"]

@@ -131,6 +131,11 @@ def account(
                 cause = _cause(a, faults)
                 errors[cause] += 1
                 details.setdefault(cause, Counter())[a.error or "?"] += 1
+        for a in s.releases:
+            if not a.ok:
+                cause = _cause(a, faults)
+                errors[cause] += 1
+                details.setdefault(cause, Counter())[f"finish_session {a.error}"] += 1
         if flapped is not None:
             flaps[flapped] += 1
         if causes and len(traces) < 40:
@@ -227,10 +232,18 @@ def print_table(result: dict[str, Any]) -> None:
     for cause, n in sorted(a["flapping_sessions"].items()):
         rows.append((f"sessions back on a worker they had left (flap): {cause}", n))
     f = r["finish"]
-    rows.append(("/finish_session 200 per router", " / ".join(map(str, f["ok_per_router"]))))
-    rows.append(("/finish_session failed", f["failed"]))
+    rows.append(("sessions released per router", " / ".join(map(str, f["ok_per_router"]))))
+    rows.append(("sessions released after the run (cut by the drain)", f["after_run"]))
+    rows.append(("sessions never released", f["failed"]))
     red = r["redis_after"]
     rows.append(("Redis pins after the run / live sessions", f"{red['pins']} / {red['live']}"))
+    rows.append(
+        (
+            "  of which released while Redis was away, written back from the other "
+            "router's cache (they expire by the session TTL)",
+            red.get("restored_after_release", 0),
+        )
+    )
     rows.append(("Redis keys after the run", red["keys"]))
     for row in rows:
         t.add_row(row[0], str(row[1]))
