@@ -302,6 +302,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
         redis_after, pinned = await _redis_counts(fleet)
         sample("after_release")
         restarts = {c.name: c.starts - 1 for c in fleet.children}
+        stderr = {c.name: c.tail() for c in fleet.routers}
         worker_urls = [r.url for r in fleet.replicas]
     finally:
         for task in tasks:  # on an error: nothing may signal a child after the stop
@@ -354,6 +355,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
         "rss_points": list(_RSS_POINTS),
         "rss_mib": rss,
         "rss_note": "router1 is restarted by the schedule: its later samples are a new process",
+        "router_stderr_tail": stderr,
         "problems": problems,
         "ok": not problems,
         **({"trace": _trace(logs, fleet)} if args.trace else {}),

@@ -203,10 +203,12 @@ async def drive(
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as http:
         end = t0 + duration_s
-        while (now := time.monotonic()) < end:
-            await asyncio.sleep(min(rng.expovariate(cfg.rate), end - now))
-            if time.monotonic() >= end:
+        due = time.monotonic()  # arrival times are absolute: event-loop lag does not add up
+        while True:
+            due += rng.expovariate(cfg.rate)
+            if due >= end:
                 break
+            await asyncio.sleep(max(0.0, due - time.monotonic()))
             if len(tasks) >= cfg.concurrency:
                 skipped += 1
                 continue

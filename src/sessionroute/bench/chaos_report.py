@@ -33,6 +33,10 @@ _LABEL = {
 }
 
 
+_PROBLEMS = ("unexplained", "redis restart: pin not restored")
+"""Move causes that fail the run: their sessions' traces are kept first."""
+
+
 def _covers(fault: dict[str, Any], start: float, end: float) -> bool:
     return bool(start <= fault["end_s"] + GRACE_S and end >= fault["start_s"])
 
@@ -138,7 +142,8 @@ def account(
                 details.setdefault(cause, Counter())[f"finish_session {a.error}"] += 1
         if flapped is not None:
             flaps[flapped] += 1
-        if causes and len(traces) < 40:
+        worst = any(c in _PROBLEMS for c in causes)
+        if causes and (len(traces) < 20 or (worst and len(traces) < 60)):
             traces.append(
                 {
                     "session": s.sid,

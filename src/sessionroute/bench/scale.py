@@ -16,13 +16,13 @@ once) and, per ``--state`` mode, one ``sessionroute serve`` (``--policy``, defau
 3. after the last level, releases sessions (``/finish_session``) back down to the first level
    and measures again, so the first level is measured before and after the largest.
 
-Before each mode the same client measures the backends directly (a random worker per request):
-the latency the router adds is its p50/p99 minus the direct one. Per measured window: requests
-per second, p50/p99 latency, router CPU per request (``utime + stime`` of the router process
-from ``/proc/<pid>/stat`` over the window, all its threads, background work such as health
-checks and lease renewals included), router RSS, and with Redis, from ``INFO commandstats``
-over the window (background lease renewals included): ``EVALSHA`` calls per request (the
-round trips of the router's scripts) and commands per request (the scripts' own
+Before each window the same client measures the backends directly for as long (a random worker
+per request): the latency the router adds is its p50/p99 minus that window's. Per measured
+window: requests per second, p50/p99 latency, router CPU per request (``utime + stime`` of the
+router process from ``/proc/<pid>/stat`` over the window, all its threads, background work such
+as health checks and lease renewals included), router RSS, and with Redis, from ``INFO
+commandstats`` over the window (background lease renewals included): ``EVALSHA`` calls per
+request (the round trips of the router's scripts) and commands per request (the scripts' own
 ``redis.call`` included), and the router's own count of request-path round trips
 (``sessionroute_state_round_trips_total``). The summary gives each mode's CPU per request at
 the largest level over the first (a flat request path is ~1) and the RSS per session (the RSS
@@ -90,8 +90,11 @@ def _sid(k: int) -> str:
 class _Load:
     """The closed-loop client: ``concurrency`` requests in flight."""
 
-    def __init__(self, http: aiohttp.ClientSession, concurrency: int, seed: int) -> None:
+    def __init__(
+        self, http: aiohttp.ClientSession, concurrency: int, seed: int, workers: list[str]
+    ) -> None:
         self.http = http
+        self.direct = [w + "/v1/chat/completions" for w in workers]
         self.concurrency = concurrency
         self.rng = random.Random(seed)
         self.errors = 0
@@ -182,6 +185,7 @@ async def _measure(
     """One measured window through ``router`` at ``live`` live sessions."""
     assert router.pid is not None
     pid = router.pid
+    direct = _latency(await load.window(load.direct, 1, secs))  # just before: same machine load
     before = await _redis_stats(redis.url) if redis else None
     trips0 = await _round_trips(load.http, router.url) if redis else 0.0
     cpu0 = sum(_cpu_seconds(pid))
@@ -196,6 +200,8 @@ async def _measure(
         "requests": n,
         "rps": n / wall,
         **_latency(lat),
+        "direct_p50_ms": direct["p50_ms"],
+        "direct_p99_ms": direct["p99_ms"],
         "router_cpu_us_per_req": (cpu1 - cpu0) * 1e6 / n,
         "router_rss_mib": rss_mib(pid),
     }
@@ -234,12 +240,10 @@ def _redis() -> Child:
 async def _mode(
     args: argparse.Namespace, load: _Load, workers: list[str], mode: str
 ) -> list[dict[str, Any]]:
-    """Direct baseline, then every level through a fresh router (and Redis) in ``mode``."""
-    direct = _latency(await load.window([w + "/v1/chat/completions" for w in workers], 1, 2.0))
-    direct_row = {"mode": mode, "phase": "direct", **direct}
+    """Every level through a fresh router (and Redis) in ``mode``."""
     redis = _redis() if mode == "redis" else None
     router = _router(args.policy, workers, redis.url if redis else None)
-    rows: list[dict[str, Any]] = [direct_row]
+    rows: list[dict[str, Any]] = []
     try:
         if redis is not None:
             await redis.start()
@@ -262,10 +266,10 @@ async def _mode(
         router.stop()
         if redis is not None:
             redis.stop()
-    for row in rows[1:]:
+    for row in rows:
         row["mode"] = mode
-        row["added_p50_ms"] = row["p50_ms"] - direct["p50_ms"]
-        row["added_p99_ms"] = row["p99_ms"] - direct["p99_ms"]
+        row["added_p50_ms"] = row["p50_ms"] - row["direct_p50_ms"]
+        row["added_p99_ms"] = row["p99_ms"] - row["direct_p99_ms"]
     return rows
 
 
@@ -310,7 +314,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
         await asyncio.gather(*(b.start() for b in backends))
         connector = aiohttp.TCPConnector(limit=0)
         async with aiohttp.ClientSession(timeout=timeout, connector=connector) as http:
-            load = _Load(http, args.concurrency, args.seed)
+            load = _Load(http, args.concurrency, args.seed, workers)
             for mode in args.state:
                 rows += await _mode(args, load, workers, mode)
             errors = load.errors
@@ -359,6 +363,7 @@ def print_table(result: dict[str, Any]) -> None:
         f"{r['measure_secs']:g} s windows (latency in ms, CPU in us per request)"
     )
     cols = ("state", "sessions", "req/s", "p50", "p99", "+p50", "+p99", "CPU us", "RSS MiB")
+    # +p50/+p99: over the backends measured directly in the window just before
     for col in (*cols, "EVALSHA/req", "cmds/req", "trips/req"):
         t.add_column(col, justify="left" if col == "state" else "right")
 
@@ -366,10 +371,6 @@ def print_table(result: dict[str, Any]) -> None:
         return "-" if v is None else format(v, spec)
 
     for row in r["rows"]:
-        if row["phase"] == "direct":
-            t.add_row(f"{row['mode']} direct", "-", "-", f(row["p50_ms"], ".2f"),
-                      f(row["p99_ms"], ".2f"), *["-"] * 7)  # fmt: skip
-            continue
         t.add_row(
             row["mode"], row["phase"], f(row["rps"], ".0f"), f(row["p50_ms"], ".2f"),
             f(row["p99_ms"], ".2f"), f(row["added_p50_ms"], "+.2f"),
