@@ -14,12 +14,14 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from sessionroute.bench.chaos import schedule
 from sessionroute.bench.chaos_load import Attempt, SessionLog
 from sessionroute.bench.chaos_report import account
+from sessionroute.bench.chaos_watch import _parse
 
 _EXPLAINED = {"router restart", "replica crash", "replica freeze", "redis restart"}
 
@@ -128,3 +130,28 @@ def test_short_chaos_schedule_loses_no_session_and_explains_every_error(tmp_path
         assert all(samples[p] > 0 for p in r["rss_points"])
     assert r["ok"], r["problems"]
     assert proc.returncode == 0
+
+
+def test_a_move_off_a_worker_one_router_held_unavailable_is_put_down_to_that_router() -> None:
+    log = SessionLog("s", 0, False, 2, "completed", 2)
+    log.attempts = [Attempt(0, 1, 40.0, 40.5, True, "w0"), Attempt(1, 0, 41.0, 41.5, True, "w1")]
+    span: list[list[Any]] = [[30.0, 60.0, "circuit open"]]
+    down: dict[tuple[int, int | None], list[list[Any]]] = {(0, 0): span}  # router 0, worker 0
+    moves = account([log], [], lambda url: int(url[1:]), down=down)["moves"]
+    assert moves == {"routers disagree on a worker (circuit open on one)": 1}
+    other: dict[tuple[int, int | None], list[list[Any]]] = {(1, 1): span}  # the new worker
+    assert account([log], [], lambda url: int(url[1:]), down=other)["moves"] == moves
+    assert account([log], [], lambda url: int(url[1:]), down={(1, 0): span})["moves"] == {
+        "unexplained": 1
+    }
+
+
+def test_the_watcher_reads_availability_and_circuit_state_per_worker() -> None:
+    page = (
+        "# HELP sessionroute_worker_available 1 when ...\n"
+        'sessionroute_worker_available{worker="http://127.0.0.1:1"} 0.0\n'
+        'sessionroute_worker_available{worker="http://127.0.0.1:2"} 1.0\n'
+        'sessionroute_circuit_state{worker="http://127.0.0.1:1"} 1.0\n'
+        'sessionroute_circuit_state{worker="http://127.0.0.1:2"} 0.0\n'
+    )
+    assert _parse(page) == {"http://127.0.0.1:1": (False, 1), "http://127.0.0.1:2": (True, 0)}

@@ -49,6 +49,7 @@ from sessionroute.bench.chaos_fleet import Child, Fleet, rss_mib
 from sessionroute.bench.chaos_load import Attempt, LoadConfig, SessionLog, drive, release
 from sessionroute.bench.chaos_report import account
 from sessionroute.bench.chaos_report import print_table as _print_table
+from sessionroute.bench.chaos_watch import Unavailable, watch
 from sessionroute.bench.options import at_least, positive_float
 
 __all__ = ["add_arguments", "exit_status", "print_table", "run", "schedule"]
@@ -273,6 +274,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
     plan = schedule(args.schedule, duration)
     fleet = Fleet.build(args.replicas, 2, args.time_scale, args.max_tokens)
     faults: list[dict[str, Any]] = []
+    unavailable: Unavailable = {}
     rss: dict[str, dict[str, float | None]] = {r.name: {} for r in fleet.routers}
 
     def sample(point: str) -> None:
@@ -291,7 +293,8 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
         open_now: Counter[str] = Counter()
         load = asyncio.create_task(drive(cfg, urls, duration, args.drain, t0, open_now))
         chaos = asyncio.create_task(_run_faults(fleet, plan, t0, faults, open_now))
-        tasks += [load, chaos]
+        watcher = asyncio.create_task(watch(urls, t0, unavailable))
+        tasks += [load, chaos, watcher]
         await asyncio.sleep(0.1 * duration)
         sample("after_warmup")
         logs, skipped = await load
@@ -309,7 +312,8 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         fleet.stop_all()
-    acc = account(logs, faults, fleet.worker_index)
+    down = {(r, fleet.worker_index(w)): spans for (r, w), spans in unavailable.items()}
+    acc = account(logs, faults, fleet.worker_index, down=down)
     live = 0  # every session was released above
     redis_after["live"] = live
     redis_after["restored_after_release"] = _restored(pinned, logs, faults)
@@ -355,6 +359,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
         "rss_points": list(_RSS_POINTS),
         "rss_mib": rss,
         "rss_note": "router1 is restarted by the schedule: its later samples are a new process",
+        "unavailable_spans": {f"router{r}:replica{w}": v for (r, w), v in sorted(down.items())},
         "router_stderr_tail": stderr,
         "problems": problems,
         "ok": not problems,

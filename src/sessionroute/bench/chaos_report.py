@@ -5,9 +5,14 @@ A failed attempt is *explained* when its interval overlaps a fault's window (fro
 to the child answering again, plus ``GRACE_S`` for health checks and circuits to catch up):
 ``router restart`` when it went to the restarted router, else ``replica crash``, ``replica
 freeze``, ``replica slowed`` or ``redis restart``. Anything else is ``unexplained``. A worker
-change between two consecutive turns of a session (a *move*) is explained by a crash, freeze
-or slowdown of the worker it left, or by a Redis outage; a move back to a worker the session
-had left is a *flap*, the sign of two routers answering a session from two workers at once.
+change between two consecutive turns of a session (a *move*) is explained by a crash or freeze
+of the worker it left, then by the routers disagreeing on a worker (the worker it
+left unavailable to the router that moved it, or the worker it went to unavailable to the
+other router: a circuit open or health checks failing on one router only, as each router
+judges workers on its own), then by a Redis outage, last by a slowdown of the worker it left
+(no reason for a sticky policy to move a session: worth a look); a move back to a worker the
+session had left is a *flap*, the sign of two routers answering a session from two workers
+at once.
 For a slowdown, the sessions placed while it lasted are counted per worker (the router should
 place new sessions away from the slow one by load, and fail nothing).
 """
@@ -21,6 +26,9 @@ from sessionroute.bench.chaos_load import Attempt, SessionLog
 
 __all__ = ["GRACE_S", "account", "print_table"]
 
+WATCH_S = 1.0
+"""Seconds a router's unavailable span is stretched back (it is sampled every 0.5 s)."""
+
 GRACE_S = 15.0
 """Seconds after a fault's end that failures and moves are still put down to it."""
 
@@ -33,8 +41,9 @@ _LABEL = {
 }
 
 
-_PROBLEMS = ("unexplained", "redis restart: pin not restored")
-"""Move causes that fail the run: their sessions' traces are kept first."""
+_PROBLEMS = ("unexplained", "redis restart: pin not restored", "replica slowed")
+"""Move causes whose sessions' traces are kept first: those that fail the run, and moves off
+a slowed replica (a sticky policy should keep them)."""
 
 
 def _covers(fault: dict[str, Any], start: float, end: float) -> bool:
@@ -59,6 +68,9 @@ def _move_cause(
     log: SessionLog,
     faults: list[dict[str, Any]],
     routers: int,
+    down: dict[tuple[int, int | None], list[list[Any]]],
+    router: int,
+    to: int | None,
 ) -> str:
     """The fault that explains a move off worker ``left`` between a turn answered at
     ``before`` and the next one answered at ``answered``. The window runs to the answer, not
@@ -73,6 +85,14 @@ def _move_cause(
     not yet)."""
     live = [f for f in faults if _covers(f, before, answered)]
     for f in live:
+        if f["kind"] in ("replica_crash", "replica_freeze") and f["target"] == left:
+            return _LABEL[f["kind"]]
+    others = [(r, w) for r, w in down if r != router and w == to]
+    for key in [(router, left), *others]:  # left unavailable here, or its new worker there
+        for lo, hi, reason in down.get(key, []):
+            if lo <= answered and hi >= before - WATCH_S:
+                return f"routers disagree on a worker ({reason} on one)"
+    for f in live:
         if f["kind"] == "redis_restart":
             knew = {a.router for a in log.attempts if a.ok and a.start < f["start_s"]}
             if len(knew) >= routers:
@@ -80,8 +100,8 @@ def _move_cause(
             if knew:
                 return "redis outage: pin known to one router only"
             return "redis outage: session begun during it"
-    for f in live:
-        if f["kind"] in ("replica_crash", "replica_freeze", "replica_slow") and f["target"] == left:
+    for f in live:  # last: a slow worker is no reason for a sticky policy to move a session
+        if f["kind"] == "replica_slow" and f["target"] == left:
             return _LABEL[f["kind"]]
     return "unexplained"
 
@@ -97,13 +117,20 @@ def _placed(logs: list[SessionLog], fault: dict[str, Any], worker_index: Any) ->
 
 
 def account(
-    logs: list[SessionLog], faults: list[dict[str, Any]], worker_index: Any, routers: int = 2
+    logs: list[SessionLog],
+    faults: list[dict[str, Any]],
+    worker_index: Any,
+    routers: int = 2,
+    down: dict[tuple[int, int | None], list[list[Any]]] | None = None,
 ) -> dict[str, Any]:
     """Sessions, turns, attempts, errors by cause, moves by cause, flaps.
 
     ``worker_index`` maps a worker URL (the router's header) to a replica index or None;
-    ``routers``: how many routers the turns went through.
+    ``routers``: how many routers the turns went through; ``down``: (router, replica index)
+    -> ``[start, end, reason]`` spans during which that router held the replica unavailable
+    (:mod:`sessionroute.bench.chaos_watch`).
     """
+    down = down or {}
     states = Counter(s.state for s in logs)
     errors: Counter[str] = Counter()
     details: dict[str, Counter[str]] = {}
@@ -124,7 +151,7 @@ def account(
                 no_worker += w is None
                 if served and served[-1][0] != w:
                     left, before = served[-1]
-                    cause = _move_cause(left, before, a.end, s, faults, routers)
+                    cause = _move_cause(left, before, a.end, s, faults, routers, down, a.router, w)
                     moves[cause] += 1
                     causes.append(cause)
                     if w in seen and flapped is None:
