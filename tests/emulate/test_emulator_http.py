@@ -267,3 +267,36 @@ async def test_fidelity_load_reports_client_and_model_latencies() -> None:
     # The client never sees a reply faster than the model says it takes.
     assert row["client_e2e_ms"] >= row["model_e2e_ms"] > 0
     assert row["client_ttft_ms"] is not None and row["model_ttft_ms"] > 0
+
+
+async def test_fault_slowdown_route_is_off_by_default() -> None:
+    async with running() as (h,), httpx.AsyncClient() as http:
+        resp = await http.post(h.url + "/fault/slowdown", json={"factor": 10})
+    assert resp.status_code == 404
+
+
+async def _mean_itl(http: httpx.AsyncClient, url: str, prompt: str) -> float:
+    """Mean inter-token latency (simulated seconds) of one 32-token answer to ``prompt``."""
+    before = await metrics(url)
+    body = {"messages": [user(prompt)], "max_tokens": 32}
+    assert (await http.post(url + "/v1/chat/completions", json=body)).status_code == 200
+    after = await metrics(url)
+    total = "vllm:inter_token_latency_seconds_sum"
+    count = "vllm:inter_token_latency_seconds_count"
+    return (after[total] - before.get(total, 0.0)) / (after[count] - before.get(count, 0.0))
+
+
+async def test_fault_slowdown_slows_every_step_at_run_time_and_back() -> None:
+    async with running(fault_routes=True) as (h,), httpx.AsyncClient() as http:
+        normal = await _mean_itl(http, h.url, words(40, "a"))
+        slowed = await http.post(h.url + "/fault/slowdown", json={"factor": 10})
+        assert slowed.json() == {"slowdown": 10.0}
+        slow = await _mean_itl(http, h.url, words(40, "b"))
+        assert (await http.post(h.url + "/fault/slowdown", json={"factor": 1})).status_code == 200
+        again = await _mean_itl(http, h.url, words(40, "c"))
+        bad = await http.post(h.url + "/fault/slowdown", json={"factor": 0})
+        health = await http.get(h.url + "/health")
+    assert slow == pytest.approx(10 * normal, rel=0.05)  # simulated seconds: exact model
+    assert again == pytest.approx(normal, rel=0.05)
+    assert bad.status_code == 400 and "factor" in bad.json()["error"]["message"]
+    assert health.status_code == 200

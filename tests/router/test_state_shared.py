@@ -137,3 +137,19 @@ def test_the_last_commit_attempt_pins_without_the_version_check() -> None:
         assert commit.refused(None, {}, i + 1, float(i))
     assert versions[:-1] == list(range(MAX_COMMIT_ATTEMPTS - 1))
     assert versions[-1] is None
+
+
+def test_offline_routers_place_an_unseen_session_alike_whatever_their_counts() -> None:
+    (pa, ta), (pb, tb) = _policy(), _policy()
+    ta.load(None, None, {"http://a": 9}, 3, 0.0)  # each router last saw other counts
+    tb.load(None, None, {"http://b": 9, "http://c": 4}, 5, 0.0)
+    online = [p.select(RouteRequest(session_id="s"), SharedCluster(W)).worker for p in (pa, pb)]
+    assert online[0] != online[1]  # by load, each its own way
+    ta.offline = tb.offline = True
+    for k in range(20):
+        sid = f"new{k}"
+        da = pa.select(RouteRequest(session_id=sid), SharedCluster(W))
+        db = pb.select(RouteRequest(session_id=sid), SharedCluster(W))
+        assert da.worker == db.worker and da.kind is db.kind is DecisionKind.NEW
+    # a session either router knows stays where it is
+    assert pa.select(RouteRequest(session_id="s"), SharedCluster(W)).worker == online[0]

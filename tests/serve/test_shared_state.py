@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 
 import aiohttp
 
@@ -35,6 +36,32 @@ def _worker_of(backends: list[FakeBackend]) -> dict[str, set[int]]:
 
 async def _shared(make_router: MakeRouter, urls: list[str], redis: RedisServer) -> RunningRouter:
     return await make_router(urls, state_url=redis.url, policy="sticky_least_loaded")
+
+
+async def _both_see(
+    make_router: MakeRouter,
+    backends: list[FakeBackend],
+    redis: RedisServer,
+    client: aiohttp.ClientSession,
+    prefix: str,
+    n: int,
+) -> tuple[RunningRouter, RunningRouter]:
+    """Two routers on ``redis``; sessions ``<prefix>0..n-1`` answered through both."""
+    urls = [b.url for b in backends]
+    a = await _shared(make_router, urls, redis)
+    b = await _shared(make_router, urls, redis)
+    for k in range(n):
+        assert (await post_chat(client, a, f"{prefix}{k}"))[0] == 200
+        assert (await post_chat(client, b, f"{prefix}{k}"))[0] == 200
+    return a, b
+
+
+async def _release_through(
+    client: aiohttp.ClientSession, router: RunningRouter, prefix: str, n: int
+) -> None:
+    for k in range(n):
+        async with client.post(router.url + f"/finish_session?session_id={prefix}{k}") as resp:
+            assert resp.status == 200
 
 
 async def test_a_session_opened_through_router_a_continues_through_router_b(
@@ -140,6 +167,24 @@ async def test_redis_killed_mid_run_fails_no_request_and_reconnects(
     placed = _worker_of(backends)
     assert all(len(ws) == 1 for ws in placed.values()), placed
     assert a.router.state.reconnects == 1
+
+
+async def test_while_redis_is_away_two_routers_place_a_new_session_alike(
+    backends: list[FakeBackend],
+    make_router: MakeRouter,
+    client: aiohttp.ClientSession,
+    redis_server: RedisServer,
+) -> None:
+    a, b = await _both_see(make_router, backends, redis_server, client, "", 0)
+    for k in range(6):  # uneven counts before the outage: a and b last loaded different ones
+        assert (await post_chat(client, a if k % 3 else b, f"old{k}"))[0] == 200
+    redis_server.kill()
+    for k in range(12):  # each new session's turns alternate between the routers
+        for router in (a, b, a, b):
+            assert (await post_chat(client, router, f"new{k}"))[0] == 200
+    placed = _worker_of(backends)
+    assert all(len(placed[f"new{k}"]) == 1 for k in range(12)), placed
+    assert len({w for k in range(12) for w in placed[f"new{k}"]}) > 1  # not all on one
 
 
 async def test_a_dead_routers_in_flight_counts_are_reclaimed(
@@ -295,15 +340,8 @@ async def test_finish_session_on_any_router_releases_it_everywhere(
     client: aiohttp.ClientSession,
     redis_server: RedisServer,
 ) -> None:
-    urls = [b.url for b in backends]
-    a = await _shared(make_router, urls, redis_server)
-    b = await _shared(make_router, urls, redis_server)
-    for k in range(6):
-        assert (await post_chat(client, a, f"f{k}"))[0] == 200
-        assert (await post_chat(client, b, f"f{k}"))[0] == 200
-    for k in range(3):  # opened through a, released through b
-        async with client.post(b.url + f"/finish_session?session_id=f{k}") as resp:
-            assert resp.status == 200
+    a, b = await _both_see(make_router, backends, redis_server, client, "f", 6)
+    await _release_through(client, b, "f", 3)  # opened through a, released through b
     assert a.router.state is not None
     await a.router.state.load(RouteRequest())
     assert sum(a.router.core.policy.session_counts().values()) == 3
@@ -312,3 +350,34 @@ async def test_finish_session_on_any_router_releases_it_everywhere(
     assert a.router.core.decisions[DecisionKind.NEW] == new_before + 1
     assert (await post_chat(client, a, "f4"))[0] == 200  # f4 was not released: still sticky
     assert a.router.core.decisions[DecisionKind.NEW] == new_before + 1
+
+
+async def _until(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + 10
+    while not condition():
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(0.02)
+
+
+async def test_a_session_released_through_b_is_not_written_back_by_a_after_redis_loses_it(
+    backends: list[FakeBackend],
+    make_router: MakeRouter,
+    client: aiohttp.ClientSession,
+    redis_server: RedisServer,
+) -> None:
+    a, b = await _both_see(make_router, backends, redis_server, client, "r", 4)
+    assert a.router.state is not None and b.router.state is not None
+    sa, sb = a.router.state, b.router.state
+    await _release_through(client, b, "r", 2)
+    table = sa.table
+    assert table is not None
+    await _until(lambda: table.worker_of("r0") is None, "a kept the released pin cached")
+    assert table.worker_of("r1") is None and table.worker_of("r2") is not None
+    redis_server.kill()
+    for k in range(2, 4):  # each router notices the loss
+        assert (await post_chat(client, a, f"r{k}"))[0] == 200
+        assert (await post_chat(client, b, f"r{k}"))[0] == 200
+    redis_server.start()
+    await _until(lambda: sa.up and sb.up, "routers did not reconnect")
+    pins = await sa.link.call("HKEYS", sa.keys[0])
+    assert sorted(pins) == ["r2", "r3"]  # the live ones written back, the released ones not

@@ -31,8 +31,9 @@ _RESPONSE = json.dumps(
 ).encode()
 
 
-def backend_main(port: int) -> None:
-    """Run the zero-delay backend on 127.0.0.1:``port`` (reads the body, answers at once)."""
+def backend_main(port: int, *more_ports: int) -> None:
+    """Run the zero-delay backend on 127.0.0.1:``port`` (reads the body, answers at once),
+    and on each of ``more_ports`` (one server, one process: many light workers)."""
     from aiohttp import web
 
     async def handle(request: web.BaseRequest) -> web.Response:
@@ -45,7 +46,8 @@ def backend_main(port: int) -> None:
         server = web.Server(handle, access_log=None)
         runner = web.ServerRunner(server)
         await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", port, backlog=1024).start()
+        for p in (port, *more_ports):
+            await web.TCPSite(runner, "127.0.0.1", p, backlog=1024).start()
         await asyncio.Event().wait()
 
     try:

@@ -161,7 +161,7 @@ class Fleet:
             port = free_port()
             cmd = [*cli, "emulate", "--replicas", "1", "--port", str(port), "--log-level"]
             cmd += ["warning", "--time-scale", repr(time_scale)]
-            cmd += ["--default-max-tokens", str(max_tokens)]
+            cmd += ["--default-max-tokens", str(max_tokens), "--fault-routes"]
             reps.append(Child(f"replica{i}", "replica", cmd, port))
         workers = [r.url for r in reps]
         outs = []

@@ -8,7 +8,10 @@ would see. A failed attempt (a status other than 200, a connection error, a 200 
 its ``[DONE]``, a timeout) is retried up to ``attempts`` times in all, with backoff; a turn
 whose attempts all failed ends its session (``aborted``). Every attempt is recorded with its
 router, its monotonic start and end and, when it succeeded, the worker that served it (the
-router's ``x-sessionroute-worker`` header).
+router's ``x-sessionroute-worker`` header). A session that ended (completed or aborted) is
+released with ``POST /finish_session`` through router ``k mod R`` (retried on the next
+router like a turn), as an RL orchestrator does when a rollout ends, so the routers' session
+counts are live sessions and the shared table shrinks back as sessions end.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from typing import Any
 
 import aiohttp
 
-__all__ = ["Attempt", "LoadConfig", "SessionLog", "drive"]
+__all__ = ["Attempt", "LoadConfig", "SessionLog", "drive", "release"]
 
 WORKER_HEADER = "x-sessionroute-worker"
 
@@ -67,6 +70,15 @@ class SessionLog:
     state: str = "running"
     done_turns: int = 0
     attempts: list[Attempt] = field(default_factory=list)
+    releases: list[Attempt] = field(default_factory=list)
+    """``/finish_session`` attempts (``turn`` -1); the last one ok: released through its
+    router."""
+
+    @property
+    def released_via(self) -> int | None:
+        """The router whose ``/finish_session`` released the session, or None."""
+        last = self.releases[-1] if self.releases else None
+        return last.router if last is not None and last.ok else None
 
 
 async def _attempt(
@@ -132,9 +144,38 @@ async def _session(
             await asyncio.sleep(min(8.0, 0.5 * 2**a))
         else:
             log.state = "aborted"
-            return
+            break
         await asyncio.sleep(cfg.think_s)
-    log.state = "completed"
+    else:
+        log.state = "completed"
+    await release(log, routers, http, t0, cfg.attempts)
+
+
+async def release(
+    log: SessionLog, routers: list[str], http: aiohttp.ClientSession, t0: float, attempts: int
+) -> None:
+    """``POST /finish_session`` of ``log``'s session through router ``index mod R``, retried
+    on the next routers (``attempts`` tries in all); every try goes to ``log.releases``."""
+    for a in range(attempts):
+        r = (log.index + a) % len(routers)
+        start = time.monotonic() - t0
+        error: str | None = None
+        try:
+            url = routers[r] + "/finish_session"
+            async with http.post(url, params={"session_id": log.sid}) as resp:
+                await resp.read()
+                if resp.status != 200:
+                    error = f"http {resp.status}"
+        except TimeoutError:
+            error = "client timeout"
+        except aiohttp.ClientError as exc:
+            error = type(exc).__name__
+        log.releases.append(
+            Attempt(-1, r, start, time.monotonic() - t0, error is None, None, error)
+        )
+        if error is None:
+            return
+        await asyncio.sleep(min(8.0, 0.5 * 2**a))
 
 
 async def drive(
@@ -162,10 +203,12 @@ async def drive(
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as http:
         end = t0 + duration_s
-        while (now := time.monotonic()) < end:
-            await asyncio.sleep(min(rng.expovariate(cfg.rate), end - now))
-            if time.monotonic() >= end:
+        due = time.monotonic()  # arrival times are absolute: event-loop lag does not add up
+        while True:
+            due += rng.expovariate(cfg.rate)
+            if due >= end:
                 break
+            await asyncio.sleep(max(0.0, due - time.monotonic()))
             if len(tasks) >= cfg.concurrency:
                 skipped += 1
                 continue

@@ -4,11 +4,17 @@ failed attempt, explained by the faults that were running, and the table.
 A failed attempt is *explained* when its interval overlaps a fault's window (from the signal
 to the child answering again, plus ``GRACE_S`` for health checks and circuits to catch up):
 ``router restart`` when it went to the restarted router, else ``replica crash``, ``replica
-freeze`` or ``redis restart``. Anything else is ``unexplained``. A worker change between two
-consecutive turns of a session (a *move*) is explained by a crash or freeze of the worker it
-left, or by a Redis outage (routers place independently while Redis is away); a move back to
-a worker the session had left is a *flap*, the sign of two routers answering a session from
-two workers at once.
+freeze``, ``replica slowed`` or ``redis restart``. Anything else is ``unexplained``. A worker
+change between two consecutive turns of a session (a *move*) is explained by a crash or freeze
+of the worker it left, then by the routers disagreeing on a worker (the worker it
+left unavailable to the router that moved it, or the worker it went to unavailable to the
+other router: a circuit open or health checks failing on one router only, as each router
+judges workers on its own), then by a Redis outage, last by a slowdown of the worker it left
+(no reason for a sticky policy to move a session: worth a look); a move back to a worker the
+session had left is a *flap*, the sign of two routers answering a session from two workers
+at once.
+For a slowdown, the sessions placed while it lasted are counted per worker (the router should
+place new sessions away from the slow one by load, and fail nothing).
 """
 
 from __future__ import annotations
@@ -20,6 +26,9 @@ from sessionroute.bench.chaos_load import Attempt, SessionLog
 
 __all__ = ["GRACE_S", "account", "print_table"]
 
+WATCH_S = 1.0
+"""Seconds a router's unavailable span is stretched back (it is sampled every 0.5 s)."""
+
 GRACE_S = 15.0
 """Seconds after a fault's end that failures and moves are still put down to it."""
 
@@ -27,8 +36,14 @@ _LABEL = {
     "router_restart": "router restart",
     "replica_crash": "replica crash",
     "replica_freeze": "replica freeze",
+    "replica_slow": "replica slowed",
     "redis_restart": "redis restart",
 }
+
+
+_PROBLEMS = ("unexplained", "redis restart: pin not restored", "replica slowed")
+"""Move causes whose sessions' traces are kept first: those that fail the run, and moves off
+a slowed replica (a sticky policy should keep them)."""
 
 
 def _covers(fault: dict[str, Any], start: float, end: float) -> bool:
@@ -40,38 +55,82 @@ def _cause(a: Attempt, faults: list[dict[str, Any]]) -> str:
     for f in live:
         if f["kind"] == "router_restart" and f["target"] == a.router:
             return _LABEL["router_restart"]
-    for kind in ("replica_crash", "replica_freeze", "redis_restart"):
+    for kind in ("replica_crash", "replica_freeze", "redis_restart", "replica_slow"):
         if any(f["kind"] == kind for f in live):
             return _LABEL[kind]
     return "unexplained"
 
 
 def _move_cause(
-    left: int | None, before: float, answered: float, first: float, faults: list[dict[str, Any]]
+    left: int | None,
+    before: float,
+    answered: float,
+    log: SessionLog,
+    faults: list[dict[str, Any]],
+    routers: int,
+    down: dict[tuple[int, int | None], list[list[Any]]],
+    router: int,
+    to: int | None,
 ) -> str:
     """The fault that explains a move off worker ``left`` between a turn answered at
-    ``before`` and the next one answered at ``answered`` (``first``: the session's first
-    answer). The window runs to the answer, not the send: the router may retry an attempt
-    on another worker when its worker dies after the request went out."""
+    ``before`` and the next one answered at ``answered``. The window runs to the answer, not
+    the send: the router may retry an attempt on another worker when its worker dies after
+    the request went out.
+
+    Over a Redis outage the move is put down to what the routers knew when Redis went away
+    (the routers that had answered a turn of the session): both of them, a *pin not
+    restored* (a fault of the router); one of them, a *pin known to one router only* (the
+    other cannot know it without Redis); none, a *session begun during the outage* (the
+    routers place it alike by rendezvous, except while one has reconnected and the other
+    not yet)."""
     live = [f for f in faults if _covers(f, before, answered)]
     for f in live:
-        if f["kind"] == "redis_restart":
-            if first < f["start_s"]:
-                return "redis restart: pin not restored"
-            return "redis restart: placed twice while Redis was away"
-    for f in live:
         if f["kind"] in ("replica_crash", "replica_freeze") and f["target"] == left:
+            return _LABEL[f["kind"]]
+    others = [(r, w) for r, w in down if r != router and w == to]
+    for key in [(router, left), *others]:  # left unavailable here, or its new worker there
+        for lo, hi, reason in down.get(key, []):
+            if lo <= answered and hi >= before - WATCH_S:
+                return f"routers disagree on a worker ({reason} on one)"
+    for f in live:
+        if f["kind"] == "redis_restart":
+            knew = {a.router for a in log.attempts if a.ok and a.start < f["start_s"]}
+            if len(knew) >= routers:
+                return "redis restart: pin not restored"
+            if knew:
+                return "redis outage: pin known to one router only"
+            return "redis outage: session begun during it"
+    for f in live:  # last: a slow worker is no reason for a sticky policy to move a session
+        if f["kind"] == "replica_slow" and f["target"] == left:
             return _LABEL[f["kind"]]
     return "unexplained"
 
 
+def _placed(logs: list[SessionLog], fault: dict[str, Any], worker_index: Any) -> dict[str, int]:
+    """Sessions whose first answer was sent while ``fault`` lasted, per worker index."""
+    placed: Counter[str] = Counter()
+    for s in logs:
+        first = next((a for a in s.attempts if a.ok), None)
+        if first is not None and fault["start_s"] <= first.start <= fault["end_s"]:
+            placed[str(worker_index(first.worker))] += 1
+    return dict(sorted(placed.items()))
+
+
 def account(
-    logs: list[SessionLog], faults: list[dict[str, Any]], worker_index: Any
+    logs: list[SessionLog],
+    faults: list[dict[str, Any]],
+    worker_index: Any,
+    routers: int = 2,
+    down: dict[tuple[int, int | None], list[list[Any]]] | None = None,
 ) -> dict[str, Any]:
     """Sessions, turns, attempts, errors by cause, moves by cause, flaps.
 
-    ``worker_index`` maps a worker URL (the router's header) to a replica index or None.
+    ``worker_index`` maps a worker URL (the router's header) to a replica index or None;
+    ``routers``: how many routers the turns went through; ``down``: (router, replica index)
+    -> ``[start, end, reason]`` spans during which that router held the replica unavailable
+    (:mod:`sessionroute.bench.chaos_watch`).
     """
+    down = down or {}
     states = Counter(s.state for s in logs)
     errors: Counter[str] = Counter()
     details: dict[str, Counter[str]] = {}
@@ -92,7 +151,7 @@ def account(
                 no_worker += w is None
                 if served and served[-1][0] != w:
                     left, before = served[-1]
-                    cause = _move_cause(left, before, a.end, served[0][1], faults)
+                    cause = _move_cause(left, before, a.end, s, faults, routers, down, a.router, w)
                     moves[cause] += 1
                     causes.append(cause)
                     if w in seen and flapped is None:
@@ -103,9 +162,15 @@ def account(
                 cause = _cause(a, faults)
                 errors[cause] += 1
                 details.setdefault(cause, Counter())[a.error or "?"] += 1
+        for a in s.releases:
+            if not a.ok:
+                cause = _cause(a, faults)
+                errors[cause] += 1
+                details.setdefault(cause, Counter())[f"finish_session {a.error}"] += 1
         if flapped is not None:
             flaps[flapped] += 1
-        if causes and len(traces) < 40:
+        worst = any(c in _PROBLEMS for c in causes)
+        if causes and (len(traces) < 20 or (worst and len(traces) < 60)):
             traces.append(
                 {
                     "session": s.sid,
@@ -128,6 +193,8 @@ def account(
             for s in logs
             for a in s.attempts
         )
+        if f["kind"] == "replica_slow":
+            f["placed_per_worker"] = _placed(logs, f, worker_index)
     took = sorted(a.end - a.start for s in logs for a in s.attempts if a.ok)
     return {
         "ok_attempt_s_median": round(took[len(took) // 2], 3) if took else None,
@@ -170,7 +237,11 @@ def print_table(result: dict[str, Any]) -> None:
     for f in r["faults"]:
         back = f"{f['end_s']:.1f}"
         start, opened = f"{f['start_s']:.1f}", str(f.get("open_at_start"))
-        faults.add_row(_LABEL[f["kind"]], str(f["target"]), start, back, opened, f["note"])
+        note = f["note"]
+        if "placed_per_worker" in f:
+            per = ", ".join(f"{w}: {n}" for w, n in f["placed_per_worker"].items())
+            note += f"; sessions placed meanwhile per replica: {per or 'none'}"
+        faults.add_row(_LABEL[f["kind"]], str(f["target"]), start, back, opened, note)
     console.print(faults)
     a = r["accounting"]
     t = Table(title=f"{a['sessions']} sessions, {a['attempts']} attempts over 2 routers")
@@ -193,10 +264,18 @@ def print_table(result: dict[str, Any]) -> None:
     for cause, n in sorted(a["flapping_sessions"].items()):
         rows.append((f"sessions back on a worker they had left (flap): {cause}", n))
     f = r["finish"]
-    rows.append(("/finish_session 200 per router", " / ".join(map(str, f["ok_per_router"]))))
-    rows.append(("/finish_session failed", f["failed"]))
+    rows.append(("sessions released per router", " / ".join(map(str, f["ok_per_router"]))))
+    rows.append(("sessions released after the run (cut by the drain)", f["after_run"]))
+    rows.append(("sessions never released", f["failed"]))
     red = r["redis_after"]
     rows.append(("Redis pins after the run / live sessions", f"{red['pins']} / {red['live']}"))
+    rows.append(
+        (
+            "  of which released while Redis was away, written back from the other "
+            "router's cache (they expire by the session TTL)",
+            red.get("restored_after_release", 0),
+        )
+    )
     rows.append(("Redis keys after the run", red["keys"]))
     for row in rows:
         t.add_row(row[0], str(row[1]))

@@ -49,6 +49,10 @@ _TARGETS: dict[str, tuple[str, str]] = {
         "sessionroute.bench.chaos",
         "faults while loaded: two routers on one Redis, emulated replicas, crashes and restarts",
     ),
+    "scale": (
+        "sessionroute.bench.scale",
+        "one router, 64 workers, 10,000 live sessions: CPU, latency, memory, Redis trips",
+    ),
     "instructions": (
         "sessionroute.bench.instructions",
         "instructions per request of engine, sim or proxy (valgrind)",

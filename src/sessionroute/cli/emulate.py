@@ -74,6 +74,12 @@ def register(sub: Any) -> None:
         help="hash of the published block hashes (vLLM's flag; default sha256)",
     )
     a(
+        "--fault-routes",
+        action="store_true",
+        help='also serve POST /fault/slowdown {"factor": F} (slow the replica down F times '
+        "at run time, for fault benches; off by default: not for production-like use)",
+    )
+    a(
         "--log-level",
         default="info",
         choices=["debug", "info", "warning", "error"],
@@ -121,6 +127,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
         if args.kv_events_config is None
         else KvEventsConfig.from_json(args.kv_events_config),
         prefix_caching_hash_algo=args.prefix_caching_hash_algo,
+        fault_routes=args.fault_routes,
     )
 
 

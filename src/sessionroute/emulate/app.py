@@ -2,7 +2,8 @@
 
 Routes: ``POST /v1/chat/completions``, ``POST /v1/completions`` (streaming and not),
 ``GET /v1/models``, ``GET /health``, ``GET /ping``, ``GET /version``, ``GET /metrics``,
-``POST /reset_prefix_cache``, ``POST /tokenize``. Errors are vLLM's JSON shape
+``POST /reset_prefix_cache``, ``POST /tokenize``, and with ``fault_routes`` only
+``POST /fault/slowdown``. Errors are vLLM's JSON shape
 (:func:`~sessionroute.emulate.protocol.error_body`), mapped in one middleware.
 """
 
@@ -326,6 +327,21 @@ async def tokenize(request: web.Request) -> web.Response:
     )
 
 
+async def fault_slowdown(request: web.Request) -> web.Response:
+    """``POST /fault/slowdown`` ``{"factor": F}`` (only with ``fault_routes``): every engine
+    step from now on takes ``F`` times as long (10: a replica slowed 10x, 1: full speed again);
+    requests in flight keep going at the new pace, ``/health`` keeps answering at once.
+    Answers ``{"slowdown": F}``; 400 when ``factor`` is missing or not a positive number."""
+    emu = _emu(request)
+    body = await _body(request)
+    factor = body.get("factor") if isinstance(body, dict) else None
+    if isinstance(factor, bool) or not isinstance(factor, int | float) or not factor > 0:
+        raise EmulatorRequestError(400, f"factor must be a positive number, got {factor!r}")
+    emu.driver.set_slowdown(float(factor))
+    log.warning("fault: slowdown x%g", factor)
+    return _json_response({"slowdown": float(factor)})
+
+
 def build_app(emu: EmulatedReplica) -> web.Application:
     """The aiohttp application serving ``emu``.
 
@@ -342,4 +358,6 @@ def build_app(emu: EmulatedReplica) -> web.Application:
     app.router.add_get("/metrics", metrics)
     app.router.add_post("/reset_prefix_cache", reset_prefix_cache)
     app.router.add_post("/tokenize", tokenize)
+    if emu.settings.fault_routes:
+        app.router.add_post("/fault/slowdown", fault_slowdown)
     return app

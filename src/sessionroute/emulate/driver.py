@@ -218,6 +218,17 @@ class RealTimeEngine:
             self._wake.set()
         return live
 
+    def set_slowdown(self, factor: float) -> None:
+        """Multiply every engine step starting from now by ``factor`` (1.0: full speed);
+        requests in flight stay and finish at the new pace.
+
+        Raises:
+            ConfigError: if ``factor`` is not > 0.
+        """
+        self.replica.set_slowdown(factor, self.poll())
+        if self._wake is not None:
+            self._wake.set()
+
     def poll(self) -> float:
         """Advance the engine to the current simulated time and deliver finished requests.
 

@@ -41,6 +41,8 @@ class EmulatorSettings:
             or not publishing: no events, and block keys are the model's cheap chained keys.
         prefix_caching_hash_algo: vLLM's ``--prefix-caching-hash-algo`` of the published
             block hashes (``NONE_HASH`` seeded by ``PYTHONHASHSEED`` when set, as vLLM's).
+        fault_routes: also serve ``POST /fault/slowdown`` (fault injection for benches and
+            tests: slow the running replica down without a restart); off by default.
 
     Raises:
         ConfigError: on an unknown profile name or an out-of-range value (message names it).
@@ -62,6 +64,7 @@ class EmulatorSettings:
     shutdown_timeout_s: float = 1.0
     kv_events: KvEventsConfig | None = None
     prefix_caching_hash_algo: str = "sha256"
+    fault_routes: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.profile, str) and self.profile not in PROFILES:

@@ -229,7 +229,9 @@ class RoutingCore(AdmissionControl, WorkerAvailability, AttemptOutcomes, CoreTim
 
     # -- sessions -------------------------------------------------------------------------
     def finish_session(self, session_id: str) -> bool:
-        """Release a session (idempotent); True if the policy knew it."""
+        """Release a session (idempotent), and forget where its id came from; True if the
+        policy knew it."""
+        self.requests.origins.pop(session_id, None)
         known = self.policy.release_session(session_id)
         if known and self.admission.waiting:
             self.pump()

@@ -140,7 +140,8 @@ return {1, worker, version, redis.call('HGETALL', KEYS[3])}
 RELEASE = (
     _DROP
     + """
--- ARGV: session id. Returns 1 when it was pinned.
+-- ARGV: session id, channel. Returns 1 when it was pinned.
+redis.call('PUBLISH', ARGV[2], ARGV[1])
 local cur = redis.call('HGET', KEYS[1], ARGV[1])
 if not cur then
   return 0
@@ -150,7 +151,9 @@ redis.call('INCR', KEYS[4])
 return 1
 """
 )
-"""``/finish_session``: drop a session's pin and its count."""
+"""``/finish_session``: drop a session's pin and its count, and tell every router (a message
+on the channel, even when Redis had no pin: after a loss of its data the routers' cached
+pins are what would bring it back)."""
 
 SWEEP = (
     _NOW

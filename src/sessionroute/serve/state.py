@@ -17,10 +17,12 @@ keeps in step with Redis around each decision:
 In-flight counts are leases: each router writes its own per-worker counts with every load and
 every ``lease_s / 3`` seconds; a router that dies stops renewing them and they expire after
 ``lease_s``. Redis unreachable: requests keep flowing on the local objects (the last loaded
-counts plus this router's changes), a warning is logged, ``sessionroute_state_up`` is 0 and a
-background task reconnects every ``reconnect_s``; on reconnection, releases made meanwhile are
-replayed and the pins placed meanwhile claimed where Redis has none (all cached pins when Redis
-lost its data). No request fails because of Redis.
+counts plus this router's changes; the table is marked ``offline``, so the policy places a
+session this router has not seen by rendezvous, as every other router does), a warning is
+logged, ``sessionroute_state_up`` is 0 and a background task reconnects every
+``reconnect_s``; on reconnection, releases made meanwhile are replayed and the pins placed
+meanwhile claimed where Redis has none (all cached pins when Redis lost its data). No request
+fails because of Redis.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import secrets
 from collections.abc import Iterator
 from typing import Any
 
+import redis.asyncio as aioredis
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from redis.exceptions import RedisError
 
@@ -114,6 +117,10 @@ class RedisState:
         tag = "{" + prefix + "}:"
         self.keys = [tag + k for k in ("pins", "last", "counts", "version", "routers")]
         self.lease_prefix = tag + "lease:"
+        self.channel = tag + "released"
+        """Pub/sub channel of released session ids: every router drops its cached pin, so a
+        router never writes back a pin released through another one (after Redis lost its
+        data)."""
         ttl_s = table.ttl_s if table is not None else core.config.session_ttl_s
         self._ttl_ms = str(int(ttl_s * 1000))
         self._lease_ms = str(max(1, int(lease_s * 1000)))
@@ -130,8 +137,11 @@ class RedisState:
         self._placing = asyncio.Lock()
         self._dirty: set[str] = set()
         self._released: set[str] = set()
+        self._again: list[str] = []  # released while away: released once more, later
+        self._again_at = 0.0
         self._tasks: list[asyncio.Task[None]] = []
         self._reconnect: asyncio.Task[None] | None = None
+        self._settled: asyncio.TimerHandle | None = None
         self.errors = 0
         self.conflicts = 0
         self.reconnects = 0
@@ -154,6 +164,10 @@ class RedisState:
             self._down(exc)
         self._tasks.append(asyncio.create_task(self._renew_loop(), name="sessionroute-lease"))
         self._tasks.append(asyncio.create_task(self._watch_loop(), name="sessionroute-watch"))
+        if self.table is not None:
+            self._tasks.append(
+                asyncio.create_task(self._listen_loop(self.table), name="sessionroute-released")
+            )
 
     async def close(self) -> None:
         """Stop the background tasks and hand the lease back (this router's in-flight counts
@@ -162,6 +176,8 @@ class RedisState:
         await cancel_and_wait(tasks)
         self._tasks = []
         self._reconnect = None
+        if self._settled is not None:
+            self._settled.cancel()
         if self.up:
             with contextlib.suppress(*_ERRORS):
                 await asyncio.gather(
@@ -249,7 +265,7 @@ class RedisState:
             self._released.add(session_id)
             return
         try:
-            await self._script("RELEASE", session_id)
+            await self._script("RELEASE", session_id, self.channel)
         except _ERRORS as exc:
             self._down(exc)
             self._released.add(session_id)
@@ -316,6 +332,34 @@ class RedisState:
             await asyncio.sleep(self.timeout_s / 2)
             self.link.check()
 
+    async def _listen_loop(self, table: SharedSessionTable) -> None:
+        """Drop the cached pin of every session another router releases (the channel's
+        messages; subscribed again ``reconnect_s`` after a failure). Releases published
+        while this router is not subscribed (Redis away) are missed: a pin it writes back
+        after Redis lost its data may then be one released meanwhile (it expires by the
+        TTL)."""
+        while True:
+            client = aioredis.Redis.from_url(
+                self.url, decode_responses=True, socket_connect_timeout=self.timeout_s
+            )
+            pubsub = client.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(self.channel)
+                async for message in pubsub.listen():
+                    if message.get("type") == "message":
+                        table.forget(str(message["data"]))
+            except _ERRORS:
+                pass
+            finally:
+                with contextlib.suppress(*_ERRORS):
+                    await pubsub.aclose()
+                    await client.aclose()
+            await asyncio.sleep(self.reconnect_s)
+
+    async def _release_all(self, sids: list[str]) -> None:
+        for batch in _chunks(sids):
+            await asyncio.gather(*(self._script("RELEASE", sid, self.channel) for sid in batch))
+
     async def _renew_loop(self) -> None:
         """Renew the lease (and refresh the other routers' counts) every ``lease_s / 3``."""
         while True:
@@ -323,8 +367,29 @@ class RedisState:
             if self.up:
                 try:
                     await self._sync()
+                    if self._again and asyncio.get_running_loop().time() >= self._again_at:
+                        again, self._again = self._again, []
+                        await self._release_all(again)
                 except _ERRORS as exc:
                     self._down(exc)
+
+    def _set_offline(self, offline: bool) -> None:
+        """Tell the table whether the shared state is unreachable (the policy then places
+        unseen sessions by rendezvous, alike on every router). Back online, the table stays
+        offline for ``2 * reconnect_s`` more: the other routers reconnect up to
+        ``reconnect_s`` later and place by rendezvous until then, so this one does too."""
+        if self._settled is not None:
+            self._settled.cancel()
+            self._settled = None
+        if self.table is None:
+            return
+        if offline:
+            self.table.offline = True
+        else:
+            table = self.table
+            self._settled = asyncio.get_running_loop().call_later(
+                2 * self.reconnect_s, lambda: setattr(table, "offline", not self.up)
+            )
 
     def _down(self, exc: BaseException) -> None:
         self.errors += 1
@@ -337,6 +402,7 @@ class RedisState:
                 self.url, type(exc).__name__, exc, self.reconnect_s,
             )  # fmt: skip
         self.up = False
+        self._set_offline(True)
         self.cluster.set_remote(None)
         self._reconnect = asyncio.create_task(self._reconnect_loop(), name="sessionroute-redis")
 
@@ -349,6 +415,7 @@ class RedisState:
                 self.errors += 1
                 continue
             self.up = True
+            self._set_offline(False)
             self.reconnects += 1
             self._reconnect = None
             log.warning("shared state at %s reachable again", self.url)
@@ -360,8 +427,11 @@ class RedisState:
         self.link.reset()  # a fresh connection, with the scripts loaded again
         await self._sync()
         lost = self._lost
-        for batch in _chunks(sorted(self._released)):
-            await asyncio.gather(*(self._script("RELEASE", sid) for sid in batch))
+        # the releases made meanwhile, now and once more when every router has reconnected
+        # (one that reconnects later may write back a pin it cached: it missed the message)
+        self._again = sorted(self._released)
+        self._again_at = asyncio.get_running_loop().time() + 3 * self.reconnect_s
+        await self._release_all(self._again)
         self._released.clear()
         table = self.table
         if table is not None:

@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from sessionroute.clock import Clock
+from sessionroute.router.policies._rendezvous import rendezvous_winner
 from sessionroute.router.policies.base import Policy, require_healthy
 from sessionroute.router.state.cluster import ClusterView
 from sessionroute.router.state.sessions import (
@@ -28,6 +29,7 @@ from sessionroute.router.state.sessions import (
     SessionStats,
     SessionTable,
 )
+from sessionroute.router.state.shared import SharedSessionTable
 from sessionroute.types import Decision, DecisionKind, RouteRequest
 
 __all__ = ["SessionPolicy"]
@@ -58,6 +60,12 @@ class SessionPolicy(Policy):
         one with :meth:`place_new` and pin it; requests without a session go to
         :meth:`place_stateless` and record nothing.
 
+        While a shared table is offline (:attr:`SharedSessionTable.offline`: several routers,
+        their shared state unreachable), every router must place a session it has not seen
+        the same way without talking: such a session goes to the rendezvous winner of its id
+        over the healthy workers (not by load, which each router sees differently), and a
+        known session stays on its healthy worker (:meth:`keeps` is not asked).
+
         Raises:
             NoWorkerAvailable: when no worker is healthy.
         """
@@ -68,9 +76,10 @@ class SessionPolicy(Policy):
         now = self.clock.now()
         self._maybe_sweep(now)
         table = self.table
+        offline = isinstance(table, SharedSessionTable) and table.offline
         worker = table.lookup(sid, now)
         if worker is not None:
-            if cluster.is_healthy(worker) and self.keeps(worker, healthy):
+            if cluster.is_healthy(worker) and (offline or self.keeps(worker, healthy)):
                 table.touch(sid, now)
                 table.stats.sticky += 1
                 return self._sticky(worker)
@@ -80,7 +89,10 @@ class SessionPolicy(Policy):
             kind = DecisionKind.REPINNED
         else:
             kind = DecisionKind.NEW
-        worker = self.place_new(request, healthy, cluster)
+        if offline:  # every router agrees without the shared table
+            worker = rendezvous_winner(sid, healthy)
+        else:
+            worker = self.place_new(request, healthy, cluster)
         table.pin(sid, worker, now)
         if kind is DecisionKind.REPINNED:
             table.stats.repinned += 1

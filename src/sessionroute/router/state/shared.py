@@ -51,10 +51,13 @@ class SharedSessionTable(SessionTable):
     ``count``/``counts``/``len`` report every router's sessions as last loaded plus this
     router's changes since; lookups, TTL, touch and pins work on the local cache as in the base
     class. ``version`` is the shared table's version the counts were loaded at (-1 before the
-    first load).
+    first load). ``offline`` is True while the shared state is unreachable (its driver sets
+    it): session policies then place the sessions this router has not seen by rendezvous over
+    the healthy workers, so every router places them alike without the shared table
+    (:meth:`sessionroute.router.policies._sessions.SessionPolicy.select`).
     """
 
-    __slots__ = ("_decided", "version")
+    __slots__ = ("_decided", "offline", "version")
 
     def __init__(
         self,
@@ -64,6 +67,7 @@ class SharedSessionTable(SessionTable):
     ) -> None:
         super().__init__(ttl_s, max_sessions, max_bytes)
         self.version = -1
+        self.offline = False
         self._decided: dict[str, int] = {}
 
     def pin(self, session_id: str, worker: str, now: float) -> None:
@@ -107,6 +111,17 @@ class SharedSessionTable(SessionTable):
                 self._refresh(session_id, now)
         self._counts = {w: c for w, c in counts.items() if c > 0}
         self.version = version
+
+    def forget(self, session_id: str) -> bool:
+        """Drop ``session_id``'s cached pin, counts untouched (another router released it:
+        the shared counts already lost it); True if it was cached."""
+        if session_id not in self._pins:
+            return False
+        self._uncache(session_id)
+        self._decided.pop(session_id, None)
+        if self.on_drop is not None:
+            self.on_drop(session_id)
+        return True
 
     def withdraw(self, session_id: str, new: bool) -> None:
         """Undo a pin the shared table refused (its version moved on): drop it from the cache
