@@ -1,4 +1,5 @@
-"""The wait for workers to pass a health check (:mod:`sessionroute.router.startup`)."""
+"""The wait for workers to pass a health check (:mod:`sessionroute.router.startup`), the
+worker-URL rule and a session's expiry, as serve reads them from the router."""
 
 from __future__ import annotations
 
@@ -22,3 +23,19 @@ def test_the_end_of_the_wait_is_fatal_only_when_no_worker_passed() -> None:
 def test_the_defaults_are_vllm_routers() -> None:
     config = RouterConfig()
     assert (config.worker_startup_timeout_s, config.worker_startup_check_interval_s) == (600, 30)
+
+
+def test_a_worker_url_is_an_http_base_url_kept_as_given() -> None:
+    from sessionroute.router.validate import worker_url_problem
+
+    assert worker_url_problem("http://10.0.0.1:8000") is None
+    assert worker_url_problem("https://h/") is None
+    assert "http:// or https://" in (worker_url_problem("10.0.0.1:8000") or "")
+
+
+def test_a_session_expires_its_ttl_after_its_last_turn() -> None:
+    from sessionroute.router.state.sessions import SessionInfo
+
+    info = SessionInfo("http://a", pinned_at=0.0, last_seen=100.0, turns=3, ttl_s=60.0)
+    assert info.expires_in_s(130.0) == 30.0
+    assert info.expires_in_s(200.0) == 0.0

@@ -40,6 +40,7 @@ __all__ = [
     "check_media_type",
     "check_session_id",
     "parse_body",
+    "worker_url_problem",
 ]
 
 DEFAULT_MAX_SESSION_ID_BYTES = 256
@@ -157,3 +158,12 @@ def _kind(value: Any) -> str:
     if isinstance(value, int | float):
         return "a number"
     return "null"
+
+
+def worker_url_problem(url: str) -> str | None:
+    """Why ``url`` cannot name a worker, or None: a worker is an ``http://`` or ``https://``
+    base URL (``--worker-urls``, ``POST /workers``, ``/add_worker``), kept exactly as given
+    (vllm-router matches worker URLs exactly too)."""
+    if not url.startswith(("http://", "https://")):
+        return f"worker url must start with http:// or https://: {url!r}"
+    return None

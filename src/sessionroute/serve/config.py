@@ -29,6 +29,7 @@ from sessionroute.router.config import (
 from sessionroute.router.policies.options import load_policy_file, parse_policy
 from sessionroute.router.policies.registry import policy_class, takes_option
 from sessionroute.router.session_keys import DEFAULT_SESSION_BODY_FIELDS
+from sessionroute.router.validate import worker_url_problem
 from sessionroute.serve.flag_defaults import (
     DEFAULT_REQUEST_ID_HEADERS,
     DEFAULTS,
@@ -139,8 +140,8 @@ class RouterSettings(BaseModel):
     @classmethod
     def _check_urls(cls, urls: tuple[str, ...]) -> tuple[str, ...]:
         for url in urls:
-            if not url.startswith(("http://", "https://")):
-                raise ValueError(f"worker url must start with http:// or https://: {url!r}")
+            if problem := worker_url_problem(url):
+                raise ValueError(problem)
         if len(set(urls)) != len(urls):
             raise ValueError(f"duplicate worker url in {list(urls)}")
         return urls

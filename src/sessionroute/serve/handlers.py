@@ -133,7 +133,6 @@ async def session_info(request: Request, router: Router) -> Response:
         )
         return error_response(404, f"{why}: {sid!r}", "session_not_found")
     now = router.clock.now()
-    ttl = info.ttl_s
     return json_response(
         {
             "session_id": sid,
@@ -142,7 +141,7 @@ async def session_info(request: Request, router: Router) -> Response:
             "age_s": round(now - info.pinned_at, 3),
             "turns": info.turns,
             "idle_s": round(now - info.last_seen, 3),
-            "expires_in_s": round(max(0.0, ttl - (now - info.last_seen)), 3),
+            "expires_in_s": round(info.expires_in_s(now), 3),
             "worker_available": core.cluster.is_healthy(info.worker)
             if info.worker in core.cluster
             else False,

@@ -23,6 +23,7 @@ from sessionroute.router.kv.index import KvIndex
 from sessionroute.router.policies.capabilities import ReadsKvEvents
 from sessionroute.router.state import Cluster
 from sessionroute.router.state.shared import SharedCluster, share_table
+from sessionroute.router.validate import worker_url_problem
 from sessionroute.serve.config import RouterSettings
 from sessionroute.serve.coretimers import CoreTimers
 from sessionroute.serve.gauges import GaugeScraper
@@ -342,8 +343,8 @@ class Router:
         """
         from sessionroute.errors import WorkerError
 
-        if not url.startswith(("http://", "https://")):
-            raise WorkerError(f"worker url must start with http:// or https://: {url!r}")
+        if problem := worker_url_problem(url):
+            raise WorkerError(problem)
         if url in self.core.cluster:
             raise WorkerError(f"worker already present: {url!r}")
         s = self.settings

@@ -38,6 +38,7 @@ from urllib.parse import unquote
 
 from sessionroute.errors import WorkerError
 from sessionroute.router.startup import StartupWait
+from sessionroute.router.validate import worker_url_problem
 from sessionroute.serve.http1 import Request
 from sessionroute.serve.router import Router
 from sessionroute.serve.wire import Response, json_response
@@ -74,8 +75,8 @@ async def create_worker(request: Request, router: Router) -> Response:
             b"missing or non-string field `url`",
             _TEXT,
         )
-    if not url.startswith(("http://", "https://")):
-        return _failed(f"worker url must start with http:// or https://: {url}")
+    if problem := worker_url_problem(url):
+        return _failed(problem)
     loop = asyncio.get_running_loop()
     config = router.core.config
     wait = StartupWait(

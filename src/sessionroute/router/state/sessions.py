@@ -94,6 +94,10 @@ class SessionInfo:
     turns: int
     ttl_s: float
 
+    def expires_in_s(self, now: float) -> float:
+        """Seconds until the session expires if no turn comes (0 once it is due)."""
+        return max(0.0, self.ttl_s - (now - self.last_seen))
+
 
 @dataclass(slots=True)
 class SessionStats:
