@@ -149,13 +149,13 @@ def main() -> int:
     )
     for r in rows:
         ratio = f"{r['ttft_p99_ratio']:.2f}" if "ttft_p99_ratio" in r else "-"
-        note = "" if r["meets"] else " (breaks a constraint"
-        note += (
-            ""
-            if r["others_meet"]
-            else ("; so does every other arm)" if note else " (no other arm meets the constraints)")
-        )
-        note += ")" if note and not note.endswith(")") else ""
+        if not r["meets"]:
+            others = "" if r["others_meet"] else "; so does every other arm"
+            note = f" (breaks a constraint{others})"
+        elif not r["others_meet"]:
+            note = " (no other arm meets the constraints)"
+        else:
+            note = ""
         print(
             f"{r['regime']:9} {r['value']:>6} {r['policy']:>14.4g} "
             f"{r['best_other'] + ' ' + format(r['best_value'], '.4g'):>38} "
