@@ -195,3 +195,26 @@ def test_ready_while_one_worker_is_available_and_healthy_only_when_all_are() -> 
     assert core.ready() and core.unavailable_workers() == ["http://w1"]
     core.record_unreachable("http://w2", "refused")
     assert not core.ready() and core.unavailable_workers() == W
+
+
+def test_a_worker_back_from_a_crash_gets_its_open_circuit_half_open_when_asked() -> None:
+    """``cb_half_open_on_recovery``: the checks bring the worker back, its circuit is probed at
+    once (a failure opens it again); without it the circuit waits for its timeout (above)."""
+    clock = ManualClock()
+    core = _core(
+        clock,
+        cb_failure_threshold=1,
+        cb_success_threshold=1,
+        cb_timeout_s=60.0,
+        health_success_threshold=1,
+        cb_half_open_on_recovery=True,
+    )
+    assert core.record_unreachable("http://w2", "refused") == 60.0
+    assert core.observe_check("http://w2", True) == (True, None)
+    assert core.cluster.is_healthy("http://w2")
+    assert core.health["http://w2"].breaker.state is BreakerState.HALF_OPEN
+    assert core.record_failure("http://w2") == 60.0  # the probe failed: open again
+    assert not core.cluster.is_healthy("http://w2")
+    core.record_failure("http://w1")  # a worker that stayed healthy keeps its open circuit
+    assert core.observe_check("http://w1", True) == (False, None)
+    assert not core.cluster.is_healthy("http://w1")

@@ -226,6 +226,7 @@ def test_the_router_defaults_are_written_once_and_the_flags_follow_them() -> Non
         "session_body_fields",
         "circuit_breaker",
         "cb_keep_half_available",
+        "cb_half_open_on_recovery",
         "rate_limit_capacity",
         "rate_limit_per_s",
     }
@@ -239,6 +240,7 @@ def test_the_router_defaults_are_written_once_and_the_flags_follow_them() -> Non
         circuit_breaker=False,
         session_body_fields=("user",),
         cb_keep_half_available=True,
+        cb_half_open_on_recovery=True,
         rate_limit_capacity=5,
         rate_limit_per_s=2.0,
     )

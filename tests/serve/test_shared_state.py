@@ -11,6 +11,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable
+from typing import Any
 
 import aiohttp
 
@@ -381,3 +382,38 @@ async def test_a_session_released_through_b_is_not_written_back_by_a_after_redis
     await _until(lambda: sa.up and sb.up, "routers did not reconnect")
     pins = await sa.link.call("HKEYS", sa.keys[0])
     assert sorted(pins) == ["r2", "r3"]  # the live ones written back, the released ones not
+
+
+async def test_redis_refuses_to_write_back_a_session_released_lately(
+    redis_server: RedisServer,
+) -> None:
+    """The scripts themselves: a router that missed a release's message (not subscribed yet
+    after Redis came back) and writes its cached pin back is refused."""
+    import redis.asyncio as aioredis
+
+    from sessionroute.serve import scripts
+
+    client = aioredis.Redis.from_url(redis_server.url, decode_responses=True)
+    keys = ["{t}:" + k for k in ("pins", "last", "counts", "version", "routers", "released")]
+
+    async def run(script: str, *args: str | int) -> Any:
+        return await client.eval(script, len(keys), *keys, *args)
+
+    try:
+        assert (await run(scripts.PIN, "s", "w1", "", 100, 60_000))[0] == 1
+        assert await run(scripts.RELEASE, "s", "chan", 60_000) == 1
+        ok, cur, _, counts = await run(scripts.PIN, "s", "w1", "absent", 100, 60_000)
+        assert (ok, cur, counts) == (0, "", [])
+        assert await client.hget(keys[0], "s") is None
+        assert (await run(scripts.PIN, "t", "w1", "absent", 100, 60_000))[0] == 1  # never released
+        # the same id placed again is a live session: a later write-back of it is taken
+        assert (await run(scripts.PIN, "s", "w2", "", 100, 60_000))[0] == 1
+        await client.hdel(keys[0], "s")
+        assert (await run(scripts.PIN, "s", "w2", "absent", 100, 60_000))[0] == 1
+        # releases are remembered for the memory given, then trimmed
+        await run(scripts.RELEASE, "u", "chan", 1)
+        await asyncio.sleep(0.01)
+        await run(scripts.RELEASE, "v", "chan", 1)
+        assert await client.zscore(keys[5], "u") is None
+    finally:
+        await client.aclose()

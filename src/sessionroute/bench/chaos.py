@@ -98,6 +98,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--max-tokens", type=at_least(1), default=64, help="tokens per answer (64)")
     a("--seed", type=int, default=0, help="seed of arrivals and turns (0)")
     a("--drain", type=positive_float, default=180.0, help="seconds the last sessions get (180)")
+    a(
+        "--vllm-router-breaker",
+        action="store_true",
+        help="run the routers without --cb-half-open-on-recovery: a circuit one router "
+        "opened during a crash then stays open for its 60 s timeout while the other router "
+        "uses the replica again, and sessions move between them",
+    )
     a("--out", default=None, metavar="FILE", help="also write the JSON result to FILE")
     a(
         "--trace",
@@ -272,7 +279,8 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
         seed=args.seed,
     )
     plan = schedule(args.schedule, duration)
-    fleet = Fleet.build(args.replicas, 2, args.time_scale, args.max_tokens)
+    router_flags = [] if args.vllm_router_breaker else ["--cb-half-open-on-recovery"]
+    fleet = Fleet.build(args.replicas, 2, args.time_scale, args.max_tokens, router_flags)
     faults: list[dict[str, Any]] = []
     unavailable: Unavailable = {}
     rss: dict[str, dict[str, float | None]] = {r.name: {} for r in fleet.routers}
@@ -350,6 +358,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
         "time_scale": args.time_scale,
         "seed": args.seed,
         "workers": worker_urls,
+        "router_flags": router_flags,
         "faults": faults,
         "restarts": restarts,
         "arrivals_skipped_at_concurrency": skipped,

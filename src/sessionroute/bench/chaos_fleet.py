@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import IO
 
@@ -140,8 +141,16 @@ class Fleet:
     routers: list[Child]
 
     @classmethod
-    def build(cls, replicas: int, routers: int, time_scale: float, max_tokens: int) -> Fleet:
-        """The commands of every child, on free ports.
+    def build(
+        cls,
+        replicas: int,
+        routers: int,
+        time_scale: float,
+        max_tokens: int,
+        router_flags: Sequence[str] = (),
+    ) -> Fleet:
+        """The commands of every child, on free ports (``router_flags``: more ``serve`` flags
+        for every router).
 
         Raises:
             RuntimeError: redis-server is not installed.
@@ -174,7 +183,7 @@ class Fleet:
             cmd += ["--health-check-interval-secs", "2", "--health-recheck-interval-secs", "1"]
             cmd += ["--health-check-timeout-secs", "5", "--health-failure-threshold", "2"]
             cmd += ["--health-success-threshold", "1", "--request-timeout-secs", "60"]
-            cmd += ["--session-ttl-secs", "3600"]
+            cmd += ["--session-ttl-secs", "3600", *router_flags]
             outs.append(Child(f"router{i}", "router", cmd, port))
         return cls(redis, reps, outs)
 

@@ -138,7 +138,8 @@ class WorkerAvailability(CoreParts):
     def observe_check(self, url: str, ok: bool, reason: str = "") -> tuple[bool, WorkerLost | None]:
         """Fold one health-check result of ``url`` in (``health_failure_threshold``
         consecutive failures make it unhealthy, ``health_success_threshold`` passes healthy
-        again) and push its availability.
+        again; with ``RouterConfig.cb_half_open_on_recovery``, turning healthy again makes
+        an open circuit half-open) and push its availability.
 
         Returns:
             Whether its health verdict changed, and when it turned unhealthy, the
@@ -155,6 +156,8 @@ class WorkerAvailability(CoreParts):
             self._set_sick_recheck(self.clock.now())
         if not changed:
             return False, None
+        if ok and c.cb_half_open_on_recovery:
+            wh.breaker.half_open()  # real requests probe it now
         self.refresh(url)
         if ok:
             return True, None

@@ -82,6 +82,10 @@ class RouterConfig(BaseModel):
         cb_keep_half_available: open a circuit only while at least half of the workers
             (rounded up) stay available (sessionroute's rule; off: vllm-router's breaker,
             which opens at the threshold even for the last worker).
+        cb_half_open_on_recovery: a worker whose health checks turn it healthy again after
+            it was unhealthy gets its open circuit half-open at once (sessionroute's rule, as
+            Envoy un-ejects a host that passes an active health check); off: vllm-router's
+            breaker, which stays open until ``cb_timeout_s`` whatever the checks say.
         scrape_interval_s: seconds between scrapes of every worker's ``/metrics`` for its engine
             gauges (``vllm:num_requests_running``, ``vllm:num_requests_waiting``,
             ``vllm:kv_cache_usage_perc``) that policies read through the cluster view; None:
@@ -149,6 +153,7 @@ class RouterConfig(BaseModel):
     cb_success_threshold: int = Field(default=3, ge=1)
     cb_timeout_s: float = Field(default=60.0, gt=0)
     cb_keep_half_available: bool = False
+    cb_half_open_on_recovery: bool = False
     scrape_interval_s: float | None = Field(default=1.0, gt=0)
     content_block_tokens: int = Field(default=16, ge=1)
     admission_max_waiting: int = Field(default=1024, ge=0)

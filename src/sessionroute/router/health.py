@@ -107,6 +107,14 @@ class CircuitBreaker:
         set for it finds the circuit half-open."""
         return self._reopen_at
 
+    def half_open(self) -> bool:
+        """Turn an open circuit half-open now (before its timeout); True if it was open."""
+        if self.state is not BreakerState.OPEN:
+            return False
+        self._state = BreakerState.HALF_OPEN
+        self._successes = 0
+        return True
+
     def allows(self) -> bool:
         """True unless the circuit is open."""
         return self.state is not BreakerState.OPEN

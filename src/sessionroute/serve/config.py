@@ -90,6 +90,7 @@ class RouterSettings(BaseModel):
     cb_timeout_duration_secs: float = Field(DEFAULTS["cb_timeout_duration_secs"], gt=0)
     disable_circuit_breaker: bool = False
     cb_keep_half_available: bool = False
+    cb_half_open_on_recovery: bool = False
     max_concurrent_requests: int | None = Field(None, ge=1)
     rate_limit_tokens_per_second: float | None = Field(None, gt=0)
     queue_size: int | None = Field(None, ge=0)
@@ -217,6 +218,7 @@ class RouterSettings(BaseModel):
             session_body_fields=self.session_body_fields,
             circuit_breaker=not self.disable_circuit_breaker,
             cb_keep_half_available=self.cb_keep_half_available,
+            cb_half_open_on_recovery=self.cb_half_open_on_recovery,
             rate_limit_capacity=(self.max_concurrent_requests or VLLM_ROUTER_MAX_CONCURRENT)
             if limited
             else None,
@@ -383,6 +385,8 @@ def router_flags(config: RouterConfig) -> list[str]:
         flags.append("--disable-circuit-breaker")
     if config.cb_keep_half_available:
         flags.append("--cb-keep-half-available")
+    if config.cb_half_open_on_recovery:
+        flags.append("--cb-half-open-on-recovery")
     if config.rate_limit_capacity is not None:
         flags += ["--max-concurrent-requests", str(config.rate_limit_capacity)]
         flags += ["--queue-size", str(config.admission_max_waiting)]

@@ -250,6 +250,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(sessionroute only; default: vllm-router's breaker, which opens even the last one)",
     )
     a(
+        "--cb-half-open-on-recovery",
+        action="store_true",
+        help="when a worker that was unhealthy passes its health checks again, make its open "
+        "circuit half-open at once, so requests probe it (sessionroute only; with several "
+        "routers on one --state-url, a circuit one router opened during a crash otherwise "
+        "keeps the worker away from it for --cb-timeout-duration-secs while the others use "
+        "it, and sessions move between them; default: vllm-router's breaker)",
+    )
+    a(
         "--cb-window-duration-secs",
         type=float,
         default=None,

@@ -5,9 +5,11 @@ Every script runs atomically on the Redis server and reads the time from the ser
 one prefix with a hash tag so they live in one slot: ``pins`` (hash: session id -> worker),
 ``last`` (sorted set: session id -> last access, ms), ``counts`` (hash: worker -> sessions),
 ``version`` (integer, incremented on every change of a pin), ``routers`` (sorted set: router
-id -> lease deadline, ms). Besides them: ``epoch`` (a token identifying the data set) and each
-router's in-flight counts, a hash ``<prefix>lease:<id>`` (``i:<worker>`` -> requests,
-``t:<worker>`` -> tokens) that expires with its lease.
+id -> lease deadline, ms), ``released`` (sorted set: session id -> when it was released, ms;
+the last ``memory`` ms of releases, so a router's write-back of a cached pin after Redis lost
+its data does not bring back a session released meanwhile). Besides them: ``epoch`` (a token
+identifying the data set) and each router's in-flight counts, a hash ``<prefix>lease:<id>``
+(``i:<worker>`` -> requests, ``t:<worker>`` -> tokens) that expires with its lease.
 """
 
 from __future__ import annotations
@@ -108,7 +110,7 @@ PIN = (
     + _DROP
     + """
 -- ARGV: session id, worker, expected version ('' for none; 'absent' pins only a session
---       without a pin), max sessions, TTL ms.
+--       without a pin that was not released lately: a write-back), max sessions, TTL ms.
 -- Returns {1 pinned | 0 refused, the session's pin or '', version, counts (flat)}.
 local sid = ARGV[1]
 local worker = ARGV[2]
@@ -116,9 +118,11 @@ local cur = redis.call('HGET', KEYS[1], sid)
 local version = tonumber(redis.call('GET', KEYS[4]) or '0')
 local want = ARGV[3]
 local stale = want ~= '' and want ~= 'absent' and tonumber(want) ~= version
-if (want == 'absent' and cur) or stale then
+local gone = want == 'absent' and redis.call('ZSCORE', KEYS[6], sid)
+if (want == 'absent' and cur) or stale or gone then
   return {0, cur or '', version, redis.call('HGETALL', KEYS[3])}
 end
+redis.call('ZREM', KEYS[6], sid)
 if cur then
   drop(sid, cur)
 end
@@ -135,13 +139,18 @@ keep(ARGV[5])
 return {1, worker, version, redis.call('HGETALL', KEYS[3])}
 """
 )
-"""Commit a placement: compare-and-set on the version (or pin-if-absent), moving the count."""
+"""Commit a placement: compare-and-set on the version (or a write-back: pin if absent and not
+released lately), moving the count; a session placed again is no longer "released"."""
 
 RELEASE = (
-    _DROP
+    _NOW
+    + _DROP
     + """
--- ARGV: session id, channel. Returns 1 when it was pinned.
+-- ARGV: session id, channel, memory ms. Returns 1 when it was pinned.
 redis.call('PUBLISH', ARGV[2], ARGV[1])
+redis.call('ZADD', KEYS[6], now, ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', now - tonumber(ARGV[3]))
+redis.call('PEXPIRE', KEYS[6], ARGV[3])
 local cur = redis.call('HGET', KEYS[1], ARGV[1])
 if not cur then
   return 0
@@ -153,7 +162,10 @@ return 1
 )
 """``/finish_session``: drop a session's pin and its count, and tell every router (a message
 on the channel, even when Redis had no pin: after a loss of its data the routers' cached
-pins are what would bring it back)."""
+pins are what would bring it back); remember the release for ``memory`` ms (to 2x that:
+the set is trimmed on each release and expires ``memory`` ms after the last), so that a
+router that missed the message (not subscribed yet after Redis came back) cannot write the
+pin back."""
 
 SWEEP = (
     _NOW

@@ -21,8 +21,8 @@ counts plus this router's changes; the table is marked ``offline``, so the polic
 session this router has not seen by rendezvous, as every other router does), a warning is
 logged, ``sessionroute_state_up`` is 0 and a background task reconnects every
 ``reconnect_s``; on reconnection, releases made meanwhile are replayed and the pins placed
-meanwhile claimed where Redis has none (all cached pins when Redis lost its data). No request
-fails because of Redis.
+meanwhile claimed where Redis has none and the session was not released lately (all cached
+pins when Redis lost its data). No request fails because of Redis.
 """
 
 from __future__ import annotations
@@ -49,12 +49,18 @@ from sessionroute.serve.redislink import RedisLink
 from sessionroute.serve.tasks import cancel_and_wait
 from sessionroute.types import RouteRequest
 
-__all__ = ["RedisState", "StateCollector", "check_state_url"]
+__all__ = ["RELEASE_MEMORY_S", "RedisState", "StateCollector", "check_state_url"]
 
 log = logging.getLogger("sessionroute.serve.state")
 
 _ERRORS = (RedisError, OSError, asyncio.TimeoutError)
 """What an unreachable or failing Redis raises through redis-py."""
+
+RELEASE_MEMORY_S = 60.0
+"""Seconds Redis remembers a release (to twice that): a pin written back after Redis lost its
+data is refused for a session released meanwhile. Routers reconnect within ``reconnect_s``
+(1 s by default) of Redis' return; a router that was away from Redis longer than this may
+write back a pin released meanwhile (it expires by the session TTL)."""
 
 _BATCH = 500
 """Commands per pipeline when replaying releases and claiming pins after a reconnection."""
@@ -115,7 +121,7 @@ class RedisState:
         self.lease_s = lease_s
         self.reconnect_s = reconnect_s
         tag = "{" + prefix + "}:"
-        self.keys = [tag + k for k in ("pins", "last", "counts", "version", "routers")]
+        self.keys = [tag + k for k in ("pins", "last", "counts", "version", "routers", "released")]
         self.lease_prefix = tag + "lease:"
         self.channel = tag + "released"
         """Pub/sub channel of released session ids: every router drops its cached pin, so a
@@ -124,6 +130,7 @@ class RedisState:
         ttl_s = table.ttl_s if table is not None else core.config.session_ttl_s
         self._ttl_ms = str(int(ttl_s * 1000))
         self._lease_ms = str(max(1, int(lease_s * 1000)))
+        self._memory_ms = str(int(RELEASE_MEMORY_S * 1000))
         self._max = str(table.max_sessions if table is not None else DEFAULT_MAX_SESSIONS)
         self.link = RedisLink(url, timeout_s)
         self.timeout_s = timeout_s
@@ -137,8 +144,6 @@ class RedisState:
         self._placing = asyncio.Lock()
         self._dirty: set[str] = set()
         self._released: set[str] = set()
-        self._again: list[str] = []  # released while away: released once more, later
-        self._again_at = 0.0
         self._tasks: list[asyncio.Task[None]] = []
         self._reconnect: asyncio.Task[None] | None = None
         self._settled: asyncio.TimerHandle | None = None
@@ -265,7 +270,7 @@ class RedisState:
             self._released.add(session_id)
             return
         try:
-            await self._script("RELEASE", session_id, self.channel)
+            await self._script("RELEASE", session_id, self.channel, self._memory_ms)
         except _ERRORS as exc:
             self._down(exc)
             self._released.add(session_id)
@@ -335,9 +340,8 @@ class RedisState:
     async def _listen_loop(self, table: SharedSessionTable) -> None:
         """Drop the cached pin of every session another router releases (the channel's
         messages; subscribed again ``reconnect_s`` after a failure). Releases published
-        while this router is not subscribed (Redis away) are missed: a pin it writes back
-        after Redis lost its data may then be one released meanwhile (it expires by the
-        TTL)."""
+        while this router is not subscribed are missed; Redis remembers them
+        (:data:`RELEASE_MEMORY_S`), so writing such a pin back is refused."""
         while True:
             client = aioredis.Redis.from_url(
                 self.url, decode_responses=True, socket_connect_timeout=self.timeout_s
@@ -358,7 +362,9 @@ class RedisState:
 
     async def _release_all(self, sids: list[str]) -> None:
         for batch in _chunks(sids):
-            await asyncio.gather(*(self._script("RELEASE", sid, self.channel) for sid in batch))
+            await asyncio.gather(
+                *(self._script("RELEASE", sid, self.channel, self._memory_ms) for sid in batch)
+            )
 
     async def _renew_loop(self) -> None:
         """Renew the lease (and refresh the other routers' counts) every ``lease_s / 3``."""
@@ -367,9 +373,6 @@ class RedisState:
             if self.up:
                 try:
                     await self._sync()
-                    if self._again and asyncio.get_running_loop().time() >= self._again_at:
-                        again, self._again = self._again, []
-                        await self._release_all(again)
                 except _ERRORS as exc:
                     self._down(exc)
 
@@ -427,11 +430,9 @@ class RedisState:
         self.link.reset()  # a fresh connection, with the scripts loaded again
         await self._sync()
         lost = self._lost
-        # the releases made meanwhile, now and once more when every router has reconnected
-        # (one that reconnects later may write back a pin it cached: it missed the message)
-        self._again = sorted(self._released)
-        self._again_at = asyncio.get_running_loop().time() + 3 * self.reconnect_s
-        await self._release_all(self._again)
+        # the releases made meanwhile: Redis remembers them, so a router that reconnects later
+        # and writes back the pin it cached (it missed the message) is refused
+        await self._release_all(sorted(self._released))
         self._released.clear()
         table = self.table
         if table is not None:
