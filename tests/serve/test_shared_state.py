@@ -417,3 +417,34 @@ async def test_redis_refuses_to_write_back_a_session_released_lately(
         assert await client.zscore(keys[5], "u") is None
     finally:
         await client.aclose()
+
+
+async def test_a_release_made_while_the_router_reconnects_is_replayed_too(
+    backends: list[FakeBackend],
+    make_router: MakeRouter,
+    client: aiohttp.ClientSession,
+    redis_server: RedisServer,
+) -> None:
+    """A release that reaches the router while it replays (still offline: it waits in the
+    replay set) is replayed before the link is up again, not dropped with the set."""
+    urls = [b.url for b in backends]
+    a = await _shared(make_router, urls, redis_server)
+    state = a.router.state
+    assert state is not None
+    for k in range(3):
+        assert (await post_chat(client, a, f"q{k}"))[0] == 200
+    redis_server.kill()
+    assert (await post_chat(client, a, "q0"))[0] == 200  # the router notices the loss
+    assert not state.up
+    replay = state._replay
+
+    async def replay_then_release(released: list[str], dirty: set[str], everything: bool) -> None:
+        await replay(released, dirty, everything)  # q0..q2 written back
+        if everything:  # a client releases q1 now, while the router is still offline
+            async with client.post(a.url + "/finish_session?session_id=q1") as resp:
+                assert resp.status == 200
+
+    state._replay = replay_then_release  # type: ignore[method-assign]
+    redis_server.start()
+    await _until(lambda: state.up, "the router did not reconnect")
+    assert sorted(await state.link.call("HKEYS", state.keys[0])) == ["q0", "q2"]

@@ -324,6 +324,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
     acc = account(logs, faults, fleet.worker_index, down=down)
     live = 0  # every session was released above
     redis_after["live"] = live
+    redis_after["pinned_ids"] = sorted(pinned)[:50]
     redis_after["restored_after_release"] = _restored(pinned, logs, faults)
     problems = []
     if acc["lost"]:

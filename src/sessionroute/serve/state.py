@@ -426,34 +426,48 @@ class RedisState:
 
     async def _resync(self) -> None:
         """Replay what happened while Redis was unreachable, then load its state (calls are
-        pipelined on the link, a batch at a time)."""
+        pipelined on the link, a batch at a time). Releases and placements made while this
+        runs (the router is still offline) are replayed too, until none is left: the caller
+        marks the link up with no await in between, so none is missed."""
         self.link.reset()  # a fresh connection, with the scripts loaded again
         await self._sync()
-        lost = self._lost
-        # the releases made meanwhile: Redis remembers them, so a router that reconnects later
-        # and writes back the pin it cached (it missed the message) is refused
-        await self._release_all(sorted(self._released))
-        self._released.clear()
+        everything = self._lost  # Redis lost its data: claim every cached pin, once
+        while True:
+            released, self._released = sorted(self._released), set()
+            dirty, self._dirty = self._dirty, set()
+            try:
+                await self._replay(released, dirty, everything)
+                await self._sync()
+            except BaseException:
+                self._released.update(released)
+                self._dirty.update(dirty)
+                raise
+            everything = False
+            if not self._released and not self._dirty:
+                return
+
+    async def _replay(self, released: list[str], dirty: set[str], everything: bool) -> None:
+        """Release ``released`` (Redis remembers them: a router that reconnects later and
+        writes back the pin it cached, having missed the message, is refused), then claim the
+        pins of ``dirty`` (of every cached session when ``everything``) where Redis has none."""
+        await self._release_all(released)
         table = self.table
-        if table is not None:
-            claims = (
-                table.pins()
-                if lost
-                else [(s, w) for s in sorted(self._dirty) if (w := table.worker_of(s))]
+        if table is None:
+            return
+        claims = (
+            table.pins()
+            if everything
+            else [(s, w) for s in sorted(dirty) if (w := table.worker_of(s))]
+        )
+        for batch in _chunks(claims):
+            await asyncio.gather(
+                *(
+                    self._script("PIN", sid, w, "absent", self._max, self._ttl_ms)
+                    for sid, w in batch
+                )
             )
-            for batch in _chunks(claims):
-                await asyncio.gather(
-                    *(
-                        self._script("PIN", sid, w, "absent", self._max, self._ttl_ms)
-                        for sid, w in batch
-                    )
-                )
-            if claims and lost:
-                log.warning(
-                    "shared state had lost its data: %d cached pin(s) restored", len(claims)
-                )
-        self._dirty.clear()
-        await self._sync()
+        if claims and everything:
+            log.warning("shared state had lost its data: %d cached pin(s) restored", len(claims))
 
 
 class StateCollector:
