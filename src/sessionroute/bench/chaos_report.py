@@ -271,8 +271,7 @@ def print_table(result: dict[str, Any]) -> None:
     rows.append(("Redis pins after the run / live sessions", f"{red['pins']} / {red['live']}"))
     rows.append(
         (
-            "  of which released while Redis was away, written back from the other "
-            "router's cache (they expire by the session TTL)",
+            "  of which released while Redis was away (written back from a router's cache)",
             red.get("restored_after_release", 0),
         )
     )
