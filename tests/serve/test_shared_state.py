@@ -448,3 +448,25 @@ async def test_a_release_made_while_the_router_reconnects_is_replayed_too(
     redis_server.start()
     await _until(lambda: state.up, "the router did not reconnect")
     assert sorted(await state.link.call("HKEYS", state.keys[0])) == ["q0", "q2"]
+
+
+async def test_a_session_released_through_b_while_redis_is_away_is_not_written_back_by_a(
+    backends: list[FakeBackend],
+    make_router: MakeRouter,
+    client: aiohttp.ClientSession,
+    redis_server: RedisServer,
+) -> None:
+    a, b = await _both_see(make_router, backends, redis_server, client, "w", 4)
+    assert a.router.state is not None and b.router.state is not None
+    sa, sb = a.router.state, b.router.state
+    redis_server.kill()
+    for k in range(4):  # each router notices the loss
+        assert (await post_chat(client, a, f"w{k}"))[0] == 200
+        assert (await post_chat(client, b, f"w{k}"))[0] == 200
+    assert not sa.up and not sb.up
+    await _release_through(client, b, "w", 2)  # b replays them when Redis is back
+    assert a.router.core.policy.table.worker_of("w0") is not None  # a cannot know
+    redis_server.start()
+    await _until(lambda: sa.up and sb.up, "routers did not reconnect")
+    pins = await sa.link.call("HKEYS", sa.keys[0])
+    assert sorted(pins) == ["w2", "w3"]
