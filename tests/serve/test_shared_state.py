@@ -394,7 +394,7 @@ async def test_redis_refuses_to_write_back_a_session_released_lately(
     from sessionroute.serve import scripts
 
     client = aioredis.Redis.from_url(redis_server.url, decode_responses=True)
-    keys = ["{t}:" + k for k in ("pins", "last", "counts", "version", "routers", "released")]
+    keys = ["{t}:" + k for k in ("pins", "last", "counts", "version", "routers", "releases")]
 
     async def run(script: str, *args: str | int) -> Any:
         return await client.eval(script, len(keys), *keys, *args)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
@@ -38,7 +39,10 @@ from sessionroute.serve.histogram import Histogram as _Histogram
 from sessionroute.serve.metrics_admission import AdmissionCollector, AdmissionMetrics
 from sessionroute.serve.metrics_stream import StreamCollector, StreamMetrics
 
-__all__ = ["CONTENT_TYPE", "RouterMetrics"]
+if TYPE_CHECKING:
+    from sessionroute.serve.state import RedisState
+
+__all__ = ["CONTENT_TYPE", "RouterMetrics", "SharedStateCollector"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 """Prometheus text exposition format 0.0.4."""
@@ -271,3 +275,26 @@ class _RequestCollector(Collector):
         for worker, hist in list(m.upstream_seconds.items()):
             upstream.add_metric([worker], hist.buckets(), hist.total)
         yield from (requests, retries, closed, routing, upstream)
+
+
+class SharedStateCollector(Collector):
+    """Prometheus collector of the shared state's health: ``sessionroute_state_up``,
+    ``sessionroute_state_errors_total``, ``sessionroute_state_conflicts_total`` (placements
+    decided again because another router changed the table), ``..._reconnects_total`` and
+    ``..._round_trips_total``."""
+
+    def __init__(self, state: RedisState) -> None:
+        self.state = state
+
+    def collect(self) -> Iterator[Metric]:
+        s = self.state
+        yield GaugeMetricFamily(
+            "sessionroute_state_up", "1 while the shared state (Redis) is reachable", s.up
+        )
+        for name, doc, value in (
+            ("errors", "Failed calls to the shared state", s.errors),
+            ("conflicts", "Placements decided again after another router's change", s.conflicts),
+            ("reconnects", "Reconnections to the shared state", s.reconnects),
+            ("round_trips", "Round trips to the shared state on the request path", s.round_trips),
+        ):
+            yield CounterMetricFamily(f"sessionroute_state_{name}", doc, value)

@@ -121,7 +121,8 @@ class Router:
         self.state: RedisState | None = None
         """The link to the shared state (``--state-url``), or None for in-process state."""
         if settings.state_url is not None:
-            from sessionroute.serve.state import RedisState, StateCollector
+            from sessionroute.serve.metrics import SharedStateCollector
+            from sessionroute.serve.state import RedisState
 
             self.state = RedisState(
                 settings.state_url,
@@ -132,7 +133,7 @@ class Router:
                 lease_s=settings.state_lease_secs,
                 timeout_s=settings.state_timeout_secs,
             )
-            self.metrics.registry.register(StateCollector(self.state))
+            self.metrics.registry.register(SharedStateCollector(self.state))
         if self.kv_index is not None:
             self.metrics.registry.register(KvEventsCollector(self.kv_index, self.kv_subscribers))
         self.usage: UsageMetrics | None = UsageMetrics() if settings.usage_metrics else None

@@ -5,7 +5,7 @@ Every script runs atomically on the Redis server and reads the time from the ser
 one prefix with a hash tag so they live in one slot: ``pins`` (hash: session id -> worker),
 ``last`` (sorted set: session id -> last access, ms), ``counts`` (hash: worker -> sessions),
 ``version`` (integer, incremented on every change of a pin), ``routers`` (sorted set: router
-id -> lease deadline, ms), ``released`` (sorted set: session id -> when it was released, ms;
+id -> lease deadline, ms), ``releases`` (sorted set: session id -> when it was released, ms;
 the last ``memory`` ms of releases, so a router's write-back of a cached pin after Redis lost
 its data does not bring back a session released meanwhile). Besides them: ``epoch`` (a token
 identifying the data set) and each router's in-flight counts, a hash ``<prefix>lease:<id>``

@@ -34,8 +34,6 @@ import secrets
 from collections.abc import Iterator
 from typing import Any
 
-import redis.asyncio as aioredis
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from redis.exceptions import RedisError
 
 from sessionroute.clock import Clock
@@ -46,10 +44,11 @@ from sessionroute.router.state.sessions import DEFAULT_MAX_SESSIONS
 from sessionroute.router.state.shared import SharedCluster, SharedSessionTable
 from sessionroute.serve import scripts
 from sessionroute.serve.redislink import RedisLink
+from sessionroute.serve.released import listen_for_releases
 from sessionroute.serve.tasks import cancel_and_wait
 from sessionroute.types import RouteRequest
 
-__all__ = ["RELEASE_MEMORY_S", "RedisState", "StateCollector", "check_state_url"]
+__all__ = ["RELEASE_MEMORY_S", "RedisState", "check_state_url"]
 
 log = logging.getLogger("sessionroute.serve.state")
 
@@ -121,12 +120,12 @@ class RedisState:
         self.lease_s = lease_s
         self.reconnect_s = reconnect_s
         tag = "{" + prefix + "}:"
-        self.keys = [tag + k for k in ("pins", "last", "counts", "version", "routers", "released")]
+        self.keys = [tag + k for k in ("pins", "last", "counts", "version", "routers", "releases")]
         self.lease_prefix = tag + "lease:"
         self.channel = tag + "released"
         """Pub/sub channel of released session ids: every router drops its cached pin, so a
         router never writes back a pin released through another one (after Redis lost its
-        data)."""
+        data); a router that missed the message is refused by Redis (:data:`RELEASE_MEMORY_S`)."""
         ttl_s = table.ttl_s if table is not None else core.config.session_ttl_s
         self._ttl_ms = str(int(ttl_s * 1000))
         self._lease_ms = str(max(1, int(lease_s * 1000)))
@@ -170,9 +169,10 @@ class RedisState:
         self._tasks.append(asyncio.create_task(self._renew_loop(), name="sessionroute-lease"))
         self._tasks.append(asyncio.create_task(self._watch_loop(), name="sessionroute-watch"))
         if self.table is not None:
-            self._tasks.append(
-                asyncio.create_task(self._listen_loop(self.table), name="sessionroute-released")
+            listen = listen_for_releases(
+                self.url, self.channel, self.table.forget, self.timeout_s, self.reconnect_s
             )
+            self._tasks.append(asyncio.create_task(listen, name="sessionroute-released"))
 
     async def close(self) -> None:
         """Stop the background tasks and hand the lease back (this router's in-flight counts
@@ -337,29 +337,6 @@ class RedisState:
             await asyncio.sleep(self.timeout_s / 2)
             self.link.check()
 
-    async def _listen_loop(self, table: SharedSessionTable) -> None:
-        """Drop the cached pin of every session another router releases (the channel's
-        messages; subscribed again ``reconnect_s`` after a failure). Releases published
-        while this router is not subscribed are missed; Redis remembers them
-        (:data:`RELEASE_MEMORY_S`), so writing such a pin back is refused."""
-        while True:
-            client = aioredis.Redis.from_url(
-                self.url, decode_responses=True, socket_connect_timeout=self.timeout_s
-            )
-            pubsub = client.pubsub(ignore_subscribe_messages=True)
-            try:
-                await pubsub.subscribe(self.channel)
-                async for message in pubsub.listen():
-                    if message.get("type") == "message":
-                        table.forget(str(message["data"]))
-            except _ERRORS:
-                pass
-            finally:
-                with contextlib.suppress(*_ERRORS):
-                    await pubsub.aclose()
-                    await client.aclose()
-            await asyncio.sleep(self.reconnect_s)
-
     async def _release_all(self, sids: list[str]) -> None:
         for batch in _chunks(sids):
             await asyncio.gather(
@@ -468,29 +445,6 @@ class RedisState:
             )
         if claims and everything:
             log.warning("shared state had lost its data: %d cached pin(s) restored", len(claims))
-
-
-class StateCollector:
-    """Prometheus collector of the shared state's health: ``sessionroute_state_up``,
-    ``sessionroute_state_errors_total``, ``sessionroute_state_conflicts_total`` (placements
-    decided again because another router changed the table), ``..._reconnects_total`` and
-    ``..._round_trips_total``."""
-
-    def __init__(self, state: RedisState) -> None:
-        self.state = state
-
-    def collect(self) -> Iterator[Metric]:
-        s = self.state
-        yield GaugeMetricFamily(
-            "sessionroute_state_up", "1 while the shared state (Redis) is reachable", s.up
-        )
-        for name, doc, value in (
-            ("errors", "Failed calls to the shared state", s.errors),
-            ("conflicts", "Placements decided again after another router's change", s.conflicts),
-            ("reconnects", "Reconnections to the shared state", s.reconnects),
-            ("round_trips", "Round trips to the shared state on the request path", s.round_trips),
-        ):
-            yield CounterMetricFamily(f"sessionroute_state_{name}", doc, value)
 
 
 def _pairs(flat: list[Any]) -> dict[str, int]:
