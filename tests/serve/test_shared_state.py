@@ -465,8 +465,37 @@ async def test_a_session_released_through_b_while_redis_is_away_is_not_written_b
         assert (await post_chat(client, b, f"w{k}"))[0] == 200
     assert not sa.up and not sb.up
     await _release_through(client, b, "w", 2)  # b replays them when Redis is back
-    assert a.router.core.policy.table.worker_of("w0") is not None  # a cannot know
+    assert sa.table is not None and sa.table.worker_of("w0") is not None  # a cannot know
     redis_server.start()
     await _until(lambda: sa.up and sb.up, "routers did not reconnect")
     pins = await sa.link.call("HKEYS", sa.keys[0])
     assert sorted(pins) == ["w2", "w3"]
+
+
+async def test_a_release_a_router_did_not_hear_is_caught_up_before_redis_loses_its_data(
+    backends: list[FakeBackend],
+    make_router: MakeRouter,
+    client: aiohttp.ClientSession,
+    redis_server: RedisServer,
+) -> None:
+    """A router that missed a release's message (here: its subscription cancelled) drops the
+    pin at its next sync from Redis' memory of releases, so it does not write it back when
+    Redis later loses its data (and with it that memory)."""
+    a, b = await _both_see(make_router, backends, redis_server, client, "c", 3)
+    assert a.router.state is not None and b.router.state is not None
+    sa, sb = a.router.state, b.router.state
+    for task in sa._tasks:
+        if task.get_name() == "sessionroute-released":
+            task.cancel()
+    await _release_through(client, b, "c", 1)
+    table = sa.table
+    assert table is not None and table.worker_of("c0") is not None  # a did not hear it
+    await sa._sync()  # every lease_s / 3 in the background
+    assert table.worker_of("c0") is None and table.worker_of("c1") is not None
+    redis_server.kill()
+    redis_server.start()
+    for k in range(1, 3):  # each router notices the loss and writes its pins back
+        assert (await post_chat(client, a, f"c{k}"))[0] == 200
+        assert (await post_chat(client, b, f"c{k}"))[0] == 200
+    await _until(lambda: sa.up and sb.up, "routers did not reconnect")
+    assert sorted(await sa.link.call("HKEYS", sa.keys[0])) == ["c1", "c2"]

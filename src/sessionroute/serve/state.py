@@ -130,6 +130,7 @@ class RedisState:
         self._ttl_ms = str(int(ttl_s * 1000))
         self._lease_ms = str(max(1, int(lease_s * 1000)))
         self._memory_ms = str(int(RELEASE_MEMORY_S * 1000))
+        self._heard_ms = 0  # Redis' time (ms) of the latest release :meth:`_catch_up` read
         self._max = str(table.max_sessions if table is not None else DEFAULT_MAX_SESSIONS)
         self.link = RedisLink(url, timeout_s)
         self.timeout_s = timeout_s
@@ -330,6 +331,24 @@ class RedisState:
             self.epoch = epoch
         reply = await self._script("LOAD", *self._load_args(None))
         self._apply_load(None, reply)
+        if self.table is not None:
+            await self._catch_up(self.table)
+
+    async def _catch_up(self, table: SharedSessionTable) -> None:
+        """Drop the cached pins of the sessions released since the last call (Redis' memory of
+        releases, :data:`RELEASE_MEMORY_S`): the releases the channel did not bring (this
+        router was not subscribed when they were published, e.g. replayed by another router
+        just after Redis came back). A pin left cached would be written back at the next loss
+        of Redis' data, when Redis no longer remembers the release."""
+        key = self.keys[5]
+        reply = await self.link.call("ZRANGEBYSCORE", key, self._heard_ms, "+inf", "WITHSCORES")
+        # RESP3 answers [member, score] pairs, RESP2 a flat list
+        flat = (
+            [x for pair in reply for x in pair] if reply and isinstance(reply[0], list) else reply
+        )
+        for i in range(0, len(flat), 2):
+            table.forget(str(flat[i]))
+            self._heard_ms = max(self._heard_ms, int(float(flat[i + 1])))
 
     async def _watch_loop(self) -> None:
         """Drop the link when Redis stops answering (see :meth:`RedisLink.check`)."""
