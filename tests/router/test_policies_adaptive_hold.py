@@ -33,6 +33,7 @@ BASE: dict[str, Any] = {
     "hold_cut": 0.7,
     "resume_fraction": 1.0,
     "hold_check_s": 1.0,
+    "wait_bound": False,  # rule 6 has its own tests (test_policies_adaptive_hold_wait.py)
 }
 THRASH = EngineGauges(running=1, waiting=8, kv_usage=0.3)
 CALM = EngineGauges(running=1, waiting=0, kv_usage=0.3)
