@@ -31,8 +31,9 @@ one. This policy adds that to ``adaptive_sticky``, whose three rules it keeps un
    held turn leaves at most that long after its bound. Releasing a session
    (``/finish_session``), its expiry, and its worker's removal or failure end its hold.
 6. **A held turn waits at the router no longer than the engine's queue would make it wait**
-   (``wait_bound``). A held session's turn (rule 4) leaves the router once it has waited
-   ``wait_queue_factor`` times its worker's queueing delay: Little's law on what the router
+   (``wait_bound``; off by default, see :class:`AdaptiveHoldConfig` for the trade-off). A
+   held session's turn (rule 4) leaves the router once it has waited ``wait_queue_factor``
+   times its worker's queueing delay: Little's law on what the router
    observes, the scraped waiting requests over the rate at which requests finish there
    (:class:`~sessionroute.router.policies._queue_delay.QueueDelay`). Why: a hold trades the
    held turn's latency for the other sessions' cache; placed instead, the turn would have
