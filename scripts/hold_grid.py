@@ -11,6 +11,9 @@ gap, and on the replays the TTFT p99 ratio against that arm. A point passes at a
 
     python scripts/hold_grid.py --out runs/hold-grid [--seeds 3] [--jobs 2] [--only swe3]
     python scripts/hold_grid.py --out runs/hold-grid --summary   # the table from finished runs
+    python scripts/hold_grid.py --out runs/hold-grid2 --against runs/hold-grid --only weka
+        # after a change to the policy: rerun only --policy, take the other arms from the
+        # earlier grid (sessionroute sweep --merge; refused unless it ran the same sweep)
 
 The arms: the policy, the built-in session-affine and load-aware ones and the peers'
 (POLICIES.md), without the load-only ones (round_robin, random, power_of_two, least_loaded),
@@ -124,6 +127,12 @@ def main() -> int:
     )
     ap.add_argument("--policy", default="adaptive_hold")
     ap.add_argument("--summary", action="store_true", help="only print the table")
+    ap.add_argument(
+        "--against",
+        type=Path,
+        metavar="DIR",
+        help="an earlier grid's --out: run only --policy and merge the other arms from DIR",
+    )
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     regimes = _regimes(args.out)
@@ -133,7 +142,10 @@ def main() -> int:
             if (args.out / name / "sweep.json").exists():
                 continue
             cmd = [sys.executable, "-m", "sessionroute.cli", "sweep", *regimes[name]]
-            cmd += ["--policies", ",".join(ARMS), "--seeds", str(args.seeds)]
+            arms = [args.policy] if args.against else ARMS
+            cmd += ["--policies", ",".join(arms), "--seeds", str(args.seeds)]
+            if args.against:
+                cmd += ["--merge", str(args.against / name)]
             cmd += ["--jobs", str(args.jobs), "--out", str(args.out / name)]
             print("+", " ".join(cmd), flush=True)
             subprocess.run(cmd, check=True)

@@ -28,7 +28,11 @@ async def test_serve_holds_a_running_sessions_turn_and_resumes_it(
 ) -> None:
     url = backends[0].url
     router = await make_router(  # the core's re-check timer follows the router's clock
-        [url], clock=MonotonicClock(), policy="adaptive_hold", policy_option=("hold_check_s=0.02",)
+        [url],
+        clock=MonotonicClock(),
+        policy="adaptive_hold",
+        # rule 6 off: the fake backend queues nothing, so a held turn would leave at once
+        policy_option=("hold_check_s=0.02", "wait_bound=false"),
     )
     core = router.router.core
     policy = core.policy

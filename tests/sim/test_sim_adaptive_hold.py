@@ -8,6 +8,9 @@ rollouts in flight: past the knee).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
+
+import pytest
 
 from sessionroute.clock import ManualClock
 from sessionroute.router.policies.adaptive_hold import AdaptiveHoldPolicy
@@ -45,13 +48,21 @@ class CheckedAdaptiveHold(AdaptiveHoldPolicy):
         return fast
 
 
-def test_adaptive_hold_in_the_simulator_holds_resumes_and_loses_nothing() -> None:
+@pytest.mark.parametrize(
+    "options", [{}, {"wait_bound": True}, {"wait_bound": True, "wait_bound_new": True}]
+)
+def test_adaptive_hold_in_the_simulator_holds_resumes_and_loses_nothing(
+    options: dict[str, Any],
+) -> None:
     CheckedAdaptiveHold.checked = CheckedAdaptiveHold.holding = 0
     m = run_simulation(
-        SPEC, f"{__name__}:CheckedAdaptiveHold", seed=0, wall_clock=ManualClock()
+        SPEC, f"{__name__}:CheckedAdaptiveHold", options, seed=0, wall_clock=ManualClock()
     ).metrics
     assert CheckedAdaptiveHold.checked > 100 and CheckedAdaptiveHold.holding > 0
     c = m["policy_counters"]
+    # rule 6: held turns leave once they waited their engine's queueing delay (when on)
+    assert (c["released"]["waited"] > 0) == options.get("wait_bound", False)
+    assert (c["new_at_wait_bound"] > 0) == options.get("wait_bound_new", False)
     assert c["holds"] > 0 and c["held_turns"] > 0 and c["held_turn_wait_s_total"] > 0
     assert sum(c["released"].values()) + c["held_now"] == c["holds"]
     assert 0 < c["held_sessions"] <= c["holds"] and c["held_sample"]

@@ -29,6 +29,8 @@ examples:
   sessionroute sweep --workload trace:weka --knob concurrency --values 32,64,96,128
   sessionroute sweep --workload trace:mooncake --knob time-scale --values 0.25,0.5,1,2
   sessionroute sweep --objective "max output_tokens_per_s; rollouts_timed_out_share <= 0.01"
+  sessionroute sweep FILE --policies adaptive_hold --seeds 3 --merge runs/old --out runs/new
+                                                      # rerun one arm, keep the others
 """
 
 
@@ -84,6 +86,14 @@ def register(sub: Any) -> None:
         "METRIC <= N; ...' (default: FILE's [objective], else the workload's)",
     )
     parser.add_argument("--out", metavar="DIR", help="output directory (default runs/...)")
+    parser.add_argument(
+        "--merge",
+        metavar="DIR",
+        help="add the arms run now to the finished sweep in DIR: the runs of DIR's other arms "
+        "are taken from DIR/sweep.json and the verdicts and knee computed over all arms "
+        "(refused unless DIR varied the same knob over the same values with the same seeds "
+        "and settings; arms run now replace DIR's of the same name; DIR is not changed)",
+    )
     parser.add_argument(
         "--jobs", type=int, default=None, help="runs in parallel processes (default: CPU count)"
     )
@@ -148,6 +158,13 @@ def _run(args: argparse.Namespace) -> int:
         from sessionroute.experiments.spec import resolve_arms
 
         arms = resolve_arms(spec)
+        seeds = [spec.run.seed + k for k in range(args.seeds)]
+        earlier = None
+        if args.merge is not None:
+            from sessionroute.experiments.sweep_merge import check_merge, load_earlier
+
+            earlier = load_earlier(Path(args.merge))
+            check_merge(earlier, knob, values, seeds, arms, spec.resolved_objective())
     except (SessionRouteError, ValueError) as exc:
         console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         return 2
@@ -176,8 +193,21 @@ def _run(args: argparse.Namespace) -> int:
     import tomli_w
 
     from sessionroute.experiments.runner import clean_toml
+    from sessionroute.experiments.sweep_merge import merge_arms, settings_by_value
 
-    result = summarize(knob, output.results, output.arms, spec.resolved_objective())
+    objective = spec.resolved_objective()
+    all_arms, all_results = output.arms, output.results
+    if earlier is not None:
+        try:
+            all_arms, all_results = merge_arms(
+                earlier, knob, values, seeds, output.arms, output.results, objective
+            )
+        except SessionRouteError as exc:
+            console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
+            return 2
+    result = summarize(knob, all_results, all_arms, objective)
+    by_value = settings_by_value(output.arms)
+    result.settings = [by_value[v] for v in result.values if v in by_value]
     out_dir = Path(args.out) if args.out else default_out_dir(spec.name)
     toml_text = tomli_w.dumps(clean_toml(resolved_experiment(spec, output.arms)))
     paths = write_sweep(result, out_dir, toml_text)

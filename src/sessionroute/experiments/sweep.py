@@ -266,6 +266,9 @@ class SweepResult:
         runs: every run's flat row (the CSV).
         objective: what the verdicts and the knee judge on.
         judgements: the verdict of each value, in :attr:`values` order.
+        settings: the settings the arms of each value ran with, in :attr:`values` order
+            (``sweep.json`` records them, so that ``--merge`` can check a later sweep ran the
+            same experiment; empty when not known).
     """
 
     knob: Knob
@@ -277,6 +280,7 @@ class SweepResult:
     runs: list[dict[str, Any]]
     objective: Objective = THROUGHPUT
     judgements: list[Verdict] = field(default_factory=list)
+    settings: list[dict[str, Any]] = field(default_factory=list)
 
     def point(self, policy: str, value: float) -> SweepPoint:
         """The point of ``policy`` at ``value``."""
@@ -293,7 +297,9 @@ def summarize(
     objective: Objective = THROUGHPUT,
 ) -> SweepResult:
     """Means, intervals, the knee and the verdicts of a finished sweep, on ``objective`` (the
-    experiment's: :meth:`ExperimentSpec.resolved_objective`)."""
+    experiment's: :meth:`ExperimentSpec.resolved_objective`); each run's row holds
+    :data:`SWEEP_METRICS` and the objective's metrics."""
+    paths = _stat_paths(objective)
     points: list[SweepPoint] = []
     runs: list[dict[str, Any]] = []
     values: list[float] = []
@@ -306,7 +312,7 @@ def summarize(
         if label not in policies:
             policies.append(label)
         stats: dict[str, tuple[float, float, float]] = {}
-        for path in _stat_paths(objective):
+        for path in paths:
             nums = [shown_value(r.metrics, path) for r in res.runs]  # None: measured nothing
             nums = [x for x in nums if x is not None]
             if nums and all(isinstance(x, int | float) for x in nums):
@@ -317,7 +323,7 @@ def summarize(
         for r in res.runs:
             shown = knob.cast(value)  # replicas 2, not 2.0, in sweep.csv
             row: dict[str, Any] = {knob.name: shown, "policy": label, "seed": r.seed}
-            for path, _ in SWEEP_METRICS:
+            for path in paths:
                 row[path] = shown_value(r.metrics, path)
             runs.append(row)
     judgements = [
@@ -384,6 +390,7 @@ def sweep_document(result: SweepResult) -> dict[str, Any]:
             for p in result.points
         ],
         "runs": result.runs,
+        **({"settings": result.settings} if result.settings else {}),
     }
 
 
@@ -397,7 +404,7 @@ def write_sweep(result: SweepResult, out_dir: Path, experiment_toml: str) -> dic
         "json": out_dir / "sweep.json",
         "report": out_dir / "report.html",
     }
-    fields = [result.knob.name, "policy", "seed", *(p for p, _ in SWEEP_METRICS)]
+    fields = [result.knob.name, "policy", "seed", *_stat_paths(result.objective)]
     with paths["csv"].open("w", newline="", encoding="utf-8") as fh:
         writer = csv.DictWriter(fh, fieldnames=fields)
         writer.writeheader()

@@ -57,6 +57,25 @@ class AdaptiveHoldConfig(AdaptiveStickyConfig):
         hold_check_s: seconds between the drivers' re-checks of held turns by time alone
             (:attr:`~sessionroute.router.policies.Policy.admission_recheck_s`): a hold ends
             at most this long after its bound.
+        wait_bound: bound the time a held session's turn (rule 4) waits at the router by its
+            worker's own queueing delay (rule 6): waiting longer at the router than the
+            engine's queue would make it wait buys the turn nothing, and makes the latency
+            tail the router's alone. Off by default: on the Weka replay it brings the TTFT
+            p99 to the engines' own with more SLO goodput, but past the knee of an RL run the
+            long holds are what keeps the working set in the caches (3 replicas, 680 and 816
+            rollouts in flight: mean step time +22 % and +19 %, 3.7 % and 9.3 % of rollouts
+            timed out; docs/policies.md). Turn it on for serving.
+        wait_bound_new: bound a new session's first turn (rule 3) the same way, by the
+            fleet's queueing delay. Off by default: rule 3 decides how many sessions share
+            the caches, and a new session admitted stays for its whole life; bounded by the
+            queueing delay it admitted sessions the fleet could not hold (Weka replay, 128
+            sessions: SLO goodput 0.51-0.64 against 0.64-0.84, at factors 1 to 10; measured in
+            docs/policies.md). It is ``max_wait_s`` that bounds rule 3.
+        wait_queue_factor: a turn leaves the router once it has waited this many times the
+            queueing delay (Little's law: waiting requests over the rate at which requests
+            finish, :mod:`~sessionroute.router.policies._queue_delay`).
+        wait_rate_window_s: the time constant (seconds) of that completion rate (an
+            exponentially weighted average).
 
     Raises:
         ConfigError: on a value out of range (the message names it).
@@ -78,11 +97,16 @@ class AdaptiveHoldConfig(AdaptiveStickyConfig):
     hold_total_max_s: float = 600.0
     hold_age_max_s: float = 1800.0
     hold_check_s: float = 1.0
+    wait_bound: bool = False
+    wait_bound_new: bool = False
+    wait_queue_factor: float = 1.0
+    wait_rate_window_s: float = 60.0
 
     def __post_init__(self) -> None:
         AdaptiveStickyConfig.__post_init__(self)
-        if not isinstance(self.hold, bool):
-            raise ConfigError(f"hold must be true or false, got {self.hold!r}")
+        for flag in ("hold", "wait_bound", "wait_bound_new"):
+            if not isinstance(getattr(self, flag), bool):
+                raise ConfigError(f"{flag} must be true or false, got {getattr(self, flag)!r}")
         if self.hold_pick not in HOLD_PICKS:
             raise ConfigError(
                 f"hold_pick must be one of {', '.join(HOLD_PICKS)}, got {self.hold_pick!r}"
@@ -94,7 +118,7 @@ class AdaptiveHoldConfig(AdaptiveStickyConfig):
         for name in (
             "hold_kv", "hold_queue_kv", "resume_kv", "hold_cut", "hold_raise", "lift_pressure",
             "resume_fraction", "hold_interval_s", "hold_max_s", "hold_total_max_s",
-            "hold_age_max_s", "hold_check_s",
+            "hold_age_max_s", "hold_check_s", "wait_queue_factor", "wait_rate_window_s",
         ):  # fmt: skip
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
@@ -113,8 +137,9 @@ class AdaptiveHoldConfig(AdaptiveStickyConfig):
             )
         if not 0 < self.hold_cut < 1:
             raise ConfigError(f"hold_cut must be in (0, 1), got {self.hold_cut!r}")
-        if not self.hold_check_s > 0:
-            raise ConfigError(f"hold_check_s must be > 0, got {self.hold_check_s!r}")
+        for name in ("hold_check_s", "wait_rate_window_s"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)!r}")
         if self.hold_max_s > self.hold_total_max_s:
             raise ConfigError(
                 f"hold_max_s ({self.hold_max_s}) must be <= hold_total_max_s "

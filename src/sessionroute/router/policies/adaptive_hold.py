@@ -30,6 +30,20 @@ one. This policy adds that to ``adaptive_sticky``, whose three rules it keeps un
    ``hold_check_s`` (:attr:`~sessionroute.router.policies.Policy.admission_recheck_s`), so a
    held turn leaves at most that long after its bound. Releasing a session
    (``/finish_session``), its expiry, and its worker's removal or failure end its hold.
+6. **A held turn waits at the router no longer than the engine's queue would make it wait**
+   (``wait_bound``; off by default, see :class:`AdaptiveHoldConfig` for the trade-off). A
+   held session's turn (rule 4) leaves the router once it has waited ``wait_queue_factor``
+   times its worker's queueing delay: Little's law on what the router
+   observes, the scraped waiting requests over the rate at which requests finish there
+   (:class:`~sessionroute.router.policies._queue_delay.QueueDelay`). Why: a hold trades the
+   held turn's latency for the other sessions' cache; placed instead, the turn would have
+   waited in the engine's queue. Once it has waited longer at the router than that, holding
+   it on makes it the slowest turn of the fleet (the latency tail becomes the router's, not
+   the engines'), for a session that was admitted already. With nothing waiting in the
+   engine the bound is 0 and a hold delays no turn; it still keeps the session's context out
+   of the worker's working set until its turn comes, and new sessions off the worker. A new
+   session's first turn (rule 3) is bounded by ``max_wait_s`` instead (``wait_bound_new``
+   applies rule 6 to it too: see :class:`AdaptiveHoldConfig` for why that is off).
 
 Deviations from ThunderAgent: the watermarks are read from the engines' scraped gauges, the
 ceiling is learned per worker from them (the router's working set is an estimate of a cache
@@ -46,6 +60,7 @@ from typing import Any, ClassVar
 
 from sessionroute.clock import Clock
 from sessionroute.router.policies._hold_config import AdaptiveHoldConfig
+from sessionroute.router.policies._queue_delay import QueueDelay
 from sessionroute.router.policies.adaptive_sticky import AdaptiveStickyPolicy
 from sessionroute.router.state.cluster import ClusterView
 from sessionroute.types import Decision, EngineGauges, RouteRequest
@@ -83,12 +98,15 @@ class AdaptiveHoldPolicy(AdaptiveStickyPolicy):
         ceiling: worker -> its working-set ceiling in tokens (absent: none).
         holds: sessions held. held_sessions: distinct sessions held.
         released: holds ended by kind: ``"resumed"`` (the worker drained, in hold order),
-            ``"bound"`` (a bound of rule 5), ``"placed"`` (the router placed the turn anyway,
-            at its maximum wait), ``"gone"`` (released, expired or its worker left).
+            ``"bound"`` (a bound of rule 5), ``"waited"`` (its turn waited the queueing
+            delay, rule 6), ``"placed"`` (the router placed the turn anyway, at its maximum
+            wait), ``"gone"`` (released, expired or its worker left).
         hold_s_total: seconds of every ended hold (the sum).
         held_turns: turns that waited at the router because their session was held, and
             ``held_turn_wait_s_total`` the seconds they waited (the sum).
         cuts: times a ceiling was set or lowered.
+        new_at_wait_bound: new sessions admitted because their first turn waited the
+            fleet's queueing delay (``wait_bound_new``).
     """
 
     name: ClassVar[str] = "adaptive_hold"
@@ -97,8 +115,13 @@ class AdaptiveHoldPolicy(AdaptiveStickyPolicy):
     def __init__(self, config: Any = None, *, clock: Clock, rng: random.Random) -> None:
         super().__init__(config, clock=clock, rng=rng)
         self.hcfg: AdaptiveHoldConfig = self.config
-        if self.hcfg.hold:
-            self.admission_recheck_s = self.hcfg.hold_check_s
+        c = self.hcfg
+        self._bound_new = c.wait_bound and c.wait_bound_new
+        if c.hold or self._bound_new:
+            self.admission_recheck_s = c.hold_check_s
+        self._delay = QueueDelay(self.hcfg.wait_rate_window_s)
+        self._asked: dict[str, float] = {}  # new session -> when its first turn first waited
+        self._overdue: set[str] = set()  # new sessions admitted by rule 6, not yet placed
         self._holds: dict[str, Hold] = {}
         self._queue: dict[str, dict[str, Hold]] = {}  # worker -> its holds, in hold order
         self._on: dict[str, dict[str, None]] = {}  # worker -> its sessions, placement order
@@ -112,11 +135,14 @@ class AdaptiveHoldPolicy(AdaptiveStickyPolicy):
         self.table.on_drop = self._dropped
         self.holds = 0
         self.held_sessions = 0
-        self.released: dict[str, int] = dict.fromkeys(("resumed", "bound", "placed", "gone"), 0)
+        self.released: dict[str, int] = dict.fromkeys(
+            ("resumed", "bound", "waited", "placed", "gone"), 0
+        )
         self.hold_s_total = 0.0
         self.held_turns = 0
         self.held_turn_wait_s_total = 0.0
         self.cuts = 0
+        self.new_at_wait_bound = 0
         self._sample_ids: list[str] = []
         self._held_tokens_total = 0
         self._held_age_total = 0.0
@@ -130,7 +156,12 @@ class AdaptiveHoldPolicy(AdaptiveStickyPolicy):
             NoWorkerAvailable: when no worker is healthy.
         """
         sid = request.session_id
-        if sid is None or not self.hcfg.hold:
+        if sid is None:
+            return super().select(request, cluster)
+        if self._asked and self._asked.pop(sid, None) is not None and sid in self._overdue:
+            self._overdue.discard(sid)
+            self.new_at_wait_bound += 1
+        if not self.hcfg.hold:
             return super().select(request, cluster)
         hold = self._holds.get(sid)
         if hold is not None:
@@ -153,13 +184,21 @@ class AdaptiveHoldPolicy(AdaptiveStickyPolicy):
         return (sid is not None and sid in self._holds) or super().admission_applies(request)
 
     def admit(self, request: RouteRequest, cluster: ClusterView) -> bool:
-        """A held session's turn is admitted once its hold ends (rules 4 and 5); other
-        requests as ``adaptive_sticky``. Ending holds that are due is the only state it
-        changes: asking again at the same time and load gives the same answer."""
+        """A held session's turn is admitted once its hold ends (rules 4 to 6); a new
+        session's first turn as ``adaptive_sticky`` admits it, or (``wait_bound_new``) once it
+        has waited the fleet's queueing delay. Ending holds that are due and noting when a new
+        session first waited are the only state it changes: asking again at the same time and
+        load gives the same answer."""
         sid = request.session_id
         hold = None if sid is None else self._holds.get(sid)
         if hold is None:
-            return super().admit(request, cluster)
+            admitted = super().admit(request, cluster)
+            if admitted or not self._bound_new:
+                return admitted
+            assert sid is not None  # only a new session's first turn is held by rule 3
+            now = self.clock.now()
+            asked = self._asked.setdefault(sid, now)
+            return self._waited_out(sid, now - asked, cluster)
         now = self.clock.now()
         if hold.asked is None:
             hold.asked = now
@@ -169,7 +208,10 @@ class AdaptiveHoldPolicy(AdaptiveStickyPolicy):
     def first_admitted(self, requests: Sequence[RouteRequest], cluster: ClusterView) -> int | None:
         """:meth:`admit` over a queue: the holds due on the held requests' workers end first
         (once per worker), then the first request not held is found as ``adaptive_sticky``
-        does (a turn whose hold just ended is a known session's: admitted)."""
+        does (a turn whose hold just ended is a known session's: admitted), or, if earlier,
+        the first new session that waited out rule 6's bound. Only the oldest waiting new
+        session needs asking: each was first asked when it arrived (the router core asks
+        :meth:`admit` before queueing it), so the queue holds them longest-waiting first."""
         holds = self._holds
         if holds:
             now = self.clock.now()
@@ -182,11 +224,36 @@ class AdaptiveHoldPolicy(AdaptiveStickyPolicy):
                     workers[hold.worker] = None
             for w in workers:
                 self._resume(w, now, cluster)
-        if not holds:
-            return super().first_admitted(requests, cluster)
-        index = [i for i, r in enumerate(requests) if r.session_id not in holds]
-        j = super().first_admitted([requests[i] for i in index], cluster)
-        return None if j is None else index[j]
+        if holds:
+            index = [i for i, r in enumerate(requests) if r.session_id not in holds]
+            j = super().first_admitted([requests[i] for i in index], cluster)
+            j = None if j is None else index[j]
+        else:
+            j = super().first_admitted(requests, cluster)
+        asked = self._asked
+        if not asked or not self._bound_new:
+            return j
+        now = self.clock.now()
+        for i, r in enumerate(requests if j is None else requests[:j]):
+            sid = r.session_id
+            if sid is not None and sid not in holds and sid in asked:
+                return i if self._waited_out(sid, now - asked[sid], cluster) else j
+        return j
+
+    def _waited_out(self, sid: str, waited: float, cluster: ClusterView) -> bool:
+        """Rule 6 for a new session (``wait_bound_new``): whether its first turn, after
+        ``waited`` seconds at the router, has waited ``wait_queue_factor`` times the fleet's
+        queueing delay."""
+        c = self.hcfg
+        if not self._bound_new:
+            return False
+        healthy = cluster.healthy()
+        for w in healthy:
+            self._refresh(w, cluster)
+        if waited < c.wait_queue_factor * self._delay.fleet_delay(healthy, cluster):
+            return False
+        self._overdue.add(sid)
+        return True
 
     # -- rule 3, with held sessions and ceilings -------------------------------------------
     def _past_knee(self, worker: str, tokens: int = 0) -> bool:
@@ -221,9 +288,11 @@ class AdaptiveHoldPolicy(AdaptiveStickyPolicy):
     # -- rule 4: ceilings, holds, resumes --------------------------------------------------
     def _refresh(self, worker: str, cluster: ClusterView) -> EngineGauges | None:
         g = super()._refresh(worker, cluster)
-        if g is not None and self.hcfg.hold and self._hseen.get(worker) is not g:
+        if g is not None and self._hseen.get(worker) is not g:
             self._hseen[worker] = g
-            self._adjust(worker, g)
+            self._delay.observe(worker, self.clock.now())
+            if self.hcfg.hold:
+                self._adjust(worker, g)
         return g
 
     def _adjust(self, worker: str, g: EngineGauges) -> None:
@@ -305,15 +374,21 @@ class AdaptiveHoldPolicy(AdaptiveStickyPolicy):
         return until if born is None else min(until, born + c.hold_age_max_s)
 
     def _resume(self, worker: str, now: float, cluster: ClusterView) -> None:
-        """End the holds on ``worker`` that are due: past their bound (any of them), then
-        the oldest ones while each fits under ``resume_fraction`` of the ceiling (all, when
-        the worker has no ceiling or is not healthy)."""
+        """End the holds on ``worker`` that are due: past their bound (any of them), those
+        whose turn waited ``wait_queue_factor`` times the worker's queueing delay (rule 6),
+        then the oldest ones while each fits under ``resume_fraction`` of the ceiling (all,
+        when the worker has no ceiling or is not healthy)."""
         queue = self._queue.get(worker)
         if not queue:
             return
         self._refresh(worker, cluster)
         for hold in [h for h in queue.values() if now >= h.until]:
             self._end(hold, "bound")
+        if self.hcfg.wait_bound and queue:
+            limit = self.hcfg.wait_queue_factor * self._delay.delay(worker, cluster)
+            for hold in list(queue.values()):
+                if hold.asked is not None and now - hold.asked >= limit:
+                    self._end(hold, "waited")
         ceiling = self.ceiling.get(worker)
         free = ceiling is None or not cluster.is_healthy(worker)
         room = math.inf if free or ceiling is None else self.hcfg.resume_fraction * ceiling
@@ -371,6 +446,7 @@ class AdaptiveHoldPolicy(AdaptiveStickyPolicy):
                 "held_turns": self.held_turns,
                 "held_turn_wait_s_total": round(self.held_turn_wait_s_total, 3),
                 "ceiling_cuts": self.cuts,
+                "new_at_wait_bound": self.new_at_wait_bound,
                 "held_context_mean": round(self._held_tokens_total / n, 1) if n else 0.0,
                 "held_age_mean_s": round(self._held_age_total / n, 3) if n else 0.0,
                 "held_sample": list(self._sample_ids),
@@ -379,6 +455,12 @@ class AdaptiveHoldPolicy(AdaptiveStickyPolicy):
         return out
 
     # -- lifecycle ------------------------------------------------------------------------
+    def on_complete(self, request: RouteRequest, worker: str) -> None:
+        """A request finished on ``worker``: it counts in that worker's completion rate
+        (rule 6)."""
+        self._delay.done(worker)
+        super().on_complete(request, worker)
+
     def release_session(self, session_id: str) -> bool:
         """End its hold (it is free), then forget it as ``adaptive_sticky`` does."""
         self._gone(session_id)
@@ -405,6 +487,8 @@ class AdaptiveHoldPolicy(AdaptiveStickyPolicy):
         self._unlist(sid)
         self._born.pop(sid, None)
         self._held_s.pop(sid, None)
+        self._asked.pop(sid, None)
+        self._overdue.discard(sid)
 
     def on_worker_removed(self, worker: str, cluster: ClusterView) -> None:
         """Its holds end (their turns are placed again), its ceiling and lists go."""
@@ -415,3 +499,4 @@ class AdaptiveHoldPolicy(AdaptiveStickyPolicy):
             self._where.pop(sid, None)
         for d in (self.ceiling, self._changed, self._passed, self._hseen):
             d.pop(worker, None)
+        self._delay.forget(worker)
