@@ -166,8 +166,10 @@ def run_fidelity(
     Args:
         spec: an experiment with a ``[live]`` section naming servers.
         out_dir: the output directory (created).
-        profile: a profile file fitted to these servers; None calibrates them first (the
-            first server probed, the others read) and writes ``out_dir/profile.toml``.
+        profile: a profile file fitted to these servers; None calibrates them first, every
+            server at once (``calibrate``'s ``probe="together"``: the same probe round sent to
+            each at the same moment, one fit over all, so that the servers and the client load
+            each other as in the arms) and writes ``out_dir/profile.toml``.
         reporter: progress of the runs (``RichReporter``).
         say: one-line notes (where the settings came from, calibration phases).
         command: the command line, recorded in ``fidelity.json``.
@@ -199,18 +201,22 @@ def run_fidelity(
         engine = engine_from_servers(servers)
         say(f"servers: {engine.source}")
         if profile is None:
-            # the first server alone, the others idle: measured, fitting all three at once
-            # under their shared contention gave degenerate fits (b0 = 0, ITL 8 us) on 2 cores
-            say(f"calibrating against {urls[0]} (the others are read) ...")
+            # every server at once, in lockstep: the arms load them all at once through one
+            # router and one client, so the probe does too (on one host they share its cores)
+            say(f"calibrating {len(urls)} servers together (as the arms load them) ...")
             result = calibrate(
                 urls,
-                probe="first",
+                probe="together",
                 max_num_seqs=fallback["max_num_seqs"],
                 max_num_batched_tokens=fallback["max_num_batched_tokens"],
                 progress=_calibration_progress(say),
             )
             profile_path = write_profile(result, out_dir / "profile.toml")
-            calibration = {"calibrated_here": True, "calibration_wall_s": result.wall_s}
+            calibration = {
+                "calibrated_here": True,
+                "calibration_wall_s": result.wall_s,
+                "calibration_probe": result.probe,
+            }
             say(f"calibrated in {result.wall_s:.0f} s: {profile_path}")
         else:
             profile_path = Path(profile)
