@@ -118,6 +118,15 @@ def register(sub: Any) -> None:
         "--out FILE) instead of calibrating them first",
     )
     parser.add_argument(
+        "--calibrate-probe",
+        choices=("first", "together", "all"),
+        default="first",
+        help="with --fidelity: how the servers are calibrated (sessionroute calibrate "
+        "--probe): first (default: the first server alone, the others read), together "
+        "(every server at once, in lockstep, as the arms load them), all (one after the "
+        "other); docs/simulator.md, 'How far to trust it', has what each gave",
+    )
+    parser.add_argument(
         "--dry-run",
         action="store_true",
         help="print a short plan (workload, replicas, one line per arm) and exit",
@@ -193,6 +202,7 @@ def _run_fidelity(args: argparse.Namespace, spec: Any, err_console: Any, out_con
                 spec,
                 out_dir,
                 profile=args.profile,
+                probe=args.calibrate_probe,
                 reporter=reporter,
                 say=lambda line: err_console.print(line, highlight=False, markup=False),
                 command=" ".join(["sessionroute", *sys.argv[1:]]),

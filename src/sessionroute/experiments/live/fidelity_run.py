@@ -157,6 +157,7 @@ def run_fidelity(
     out_dir: Path,
     *,
     profile: str | None = None,
+    probe: str = "first",
     reporter: Any = None,
     say: Say = print,
     command: str = "",
@@ -166,10 +167,12 @@ def run_fidelity(
     Args:
         spec: an experiment with a ``[live]`` section naming servers.
         out_dir: the output directory (created).
-        profile: a profile file fitted to these servers; None calibrates them first, every
-            server at once (``calibrate``'s ``probe="together"``: the same probe round sent to
-            each at the same moment, one fit over all, so that the servers and the client load
-            each other as in the arms) and writes ``out_dir/profile.toml``.
+        profile: a profile file fitted to these servers; None calibrates them first (as
+            ``probe`` says) and writes ``out_dir/profile.toml``.
+        probe: how to calibrate them (``calibrate``'s ``probe``): ``"first"`` the first
+            server alone, the others read; ``"together"`` every server at once, in lockstep,
+            as the arms load them (docs/simulator.md, "How far to trust it", has what each
+            gave on the CPU tier).
         reporter: progress of the runs (``RichReporter``).
         say: one-line notes (where the settings came from, calibration phases).
         command: the command line, recorded in ``fidelity.json``.
@@ -201,12 +204,10 @@ def run_fidelity(
         engine = engine_from_servers(servers)
         say(f"servers: {engine.source}")
         if profile is None:
-            # every server at once, in lockstep: the arms load them all at once through one
-            # router and one client, so the probe does too (on one host they share its cores)
-            say(f"calibrating {len(urls)} servers together (as the arms load them) ...")
+            say(f"calibrating {len(urls)} servers (probe {probe}) ...")
             result = calibrate(
                 urls,
-                probe="together",
+                probe=probe,
                 max_num_seqs=fallback["max_num_seqs"],
                 max_num_batched_tokens=fallback["max_num_batched_tokens"],
                 progress=_calibration_progress(say),
