@@ -119,11 +119,11 @@ def register(sub: Any) -> None:
     )
     parser.add_argument(
         "--calibrate-probe",
-        choices=("first", "together", "all"),
-        default="first",
+        choices=("together", "first", "all"),
+        default="together",
         help="with --fidelity: how the servers are calibrated (sessionroute calibrate "
-        "--probe): first (default: the first server alone, the others read), together "
-        "(every server at once, in lockstep, as the arms load them), all (one after the "
+        "--probe): together (default: every server at once, in lockstep, as the arms load "
+        "them), first (the first server alone, the others read), all (one after the "
         "other); docs/simulator.md, 'How far to trust it', has what each gave",
     )
     parser.add_argument(

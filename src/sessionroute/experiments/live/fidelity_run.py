@@ -157,7 +157,7 @@ def run_fidelity(
     out_dir: Path,
     *,
     profile: str | None = None,
-    probe: str = "first",
+    probe: str = "together",
     reporter: Any = None,
     say: Say = print,
     command: str = "",
@@ -169,9 +169,9 @@ def run_fidelity(
         out_dir: the output directory (created).
         profile: a profile file fitted to these servers; None calibrates them first (as
             ``probe`` says) and writes ``out_dir/profile.toml``.
-        probe: how to calibrate them (``calibrate``'s ``probe``): ``"first"`` the first
-            server alone, the others read; ``"together"`` every server at once, in lockstep,
-            as the arms load them (docs/simulator.md, "How far to trust it", has what each
+        probe: how to calibrate them (``calibrate``'s ``probe``): ``"together"`` every
+            server at once, in lockstep, as the arms load them; ``"first"`` the first server
+            alone, the others read (docs/simulator.md, "How far to trust it", has what each
             gave on the CPU tier).
         reporter: progress of the runs (``RichReporter``).
         say: one-line notes (where the settings came from, calibration phases).
