@@ -25,7 +25,9 @@ class FakeVllm:
     It answers ``/metrics`` (``vllm:cache_config_info``, the request histograms' sums and
     counts, one engine step per token), ``/v1/models``, ``/server_info``, ``/version``,
     ``/tokenize``, ``/reset_prefix_cache`` and ``/v1/completions`` (streaming: one event per
-    token, usage last; every prompt token cached after its first block once seen).
+    token, usage last; every prompt token cached after its first block once seen). Several
+    look-alikes may share ``log``: each cache reset appends ``"<name> /reset_prefix_cache"``,
+    in the order the servers received them.
     """
 
     block_size: int = 16
@@ -35,6 +37,8 @@ class FakeVllm:
     max_model_len: int = 1024
     expose_limits: bool = True
     posts: list[str] = field(default_factory=list)
+    log: list[str] | None = None
+    name: str = "fake"
     requests: int = 0
     steps: int = 0
     seen: set[tuple[int, ...]] = field(default_factory=set)
@@ -102,6 +106,8 @@ class FakeVllm:
 
         async def reset(_: web.Request) -> web.Response:
             self.posts.append("/reset_prefix_cache")
+            if self.log is not None:
+                self.log.append(f"{self.name} /reset_prefix_cache")
             self.seen.clear()
             return web.json_response({"success": True})
 

@@ -101,3 +101,38 @@ def test_no_stream_fits_the_servers_histograms(
     assert "vllm:request_decode_time_seconds" in text
     phases = load_profile_file(out).calibration["phases"]
     assert {p["measured"] for p in phases} >= {"vllm:time_to_first_token_seconds"}
+
+
+def test_probe_together_sends_each_round_to_every_server_at_once(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    log: list[str] = []
+    fakes = [FakeVllm(log=log, name=n) for n in ("a", "b")]
+    out = tmp_path / "profile.toml"
+    with serving(fakes[0].app()) as url_a, serving(fakes[1].app()) as url_b:
+        argv = ["calibrate", "--url", url_a, "--url", url_b, "--out", str(out), "--reps", "2"]
+        assert main([*argv, "--decode-tokens", "4", "--probe", "together"]) == 0
+    text = capsys.readouterr().out
+    assert "2 servers probed at once, in lockstep" in text
+    assert all(f.requests > 10 for f in fakes)
+    # lockstep: every round resets both caches before either server's next round starts
+    resets = [entry.split()[0] for entry in log]
+    assert len(resets) > 4
+    assert all(set(resets[i : i + 2]) == {"a", "b"} for i in range(0, len(resets), 2))
+    cal = load_profile_file(out).calibration
+    assert cal["probe"] == "together"
+    assert [s["url"] for s in cal["servers"]] == [url_a, url_b]
+    assert {p["phase"] for p in cal["phases"]} and len(cal["phases"]) % 2 == 0
+
+
+def test_probe_all_probes_the_servers_one_after_the_other(tmp_path: Path) -> None:
+    log: list[str] = []
+    fakes = [FakeVllm(log=log, name=n) for n in ("a", "b")]
+    out = tmp_path / "profile.toml"
+    with serving(fakes[0].app()) as url_a, serving(fakes[1].app()) as url_b:
+        argv = ["calibrate", "--url", url_a, "--url", url_b, "--out", str(out), "--reps", "2"]
+        assert main([*argv, "--decode-tokens", "4"]) == 0
+    resets = [entry.split()[0] for entry in log]
+    first_b = resets.index("b", 2)  # after the two reads of whether a server can reset
+    assert set(resets[2:first_b]) == {"a"} and set(resets[first_b:]) == {"b"}
+    assert load_profile_file(out).calibration["probe"] == "all"

@@ -111,3 +111,26 @@ def test_bad_input_is_refused() -> None:
         fit_rows([])
     with pytest.raises(ValueError, match="> 0"):
         fit_rows([Row("a", "prefill", "s", (1.0,) * 6, 0.0, "t")])
+
+
+def test_decode_rounds_the_client_could_not_follow_are_left_out() -> None:
+    """A client starved of CPU reads a stream late and in one burst: its first-to-last token
+    time is far under the server's decode time and must not enter the fit."""
+    ph = next(p for p in default_plan(SERVER, reps=3).phases if p.kind == "decode")
+    rng = random.Random(1)
+    good = [_synthetic_round(ph, rng, 0.0) for _ in range(3)]
+    decode = good[0].records[0].decode_s or 0.0
+    hist = "vllm:request_decode_time_seconds"
+    good = [Round(r.records, r.wall_s, {hist: decode}, r.steps, 0.0) for r in good]
+    burst = tuple(
+        RequestRecord(r.prompt_tokens, r.cached_tokens, r.output_tokens, r.latency_s, r.ttft_s,
+                      decode * 0.01)
+        for r in good[0].records
+    )  # fmt: skip
+    lagged = [Round(burst, 0.0, {hist: decode}, 0.0, 0.0) for _ in range(3)]
+    row = phase_row(PhaseRun(ph, SERVER.url, (*good[:1], *lagged)))
+    assert row is not None and row.y == pytest.approx(decode, rel=1e-9)
+    assert row.source == "client first-to-last token"
+    only_lagged = phase_row(PhaseRun(ph, SERVER.url, tuple(lagged)))
+    assert only_lagged is not None and only_lagged.source == hist
+    assert only_lagged.y == pytest.approx(decode)

@@ -14,11 +14,22 @@ import aiohttp
 
 from sessionroute.calibrate.fit import Row, fit_rows, phase_row
 from sessionroute.calibrate.plan import ProbePlan, default_plan
-from sessionroute.calibrate.probe import PhaseRun, Progress, reset_prefix_cache, run_plan
+from sessionroute.calibrate.probe import (
+    PhaseRun,
+    Progress,
+    probe_session,
+    reset_prefix_cache,
+    run_plan,
+    run_plan_together,
+)
 from sessionroute.calibrate.result import CalibrationResult, build_profile
 from sessionroute.calibrate.server import CalibrationError, ServerInfo, read_server_info
 
-__all__ = ["calibrate", "calibrate_async", "inspect_servers", "plan_for"]
+__all__ = ["PROBE_MODES", "calibrate", "calibrate_async", "inspect_servers", "plan_for"]
+
+PROBE_MODES: tuple[str, ...] = ("all", "together", "first")
+"""How :func:`calibrate_async` probes several servers: ``all`` one after the other (the
+others idle), ``together`` all at once in lockstep, ``first`` only the first."""
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -99,12 +110,16 @@ async def calibrate_async(
         plan: the probe plan (default: :func:`plan_for` the servers).
         max_num_seqs, max_num_batched_tokens: the servers' batch limits when they do not expose
             them (``/server_info`` answers only with ``VLLM_SERVER_DEV_MODE=1``).
-        probe: ``"all"`` probes every server in turn (one fit over all); ``"first"`` probes
-            the first and only reads the others.
+        probe: ``"all"`` probes every server in turn, the others idle (one fit over all);
+            ``"together"`` probes every server at once, the same round sent to each at the
+            same moment (:func:`~sessionroute.calibrate.probe.run_plan_together`; one fit over
+            all): the servers load each other, and the client that drives them, as when a
+            router spreads one workload over them; ``"first"`` probes the first and only reads
+            the others.
         name: the profile's name (default ``calibrated-<model>``).
         timeout_s: per HTTP request, seconds.
-        progress: called after each probe round with (rounds done, rounds in all on this
-            server, phase label).
+        progress: called after each probe round on each server with (rounds done, rounds in
+            all over the probed servers, phase label).
         stream: probe with streaming requests and fit client-side times (match a live run
             with ``stream = true``); False: plain requests, fit vLLM's own histograms. Used
             when ``plan`` is None (else ``plan.stream``).
@@ -116,24 +131,35 @@ async def calibrate_async(
     Raises:
         CalibrationError: a server is unreachable, is not vLLM, lacks what the fit needs, or
             failed a probe request.
-        ValueError: ``probe`` is neither ``"all"`` nor ``"first"``.
+        ValueError: ``probe`` is not one of :data:`PROBE_MODES`.
     """
-    if probe not in ("all", "first"):
-        raise ValueError(f"probe must be 'all' or 'first', got {probe!r}")
+    if probe not in PROBE_MODES:
+        raise ValueError(f"probe must be one of {', '.join(PROBE_MODES)}, got {probe!r}")
     t0 = time.monotonic()
-    timeout = aiohttp.ClientTimeout(total=timeout_s)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
+    async with probe_session(timeout_s) as session:
         servers = await inspect_servers(
             session, urls, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens
         )
         the_plan = plan if plan is not None else plan_for(servers, stream=stream)
         probed: list[ServerInfo] = []
-        runs: list[PhaseRun] = []
-        for info in servers if probe == "all" else servers[:1]:
+        for info in servers if probe != "first" else servers[:1]:
             can_reset = await reset_prefix_cache(session, info.url)
-            info = dataclasses.replace(info, can_reset_cache=can_reset)
-            probed.append(info)
-            runs += await run_plan(session, info, the_plan, progress)
+            probed.append(dataclasses.replace(info, can_reset_cache=can_reset))
+        runs: list[PhaseRun] = []
+        if probe == "together":
+            runs = await run_plan_together(session, probed, the_plan, progress)
+        else:
+            done = 0
+            total = sum(p.rounds for p in the_plan.phases) * len(probed)
+
+            def on_round(_done: int, _total: int, label: str) -> None:
+                nonlocal done
+                done += 1
+                if progress is not None:
+                    progress(done, total, label)
+
+            for info in probed:
+                runs += await run_plan(session, info, the_plan, on_round)
         servers = tuple(probed) + servers[len(probed) :]
     rows: list[Row] = [r for r in (phase_row(run) for run in runs) if r is not None]
     if not rows:
@@ -150,6 +176,7 @@ async def calibrate_async(
         fit=fit,
         date=date,
         wall_s=time.monotonic() - t0,
+        probe=probe if len(probed) > 1 else "first",
     )
 
 

@@ -16,9 +16,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
-
-from sessionroute.calibrate.probe import ProbeClient, RequestRecord, reset_prefix_cache
+from sessionroute.calibrate.probe import (
+    ProbeClient,
+    RequestRecord,
+    probe_session,
+    reset_prefix_cache,
+)
 from sessionroute.calibrate.server import ServerInfo, scrape
 from sessionroute.replica import EngineRequest, Replica, ReplicaConfig, StepTimeProfile
 from sessionroute.replica import chain_block_keys as block_keys
@@ -173,7 +176,7 @@ async def check_profile(
         CalibrationError: a request failed.
     """
     w = workload or CheckWorkload()
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as session:
+    async with probe_session(300.0) as session:
         client = ProbeClient(session, info)
         if ids is None:
             await client.load_ids()

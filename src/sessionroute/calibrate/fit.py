@@ -194,14 +194,19 @@ def phase_row(run: PhaseRun) -> Row | None:
         y = sum(r.wall_s for r in rounds) / n
         x = tuple(float(v) for v in tot / n)
         return Row(ph.label, kind, run.server, x, y, _SOURCE[kind])
+    streamed = all(r.ttft_s is not None for rnd in rounds for r in rnd.records)
+    # a streamed decode round whose tokens reached the client much faster than the server made
+    # them measured the client's lag, not the steps: it is left out (all left out: the
+    # server's own histogram instead)
+    kept = [r for r in rounds if not (streamed and kind == "decode" and _lagged(r))]
+    client = streamed and bool(kept)
     ys: list[float] = []
     xs: list[tuple[float, ...]] = []
     servers: list[float] = []
-    streamed = all(r.ttft_s is not None for rnd in rounds for r in rnd.records)
-    for rnd in rounds:
+    for rnd in kept or rounds:
         recs = rnd.records
         server_side = rnd.means.get(_SERVER_SIDE[kind])
-        if not streamed:
+        if not client:
             y_r = server_side or 0.0
         elif kind == "decode":
             y_r = statistics.fmean(r.decode_s or 0.0 for r in recs)
@@ -220,8 +225,22 @@ def phase_row(run: PhaseRun) -> Row | None:
         return None
     x_mean = tuple(float(v) for v in np.mean(np.array(xs), axis=0))
     server_y = float(np.median(servers)) if servers else None
-    source = _SOURCE[kind] if streamed else _SERVER_SIDE[kind]
+    source = _SOURCE[kind] if client else _SERVER_SIDE[kind]
     return Row(ph.label, kind, run.server, x_mean, float(np.median(ys)), source, server_y)
+
+
+_LAG_RATIO = 0.5
+"""A decode round the client saw in under this share of vLLM's own decode time is lagged."""
+
+
+def _lagged(rnd: Round) -> bool:
+    """Whether the client saw the round's tokens in under :data:`_LAG_RATIO` of the time the
+    server took to make them (``vllm:request_decode_time_seconds``): it read the stream late and
+    in bursts (a client starved of CPU), so its first-to-last token times are not step times."""
+    server = rnd.means.get(_SERVER_SIDE["decode"])
+    if not server or not rnd.records:
+        return False
+    return statistics.fmean(r.decode_s or 0.0 for r in rnd.records) < _LAG_RATIO * server
 
 
 def _nnls(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, tuple[int, ...]]:

@@ -12,7 +12,7 @@ import asyncio
 import json
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,9 +33,11 @@ __all__ = [
     "Progress",
     "RequestRecord",
     "Round",
+    "probe_session",
     "prompt_ids",
     "reset_prefix_cache",
     "run_plan",
+    "run_plan_together",
 ]
 
 _FALLBACK_IDS = range(100, 356)
@@ -50,6 +52,10 @@ _POOL_TEXT = " ".join(f"{w}{i}" if i % 3 else w for i, w in enumerate(_WORDS.spl
 """Text whose tokens are the prompt alphabet (``/tokenize``): ids the model surely has."""
 Progress = Callable[[int, int, str], None]
 """Progress callback: (rounds done, rounds in all, label of the phase just measured)."""
+_RETRIES = 2
+"""Times a probe request whose connection broke before any answer is sent again."""
+_KEEPALIVE_S = 2.0
+"""Seconds an idle probe connection is kept (under uvicorn's default keep-alive of 5 s)."""
 _SETTLE_S = 10.0
 """How long to wait for the server's histograms to count every request of a phase."""
 
@@ -156,7 +162,23 @@ class ProbeClient:
     async def complete(
         self, prompt: list[int], max_tokens: int, stream: bool = True
     ) -> RequestRecord:
-        """Send one completion (streaming unless ``stream`` is False); its record."""
+        """Send one completion (streaming unless ``stream`` is False); its record.
+
+        A request whose connection broke before any answer came (the server closed an idle
+        keep-alive connection just as it was reused: ``Can not write request body``, ``Server
+        disconnected``) is sent again, up to :data:`_RETRIES` times: the server never saw it.
+        """
+        for attempt in range(_RETRIES + 1):
+            try:
+                return await self._complete_once(prompt, max_tokens, stream)
+            except _Unanswered as exc:
+                if attempt == _RETRIES:
+                    raise CalibrationError(str(exc)) from exc.__cause__
+        raise AssertionError("unreachable")
+
+    async def _complete_once(
+        self, prompt: list[int], max_tokens: int, stream: bool
+    ) -> RequestRecord:
         body: dict[str, Any] = {
             "model": self.info.model,
             "prompt": prompt,
@@ -171,8 +193,10 @@ class ProbeClient:
         first = last = 0.0
         usage: dict[str, Any] = {}
         url = f"{self.info.url}/v1/completions"
+        answered = False
         try:
             async with self.session.post(url, json=body) as resp:
+                answered = True
                 if resp.status != 200:
                     text = await resp.text()
                     raise CalibrationError(f"{url} answered {resp.status}: {text[:300]}")
@@ -191,6 +215,10 @@ class ProbeClient:
                         if event.get("choices"):
                             last = time.perf_counter()
                             first = first or last
+        except aiohttp.ClientConnectionError as exc:
+            if not answered:
+                raise _Unanswered(f"{url}: {exc or type(exc).__name__}") from exc
+            raise CalibrationError(f"{url}: {exc or type(exc).__name__}") from exc
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             raise CalibrationError(f"{url}: {exc or type(exc).__name__}") from exc
         end = time.perf_counter()
@@ -204,6 +232,20 @@ class ProbeClient:
             ttft_s=first - t0 if stream else None,
             decode_s=(last or first) - first if stream else None,
         )
+
+
+class _Unanswered(Exception):
+    """A request's connection broke before the server answered (safe to send again)."""
+
+
+def probe_session(timeout_s: float) -> aiohttp.ClientSession:
+    """An HTTP session for probing: ``timeout_s`` per request, and idle keep-alive connections
+    closed after :data:`_KEEPALIVE_S`, before a server's own keep-alive timeout (uvicorn's 5 s,
+    vLLM's frontend) can close one just as it is reused."""
+    return aiohttp.ClientSession(
+        timeout=aiohttp.ClientTimeout(total=timeout_s),
+        connector=aiohttp.TCPConnector(keepalive_timeout=_KEEPALIVE_S),
+    )
 
 
 async def prompt_ids(session: aiohttp.ClientSession, info: ServerInfo) -> list[int]:
@@ -263,22 +305,25 @@ async def _run_round(
     )
 
 
-async def _run_phase_round(
-    client: ProbeClient, phase: Phase, prefix: list[int], rng: random.Random, stream: bool
-) -> Round:
-    """One round of ``phase``: reset the cache (when allowed), warm the phase's prefix so that
-    its requests hit it, send the round."""
-    if client.info.can_reset_cache:
-        await reset_prefix_cache(client.session, client.info.url)
+def _prepare_round(
+    client: ProbeClient, phase: Phase, prefix: list[int], rng: random.Random
+) -> list[tuple[list[int], int]]:
+    """The prompts and output lengths of one round of ``phase`` (token ids from ``rng``)."""
     ids = client.ids
-    if prefix:
-        await client.complete([*prefix, *_tokens(rng, ids, 1)], 1)
     prompts: list[tuple[list[int], int]] = []
     for _ in range(phase.requests):
         fresh = rng.randint(phase.fresh_min, phase.fresh_tokens)
         out = rng.randint(phase.output_min, phase.output_tokens)
         prompts.append(([*prefix, *_tokens(rng, ids, fresh)], out))
-    return await _run_round(client, prompts, phase.concurrency, stream)
+    return prompts
+
+
+async def _reset_and_warm(client: ProbeClient, prefix: list[int], rng: random.Random) -> None:
+    """Reset the cache (when allowed) and warm ``prefix`` so that a round's requests hit it."""
+    if client.info.can_reset_cache:
+        await reset_prefix_cache(client.session, client.info.url)
+    if prefix:
+        await client.complete([*prefix, *_tokens(rng, client.ids, 1)], 1)
 
 
 async def _warm_up(client: ProbeClient, rng: random.Random, plan: ProbePlan) -> None:
@@ -297,20 +342,7 @@ async def run_plan(
     plan: ProbePlan,
     progress: Progress | None = None,
 ) -> list[PhaseRun]:
-    """Run every phase of ``plan`` against one server.
-
-    Rounds are interleaved: the first round of every phase, then the second of every phase,
-    and so on, so that a burst of load from elsewhere on the machine spreads over the phases
-    instead of spoiling one (the fit takes each phase's median round). Before each round the
-    server's prefix cache is reset (``POST /reset_prefix_cache``) when ``info.can_reset_cache``
-    and the phase's shared prefix is warmed; prompts are random token ids either way, so
-    nothing but that prefix can hit. A few unmeasured requests go first (:func:`_warm_up`).
-
-    Args:
-        session: an open aiohttp session.
-        info: the server.
-        plan: the phases.
-        progress: called after each round with (rounds done, rounds in all, phase label).
+    """Run every phase of ``plan`` against one server (:func:`run_plan_together` of one).
 
     Returns:
         One :class:`PhaseRun` per phase, in the plan's order.
@@ -318,24 +350,74 @@ async def run_plan(
     Raises:
         CalibrationError: a request failed or the server stopped answering.
     """
-    client = ProbeClient(session, info)
-    await client.load_ids()
-    rng = random.Random(f"{plan.seed}:{info.url}")
-    await _warm_up(client, rng, plan)
-    prefixes = [_tokens(rng, client.ids, p.prefix_tokens) for p in plan.phases]
-    rounds: list[list[Round]] = [[] for _ in plan.phases]
-    total = sum(p.rounds for p in plan.phases)
+    return await run_plan_together(session, [info], plan, progress)
+
+
+async def run_plan_together(
+    session: aiohttp.ClientSession,
+    infos: Sequence[ServerInfo],
+    plan: ProbePlan,
+    progress: Progress | None = None,
+) -> list[PhaseRun]:
+    """Run every phase of ``plan`` against every server of ``infos`` at once, in lockstep.
+
+    Each round goes to every server at the same moment: all servers reset their prefix cache
+    (``POST /reset_prefix_cache``, when ``info.can_reset_cache``) and warm the phase's shared
+    prefix, then every server's requests of the round are sent together, and the next round
+    starts when every server has answered and its histograms have counted the round. So each
+    server is measured while the others run the same load, as when a router spreads one
+    workload over them: what they share (a host's cores or memory bandwidth, the client that
+    drives them) shows in every phase alike instead of in whichever phase happened to overlap
+    another server's heavy one. With one server this is a plain sequential probe.
+
+    Rounds are interleaved: the first round of every phase, then the second of every phase,
+    and so on, so that a burst of load from elsewhere on the machine spreads over the phases
+    instead of spoiling one (the fit takes each phase's median round). Prompts are random
+    token ids, so nothing but a phase's warmed prefix can hit. A few unmeasured requests go
+    first (:func:`_warm_up`, every server at once).
+
+    Args:
+        session: an open aiohttp session.
+        infos: the servers (one or more).
+        plan: the phases, the same for every server.
+        progress: called after each round on each server with (rounds done, rounds in all
+            over the servers, phase label).
+
+    Returns:
+        One :class:`PhaseRun` per server and phase: the servers in ``infos`` order, each
+        server's phases in the plan's order.
+
+    Raises:
+        CalibrationError: a request failed or a server stopped answering.
+    """
+    clients = [ProbeClient(session, info) for info in infos]
+    await asyncio.gather(*(c.load_ids() for c in clients))
+    rngs = [random.Random(f"{plan.seed}:{c.info.url}") for c in clients]
+    await asyncio.gather(*(_warm_up(c, rng, plan) for c, rng in zip(clients, rngs, strict=True)))
+    prefixes = [
+        [_tokens(rng, c.ids, p.prefix_tokens) for p in plan.phases]
+        for c, rng in zip(clients, rngs, strict=True)
+    ]
+    rounds: list[list[list[Round]]] = [[[] for _ in plan.phases] for _ in clients]
+    total = sum(p.rounds for p in plan.phases) * len(clients)
     done = 0
     for r in range(max((p.rounds for p in plan.phases), default=0)):
         for i, phase in enumerate(plan.phases):
             if r >= phase.rounds:
                 continue
-            rnd = await _run_phase_round(client, phase, prefixes[i], rng, plan.stream)
-            rounds[i].append(rnd)
-            done += 1
-            if progress is not None:
-                progress(done, total, phase.label)
+            k = range(len(clients))
+            await asyncio.gather(*(_reset_and_warm(clients[j], prefixes[j][i], rngs[j]) for j in k))
+            prompts = [_prepare_round(clients[j], phase, prefixes[j][i], rngs[j]) for j in k]
+            measured = await asyncio.gather(
+                *(_run_round(clients[j], prompts[j], phase.concurrency, plan.stream) for j in k)
+            )
+            for j, rnd in enumerate(measured):
+                rounds[j][i].append(rnd)
+                done += 1
+                if progress is not None:
+                    progress(done, total, phase.label)
     return [
-        PhaseRun(phase=p, server=info.url, rounds=tuple(rs))
-        for p, rs in zip(plan.phases, rounds, strict=True)
+        PhaseRun(phase=p, server=c.info.url, rounds=tuple(rs))
+        for c, per_phase in zip(clients, rounds, strict=True)
+        for p, rs in zip(plan.phases, per_phase, strict=True)
     ]

@@ -60,6 +60,8 @@ class CalibrationResult:
         fit: the fitted constants, their errors and each phase's error.
         date: when the calibration finished (ISO 8601, UTC).
         wall_s: how long it took, seconds.
+        probe: how the servers were probed (``calibrate``'s ``probe``; ``"first"`` when one
+            server was).
     """
 
     profile: StepTimeProfile
@@ -70,6 +72,7 @@ class CalibrationResult:
     fit: FitResult
     date: str
     wall_s: float
+    probe: str = "first"
 
     def calibration_table(self) -> dict[str, Any]:
         """The ``[calibration]`` table of the profile file."""
@@ -80,6 +83,7 @@ class CalibrationResult:
             "date": self.date,
             "wall_s": round(self.wall_s, 1),
             "tool": "sessionroute calibrate",
+            "probe": self.probe,
             "model_terms": "t_step = b0 + b_tok*N + b_seq*D + b_req*R + b_kv*C + b_pa*A "
             "(T_mem not fitted: w_dense_bytes = 0)",
             "servers": [

@@ -65,9 +65,14 @@ def register(sub: Any) -> None:
     )
     parser.add_argument(
         "--probe",
-        choices=("all", "first"),
+        choices=("all", "together", "first"),
         default="all",
-        help="probe every server in turn (default) or only the first (the others are read)",
+        help="all (default): probe every server in turn, the others idle; together: probe "
+        "every server at once, the same round sent to each at the same moment, so that each "
+        "is measured while the others and the client carry the same load, as when a router "
+        "spreads a workload over them (servers sharing a host's cores or memory bandwidth; "
+        "what `compare --fidelity` uses for servers on one host); first: probe only the "
+        "first (the others are read). Every mode fits one profile over all it measured",
     )
     parser.add_argument(
         "--reps",
@@ -137,7 +142,7 @@ def _print_servers(console: Any, servers: Any) -> None:
     console.print(table)
 
 
-def _print_plan(console: Any, plan: Any, n_servers: int) -> None:
+def _print_plan(console: Any, plan: Any, n_servers: int, mode: str) -> None:
     from rich.table import Table
 
     table = Table(title=f"probe plan (per server; {plan.num_requests} requests)")
@@ -147,7 +152,8 @@ def _print_plan(console: Any, plan: Any, n_servers: int) -> None:
         table.add_row(p.label, p.describe())
     console.print(table)
     if n_servers > 1:
-        console.print(f"{n_servers} servers")
+        how = "at once, in lockstep" if mode == "together" else "one after the other"
+        console.print(f"{n_servers} servers probed {how}")
 
 
 def print_fit(console: Any, result: Any) -> None:
@@ -254,11 +260,11 @@ def _run(args: argparse.Namespace) -> int:
     except (CalibrationError, ValueError) as exc:
         return fail(str(exc))
     _print_servers(console, servers)
-    _print_plan(console, plan, len(servers) if args.probe == "all" else 1)
+    probed = len(servers) if args.probe != "first" else 1
+    _print_plan(console, plan, probed, args.probe)
     if args.dry_run:
         console.print("dry run: nothing sent")
         return 0
-    probed = len(servers) if args.probe == "all" else 1
     with Progress(
         TextColumn("[progress.description]{task.description}"),
         BarColumn(),
@@ -288,21 +294,24 @@ def _run(args: argparse.Namespace) -> int:
     if args.check and not args.no_stream:
         from sessionroute.calibrate import CheckWorkload, check_profile
 
+        # as probed: with --probe together every server runs the check at once (the first's
+        # figures are printed), else the first alone
+        checked = result.servers[:probed] if args.probe == "together" else result.servers[:1]
+
+        async def check_all(rate: float) -> Any:
+            w = CheckWorkload(rate_per_s=rate)
+            return await asyncio.gather(
+                *(check_profile(s, result.profile, result.block_size, w) for s in checked)
+            )
+
         checks = []
         for rate in (6.0, 16.0):  # light load, and arrivals that keep a queue
             try:
-                checks.append(
-                    asyncio.run(
-                        check_profile(
-                            result.servers[0],
-                            result.profile,
-                            result.block_size,
-                            CheckWorkload(rate_per_s=rate),
-                        )
-                    )
-                )
+                checks.append(asyncio.run(check_all(rate))[0])
             except CalibrationError as exc:
                 return fail(str(exc))
+        if len(checked) > 1:
+            console.print(f"check: {len(checked)} servers at once, the first's figures")
         print_check(console, checks, (6.0, 16.0))
     try:
         path = write_profile(result, args.out)

@@ -118,6 +118,15 @@ def register(sub: Any) -> None:
         "--out FILE) instead of calibrating them first",
     )
     parser.add_argument(
+        "--calibrate-probe",
+        choices=("together", "first", "all"),
+        default="together",
+        help="with --fidelity: how the servers are calibrated (sessionroute calibrate "
+        "--probe): together (default: every server at once, in lockstep, as the arms load "
+        "them), first (the first server alone, the others read), all (one after the "
+        "other); docs/simulator.md, 'How far to trust it', has what each gave",
+    )
+    parser.add_argument(
         "--dry-run",
         action="store_true",
         help="print a short plan (workload, replicas, one line per arm) and exit",
@@ -193,6 +202,7 @@ def _run_fidelity(args: argparse.Namespace, spec: Any, err_console: Any, out_con
                 spec,
                 out_dir,
                 profile=args.profile,
+                probe=args.calibrate_probe,
                 reporter=reporter,
                 say=lambda line: err_console.print(line, highlight=False, markup=False),
                 command=" ".join(["sessionroute", *sys.argv[1:]]),

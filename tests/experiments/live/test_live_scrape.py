@@ -14,6 +14,7 @@ from sessionroute.experiments.live.scrape import (
     reset_prefix_caches,
     scrape_all,
     served_model_info,
+    server_latency_means,
 )
 from sessionroute.experiments.live.tap import start_taps
 
@@ -53,6 +54,10 @@ async def test_counters_and_gauges_from_emulator_metrics(emus: list[EmulatorHand
     assert d["prefix_cache_hits"] == 192  # the second prompt hits 12 full blocks of 16
     assert after.gauges["running"] == 0
     assert "kv_usage" in after.gauges
+    means = server_latency_means([before], [after])
+    assert means["ttft_mean_s"] is not None and means["ttft_mean_s"] > 0
+    assert means["itl_mean_s"] is not None and means["itl_mean_s"] > 0
+    assert server_latency_means([after], [after]) == {"ttft_mean_s": None, "itl_mean_s": None}
 
 
 def test_parse_metrics_sums_label_sets() -> None:
@@ -65,6 +70,12 @@ def test_parse_metrics_sums_label_sets() -> None:
     )
     snap = parse_metrics(text)
     assert snap.counters == {"requests": 5.0}
+    hist = (
+        'vllm:time_to_first_token_seconds_bucket{engine="0",le="0.1"} 3.0\n'
+        'vllm:time_to_first_token_seconds_sum{engine="0"} 0.25\n'
+        'vllm:time_to_first_token_seconds_count{engine="0"} 4.0\n'
+    )
+    assert parse_metrics(hist).counters == {"ttft_sum_s": 0.25, "ttft_count": 4.0}
     assert snap.gauges == {"running": 4.0, "kv_usage": 0.5}
 
 

@@ -157,6 +157,7 @@ def run_fidelity(
     out_dir: Path,
     *,
     profile: str | None = None,
+    probe: str = "together",
     reporter: Any = None,
     say: Say = print,
     command: str = "",
@@ -166,8 +167,12 @@ def run_fidelity(
     Args:
         spec: an experiment with a ``[live]`` section naming servers.
         out_dir: the output directory (created).
-        profile: a profile file fitted to these servers; None calibrates them first (the
-            first server probed, the others read) and writes ``out_dir/profile.toml``.
+        profile: a profile file fitted to these servers; None calibrates them first (as
+            ``probe`` says) and writes ``out_dir/profile.toml``.
+        probe: how to calibrate them (``calibrate``'s ``probe``): ``"together"`` every
+            server at once, in lockstep, as the arms load them; ``"first"`` the first server
+            alone, the others read (docs/simulator.md, "How far to trust it", has what each
+            gave on the CPU tier).
         reporter: progress of the runs (``RichReporter``).
         say: one-line notes (where the settings came from, calibration phases).
         command: the command line, recorded in ``fidelity.json``.
@@ -199,18 +204,20 @@ def run_fidelity(
         engine = engine_from_servers(servers)
         say(f"servers: {engine.source}")
         if profile is None:
-            # the first server alone, the others idle: measured, fitting all three at once
-            # under their shared contention gave degenerate fits (b0 = 0, ITL 8 us) on 2 cores
-            say(f"calibrating against {urls[0]} (the others are read) ...")
+            say(f"calibrating {len(urls)} servers (probe {probe}) ...")
             result = calibrate(
                 urls,
-                probe="first",
+                probe=probe,
                 max_num_seqs=fallback["max_num_seqs"],
                 max_num_batched_tokens=fallback["max_num_batched_tokens"],
                 progress=_calibration_progress(say),
             )
             profile_path = write_profile(result, out_dir / "profile.toml")
-            calibration = {"calibrated_here": True, "calibration_wall_s": result.wall_s}
+            calibration = {
+                "calibrated_here": True,
+                "calibration_wall_s": result.wall_s,
+                "calibration_probe": result.probe,
+            }
             say(f"calibrated in {result.wall_s:.0f} s: {profile_path}")
         else:
             profile_path = Path(profile)

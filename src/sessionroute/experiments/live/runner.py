@@ -40,6 +40,7 @@ from sessionroute.experiments.live.scrape import (
     reset_prefix_caches,
     scrape_all,
     served_model_info,
+    server_latency_means,
 )
 from sessionroute.experiments.live.tap import Tap, start_taps
 from sessionroute.experiments.live_section import LiveSection
@@ -223,6 +224,7 @@ class LiveArmRunner:
             "model": model,
             "template_overhead": [overhead.first, overhead.per_turn],
             "setup_seconds": t0 - t_wall,
+            "server_means": server_latency_means(before, after),
         }
         metrics = build_live_metrics(
             host, before, after, urls, sampler=sampler, taps=taps, router=router_stats,

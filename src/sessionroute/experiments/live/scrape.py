@@ -26,6 +26,7 @@ __all__ = [
     "scrape",
     "scrape_all",
     "served_model_info",
+    "server_latency_means",
 ]
 
 COUNTERS: dict[str, str] = {
@@ -35,8 +36,13 @@ COUNTERS: dict[str, str] = {
     "prompt_tokens": "vllm:prompt_tokens",
     "generation_tokens": "vllm:generation_tokens",
     "requests": "vllm:request_success",
+    "ttft_sum_s": "vllm:time_to_first_token_seconds_sum",
+    "ttft_count": "vllm:time_to_first_token_seconds_count",
+    "itl_sum_s": "vllm:inter_token_latency_seconds_sum",
+    "itl_count": "vllm:inter_token_latency_seconds_count",
 }
-"""Our name -> the Prometheus family of a vLLM counter (tokens, or counts)."""
+"""Our name -> the Prometheus family of a vLLM counter (tokens, or counts; ``*_sum_s`` and
+``*_count``: a histogram's sum, seconds, and count)."""
 
 _GAUGES: dict[str, tuple[str, ...]] = {
     "running": ("vllm:num_requests_running",),
@@ -93,6 +99,25 @@ def parse_metrics(text: str) -> MetricsSnapshot:
                 snap.gauges[ours] = values[name]
                 break
     return snap
+
+
+def server_latency_means(
+    before: Sequence[MetricsSnapshot], after: Sequence[MetricsSnapshot]
+) -> dict[str, float | None]:
+    """vLLM's own mean TTFT and inter-token latency over every replica between two scrapes
+    (``ttft_mean_s``, ``itl_mean_s``, seconds; None where no replica counted one): against the
+    client's, how much of what it measured is the servers' (the rest is HTTP, the router and
+    the client)."""
+    sums = dict.fromkeys(("ttft_sum_s", "ttft_count", "itl_sum_s", "itl_count"), 0.0)
+    for b, a in zip(before, after, strict=True):
+        if a.ok and b.ok:
+            d = a.delta(b)
+            for k in sums:
+                sums[k] += d.get(k, 0.0)
+    return {
+        "ttft_mean_s": sums["ttft_sum_s"] / sums["ttft_count"] if sums["ttft_count"] else None,
+        "itl_mean_s": sums["itl_sum_s"] / sums["itl_count"] if sums["itl_count"] else None,
+    }
 
 
 async def scrape(client: httpx.AsyncClient, url: str) -> MetricsSnapshot:
