@@ -113,3 +113,10 @@ def test_a_merge_of_another_experiment_is_refused(full: Path) -> None:
     earlier.doc["runs"][0].pop("slo_goodput")  # consistent_hash at 2 replicas, seed 0
     with pytest.raises(ConfigError, match="its runs lack slo_goodput"):
         check_merge(earlier, knob, [2, 3], [0, 1], arms(), objective)
+
+
+def test_a_merge_of_a_file_is_refused_with_a_clear_error(full: Path, tmp_path: Path) -> None:
+    """``--merge DIR/sweep.json`` (the file, not its directory): a clear error, no traceback."""
+    with pytest.raises(ConfigError, match=r"cannot read .*sweep\.json: Not a directory"):
+        load_earlier(full / "sweep.json")
+    assert _rerun(full / "sweep.json", tmp_path / "m", "--values", "2,3", "--seeds", "2") == 2

@@ -94,7 +94,7 @@ def load_earlier(directory: Path) -> EarlierSweep:
     """Read ``directory/sweep.json`` and the settings its arms ran with.
 
     Raises:
-        ConfigError: naming the file, when it is missing, not a sweep, or records no
+        ConfigError: naming the file, when it is missing or unreadable, not a sweep, or records no
             settings (nor embeds its experiment in ``report.html``).
     """
     path = directory / "sweep.json"
@@ -102,6 +102,11 @@ def load_earlier(directory: Path) -> EarlierSweep:
         doc = json.loads(path.read_text("utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"--merge: {path} does not exist (a sweep's output directory?)") from None
+    except OSError as exc:  # DIR is a file (sweep.json itself?), unreadable...
+        raise ConfigError(
+            f"--merge: cannot read {path}: {exc.strerror or exc} (--merge takes the directory "
+            "of a finished sweep)"
+        ) from None
     except json.JSONDecodeError as exc:
         raise ConfigError(f"--merge: {path} is not JSON: {exc}") from None
     if not isinstance(doc, dict) or doc.get("schema") != "sessionroute.sweep/1":
