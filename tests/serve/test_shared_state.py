@@ -499,3 +499,39 @@ async def test_a_release_a_router_did_not_hear_is_caught_up_before_redis_loses_i
         assert (await post_chat(client, b, f"c{k}"))[0] == 200
     await _until(lambda: sa.up and sb.up, "routers did not reconnect")
     assert sorted(await sa.link.call("HKEYS", sa.keys[0])) == ["c1", "c2"]
+
+
+async def test_cached_pins_are_restored_when_the_first_replay_after_a_loss_fails(
+    backends: list[FakeBackend],
+    make_router: MakeRouter,
+    client: aiohttp.ClientSession,
+    redis_server: RedisServer,
+) -> None:
+    """Redis lost its data and the replay that writes the cached pins back fails once (a
+    timeout, Redis away again): the next attempt, which finds the data set it already saw,
+    still writes every cached pin back."""
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    urls = [b.url for b in backends]
+    a = await _shared(make_router, urls, redis_server)
+    state = a.router.state
+    assert state is not None
+    for k in range(3):
+        assert (await post_chat(client, a, f"f{k}"))[0] == 200
+    redis_server.kill()
+    assert (await post_chat(client, a, "f0"))[0] == 200  # the router notices the loss
+    assert not state.up
+    replay = state._replay
+    failed: list[bool] = []
+
+    async def fail_once(released: list[str], dirty: set[str], everything: bool) -> None:
+        if not failed:
+            failed.append(everything)
+            raise RedisConnectionError("Redis away again")
+        await replay(released, dirty, everything)
+
+    state._replay = fail_once  # type: ignore[method-assign]
+    redis_server.start()
+    await _until(lambda: state.up, "the router did not reconnect")
+    assert failed == [True]
+    assert sorted(await state.link.call("HKEYS", state.keys[0])) == ["f0", "f1", "f2"]

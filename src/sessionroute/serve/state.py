@@ -327,7 +327,9 @@ class RedisState:
             _, epoch = await asyncio.gather(
                 self.link.call("SET", key, secrets.token_hex(8), "NX"), self.link.call("GET", key)
             )
-            self._lost = self.epoch is not None and epoch != self.epoch
+            # sticky until a replay wrote every cached pin back (one that failed is retried
+            # on a data set whose epoch this router has seen by then)
+            self._lost = self._lost or (self.epoch is not None and epoch != self.epoch)
             self.epoch = epoch
         reply = await self._script("LOAD", *self._load_args(None))
         self._apply_load(None, reply)
@@ -438,7 +440,7 @@ class RedisState:
                 self._released.update(released)
                 self._dirty.update(dirty)
                 raise
-            everything = False
+            everything = self._lost = False
             if not self._released and not self._dirty:
                 return
 
