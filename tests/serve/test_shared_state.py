@@ -535,3 +535,24 @@ async def test_cached_pins_are_restored_when_the_first_replay_after_a_loss_fails
     await _until(lambda: state.up, "the router did not reconnect")
     assert failed == [True]
     assert sorted(await state.link.call("HKEYS", state.keys[0])) == ["f0", "f1", "f2"]
+
+
+async def test_a_quiet_router_writes_its_pins_back_when_its_lease_renewal_finds_redis_lost_them(
+    backends: list[FakeBackend],
+    make_router: MakeRouter,
+    client: aiohttp.ClientSession,
+    redis_server: RedisServer,
+) -> None:
+    """Redis restarts (its data lost) while no request reaches the router: the background
+    renewal that reconnects finds the new data set and the router writes its pins back, as
+    a request noticing the loss would have made it do."""
+    urls = [b.url for b in backends]
+    a = await _shared(make_router, urls, redis_server)
+    state = a.router.state
+    assert state is not None
+    for k in range(3):
+        assert (await post_chat(client, a, f"g{k}"))[0] == 200
+    redis_server.kill()
+    redis_server.start()
+    await _until(lambda: state.reconnects >= 1 and state.up, "the loss went unnoticed")
+    assert sorted(await state.link.call("HKEYS", state.keys[0])) == ["g0", "g1", "g2"]

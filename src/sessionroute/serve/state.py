@@ -34,6 +34,7 @@ import secrets
 from collections.abc import Iterator
 from typing import Any
 
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 from sessionroute.clock import Clock
@@ -331,6 +332,8 @@ class RedisState:
             # on a data set whose epoch this router has seen by then)
             self._lost = self._lost or (self.epoch is not None and epoch != self.epoch)
             self.epoch = epoch
+            if self._lost and self.up:  # the lease renewal reconnected: replay as when down
+                raise RedisConnectionError("the shared state lost its data (a new epoch)")
         reply = await self._script("LOAD", *self._load_args(None))
         self._apply_load(None, reply)
         if self.table is not None:
