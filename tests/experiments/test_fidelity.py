@@ -208,3 +208,22 @@ def test_compare_on_a_live_file_simulates_the_servers_engine(tmp_path: Path) -> 
     assert plan["replicas"]["max_num_seqs"] == 16
     r = _cli("compare", str(exp), "--profile", "p.toml", cwd=tmp_path)
     assert r.returncode == 2 and "--profile goes with --fidelity" in r.stderr
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ((), "--calibrate-probe goes with --fidelity"),
+        (("--fidelity", "--profile", "p.toml"), "--calibrate-probe calibrates: not with --profile"),
+    ],
+)
+def test_calibrate_probe_is_refused_where_nothing_is_calibrated(
+    extra: tuple[str, ...], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--calibrate-probe`` without ``--fidelity``, or beside a ``--profile`` (nothing is
+    calibrated then), is an error, as ``--profile`` without ``--fidelity`` is; not ignored."""
+    from sessionroute.cli import main
+
+    argv = ["compare", "--calibrate-probe", "first", *extra, "--out", str(tmp_path / "o")]
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err

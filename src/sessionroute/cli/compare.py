@@ -120,7 +120,7 @@ def register(sub: Any) -> None:
     parser.add_argument(
         "--calibrate-probe",
         choices=("together", "first", "all"),
-        default="together",
+        default=None,
         help="with --fidelity: how the servers are calibrated (sessionroute calibrate "
         "--probe): together (default: every server at once, in lockstep, as the arms load "
         "them), first (the first server alone, the others read), all (one after the "
@@ -202,7 +202,7 @@ def _run_fidelity(args: argparse.Namespace, spec: Any, err_console: Any, out_con
                 spec,
                 out_dir,
                 profile=args.profile,
-                probe=args.calibrate_probe,
+                probe=args.calibrate_probe or "together",
                 reporter=reporter,
                 say=lambda line: err_console.print(line, highlight=False, markup=False),
                 command=" ".join(["sessionroute", *sys.argv[1:]]),
@@ -264,6 +264,10 @@ def _run(args: argparse.Namespace) -> int:
 
     if args.profile and not args.fidelity:
         err_console.print("[red]error:[/red] --profile goes with --fidelity", highlight=False)
+        return 2
+    if args.calibrate_probe and (not args.fidelity or args.profile):
+        why = "goes with --fidelity" if not args.fidelity else "calibrates: not with --profile"
+        err_console.print(f"[red]error:[/red] --calibrate-probe {why}", highlight=False)
         return 2
     if args.fidelity and args.live:
         err_console.print(
