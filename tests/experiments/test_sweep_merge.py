@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -120,3 +121,26 @@ def test_a_merge_of_a_file_is_refused_with_a_clear_error(full: Path, tmp_path: P
     with pytest.raises(ConfigError, match=r"cannot read .*sweep\.json: Not a directory"):
         load_earlier(full / "sweep.json")
     assert _rerun(full / "sweep.json", tmp_path / "m", "--values", "2,3", "--seeds", "2") == 2
+
+
+@pytest.mark.parametrize(
+    ("cut", "message"),
+    [
+        ("runs", "lacks runs"),
+        ("values", "lacks values"),
+        ("settings", "records settings for 1 value"),
+    ],
+)
+def test_a_cut_sweep_json_is_refused_naming_what_it_lacks(
+    cut: str, message: str, full: Path, tmp_path: Path
+) -> None:
+    """A ``sweep.json`` cut short or edited by hand: a ConfigError naming the file and what
+    is missing, not a KeyError or zip()'s message."""
+    doc = _doc(full)
+    if cut == "settings":
+        doc["settings"] = doc["settings"][:1]
+    else:
+        del doc[cut]
+    (tmp_path / "sweep.json").write_text(json.dumps(doc))
+    with pytest.raises(ConfigError, match=re.escape(f"{tmp_path}/sweep.json") + f".*{message}"):
+        load_earlier(tmp_path)

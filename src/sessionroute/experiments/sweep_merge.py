@@ -94,8 +94,9 @@ def load_earlier(directory: Path) -> EarlierSweep:
     """Read ``directory/sweep.json`` and the settings its arms ran with.
 
     Raises:
-        ConfigError: naming the file, when it is missing or unreadable, not a sweep, or records no
-            settings (nor embeds its experiment in ``report.html``).
+        ConfigError: naming the file, when it is missing or unreadable, not a sweep, lacks
+            a key ``--merge`` reads, or records no settings (nor embeds its experiment in
+            ``report.html``).
     """
     path = directory / "sweep.json"
     try:
@@ -111,8 +112,16 @@ def load_earlier(directory: Path) -> EarlierSweep:
         raise ConfigError(f"--merge: {path} is not JSON: {exc}") from None
     if not isinstance(doc, dict) or doc.get("schema") != "sessionroute.sweep/1":
         raise ConfigError(f"--merge: {path} is not a sessionroute sweep (schema)")
+    missing = [k for k in ("knob", "values", "policies", "runs") if k not in doc]
+    if missing:
+        raise ConfigError(f"--merge: {path} lacks {', '.join(missing)} (a cut or edited file?)")
     recorded = doc.get("settings")
     if recorded is not None:
+        if not isinstance(recorded, list) or len(recorded) != len(doc["values"]):
+            raise ConfigError(
+                f"--merge: {path} records settings for {len(recorded)} value(s) of "
+                f"{len(doc['values'])} (a cut or edited file?)"
+            )
         settings = {float(v): s for v, s in zip(doc["values"], recorded, strict=True)}
     else:
         found = _report_settings(directory / "report.html")
