@@ -556,3 +556,34 @@ async def test_a_quiet_router_writes_its_pins_back_when_its_lease_renewal_finds_
     redis_server.start()
     await _until(lambda: state.reconnects >= 1 and state.up, "the loss went unnoticed")
     assert sorted(await state.link.call("HKEYS", state.keys[0])) == ["g0", "g1", "g2"]
+
+
+async def test_a_router_reads_the_releases_of_a_new_data_set_from_its_start(
+    backends: list[FakeBackend],
+    make_router: MakeRouter,
+    client: aiohttp.ClientSession,
+    redis_server: RedisServer,
+) -> None:
+    """After Redis lost its data, its memory of releases starts afresh, timed by the new
+    server's clock (another host's, maybe behind the old one's): a router reads it from its
+    start, not from the last release time it read of the old data set."""
+    a, b = await _both_see(make_router, backends, redis_server, client, "h", 2)
+    assert a.router.state is not None and b.router.state is not None
+    sa, sb = a.router.state, b.router.state
+    for task in sa._tasks:  # a hears no message: only the memory tells it
+        if task.get_name() == "sessionroute-released":
+            task.cancel()
+    seconds, _ = await sa.link.call("TIME")
+    # the last release a read of the old data set, stamped by a clock an hour ahead
+    sa._heard_ms = int(seconds) * 1000 + 3_600_000
+    redis_server.kill()
+    redis_server.start()
+    for k in range(2):  # each router notices the loss and writes its pins back
+        assert (await post_chat(client, a, f"h{k}"))[0] == 200
+        assert (await post_chat(client, b, f"h{k}"))[0] == 200
+    await _until(lambda: sa.up and sb.up, "routers did not reconnect")
+    await _release_through(client, b, "h", 1)
+    table = sa.table
+    assert table is not None and table.worker_of("h0") is not None  # a did not hear it
+    await sa._sync()  # every lease_s / 3 in the background
+    assert table.worker_of("h0") is None and table.worker_of("h1") is not None

@@ -328,9 +328,11 @@ class RedisState:
             _, epoch = await asyncio.gather(
                 self.link.call("SET", key, secrets.token_hex(8), "NX"), self.link.call("GET", key)
             )
-            # sticky until a replay wrote every cached pin back (one that failed is retried
-            # on a data set whose epoch this router has seen by then)
-            self._lost = self._lost or (self.epoch is not None and epoch != self.epoch)
+            if self.epoch is not None and epoch != self.epoch:
+                # _lost: sticky until a replay wrote every cached pin back (one that failed
+                # is retried on a data set whose epoch this router has seen by then)
+                self._lost = True
+                self._heard_ms = 0  # a new memory of releases, timed by the new server's clock
             self.epoch = epoch
             if self._lost and self.up:  # the lease renewal reconnected: replay as when down
                 raise RedisConnectionError("the shared state lost its data (a new epoch)")
