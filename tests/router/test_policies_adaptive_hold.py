@@ -83,6 +83,14 @@ def _thrash_at_10(core: RoutingCore, clock: ManualClock) -> None:
     _turn(core, "s1", 1000)
 
 
+def _held_at_10(**options: Any) -> tuple[RoutingCore, AdaptiveHoldPolicy, ManualClock]:
+    """s4 and s3 held at 10 s (:func:`_thrash_at_10`)."""
+    core, p, clock = _core(**options)
+    _four_sessions(core, clock)
+    _thrash_at_10(core, clock)
+    return core, p, clock
+
+
 def test_thrash_sets_a_ceiling_and_holds_the_newest_sessions_until_under_it() -> None:
     core, p, clock = _core()
     _four_sessions(core, clock)
@@ -96,9 +104,7 @@ def test_thrash_sets_a_ceiling_and_holds_the_newest_sessions_until_under_it() ->
 
 
 def test_held_turns_wait_and_resume_in_hold_order_when_the_worker_drains() -> None:
-    core, p, clock = _core()
-    _four_sessions(core, clock)
-    _thrash_at_10(core, clock)
+    core, p, clock = _held_at_10()
     ready: list[Ticket] = []
     clock.set(11.0)
     s3 = core.place(_req("s3", 350), ready.append)
@@ -116,10 +122,8 @@ def test_held_turns_wait_and_resume_in_hold_order_when_the_worker_drains() -> No
 
 
 def test_a_held_turn_leaves_at_its_bound_on_the_drivers_recheck() -> None:
-    core, p, clock = _core(hold_max_s=30.0, hold_total_max_s=40.0)
+    core, p, clock = _held_at_10(hold_max_s=30.0, hold_total_max_s=40.0)
     assert core.admission_recheck_s == 1.0
-    _four_sessions(core, clock)
-    _thrash_at_10(core, clock)
     ready: list[Ticket] = []
     clock.set(11.0)
     ticket = core.place(_req("s3", 350), ready.append)
@@ -145,9 +149,7 @@ def test_a_held_turn_leaves_at_its_bound_on_the_drivers_recheck() -> None:
 
 
 def test_no_session_is_held_past_its_age_bound() -> None:
-    core, p, clock = _core(hold_age_max_s=25.0)
-    _four_sessions(core, clock)  # s4 first placed at 3 s, s3 at 2 s
-    _thrash_at_10(core, clock)
+    core, p, clock = _held_at_10(hold_age_max_s=25.0)  # s4 first placed at 3 s, s3 at 2 s
     held = p.held()
     assert held["s4"].until == pytest.approx(28.0) and held["s3"].until == pytest.approx(27.0)
     clock.set(30.0)
@@ -156,16 +158,13 @@ def test_no_session_is_held_past_its_age_bound() -> None:
 
 
 def test_largest_first_holds_the_session_that_frees_the_most() -> None:
-    core, p, clock = _core(hold_pick="largest")
-    _four_sessions(core, clock)
-    _thrash_at_10(core, clock)  # s1 (1,000) alone brings 1,900 under 1,330
+    # s1 (1,000) alone brings 1,900 under 1,330
+    _, p, _ = _held_at_10(hold_pick="largest")
     assert list(p.held()) == ["s1"] and p.context_tokens() == {A: 900}
 
 
 def test_release_session_of_a_held_session_frees_it() -> None:
-    core, p, clock = _core()
-    _four_sessions(core, clock)
-    _thrash_at_10(core, clock)
+    core, p, _ = _held_at_10()
     assert core.finish_session("s4")
     assert "s4" not in p.held() and p.released["gone"] == 1
     assert p.context_tokens() == {A: 1200}  # it was not counted while held, and is gone
@@ -173,9 +172,7 @@ def test_release_session_of_a_held_session_frees_it() -> None:
 
 
 def test_calm_scrapes_raise_the_ceiling_and_lift_it() -> None:
-    core, p, clock = _core(hold_raise=0.5, lift_pressure=1.0)
-    _four_sessions(core, clock)
-    _thrash_at_10(core, clock)
+    core, p, clock = _held_at_10(hold_raise=0.5, lift_pressure=1.0)
     core.finish_session("s3")
     core.finish_session("s4")  # nothing held
     clock.set(20.0)
@@ -191,16 +188,12 @@ def test_calm_scrapes_raise_the_ceiling_and_lift_it() -> None:
 @pytest.mark.parametrize(("queue_kv", "cut"), [(0.0, True), (0.3, True), (0.31, False)])
 def test_the_queue_watermark_counts_only_at_hold_queue_kv(queue_kv: float, cut: bool) -> None:
     """THRASH has 8 waiting at kv_usage 0.3 (under hold_kv)."""
-    core, p, clock = _core(hold_queue_kv=queue_kv)
-    _four_sessions(core, clock)
-    _thrash_at_10(core, clock)
+    _, p, _ = _held_at_10(hold_queue_kv=queue_kv)
     assert (A in p.ceiling) is cut and bool(p.held()) is cut
 
 
 def test_without_hold_it_is_adaptive_sticky() -> None:
-    core, p, clock = _core(hold=False)
-    _four_sessions(core, clock)
-    _thrash_at_10(core, clock)
+    core, p, _ = _held_at_10(hold=False)
     assert p.held() == {} and p.ceiling == {} and core.admission_recheck_s is None
 
 
@@ -316,14 +309,6 @@ def test_hold_invariants(ops: list[tuple[str, int, int]]) -> None:
 
 # -- rule 6: four sessions finish four requests between the first scrape (1 s) and the one
 # showing thrash (10 s): 4 completions in 9 s, so with 8 waiting the queueing delay is 18 s
-
-
-def _held_at_10(**options: Any) -> tuple[RoutingCore, AdaptiveHoldPolicy, ManualClock]:
-    """s4 and s3 held at 10 s (:func:`_thrash_at_10`)."""
-    core, p, clock = _core(**options)
-    _four_sessions(core, clock)
-    _thrash_at_10(core, clock)
-    return core, p, clock
 
 
 def test_a_held_turn_leaves_once_it_waited_the_engines_queueing_delay() -> None:
