@@ -18,6 +18,7 @@ import aiohttp
 from sessionroute.bench.backend import free_port
 from sessionroute.router.state.shared import SharedCluster, SharedSessionTable
 from sessionroute.serve import RunningRouter
+from sessionroute.serve.state import RedisState
 from sessionroute.types import DecisionKind, RouteRequest
 
 from .backend import FakeBackend
@@ -360,6 +361,31 @@ async def _until(condition: Callable[[], bool], what: str) -> None:
         await asyncio.sleep(0.02)
 
 
+async def _pins(state: RedisState) -> list[str]:
+    """The ids of the sessions Redis pins, sorted."""
+    return sorted(await state.link.call("HKEYS", state.keys[0]))
+
+
+async def _alone_when_redis_dies(
+    make_router: MakeRouter,
+    backends: list[FakeBackend],
+    redis: RedisServer,
+    client: aiohttp.ClientSession,
+    prefix: str,
+) -> tuple[RunningRouter, RedisState]:
+    """One router on ``redis`` with sessions ``<prefix>0..2``; then Redis is killed and the
+    router has noticed (a later turn of ``<prefix>0``)."""
+    router = await _shared(make_router, [b.url for b in backends], redis)
+    state = router.router.state
+    assert state is not None
+    for k in range(3):
+        assert (await post_chat(client, router, f"{prefix}{k}"))[0] == 200
+    redis.kill()
+    assert (await post_chat(client, router, f"{prefix}0"))[0] == 200
+    assert not state.up
+    return router, state
+
+
 async def test_a_session_released_through_b_is_not_written_back_by_a_after_redis_loses_it(
     backends: list[FakeBackend],
     make_router: MakeRouter,
@@ -380,8 +406,7 @@ async def test_a_session_released_through_b_is_not_written_back_by_a_after_redis
         assert (await post_chat(client, b, f"r{k}"))[0] == 200
     redis_server.start()
     await _until(lambda: sa.up and sb.up, "routers did not reconnect")
-    pins = await sa.link.call("HKEYS", sa.keys[0])
-    assert sorted(pins) == ["r2", "r3"]  # the live ones written back, the released ones not
+    assert await _pins(sa) == ["r2", "r3"]  # the live ones written back, the released ones not
 
 
 async def test_redis_refuses_to_write_back_a_session_released_lately(
@@ -427,15 +452,7 @@ async def test_a_release_made_while_the_router_reconnects_is_replayed_too(
 ) -> None:
     """A release that reaches the router while it replays (still offline: it waits in the
     replay set) is replayed before the link is up again, not dropped with the set."""
-    urls = [b.url for b in backends]
-    a = await _shared(make_router, urls, redis_server)
-    state = a.router.state
-    assert state is not None
-    for k in range(3):
-        assert (await post_chat(client, a, f"q{k}"))[0] == 200
-    redis_server.kill()
-    assert (await post_chat(client, a, "q0"))[0] == 200  # the router notices the loss
-    assert not state.up
+    a, state = await _alone_when_redis_dies(make_router, backends, redis_server, client, "q")
     replay = state._replay
 
     async def replay_then_release(released: list[str], dirty: set[str], everything: bool) -> None:
@@ -447,7 +464,7 @@ async def test_a_release_made_while_the_router_reconnects_is_replayed_too(
     state._replay = replay_then_release  # type: ignore[method-assign]
     redis_server.start()
     await _until(lambda: state.up, "the router did not reconnect")
-    assert sorted(await state.link.call("HKEYS", state.keys[0])) == ["q0", "q2"]
+    assert await _pins(state) == ["q0", "q2"]
 
 
 async def test_a_session_released_through_b_while_redis_is_away_is_not_written_back_by_a(
@@ -468,8 +485,7 @@ async def test_a_session_released_through_b_while_redis_is_away_is_not_written_b
     assert sa.table is not None and sa.table.worker_of("w0") is not None  # a cannot know
     redis_server.start()
     await _until(lambda: sa.up and sb.up, "routers did not reconnect")
-    pins = await sa.link.call("HKEYS", sa.keys[0])
-    assert sorted(pins) == ["w2", "w3"]
+    assert await _pins(sa) == ["w2", "w3"]
 
 
 async def test_a_release_a_router_did_not_hear_is_caught_up_before_redis_loses_its_data(
@@ -498,7 +514,7 @@ async def test_a_release_a_router_did_not_hear_is_caught_up_before_redis_loses_i
         assert (await post_chat(client, a, f"c{k}"))[0] == 200
         assert (await post_chat(client, b, f"c{k}"))[0] == 200
     await _until(lambda: sa.up and sb.up, "routers did not reconnect")
-    assert sorted(await sa.link.call("HKEYS", sa.keys[0])) == ["c1", "c2"]
+    assert await _pins(sa) == ["c1", "c2"]
 
 
 async def test_cached_pins_are_restored_when_the_first_replay_after_a_loss_fails(
@@ -512,15 +528,7 @@ async def test_cached_pins_are_restored_when_the_first_replay_after_a_loss_fails
     still writes every cached pin back."""
     from redis.exceptions import ConnectionError as RedisConnectionError
 
-    urls = [b.url for b in backends]
-    a = await _shared(make_router, urls, redis_server)
-    state = a.router.state
-    assert state is not None
-    for k in range(3):
-        assert (await post_chat(client, a, f"f{k}"))[0] == 200
-    redis_server.kill()
-    assert (await post_chat(client, a, "f0"))[0] == 200  # the router notices the loss
-    assert not state.up
+    _, state = await _alone_when_redis_dies(make_router, backends, redis_server, client, "f")
     replay = state._replay
     failed: list[bool] = []
 
@@ -534,7 +542,7 @@ async def test_cached_pins_are_restored_when_the_first_replay_after_a_loss_fails
     redis_server.start()
     await _until(lambda: state.up, "the router did not reconnect")
     assert failed == [True]
-    assert sorted(await state.link.call("HKEYS", state.keys[0])) == ["f0", "f1", "f2"]
+    assert await _pins(state) == ["f0", "f1", "f2"]
 
 
 async def test_a_quiet_router_writes_its_pins_back_when_its_lease_renewal_finds_redis_lost_them(
@@ -555,7 +563,7 @@ async def test_a_quiet_router_writes_its_pins_back_when_its_lease_renewal_finds_
     redis_server.kill()
     redis_server.start()
     await _until(lambda: state.reconnects >= 1 and state.up, "the loss went unnoticed")
-    assert sorted(await state.link.call("HKEYS", state.keys[0])) == ["g0", "g1", "g2"]
+    assert await _pins(state) == ["g0", "g1", "g2"]
 
 
 async def test_a_router_reads_the_releases_of_a_new_data_set_from_its_start(
