@@ -161,11 +161,12 @@ def _run(args: argparse.Namespace) -> int:
         arms = resolve_arms(spec)
         seeds = [spec.run.seed + k for k in range(args.seeds)]
         earlier = None
+        by_arm: dict[Any, Any] = {}  # with --merge: the earlier sweep's other arms' runs
         if args.merge is not None:
             from sessionroute.experiments.sweep_merge import check_merge, load_earlier
 
             earlier = load_earlier(Path(args.merge))
-            check_merge(earlier, knob, values, seeds, arms, spec.resolved_objective())
+            by_arm = check_merge(earlier, knob, values, seeds, arms, spec.resolved_objective())
     except (SessionRouteError, ValueError) as exc:
         console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         return 2
@@ -199,13 +200,9 @@ def _run(args: argparse.Namespace) -> int:
     objective = spec.resolved_objective()
     all_arms, all_results = output.arms, output.results
     if earlier is not None:
-        try:
-            all_arms, all_results = merge_arms(
-                earlier, knob, values, seeds, output.arms, output.results, objective
-            )
-        except SessionRouteError as exc:
-            console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
-            return 2
+        all_arms, all_results = merge_arms(
+            earlier, knob, values, by_arm, output.arms, output.results
+        )
     result = summarize(knob, all_results, all_arms, objective)
     by_value = settings_by_value(output.arms)
     result.settings = [by_value[v] for v in result.values if v in by_value]

@@ -207,16 +207,14 @@ def merge_arms(
     earlier: EarlierSweep,
     knob: Knob,
     values: Sequence[float],
-    seeds: Sequence[int],
+    by_arm: dict[tuple[str, float], list[RunOutput]],
     arms: Sequence[ResolvedArm],
     results: Sequence[ArmResult],
-    objective: Objective,
 ) -> tuple[list[ResolvedArm], list[ArmResult]]:
     """The arms and results of a sweep over every arm: those run now (``arms``,
-    ``results``) and the earlier sweep's other arms, read from its runs (:func:`check_merge`;
-    the same errors). Ordered by value, then in the earlier sweep's arm order (an arm run
-    now in its earlier place; arms new to it last)."""
-    by_arm = check_merge(earlier, knob, values, seeds, arms, objective)
+    ``results``) and the earlier sweep's other arms (``by_arm``, what :func:`check_merge`
+    read from its runs before they ran). Ordered by value, then in the earlier sweep's arm
+    order (an arm run now in its earlier place; arms new to it last)."""
     settings = settings_by_value(arms)
     mine = {a.name.rpartition("@")[0]: None for a in arms}
     order = [str(p) for p in earlier.doc["policies"]]
