@@ -290,7 +290,8 @@ class AdaptiveHoldPolicy(AdaptiveStickyPolicy):
         g = super()._refresh(worker, cluster)
         if g is not None and self._hseen.get(worker) is not g:
             self._hseen[worker] = g
-            self._delay.observe(worker, self.clock.now())
+            if self.hcfg.wait_bound:
+                self._delay.observe(worker, self.clock.now())
             if self.hcfg.hold:
                 self._adjust(worker, g)
         return g
@@ -457,8 +458,9 @@ class AdaptiveHoldPolicy(AdaptiveStickyPolicy):
     # -- lifecycle ------------------------------------------------------------------------
     def on_complete(self, request: RouteRequest, worker: str) -> None:
         """A request finished on ``worker``: it counts in that worker's completion rate
-        (rule 6)."""
-        self._delay.done(worker)
+        (rule 6, when on)."""
+        if self.hcfg.wait_bound:
+            self._delay.done(worker)
         super().on_complete(request, worker)
 
     def release_session(self, session_id: str) -> bool:
