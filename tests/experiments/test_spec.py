@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import tomllib
 from pathlib import Path
 
 import pytest
 
 from sessionroute.errors import ConfigError
-from sessionroute.experiments.spec import load_experiment, parse_experiment, resolve_arms
+from sessionroute.experiments.spec import (
+    ResolvedArm,
+    load_experiment,
+    parse_experiment,
+    resolve_arms,
+)
+from sessionroute.router.policies.adaptive_hold import AdaptiveHoldPolicy
 
 BASE = """
 name = "t"
@@ -141,3 +148,23 @@ def test_an_unset_setting_is_shown_as_unset_in_the_difference() -> None:
     msg = str(info.value)
     assert "replicas.block_size" in msg
     assert "(unset: default)" in msg and "None" not in msg and "64" in msg
+
+
+def _hold_arm(kind: str, extra: str = "", options: str = "") -> ResolvedArm:
+    text = f'name = "t"\n[workload]\nkind = "{kind}"\n{extra}\n[[arms]]\npolicy = "adaptive_hold"\n'
+    return resolve_arms(parse_experiment(tomllib.loads(text + options)))[0]
+
+
+def test_objective_options_go_under_the_written_ones() -> None:
+    """adaptive_hold's options for a serving objective apply to a serving workload (toy), not
+    to swe-rl, not when the objective is declared RL, and never over an option written."""
+    serving = dict(AdaptiveHoldPolicy.objective_options["serving"])
+    assert serving["wait_bound"] is True
+    served = _hold_arm("toy")
+    assert served.policy_options == serving == served.objective_options
+    assert _hold_arm("swe-rl").policy_options == {}
+    assert _hold_arm("toy", '[objective]\npreset = "rl"').policy_options == {}
+    assert _hold_arm("swe-rl", '[objective]\npreset = "serving"').policy_options == serving
+    written = _hold_arm("toy", options="policy_options = { wait_bound = false }")
+    assert written.policy_options == {**serving, "wait_bound": False}
+    assert "wait_bound" not in written.objective_options

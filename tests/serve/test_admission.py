@@ -126,6 +126,35 @@ def test_a_full_queue_refuses_and_a_deadline_withdraws() -> None:
     assert ready == []  # a withdrawn ticket is never woken
 
 
+class PlacingGate(InFlightGate):
+    """:class:`InFlightGate` whose held requests are placed at their maximum wait."""
+
+    places_at_max_wait: ClassVar[bool] = True
+
+
+def test_a_full_queue_places_its_oldest_for_a_policy_that_places_at_its_max_wait() -> None:
+    """Such a policy's hold ends in a placement, never a refusal: with the queue full the
+    longest-waiting request is placed now (counted) and the new one waits in its place."""
+    policy = PlacingGate(GateConfig(2), clock=ManualClock(), rng=random.Random(0))
+    core = RoutingCore(policy, Cluster(W), RouterConfig(admission_max_waiting=2), log=[])
+    ready: list[Ticket] = []
+    core.place(_req(1), ready.append)
+    core.place(_req(2), ready.append)
+    oldest = core.place(_req(3), ready.append)
+    second = core.place(_req(4), ready.append)
+    assert isinstance(oldest, Ticket) and isinstance(second, Ticket)
+    newest = core.place(_req(5), ready.append)
+    assert ready == [oldest] and oldest.reservation is not None
+    assert isinstance(newest, Ticket) and second.waiting and newest.waiting
+    q = core.admission
+    assert (q.placed_when_full, q.refused_full, q.admitted_after_wait, len(q)) == (1, 0, 1, 2)
+    assert core.withdraw(oldest) is None  # its deadline timer finds it gone
+    closed = PlacingGate(GateConfig(0), clock=ManualClock(), rng=random.Random(0))
+    none_wait = RoutingCore(closed, Cluster(W), RouterConfig(admission_max_waiting=0), log=[])
+    assert isinstance(none_wait.place(_req(6), ready.append), Reservation)  # none may wait
+    assert none_wait.admission.placed_when_full == 1
+
+
 def test_a_cancelled_ticket_releases_what_it_was_given() -> None:
     core = _core()
     ready: list[Ticket] = []

@@ -11,6 +11,7 @@ import aiohttp
 import pytest
 
 from sessionroute.errors import ConfigError
+from sessionroute.router.policies.adaptive_hold import AdaptiveHoldPolicy
 from sessionroute.router.policies.options import policy_file_text
 from sessionroute.serve.config import RouterSettings, settings_from_args
 from sessionroute.serve.flags import add_arguments
@@ -72,3 +73,17 @@ def test_policy_file_disagreeing_with_policy_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="name different policies"):
         s.policy_name()
     assert _settings("--policy-config", str(path)).policy_name() == "cache_aware"
+
+
+def test_objective_applies_the_policys_options_for_it() -> None:
+    """``--objective serving`` runs adaptive_hold with its serving options, below the ones
+    written; without it the policy keeps its own defaults."""
+    serving = dict(AdaptiveHoldPolicy.objective_options["serving"])
+    options = _settings("--policy", "adaptive_hold", "--objective", "serving").policy_options()
+    assert options.items() >= serving.items()
+    assert "wait_bound" not in _settings("--policy", "adaptive_hold").policy_options()
+    written = _settings(
+        "--policy", "adaptive_hold(wait_bound=false)", "--objective", "serving"
+    ).policy_options()  # fmt: skip
+    assert written["wait_bound"] is False
+    assert _settings("--objective", "rl").policy_options() == _settings().policy_options()

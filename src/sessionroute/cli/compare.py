@@ -312,6 +312,10 @@ def _run(args: argparse.Namespace) -> int:
 
     if args.fidelity:
         return _run_fidelity(args, spec, err_console, out_console)
+    from sessionroute.experiments.plan import objective_options_note
+
+    for line in objective_options_note(arms):
+        err_console.print(escape(line), highlight=False)
     t0 = time.monotonic()
     try:
         with RichReporter(err_console) as reporter:

@@ -214,6 +214,10 @@ def _run(args: argparse.Namespace) -> int:
     from sessionroute.experiments.verdict_text import verdict_lines
 
     out.print(f"objective: {result.objective.describe()}", highlight=False, markup=False)
+    from sessionroute.experiments.plan import objective_options_note
+
+    for line in objective_options_note(output.arms):
+        out.print(line, highlight=False, markup=False)
     if result.knee is not None:
         out.print(f"knee: {result.knee:g} ({knob.label})", highlight=False)
     else:

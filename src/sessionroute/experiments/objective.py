@@ -40,6 +40,7 @@ __all__ = [
     "METRICS",
     "Constraint",
     "Objective",
+    "ObjectiveKind",
     "ObjectiveSection",
     "default_objective",
     "metric_label",
@@ -56,6 +57,16 @@ applied there at p99)."""
 DEFAULT_SLO_ITL_S = 0.2
 """Inter-token (time per output token) limit of the default serving SLO (s): the same
 scenario's ``tpot_latency = 200`` ms."""
+
+ObjectiveKind = Literal["rl", "serving"]
+"""The two kinds of objective a policy may take options for (:attr:`Objective.kind`)."""
+
+_RL_HEADS = frozenset(
+    {"step_time_s", "group_latency_s", "rollouts_timed_out", "rollouts_timed_out_share"}
+)
+_SERVING_HEADS = frozenset(
+    {"slo_goodput", "slo_goodput_per_s", "ttft_s", "itl_s", "turn_latency_s"}
+)
 
 RL_TIMED_OUT_MAX = 0.01
 """Default RL constraint: at most 1 % of started rollouts time out (their tokens are wasted
@@ -165,6 +176,19 @@ class Objective:
     def label(self) -> str:
         """The metric's name in words."""
         return metric_label(self.metric)
+
+    @property
+    def kind(self) -> ObjectiveKind | None:
+        """``"rl"`` for an RL step or rollout metric, ``"serving"`` for SLO goodput or a
+        per-turn latency (TTFT, ITL, turn latency), None for any other (throughput, hit
+        rate...). A policy's options for the kind apply
+        (:attr:`~sessionroute.router.policies.Policy.objective_options`)."""
+        head = self.metric.split(".", 1)[0]
+        if head in _RL_HEADS:
+            return "rl"
+        if head in _SERVING_HEADS:
+            return "serving"
+        return None
 
     def describe(self) -> str:
         """One line: ``"minimise mean RL step time subject to timed-out share <= 0.01"``."""

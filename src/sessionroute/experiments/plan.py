@@ -58,9 +58,23 @@ def plan_summary(spec: ExperimentSpec, arms: list[ResolvedArm]) -> str:
         line = f"    {a.name:<{width}}  {a.policy}"
         if a.policy_options:
             line += " " + ", ".join(f"{k}={v}" for k, v in sorted(a.policy_options.items()))
+        if a.objective_options:
+            line += f"  [{', '.join(sorted(a.objective_options))}: for this objective]"
         diff = _diff(first, a.settings)
         if diff:
             line += f"  [differs: {'; '.join(diff)}]"
         lines.append(line)
     lines.append("(--dry-run --json prints the full resolved plan)")
     return "\n".join(lines)
+
+
+def objective_options_note(arms: list[ResolvedArm]) -> list[str]:
+    """One line per arm that runs with its policy's options for the objective's kind
+    (``Policy.objective_options``), naming them; none when no arm does."""
+    named = {a.name: a.objective_options for a in arms if a.objective_options}
+    return [
+        f"{name} runs with its options for this objective: "
+        + ", ".join(f"{k}={v}" for k, v in sorted(options.items()))
+        + " (docs/objectives.md; write the option in the arm to override)"
+        for name, options in named.items()
+    ]

@@ -163,7 +163,9 @@ class ResolvedArm(BaseModel):
     Attributes:
         name: unique display name.
         policy: registry name or ``module:Class``.
-        policy_options: validated options.
+        policy_options: validated options, the objective's among them.
+        objective_options: those of ``policy_options`` that come from the policy's options for
+            the experiment's kind of objective (``Policy.objective_options``), not written.
         settings: the merged ``workload``/``replicas``/``router``/``run``/``faults`` dict.
     """
 
@@ -172,6 +174,7 @@ class ResolvedArm(BaseModel):
     policy: str
     policy_options: dict[str, Any]
     settings: dict[str, Any]
+    objective_options: dict[str, Any] = Field(default_factory=dict)
 
 
 def _format_validation(err: ValidationError, source: str) -> str:
@@ -276,7 +279,9 @@ _SHARED_KEYS = ("workload", "replicas", "router", "run", "faults", "sim", "live"
 
 
 def resolve_arms(spec: ExperimentSpec) -> list[ResolvedArm]:
-    """Merge each arm's overrides, validate policies, and refuse unmatched arms.
+    """Merge each arm's overrides, validate policies, and refuse unmatched arms. A policy's
+    options for the kind of the experiment's objective (``Policy.objective_options``) go under
+    the arm's own.
 
     Raises:
         ConfigError: for an unknown policy or option, an unknown workload kind or option,
@@ -285,6 +290,7 @@ def resolve_arms(spec: ExperimentSpec) -> list[ResolvedArm]:
             (the differences are listed) unless declared in ``allow_differences``.
     """
     base = spec.model_dump(include=set(_SHARED_KEYS))
+    kind = spec.resolved_objective().kind
     arms: list[ResolvedArm] = []
     seen: set[str] = set()
     for i, arm in enumerate(spec.arms):
@@ -303,7 +309,12 @@ def resolve_arms(spec: ExperimentSpec) -> list[ResolvedArm]:
         settings = checked.model_dump(include=set(_SHARED_KEYS))
         replica_config(SimSpec.from_settings(settings))  # the replica profile and engine
         cls = policy_class(arm.policy)
-        make_config(cls, arm.policy_options)
+        preset = {
+            k: v
+            for k, v in (cls.objective_options.get(kind, {}) if kind else {}).items()
+            if k not in arm.policy_options
+        }
+        make_config(cls, {**preset, **arm.policy_options})
         name = arm.name or arm.policy
         if name in seen:
             raise ConfigError(f"duplicate arm name {name!r}: give each arm a distinct 'name'")
@@ -312,8 +323,9 @@ def resolve_arms(spec: ExperimentSpec) -> list[ResolvedArm]:
             ResolvedArm(
                 name=name,
                 policy=arm.policy,
-                policy_options=dict(arm.policy_options),
+                policy_options={**preset, **arm.policy_options},
                 settings=settings,
+                objective_options=preset,
             )
         )
     first = arms[0]

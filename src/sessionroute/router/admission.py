@@ -11,7 +11,8 @@ holds one session's next turn lets other sessions' turns pass); for a policy who
 not depend on the request, that is strict arrival order. A request that finds
 ``admission_max_waiting`` requests already waiting is refused (HTTP 503 live); one that waits
 longer than ``admission_max_wait_s`` is refused too, unless the policy says it is placed anyway
-(:attr:`~sessionroute.router.policies.Policy.places_at_max_wait`). A policy may also exempt
+(:attr:`~sessionroute.router.policies.Policy.places_at_max_wait`); for such a policy a full
+queue places its longest-waiting request to make room instead of refusing. A policy may also exempt
 requests from admission altogether
 (:meth:`~sessionroute.router.policies.Policy.admission_applies`): those are routed at once and
 never wait behind held ones.
@@ -78,6 +79,10 @@ class AdmissionQueue:
         """Tickets that waited and were then placed (counted by the router core)."""
         self.refused_full = 0
         """Requests refused because the queue was full."""
+        self.placed_when_full = 0
+        """Tickets placed before their deadline to make room in a full queue, the oldest first,
+        for a policy that places at its maximum wait (also counted in ``admitted_after_wait``;
+        with ``max_waiting`` 0, requests placed at once)."""
         self.refused_timeout = 0
         """Tickets withdrawn after their deadline."""
         self.placed_at_deadline = 0

@@ -49,6 +49,12 @@ class AdmissionControl(CoreParts):
             placed, failed or refused at its deadline (:meth:`admission_max_wait_s`, a timer
             of the core's: ``ticket.error`` is then the :class:`AdmissionRefused`).
 
+        With the queue full, a request held back is refused, unless the policy places at its
+        maximum wait (:attr:`~sessionroute.router.policies.Policy.places_at_max_wait`): then
+        its holds end in a placement anyway, and the longest-waiting request is placed now to
+        make room (in an open-loop overload the wait is then bounded by the time the queue
+        takes to fill, not by the maximum wait alone).
+
         Raises:
             NoWorkerAvailable: when no worker is available.
             AdmissionRefused: held back with the admission queue full.
@@ -65,6 +71,13 @@ class AdmissionControl(CoreParts):
             if limiter is None:
                 return self.route(request)
             return self._route_with_token(request)
+        if not self.admission.has_room() and limiter is None and policy.places_at_max_wait:
+            oldest = self.admission.head()  # its hold ends in a placement: now, not later
+            self.admission.placed_when_full += 1
+            if oldest is None:  # none may wait
+                return self.route(request)
+            self.admission.take(oldest)
+            self._leave(oldest)
         if not self.admission.has_room():
             self.admission.refused_full += 1
             if limiter is not None:

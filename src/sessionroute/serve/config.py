@@ -113,6 +113,7 @@ class RouterSettings(BaseModel):
     admission_max_wait_secs: float = Field(DEFAULTS["admission_max_wait_secs"], ge=0)
     policy_option: tuple[str, ...] = ()
     policy_config: str | None = None
+    objective: Literal["rl", "serving"] | None = None
     state_url: str | None = DEFAULTS["state_url"]
     state_key_prefix: str = Field(DEFAULTS["state_key_prefix"], min_length=1)
     state_lease_secs: float = Field(DEFAULTS["state_lease_secs"], gt=0)
@@ -252,9 +253,10 @@ class RouterSettings(BaseModel):
     def policy_options(self) -> dict[str, Any]:
         """The policy's options, each source overriding the ones before it: ``--cache-threshold``
         and the two balance thresholds (passed under their own names to a policy whose
-        ``Config`` has them), the options of ``--policy-config FILE``, the inline options of
-        ``--policy NAME(key=value, ...)``, then every ``--policy-option KEY=VALUE`` (the session
-        TTL is given by :func:`~sessionroute.router.choose_policy`).
+        ``Config`` has them), the policy's options for ``--objective KIND``
+        (``Policy.objective_options``), the options of ``--policy-config FILE``, the inline
+        options of ``--policy NAME(key=value, ...)``, then every ``--policy-option KEY=VALUE``
+        (the session TTL is given by :func:`~sessionroute.router.choose_policy`).
 
         Raises:
             ConfigError: a ``--policy-option`` without ``=`` or with an empty key, or an
@@ -270,6 +272,8 @@ class RouterSettings(BaseModel):
         if self.max_tree_size is not None:
             candidates["max_tree_size"] = self.max_tree_size
         options = {k: v for k, v in candidates.items() if takes_option(cls, k)}
+        if self.objective is not None:
+            options.update(cls.objective_options.get(self.objective, {}))
         options.update(written)
         options.update(parse_policy_options(self.policy_option))
         return options

@@ -77,6 +77,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "e.g. --policy cache_aware_v2 --policy-option kv_overload_threshold=0.9",
     )
     a(
+        "--objective",
+        choices=("rl", "serving"),
+        default=None,
+        help="what the traffic served is judged on (docs/objectives.md): the policy then runs "
+        "with its options for that objective, under the ones written with --policy, "
+        "--policy-config and --policy-option; e.g. adaptive_hold with 'serving' bounds each "
+        "wait at the router by the engines' queueing delay (sessionroute only; default: the "
+        "policy's own defaults, which for adaptive_hold are RL's)",
+    )
+    a(
         "--session-headers",
         nargs="+",
         default=list(DEFAULT_SESSION_HEADERS),

@@ -141,6 +141,7 @@ class _StateCollector(Collector):
         )
         admission.add_metric(["placed"], queue.admitted_after_wait - queue.placed_at_deadline)
         admission.add_metric(["refused_full"], queue.refused_full)
+        admission.add_metric(["placed_when_full"], queue.placed_when_full)
         admission.add_metric(["refused_timeout"], queue.refused_timeout)
         admission.add_metric(["placed_at_deadline"], queue.placed_at_deadline)
         waited = CounterMetricFamily(

@@ -130,9 +130,10 @@ async def serve(
         gc.collect()  # what is garbage now is not kept forever
         gc.freeze()
     log.info(
-        "sessionroute router on %s | policy %s | workers %s",
+        "sessionroute router on %s | policy %s %s | workers %s",
         running.url,
-        settings.policy,
+        settings.policy_name(),
+        settings.policy_options(),
         list(settings.worker_urls),
     )
     if settings.router_api_key is None:

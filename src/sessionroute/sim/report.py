@@ -76,6 +76,7 @@ def _admission(sim: Simulation) -> dict[str, float]:
         "placed_after_wait": q.admitted_after_wait,
         "placed_at_deadline": q.placed_at_deadline,
         "refused_full": q.refused_full,
+        "placed_when_full": q.placed_when_full,
         "refused_timeout": q.refused_timeout,
         "wait_s_total": round(q.wait_s_total, 3),
     }

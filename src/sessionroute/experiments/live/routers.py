@@ -214,7 +214,7 @@ async def router_session_metrics(client: httpx.AsyncClient, info: RouterInfo) ->
         ``decisions`` (kind -> count), ``released``, ``expired``, ``active_sessions``
         (worker URL -> sessions still pinned), ``admission`` (the simulator's admission
         counters: ``placed_after_wait``, ``placed_at_deadline``, ``refused_full``,
-        ``refused_timeout``, ``wait_s_total``).
+        ``placed_when_full``, ``refused_timeout``, ``wait_s_total``).
     """
     if not info.ours:
         return {}
@@ -245,6 +245,7 @@ async def router_session_metrics(client: httpx.AsyncClient, info: RouterInfo) ->
         "placed_after_wait": int(outcomes.get("placed", 0)) + deadline,
         "placed_at_deadline": deadline,
         "refused_full": int(outcomes.get("refused_full", 0)),
+        "placed_when_full": int(outcomes.get("placed_when_full", 0)),
         "refused_timeout": int(outcomes.get("refused_timeout", 0)),
         "wait_s_total": round(wait_s, 3),
     }

@@ -55,7 +55,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from sessionroute.clock import Clock
@@ -111,6 +111,11 @@ class AdaptiveHoldPolicy(AdaptiveStickyPolicy):
 
     name: ClassVar[str] = "adaptive_hold"
     Config: ClassVar[type[Any] | None] = AdaptiveHoldConfig
+    objective_options: ClassVar[Mapping[str, Mapping[str, Any]]] = {
+        "serving": {"wait_bound": True},
+    }
+    """Under a serving objective, rule 6 on (``docs/policies.md``, adaptive_hold: measurements:
+    it bounds the TTFT tail of trace replays and costs RL step time past the knee)."""
 
     def __init__(self, config: Any = None, *, clock: Clock, rng: random.Random) -> None:
         super().__init__(config, clock=clock, rng=rng)

@@ -60,6 +60,12 @@ class Policy(ABC):
     reads_kv_events: ClassVar[bool] = False
     """True when the policy routes on the replicas' KV cache events (``kv_aware``): drivers then
     feed its ``index`` (``serve --kv-events``, the simulator's replica events)."""
+    objective_options: ClassVar[Mapping[str, Mapping[str, Any]]] = {}
+    """Options the policy runs with by default under an objective of a kind (``"rl"``,
+    ``"serving"``: :attr:`sessionroute.experiments.objective.Objective.kind`), below the
+    options written for it: ``compare`` and ``sweep`` apply them for the experiment's
+    objective, ``serve --objective KIND`` for the traffic it serves. Empty: one setting for
+    every objective."""
     places_at_max_wait: ClassVar[bool] = False
     """True: a request held longer than ``RouterConfig.admission_max_wait_s`` is placed anyway
     (the router core routes it at its deadline); False: it is refused (HTTP 503 live)."""
