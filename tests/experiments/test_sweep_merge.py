@@ -111,6 +111,12 @@ def test_a_merge_of_another_experiment_is_refused(full: Path) -> None:
         check_merge(earlier, knob, [2, 3], [0, 1], arms(scrape_interval_s=7.5), objective)
     with pytest.raises(ConfigError, match="varied 'replicas', this sweep 'concurrency'"):
         check_merge(earlier, KNOBS["concurrency"], [2, 3], [0, 1], arms(), objective)
+    # a setting added since the earlier sweep ran: the same at its default, not otherwise
+    for settings in earlier.settings.values():
+        settings["router"].pop("cb_half_open_on_recovery")
+    assert check_merge(earlier, knob, [2, 3], [0, 1], arms(), objective)
+    with pytest.raises(ConfigError, match="cb_half_open_on_recovery: None there, True here"):
+        check_merge(earlier, knob, [2, 3], [0, 1], arms(cb_half_open_on_recovery=True), objective)
     earlier.doc["runs"][0].pop("slo_goodput")  # consistent_hash at 2 replicas, seed 0
     with pytest.raises(ConfigError, match="its runs lack slo_goodput"):
         check_merge(earlier, knob, [2, 3], [0, 1], arms(), objective)

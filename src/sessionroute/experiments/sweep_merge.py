@@ -67,6 +67,29 @@ def settings_by_value(arms: Sequence[ResolvedArm]) -> dict[float, Any]:
     return out
 
 
+def _new_defaults_filled(then: Any, here: Any, defaults: Any) -> Any:
+    """``then`` with each setting it lacks that ``here`` holds at today's default: a setting
+    added to sessionroute since the earlier sweep ran, which ran without it (a new setting's
+    default keeps the earlier behaviour)."""
+    if not (isinstance(then, dict) and isinstance(here, dict) and isinstance(defaults, dict)):
+        return then
+    out = dict(then)
+    for key, value in here.items():
+        if key in out:
+            out[key] = _new_defaults_filled(out[key], value, defaults.get(key))
+        elif key in defaults and defaults[key] == value:
+            out[key] = value
+    return out
+
+
+def _default_settings() -> dict[str, Any]:
+    """Every shared setting at its default now (plain, as :func:`settings_by_value` gives)."""
+    from sessionroute.experiments.spec import ExperimentSpec
+
+    spec = ExperimentSpec.model_validate({"arms": [{"policy": "random"}]})
+    return dict(_plain(spec.model_dump(exclude={"arms", "objective", "wandb", "name"})))
+
+
 def _without_run(settings: Any) -> Any:
     """Settings without ``run`` (seed and repeats: the seeds are compared run by run)."""
     return (
@@ -160,7 +183,8 @@ def check_merge(
     Raises:
         ConfigError: naming the earlier file and what differs, unless both sweeps vary
             ``knob`` over ``values``, ran ``seeds`` and ran every value with the same
-            settings; or when its runs lack a metric the verdict reads.
+            settings (a setting it does not name counts as today's default); or when its
+            runs lack a metric the verdict reads.
     """
     doc = earlier.doc
     where = f"--merge: {earlier.path}"
@@ -169,9 +193,12 @@ def check_merge(
     if [float(v) for v in doc["values"]] != [float(v) for v in values]:
         raise ConfigError(f"{where} ran values {doc['values']}, this sweep {list(values)}")
     now = settings_by_value(arms)
+    defaults = _default_settings()
     for value in values:
-        then = _without_run(earlier.settings.get(float(value)))
         here = _without_run(now.get(float(value)))
+        then = _new_defaults_filled(
+            _without_run(earlier.settings.get(float(value))), here, defaults
+        )
         if then != here:
             raise ConfigError(
                 f"{where} ran another experiment at {knob.name} = {value:g} (settings differ "
