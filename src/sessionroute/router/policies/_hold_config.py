@@ -64,7 +64,9 @@ class AdaptiveHoldConfig(AdaptiveStickyConfig):
             p99 to the engines' own with more SLO goodput, but past the knee of an RL run the
             long holds are what keeps the working set in the caches (3 replicas, 680 and 816
             rollouts in flight: mean step time +22 % and +19 %, 3.7 % and 9.3 % of rollouts
-            timed out; docs/policies.md). Turn it on for serving.
+            timed out; docs/policies.md). On under a serving objective
+            (``AdaptiveHoldPolicy.objective_options``: ``compare``/``sweep`` on a trace
+            replay, ``serve --objective serving``).
         wait_bound_new: bound a new session's first turn (rule 3) the same way, by the
             fleet's queueing delay. Off by default: rule 3 decides how many sessions share
             the caches, and a new session admitted stays for its whole life; bounded by the

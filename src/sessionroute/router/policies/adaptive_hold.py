@@ -31,7 +31,8 @@ one. This policy adds that to ``adaptive_sticky``, whose three rules it keeps un
    held turn leaves at most that long after its bound. Releasing a session
    (``/finish_session``), its expiry, and its worker's removal or failure end its hold.
 6. **A held turn waits at the router no longer than the engine's queue would make it wait**
-   (``wait_bound``; off by default, see :class:`AdaptiveHoldConfig` for the trade-off). A
+   (``wait_bound``; off by default, on under a serving objective: see
+   :class:`AdaptiveHoldConfig` for the trade-off). A
    held session's turn (rule 4) leaves the router once it has waited ``wait_queue_factor``
    times its worker's queueing delay: Little's law on what the router
    observes, the scraped waiting requests over the rate at which requests finish there
