@@ -2,12 +2,12 @@
 
 For swe-rl at 3, 4 and 5 replicas, it sweeps rollouts in flight from 0.8x to 1.5x the knee
 (taken as 544 rollouts per 3 replicas, the default experiment's, scaled with the replica
-count; each sweep also reports the knee it finds); for the trace replays, Weka at 96 and 128
-sessions at once and Mooncake at 2x and 4x its recorded arrival rate. Each is judged on its
-workload's declared objective (docs/objectives.md), seeds 0..SEEDS-1. One row per load point:
-the policy's mean objective, the best other arm's (among those meeting the constraints), the
-gap, and on the replays the TTFT p99 ratio against that arm. A point passes at a gap <= 2 %
-(and, on the replays, a TTFT p99 ratio <= 1.5).
+count; each sweep also reports the knee it finds); for the trace replays, Weka at 64, 96, 128
+and 160 sessions at once and Mooncake at 1.5x, 2x, 3x and 4x its recorded arrival rate. Each
+is judged on its workload's declared objective (docs/objectives.md), seeds 0..SEEDS-1. One
+row per load point: the policy's mean objective, the best other arm's (among those meeting the
+constraints), the gap, and on the replays the TTFT p99 ratio against that arm. A point passes
+at a gap <= 2 % (and, on the replays, a TTFT p99 ratio <= 1.5).
 
     python scripts/hold_grid.py --out runs/hold-grid [--seeds 3] [--jobs 2] [--only swe3]
     python scripts/hold_grid.py --out runs/hold-grid --summary   # the table from finished runs
@@ -70,9 +70,9 @@ def _regimes(root: Path) -> dict[str, list[str]]:
         regimes[f"swe{r}"] = [str(path), "--knob", "inflight", "--values", values]
     examples = Path(__file__).resolve().parent.parent / "examples" / "regimes"
     weka = str(examples / "weka96.toml")
-    regimes["weka"] = [weka, "--knob", "concurrency", "--values", "96,128"]
+    regimes["weka"] = [weka, "--knob", "concurrency", "--values", "64,96,128,160"]
     moon = str(examples / "mooncake.toml")
-    regimes["mooncake"] = [moon, "--knob", "time-scale", "--values", "0.5,0.25"]
+    regimes["mooncake"] = [moon, "--knob", "time-scale", "--values", "0.67,0.5,0.33,0.25"]
     return regimes
 
 
