@@ -171,6 +171,29 @@ def test_release_session_of_a_held_session_frees_it() -> None:
     assert p.counters()["held_sessions"] == 2 and p.counters()["held_now"] == 1
 
 
+@pytest.mark.parametrize(("turns", "short"), [(1, True), (3, False)])
+def test_while_sessions_are_short_nothing_is_held_and_new_sessions_are_not_kept_off(
+    turns: int, short: bool
+) -> None:
+    """short_turns 3: two sessions that ended after one turn each make sessions short (mean
+    1): the thrash at 10 s sets a ceiling but holds no session, and a new session is placed
+    on the worker over its ceiling; after three turns each they are not short (mean 3)."""
+    core, p, clock = _core(short_turns=3.0)
+    for sid in ("o1", "o2"):
+        for _ in range(turns):
+            _turn(core, sid, 10)
+        assert core.finish_session(sid)
+    assert p.mean_turns == pytest.approx(turns)
+    _four_sessions(core, clock)
+    _thrash_at_10(core, clock)
+    assert p.ceiling[A] == pytest.approx(1330.0)
+    assert (list(p.held()) == []) is short
+    clock.set(11.0)
+    new = core.place(_req("s5", 100), lambda t: None)
+    assert isinstance(new, Reservation) is short
+    assert p.counters()["mean_turns"] == turns
+
+
 def test_calm_scrapes_raise_the_ceiling_and_lift_it() -> None:
     core, p, clock = _held_at_10(hold_raise=0.5, lift_pressure=1.0)
     core.finish_session("s3")

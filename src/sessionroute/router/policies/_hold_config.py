@@ -78,6 +78,14 @@ class AdaptiveHoldConfig(AdaptiveStickyConfig):
             finish, :mod:`~sessionroute.router.policies._queue_delay`).
         wait_rate_window_s: the time constant (seconds) of that completion rate (an
             exponentially weighted average).
+        short_turns: while the sessions that ended had fewer turns than this on average (an
+            exponentially weighted mean over them, weight 0.05 each), rule 4 holds no session
+            and its holds and ceilings keep no new session off a worker (rule 3 is then
+            ``adaptive_sticky``'s). Holding a session costs its next turn and pays off over its
+            later ones; a session of one or two turns has none, and under open-loop arrivals
+            holding new sessions sheds no load (the Mooncake replay, 1.5 turns a session, at
+            3x its arrival rate: measured in docs/policies.md). 0 (the default): always
+            hold; 3 under a serving objective.
 
     Raises:
         ConfigError: on a value out of range (the message names it).
@@ -103,6 +111,7 @@ class AdaptiveHoldConfig(AdaptiveStickyConfig):
     wait_bound_new: bool = False
     wait_queue_factor: float = 1.0
     wait_rate_window_s: float = 60.0
+    short_turns: float = 0.0
 
     def __post_init__(self) -> None:
         AdaptiveStickyConfig.__post_init__(self)
@@ -121,6 +130,7 @@ class AdaptiveHoldConfig(AdaptiveStickyConfig):
             "hold_kv", "hold_queue_kv", "resume_kv", "hold_cut", "hold_raise", "lift_pressure",
             "resume_fraction", "hold_interval_s", "hold_max_s", "hold_total_max_s",
             "hold_age_max_s", "hold_check_s", "wait_queue_factor", "wait_rate_window_s",
+            "short_turns",
         ):  # fmt: skip
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):

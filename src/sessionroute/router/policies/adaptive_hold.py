@@ -45,6 +45,9 @@ one. This policy adds that to ``adaptive_sticky``, whose three rules it keeps un
    of the worker's working set until its turn comes, and new sessions off the worker. A new
    session's first turn (rule 3) is bounded by ``max_wait_s`` instead (``wait_bound_new``
    applies rule 6 to it too: see :class:`AdaptiveHoldConfig` for why that is off).
+7. **Short sessions are not held** (``short_turns``; 0, off, by default; 3 under a serving
+   objective): while the sessions that ended had fewer turns than that on average, rule 4
+   holds nothing and keeps no new session off a worker.
 
 Deviations from ThunderAgent: the watermarks are read from the engines' scraped gauges, the
 ceiling is learned per worker from them (the router's working set is an estimate of a cache
@@ -69,6 +72,8 @@ from sessionroute.types import Decision, EngineGauges, RouteRequest
 __all__ = ["AdaptiveHoldConfig", "AdaptiveHoldPolicy", "Hold"]
 
 _SAMPLE = 20
+_TURNS_WEIGHT = 0.05
+"""Weight of each ended session in the mean turns per session (``short_turns``)."""
 """Held session ids kept for the report (the first ones held)."""
 
 
@@ -113,7 +118,7 @@ class AdaptiveHoldPolicy(AdaptiveStickyPolicy):
     name: ClassVar[str] = "adaptive_hold"
     Config: ClassVar[type[Any] | None] = AdaptiveHoldConfig
     objective_options: ClassVar[Mapping[str, Mapping[str, Any]]] = {
-        "serving": {"wait_bound": True, "max_wait_s": 900.0},
+        "serving": {"wait_bound": True, "max_wait_s": 900.0, "short_turns": 3.0},
     }
     """Under a serving objective, rule 6 on (it bounds the TTFT tail of the trace replays and
     costs RL step time past the knee) and rule 3's wait up to 900 s (on the closed-loop Weka
@@ -136,6 +141,8 @@ class AdaptiveHoldPolicy(AdaptiveStickyPolicy):
         self._where: dict[str, str] = {}  # session -> its worker in _on
         self._born: dict[str, float] = {}  # session -> when its first turn was placed
         self._held_s: dict[str, float] = {}  # session -> seconds of its ended holds
+        self._turns: dict[str, int] = {}  # live session -> turns routed (short_turns)
+        self.mean_turns: float | None = None  # of the sessions that ended (short_turns)
         self._changed: dict[str, float] = {}  # worker -> last change of its ceiling
         self._passed: dict[str, float] = {}  # worker -> last hold pass
         self._hseen: dict[str, EngineGauges] = {}  # worker -> gauges last adjusted on
@@ -182,6 +189,8 @@ class AdaptiveHoldPolicy(AdaptiveStickyPolicy):
             self._where[sid] = worker
             self._on.setdefault(worker, {})[sid] = None
         self._born.setdefault(sid, now)
+        if self.hcfg.short_turns:
+            self._turns[sid] = self._turns.get(sid, 0) + 1
         self._resume(worker, now, cluster)
         self._hold_over(worker, now)
         return decision
@@ -266,7 +275,9 @@ class AdaptiveHoldPolicy(AdaptiveStickyPolicy):
     # -- rule 3, with held sessions and ceilings -------------------------------------------
     def _past_knee(self, worker: str, tokens: int = 0) -> bool:
         """Past its knee as ``adaptive_sticky`` says, or holding sessions, or at its ceiling
-        with ``tokens`` more."""
+        with ``tokens`` more (not while sessions are short: ``short_turns``)."""
+        if self._short():
+            return super()._past_knee(worker, tokens)
         if self._queue.get(worker):
             return True
         ceiling = self.ceiling.get(worker)
@@ -285,7 +296,10 @@ class AdaptiveHoldPolicy(AdaptiveStickyPolicy):
     def _worker_bound(self, worker: str, bound: int) -> int | None:
         """``adaptive_sticky``'s bound with :meth:`_past_knee`'s additions: a worker holding
         sessions takes none; one with a ceiling takes ``t`` only while ``context + t <=
-        ceiling``, i.e. ``t < floor(ceiling) - context + 1``."""
+        ceiling``, i.e. ``t < floor(ceiling) - context + 1`` (not while sessions are short:
+        ``short_turns``)."""
+        if self._short():
+            return bound
         if self._queue.get(worker):
             return None
         ceiling = self.ceiling.get(worker)
@@ -331,7 +345,9 @@ class AdaptiveHoldPolicy(AdaptiveStickyPolicy):
 
     def _hold_over(self, worker: str, now: float) -> None:
         """Hold sessions of ``worker`` (``hold_pick`` order) while its working set is above
-        its ceiling; at most one pass per ``hold_check_s``."""
+        its ceiling; at most one pass per ``hold_check_s``; none while sessions are short."""
+        if self._short():
+            return
         ceiling = self.ceiling.get(worker)
         context = self._context
         if ceiling is None or context.get(worker, 0) <= ceiling:
@@ -370,6 +386,11 @@ class AdaptiveHoldPolicy(AdaptiveStickyPolicy):
                 self.held_sessions += 1
                 if len(self._sample_ids) < _SAMPLE:
                     self._sample_ids.append(sid)
+
+    def _short(self) -> bool:
+        """Whether the sessions that ended had fewer than ``short_turns`` turns on average."""
+        mean = self.mean_turns
+        return mean is not None and mean < self.hcfg.short_turns
 
     def _tokens(self, sid: str) -> int:
         entry = self._ledger.get(sid)
@@ -456,6 +477,7 @@ class AdaptiveHoldPolicy(AdaptiveStickyPolicy):
                 "held_turn_wait_s_total": round(self.held_turn_wait_s_total, 3),
                 "ceiling_cuts": self.cuts,
                 "new_at_wait_bound": self.new_at_wait_bound,
+                "mean_turns": None if self.mean_turns is None else round(self.mean_turns, 2),
                 "held_context_mean": round(self._held_tokens_total / n, 1) if n else 0.0,
                 "held_age_mean_s": round(self._held_age_total / n, 3) if n else 0.0,
                 "held_sample": list(self._sample_ids),
@@ -495,6 +517,10 @@ class AdaptiveHoldPolicy(AdaptiveStickyPolicy):
         if hold is not None:
             self._end(hold, "gone")
         self._unlist(sid)
+        turns = self._turns.pop(sid, None)
+        if turns is not None:
+            mean = self.mean_turns
+            self.mean_turns = turns if mean is None else mean + _TURNS_WEIGHT * (turns - mean)
         self._born.pop(sid, None)
         self._held_s.pop(sid, None)
         self._asked.pop(sid, None)
