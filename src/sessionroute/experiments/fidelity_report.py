@@ -80,6 +80,23 @@ def _tau_lines(doc: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{1000 * v:.0f}"
+
+
+def _split_lines(doc: Mapping[str, Any]) -> list[str]:
+    """Per arm, where the mean TTFT went (:func:`~sessionroute.experiments.fidelity.
+    ttft_split`), in ms; none for a document without it."""
+    lines = []
+    for name, t in (doc.get("ttft_split") or {}).items():
+        lines.append(
+            f"{name}: live {_ms(t['client'])} = vLLM {_ms(t['server'])} (queue "
+            f"{_ms(t['queue'])}, prefill {_ms(t['prefill'])}) + outside vLLM "
+            f"{_ms(t['outside'])}; sim {_ms(t['sim'])} (queue {_ms(t['sim_queue'])})"
+        )
+    return lines
+
+
 def _conditions_line(doc: Mapping[str, Any]) -> str:
     c = doc["conditions"]
     prof = c.get("profile_name", "?")
@@ -107,6 +124,8 @@ def print_fidelity(doc: Mapping[str, Any], console: Any) -> None:
     console.print(_conditions_line(doc), highlight=False, markup=False)
     for line in _tau_lines(doc):
         console.print("rank agreement: " + line, highlight=False, markup=False)
+    for line in _split_lines(doc):
+        console.print("TTFT mean, ms: " + line, highlight=False, markup=False)
     failed = [c for c in doc["checks"] if not c["ok"]]
     if failed:
         for c in failed:
@@ -129,6 +148,7 @@ def fidelity_html(doc: Mapping[str, Any]) -> str:
     )
     failed = [c for c in doc["checks"] if not c["ok"]]
     items = "".join(f"<li>{e(line)}</li>" for line in _tau_lines(doc))
+    items += "".join(f"<li>TTFT mean, ms: {e(line)}</li>" for line in _split_lines(doc))
     items += "".join(f"<li>outside: {e(c['what'])}: {e(c['detail'])}</li>" for c in failed)
     verdict = "within the bounds" if not failed else f"{len(failed)} checks outside the bounds"
     return (
