@@ -3,9 +3,11 @@
 
 Prints every check of the run (issue 35's bounds per arm, the arm order beyond the live
 spread, preemptions on both sides or neither) and, for the arms named ``*<pressure suffix>``,
-whether the pressure reached the servers: a preemption in every live run, and for a sticky arm
-a live hit rate below the infinite-cache bound (``ideal_hit_rate``, from the ``results.json``
-beside it) by at least ``--min-eviction`` (what LRU eviction costs it).
+whether the pressure reached the servers: live preemptions in at least one of its runs (how
+many one run gets moves with the host's timing: 0 in 2 of 28 live pressure runs on the 2-core
+tier on 2026-12-06, 2 to 8 in the others), and for a sticky arm a live hit rate below the
+infinite-cache bound (``ideal_hit_rate``, from the ``results.json`` beside it) by at least
+``--min-eviction`` (what LRU eviction costs it).
 
 Exit 1 when a *gating* check failed. With ``--strict`` every check gates. Without it, the
 checks that hold on the 2-core CPU tier gate (docs/simulator.md, "How far to trust it"): the
@@ -57,8 +59,8 @@ def main() -> int:
         if not name.endswith(suffix):
             continue
         pre = cmp["preemptions"]["live"]
-        ok = bool(pre) and min(pre) > 0
-        print(f"{'ok  ' if ok else 'FAIL'} {name}: live preemptions {pre} (> 0 in every run)")
+        ok = bool(pre) and max(pre) > 0
+        print(f"{'ok  ' if ok else 'FAIL'} {name}: live preemptions {pre} (> 0 in some run)")
         if not ok:
             failed.append(f"{name}: preemptions")
         if name.startswith("sticky"):
