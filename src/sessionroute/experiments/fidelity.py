@@ -277,6 +277,7 @@ def fidelity_document(
     sim: Sequence[ArmResult],
     groups: Sequence[Sequence[str]],
     conditions: Mapping[str, Any],
+    replay: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The ``fidelity.json`` document.
 
@@ -285,11 +286,13 @@ def fidelity_document(
         sim: per arm (same names), its simulated runs (same workload, several placement draws).
         groups: arm names that differ only in the policy (:func:`arm_groups`).
         conditions: what was compared (servers, profile, seed, repeats, command...).
+        replay: per arm, the live requests replayed open loop into the simulator's engine
+            (:func:`sessionroute.experiments.replay.replay_arms`), reported, not checked.
 
     Returns:
         ``{"conditions", "bounds", "arms": {name: {metric: comparison}}, "ranks": [{"arms",
         "metrics": {metric: agreement}}], "checks": [{"what", "ok", "detail"}], "ttft_split":
-        {name: ttft_split(...)}, "passed"}``.
+        {name: ttft_split(...)}, "replay", "passed"}``.
     """
     sim_by = {a.name: a for a in sim}
     arms: dict[str, dict[str, Any]] = {}
@@ -340,6 +343,7 @@ def fidelity_document(
         "ranks": ranks,
         "checks": checks,
         "ttft_split": split,
+        "replay": dict(replay or {}),
         "passed": all(c["ok"] for c in checks),
     }
 
