@@ -12,12 +12,17 @@ SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "check_fidelity.py"
 
 
 def _run(
-    tmp_path: Path, preemptions: list[float], hit: float = 0.3
+    tmp_path: Path,
+    preemptions: list[float],
+    hit: float = 0.3,
+    replay_pp: float | None = -0.2,
+    skipped: int = 0,
 ) -> subprocess.CompletedProcess[str]:
     arm = "sticky_least_loaded-pressure"
     doc: dict[str, Any] = {
         "checks": [{"what": f"{arm}: preemptions", "ok": True, "detail": "live vs sim"}],
         "arms": {arm: {"preemptions": {"live": preemptions}, "hit_rate": {"live_mean": hit}}},
+        "replay": {arm: {"error_pp": replay_pp, "runs": [{"skipped": skipped}]}},
     }
     results = {"arms": [{"name": arm, "metrics": {"ideal_hit_rate": 0.79}}]}
     (tmp_path / "fidelity.json").write_text(json.dumps(doc), "utf-8")
@@ -45,3 +50,15 @@ def test_the_sticky_pressure_arm_must_evict(tmp_path: Path) -> None:
     out = _run(tmp_path, [3.0, 5.0], hit=0.78)  # within 0.02 of the infinite cache's 0.79
     assert out.returncode == 1
     assert "sticky_least_loaded-pressure: eviction" in out.stdout
+
+
+def test_the_replay_gates_the_cache_model(tmp_path: Path) -> None:
+    """The live requests replayed at their send times into the simulator's engine: the hit
+    rate within 3 points of the live one, and every request's replica known."""
+    assert _run(tmp_path, [3.0, 5.0]).returncode == 0
+    out = _run(tmp_path, [3.0, 5.0], replay_pp=4.5)
+    assert out.returncode == 1 and "FAIL sticky_least_loaded-pressure: replayed hit rate +4.5" in (
+        out.stdout
+    )
+    assert _run(tmp_path, [3.0, 5.0], skipped=2).returncode == 1
+    assert _run(tmp_path, [3.0, 5.0], replay_pp=None).returncode == 1
