@@ -46,6 +46,12 @@ def test_the_replay_follows_the_live_send_times() -> None:
 
 
 def test_turns_of_unknown_replica_are_skipped_when_there_are_several() -> None:
+    """Without the router naming the worker (e.g. vllm-router) and without taps, no turn's
+    replica is known: with 3 replicas nothing is replayed (not all put on one engine)."""
+    cfg = ReplicaConfig(TOY, kv_capacity_tokens=4096)
     turns = [_turn(0.0, 40, [1, 2, 3], 0, replica=0), _turn(1.0, 40, [5, 6, 7], 0)]
-    r = replay_run(turns, ReplicaConfig(TOY, kv_capacity_tokens=4096))
+    r = replay_run(turns, cfg, replicas=3)
     assert r["requests"] == 1 and r["skipped"] == 1
+    unknown = replay_run([_turn(0.0, 40, [1, 2, 3], 0), _turn(1.0, 40, [5, 6, 7], 0)], cfg, 3)
+    assert unknown["requests"] == 0 and unknown["skipped"] == 2
+    assert unknown["replay_hit_rate"] is None

@@ -42,7 +42,9 @@ def _replay_one(rows: Sequence[Mapping[str, Any]], config: ReplicaConfig) -> tup
     return [cached[str(i)] for i in range(len(rows))], sum(r.preemptions for r in results)
 
 
-def replay_run(turns: Sequence[Mapping[str, Any]], config: ReplicaConfig) -> dict[str, Any]:
+def replay_run(
+    turns: Sequence[Mapping[str, Any]], config: ReplicaConfig, replicas: int = 1
+) -> dict[str, Any]:
     """Replay one live run's turns (``RunOutput.turns``) open loop, one engine per replica.
 
     Args:
@@ -50,6 +52,8 @@ def replay_run(turns: Sequence[Mapping[str, Any]], config: ReplicaConfig) -> dic
             ``prompt_len``, ``output_len``, ``block_keys``, ``cache_salt`` and
             ``cached_tokens``.
         config: the simulator's replica configuration (profile, KV capacity, limits).
+        replicas: how many replicas served the run (with one, a turn of unknown replica was
+            served by it).
 
     Returns:
         ``{"requests", "skipped", "live_hit_rate", "replay_hit_rate", "same_cached",
@@ -62,8 +66,8 @@ def replay_run(turns: Sequence[Mapping[str, Any]], config: ReplicaConfig) -> dic
     skipped = 0
     for t in turns:
         r = int(t["replica"])
-        if r < 0 and len({int(u["replica"]) for u in turns}) == 1:
-            r = 0  # one replica and no placements recorded: it served them all
+        if r < 0 and replicas == 1:
+            r = 0
         if r < 0:
             skipped += 1
         else:
@@ -111,8 +115,8 @@ def replay_arms(live: Sequence[Any], sim_arms: Sequence[Any]) -> dict[str, dict[
         recorded = [r.turns for r in arm.runs if r.turns]
         if not recorded or arm.name not in settings:
             continue
-        _, config = replica_config(SimSpec.from_settings(settings[arm.name]))
-        runs = [replay_run(turns, config) for turns in recorded]
+        count, config = replica_config(SimSpec.from_settings(settings[arm.name]))
+        runs = [replay_run(turns, config, count) for turns in recorded]
         pairs = [(r["live_hit_rate"], r["replay_hit_rate"]) for r in runs]
         pairs = [(a, b) for a, b in pairs if a is not None and b is not None]
         live_hit = sum(a for a, _ in pairs) / len(pairs) if pairs else None
