@@ -3,19 +3,25 @@
 
 Prints every check of the run (issue 35's bounds per arm, the arm order beyond the live
 spread, preemptions on both sides or neither) and, for the arms named ``*<pressure suffix>``,
-whether the pressure reached the servers: a preemption in every live run, and for a sticky arm
-a live hit rate below the infinite-cache bound (``ideal_hit_rate``, from the ``results.json``
-beside it) by at least ``--min-eviction`` (what LRU eviction costs it).
+whether the pressure reached the servers: live preemptions in at least one of its runs (how
+many one run gets moves with the host's timing: 0 in 2 of 28 live pressure runs on the 2-core
+tier on 2026-12-06, 2 to 8 in the others), and for a sticky arm a live hit rate below the
+infinite-cache bound (``ideal_hit_rate``, from the ``results.json`` beside it) by at least
+``--min-eviction`` (what LRU eviction costs it). And per arm, the replay of the live requests
+at their live send times into the simulator's engine (``replay`` in ``fidelity.json``): its hit
+rate within ``--replay-pp`` points of the live one, every request's replica known. That is the
+cache and scheduler model against vLLM's without the closed loop's timing; it gates (measured
+on the CPU tier: within 0.0-0.2 points under pressure, exact without).
 
 Exit 1 when a *gating* check failed. With ``--strict`` every check gates. Without it, the
 checks that hold on the 2-core CPU tier gate (docs/simulator.md, "How far to trust it"): the
 hit rate of the arms without pressure, the arm order on hit rate, preemptions on both sides or
-neither, and the pressure reaching the servers; the time metrics (output tok/s, TTFT, ITL) and
-the hit rate under pressure, which the simulator misses there, are printed as ``miss`` and
-counted, not gating. Standard library only.
+neither, the pressure reaching the servers, and the replay; the time metrics (output tok/s,
+TTFT, ITL) and the hit rate under pressure, which the simulator misses there, are printed as
+``miss`` and counted, not gating. Standard library only.
 
 Usage: ``check_fidelity.py OUT/fidelity.json [--strict] [--pressure-suffix=-pressure]
-[--min-eviction 0.02]``.
+[--min-eviction 0.02] [--replay-pp 3]``.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ def main() -> int:
     parser.add_argument("fidelity", type=Path)
     parser.add_argument("--pressure-suffix", default="-pressure")
     parser.add_argument("--min-eviction", type=float, default=0.02)
+    parser.add_argument("--replay-pp", type=float, default=3.0)
     parser.add_argument("--strict", action="store_true", help="every check gates")
     args = parser.parse_args()
     suffix = args.pressure_suffix
@@ -57,8 +64,8 @@ def main() -> int:
         if not name.endswith(suffix):
             continue
         pre = cmp["preemptions"]["live"]
-        ok = bool(pre) and min(pre) > 0
-        print(f"{'ok  ' if ok else 'FAIL'} {name}: live preemptions {pre} (> 0 in every run)")
+        ok = bool(pre) and max(pre) > 0
+        print(f"{'ok  ' if ok else 'FAIL'} {name}: live preemptions {pre} (> 0 in some run)")
         if not ok:
             failed.append(f"{name}: preemptions")
         if name.startswith("sticky"):
@@ -71,6 +78,19 @@ def main() -> int:
             )
             if not ok:
                 failed.append(f"{name}: eviction")
+    replay = doc.get("replay") or {}
+    for name in doc["arms"]:
+        r = replay.get(name)
+        err = None if r is None else r.get("error_pp")
+        skipped = 0 if r is None else sum(run["skipped"] for run in r["runs"])
+        ok = err is not None and abs(err) <= args.replay_pp and skipped == 0
+        detail = "not replayed" if r is None or err is None else f"{err:+.1f} points"
+        print(
+            f"{'ok  ' if ok else 'FAIL'} {name}: replayed hit rate {detail} "
+            f"(within {args.replay_pp:g}; {skipped} requests of unknown replica)"
+        )
+        if not ok:
+            failed.append(f"{name}: replay")
     if missed:
         print(
             f"fidelity: {len(missed)} checks outside the bounds, reported, not gating "

@@ -12,7 +12,8 @@
 # same arm order wherever the live difference exceeds the live spread; under pressure,
 # preemptions on both sides or neither, and the pressure setting really preempts and evicts on
 # the servers. What the simulator meets on the 2-core CPU tier gates (hit rate without
-# pressure, the order on hit rate, preemptions, the pressure reaching the servers); the time
+# pressure, the order on hit rate, preemptions, the pressure reaching the servers, the hit
+# rate of the live requests replayed at their send times into the simulator's engine); the time
 # metrics and the hit rate under pressure, which it misses there (docs/simulator.md, "How far
 # to trust it"), are printed and counted; FIDELITY_STRICT=1 gates every check.
 #

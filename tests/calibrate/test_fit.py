@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -134,3 +135,18 @@ def test_decode_rounds_the_client_could_not_follow_are_left_out() -> None:
     only_lagged = phase_row(PhaseRun(ph, SERVER.url, tuple(lagged)))
     assert only_lagged is not None and only_lagged.source == hist
     assert only_lagged.y == pytest.approx(decode)
+
+
+def test_plan_has_long_prompts_under_load_within_the_kv_cache() -> None:
+    """A KV-pressure workload prefills long prompts while others decode: the plan has a churn
+    of prompts from Lcap / 4 to Lcap / 2 fresh tokens, several in flight, that fits the KV
+    cache of the server it is sized to (a small one too)."""
+    for blocks in (1024, 256):
+        info = replace(SERVER, num_gpu_blocks=blocks)
+        churns = [p for p in default_plan(info, reps=3).phases if p.kind == "churn"]
+        long = max(churns, key=lambda p: p.fresh_tokens)
+        assert (long.fresh_min, long.fresh_tokens) == (2046 // 4, 2046 // 2)
+        assert long.concurrency >= 2 and long.requests == 3 * long.concurrency
+        per_req = -(-(long.fresh_tokens + long.output_tokens) // 32) + 1
+        assert long.concurrency * per_req + long.prefix_tokens // 32 < blocks
+        assert len({p.label for p in churns}) == len(churns) >= 3

@@ -17,8 +17,13 @@ from sessionroute.experiments.fidelity import (
     fidelity_document,
     kendall_tau,
     rank_agreement,
+    ttft_split,
 )
-from sessionroute.experiments.fidelity_report import add_report_section, fidelity_rows
+from sessionroute.experiments.fidelity_report import (
+    add_report_section,
+    fidelity_rows,
+    print_fidelity,
+)
 from sessionroute.experiments.live_engine import (
     live_engine_settings,
     profile_note,
@@ -114,6 +119,38 @@ def test_document_checks_and_report_section(tmp_path: Path) -> None:
     bad = fidelity_document(live, sim_bad, [["x", "y"]], {})
     assert bad["passed"] is False
     assert any(c["what"] == "order of x, y: hit_rate" and not c["ok"] for c in bad["checks"])
+
+
+def test_ttft_split_says_where_the_live_ttft_went() -> None:
+    """Client TTFT = vLLM's own + what lies outside the server; queue and prefill inside it;
+    the simulated TTFT and queue beside (means over runs)."""
+
+    def live(client: float, server: float) -> Any:
+        means = {"ttft_mean_s": server, "queue_mean_s": 0.1, "prefill_mean_s": 0.05}
+        return {"ttft_s": {"mean": client}, "live": {"server_means": means}}
+
+    sim = {"ttft_s": {"mean": 0.12}, "queue_time_s": {"mean": 0.04}}
+    t = ttft_split([live(0.5, 0.3), live(0.7, 0.3)], [sim, sim])
+    assert t["client"] == pytest.approx(0.6) and t["server"] == pytest.approx(0.3)
+    assert t["outside"] == pytest.approx(0.3)
+    assert (t["queue"], t["prefill"], t["sim"], t["sim_queue"]) == (0.1, 0.05, 0.12, 0.04)
+    # a live run without vLLM's histograms (an emulator, an old results file): not measured
+    bare = ttft_split([{"ttft_s": {"mean": 0.5}}], [sim])
+    assert bare["server"] is None and bare["outside"] is None and bare["client"] == 0.5
+
+
+def test_the_ttft_split_is_printed_per_arm() -> None:
+    from rich.console import Console
+
+    live = [_arm("x", {**_m(0.7, 100), "live": {"server_means": {"ttft_mean_s": 0.2}}})]
+    live[0].runs[0].metrics["ttft_s"]["mean"] = 0.45
+    doc = fidelity_document(live, [_arm("x", _m(0.7, 100))], [["x"]], {})
+    assert doc["ttft_split"]["x"]["outside"] == pytest.approx(0.25)
+    console = Console(record=True, width=200)
+    print_fidelity(doc, console)
+    assert "TTFT mean, ms: x: live 450 = vLLM 200 (queue -, prefill -) + outside vLLM 250" in (
+        console.export_text()
+    )
 
 
 def _tiny_model(tmp_path: Path) -> Path:

@@ -16,7 +16,10 @@ Each phase isolates terms of the step-time model (``sessionroute.replica.profile
   that requests arrive and finish while others decode (as in a real workload); the server is
   busy throughout, so the phase's wall time is the sum of its steps, whose count
   (``vllm:iteration_tokens_total``) and token totals are known. It weighs the per-request
-  overhead ``b_req`` in situ.
+  overhead ``b_req`` in situ. A second ``churn`` of long prompts (``Lcap / 4`` to ``Lcap / 2``
+  fresh tokens) weighs the prefill and context terms where long prompts arrive while others
+  decode, each request on its own context: several prefills at once, mixed with decode steps,
+  as a KV-pressure workload runs them.
 """
 
 from __future__ import annotations
@@ -72,7 +75,7 @@ class Phase:
             return f"cached H={self.prefix_tokens} S={self.fresh_tokens}"
         if self.kind == "decode":
             return f"decode B={self.concurrency} H={self.prefix_tokens}"
-        return f"churn c={self.concurrency}"
+        return f"churn c={self.concurrency} L={self.fresh_min}-{self.fresh_tokens}"
 
     def describe(self) -> str:
         """One line of ``--dry-run``: what the phase sends."""
@@ -180,6 +183,24 @@ def default_plan(
                 c_fit,
                 3 * c_fit,
                 8,
+                max(2, m // 4),
+                max(1, reps // 2),
+            )
+        )
+    long_hi = max(8, min(cap // 2, info.max_model_len - churn_prefix - m - 2))
+    long_lo = max(8, min(cap // 4, long_hi))
+    if long_hi > churn_fresh:
+        per_req = -(-(long_hi + m) // bs) + 1
+        c_long = min(max(2, s_max // 4), max(1, (kv // bs - churn_prefix // bs - 1) // per_req))
+        phases.append(
+            Phase(
+                "churn",
+                long_hi,
+                churn_prefix,
+                m,
+                c_long,
+                3 * c_long,
+                long_lo,
                 max(2, m // 4),
                 max(1, reps // 2),
             )

@@ -43,6 +43,7 @@ __all__ = [
     "fidelity_document",
     "kendall_tau",
     "rank_agreement",
+    "ttft_split",
     "write_fidelity",
 ]
 
@@ -240,11 +241,43 @@ def arm_groups(arms: Sequence[Any]) -> list[list[str]]:
     return list(groups.values())
 
 
+def _mean(runs: Sequence[Mapping[str, Any]], path: str) -> float | None:
+    vals = _values(runs, path)
+    return sum(vals) / len(vals) if vals else None
+
+
+def ttft_split(
+    live_runs: Sequence[Mapping[str, Any]], sim_runs: Sequence[Mapping[str, Any]]
+) -> dict[str, float | None]:
+    """Where one arm's mean time to first token went, live and simulated (seconds, means over
+    the runs; None where not measured).
+
+    Live: ``client`` (what the client saw) = ``server`` (vLLM's own TTFT, from its arrival in
+    the server's input processing, ``live.server_means``) + ``outside`` (HTTP, the router, the
+    client, the chat template and tokenisation); inside the server, ``queue`` (waiting to be
+    scheduled) and ``prefill`` (first scheduled to first token), the rest being the server's
+    own hand-offs between its frontend and engine. Simulated: ``sim`` (TTFT) and
+    ``sim_queue``.
+    """
+    client = _mean(live_runs, "ttft_s.mean")
+    server = _mean(live_runs, "live.server_means.ttft_mean_s")
+    return {
+        "client": client,
+        "server": server,
+        "outside": None if client is None or server is None else client - server,
+        "queue": _mean(live_runs, "live.server_means.queue_mean_s"),
+        "prefill": _mean(live_runs, "live.server_means.prefill_mean_s"),
+        "sim": _mean(sim_runs, "ttft_s.mean"),
+        "sim_queue": _mean(sim_runs, "queue_time_s.mean"),
+    }
+
+
 def fidelity_document(
     live: Sequence[ArmResult],
     sim: Sequence[ArmResult],
     groups: Sequence[Sequence[str]],
     conditions: Mapping[str, Any],
+    replay: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The ``fidelity.json`` document.
 
@@ -253,16 +286,22 @@ def fidelity_document(
         sim: per arm (same names), its simulated runs (same workload, several placement draws).
         groups: arm names that differ only in the policy (:func:`arm_groups`).
         conditions: what was compared (servers, profile, seed, repeats, command...).
+        replay: per arm, the live requests replayed open loop into the simulator's engine
+            (:func:`sessionroute.experiments.replay.replay_arms`), reported, not checked.
 
     Returns:
         ``{"conditions", "bounds", "arms": {name: {metric: comparison}}, "ranks": [{"arms",
-        "metrics": {metric: agreement}}], "checks": [{"what", "ok", "detail"}], "passed"}``.
+        "metrics": {metric: agreement}}], "checks": [{"what", "ok", "detail"}], "ttft_split":
+        {name: ttft_split(...)}, "replay", "passed"}``.
     """
     sim_by = {a.name: a for a in sim}
     arms: dict[str, dict[str, Any]] = {}
+    split: dict[str, dict[str, float | None]] = {}
     for a in live:
         s = sim_by[a.name]
-        arms[a.name] = compare_arm([r.metrics for r in a.runs], [r.metrics for r in s.runs])
+        live_runs, sim_runs = [r.metrics for r in a.runs], [r.metrics for r in s.runs]
+        arms[a.name] = compare_arm(live_runs, sim_runs)
+        split[a.name] = ttft_split(live_runs, sim_runs)
     ranks: list[dict[str, Any]] = [
         {"arms": list(g), "metrics": rank_agreement(g, arms)} for g in groups
     ]
@@ -303,6 +342,8 @@ def fidelity_document(
         "arms": arms,
         "ranks": ranks,
         "checks": checks,
+        "ttft_split": split,
+        "replay": dict(replay or {}),
         "passed": all(c["ok"] for c in checks),
     }
 

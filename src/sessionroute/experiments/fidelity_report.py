@@ -80,6 +80,41 @@ def _tau_lines(doc: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{1000 * v:.0f}"
+
+
+def _split_lines(doc: Mapping[str, Any]) -> list[str]:
+    """Per arm, where the mean TTFT went (:func:`~sessionroute.experiments.fidelity.
+    ttft_split`), in ms; none for a document without it."""
+    lines = []
+    for name, t in (doc.get("ttft_split") or {}).items():
+        lines.append(
+            f"{name}: live {_ms(t['client'])} = vLLM {_ms(t['server'])} (queue "
+            f"{_ms(t['queue'])}, prefill {_ms(t['prefill'])}) + outside vLLM "
+            f"{_ms(t['outside'])}; sim {_ms(t['sim'])} (queue {_ms(t['sim_queue'])})"
+        )
+    return lines
+
+
+def _replay_lines(doc: Mapping[str, Any]) -> list[str]:
+    """Per arm, the live requests replayed open loop into the simulator's engine (``replay``
+    of the document, :mod:`sessionroute.experiments.replay`); none without it."""
+    lines = []
+    for name, r in (doc.get("replay") or {}).items():
+        if r["live_hit_rate"] is None or r["replay_hit_rate"] is None:
+            continue
+        n = sum(x["requests"] for x in r["runs"])
+        same = sum(x["same_cached"] for x in r["runs"])
+        pre = "+".join(str(x["replay_preemptions"]) for x in r["runs"])
+        lines.append(
+            f"{name}: hit rate live {100 * r['live_hit_rate']:.1f} %, replayed "
+            f"{100 * r['replay_hit_rate']:.1f} % ({r['error_pp']:+.1f} pp); the same cached "
+            f"tokens in {same} of {n} requests; replayed preemptions {pre}"
+        )
+    return lines
+
+
 def _conditions_line(doc: Mapping[str, Any]) -> str:
     c = doc["conditions"]
     prof = c.get("profile_name", "?")
@@ -107,6 +142,10 @@ def print_fidelity(doc: Mapping[str, Any], console: Any) -> None:
     console.print(_conditions_line(doc), highlight=False, markup=False)
     for line in _tau_lines(doc):
         console.print("rank agreement: " + line, highlight=False, markup=False)
+    for line in _split_lines(doc):
+        console.print("TTFT mean, ms: " + line, highlight=False, markup=False)
+    for line in _replay_lines(doc):
+        console.print("replay at the live send times: " + line, highlight=False, markup=False)
     failed = [c for c in doc["checks"] if not c["ok"]]
     if failed:
         for c in failed:
@@ -129,6 +168,10 @@ def fidelity_html(doc: Mapping[str, Any]) -> str:
     )
     failed = [c for c in doc["checks"] if not c["ok"]]
     items = "".join(f"<li>{e(line)}</li>" for line in _tau_lines(doc))
+    items += "".join(f"<li>TTFT mean, ms: {e(line)}</li>" for line in _split_lines(doc))
+    items += "".join(
+        f"<li>replay at the live send times: {e(line)}</li>" for line in _replay_lines(doc)
+    )
     items += "".join(f"<li>outside: {e(c['what'])}: {e(c['detail'])}</li>" for c in failed)
     verdict = "within the bounds" if not failed else f"{len(failed)} checks outside the bounds"
     return (

@@ -116,6 +116,11 @@ class LiveSection(BaseModel):
         placements: put a recording pass-through in front of each replica to learn which
             replica served each turn (per-replica session counts, session moves). Adds one
             local hop; turn it off for remote replicas.
+        record_turns: keep a record of every answered turn (send time, replica, prompt, block
+            keys, cached tokens: ``RunOutput.turns``), for ``compare --fidelity``'s replay of
+            the live requests; with ``router = "sessionroute"`` the router names each request's
+            worker (``--expose-worker-header``), so the replica is known without
+            ``placements``.
         scrape_interval_s: replica ``/metrics`` sampling period for the time series (seconds of
             the run's clock, emulated seconds when emulating).
         request_timeout_s: wall seconds one turn may take before it counts as failed.
@@ -149,6 +154,7 @@ class LiveSection(BaseModel):
     router_health_path: str | None = None
     stream: bool = False
     placements: bool = True
+    record_turns: bool = False
     scrape_interval_s: float = Field(default=2.0, gt=0)
     request_timeout_s: float = Field(default=600.0, gt=0)
 

@@ -52,6 +52,9 @@ class RunOutput:
         steps: rows ``{"step": k, "t": s, "step_time_s": s}`` (RL workloads).
         samples: raw distributions for plots, e.g. ``{"ttft_s": [...],
             "session_latency_s": [...]}`` (seconds).
+        turns: per answered turn of a live run with ``[live] record_turns`` (see
+            :class:`~sessionroute.experiments.live.host.LiveHost`); empty otherwise. Not
+            written to ``results.json``.
     """
 
     seed: int
@@ -59,6 +62,7 @@ class RunOutput:
     timeseries: list[dict[str, Any]] = field(default_factory=list)
     steps: list[dict[str, Any]] = field(default_factory=list)
     samples: dict[str, list[float]] = field(default_factory=dict)
+    turns: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass(slots=True)

@@ -64,6 +64,13 @@ def test_compare_fidelity_against_emulated_servers(tmp_path: Path) -> None:
     assert (out / "sim" / "results.json").is_file()
     assert '<section id="fidelity">' in (out / "report.html").read_text("utf-8")
     assert "simulator vs live" in r.stdout and "rank agreement" in r.stdout
+    # the live requests replayed at their send times into the simulator's engine: the router
+    # named each one's worker, and the emulators run that engine, so the hits come back
+    replay = doc["replay"]["sticky_least_loaded"]
+    assert len(replay["runs"]) == 2
+    assert all(run["requests"] > 0 and run["skipped"] == 0 for run in replay["runs"])
+    assert abs(replay["error_pp"]) < 1.0
+    assert "replay at the live send times: sticky_least_loaded: hit rate live" in r.stdout
 
 
 def test_fidelity_refuses_in_process_emulators(tmp_path: Path) -> None:

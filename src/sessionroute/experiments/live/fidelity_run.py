@@ -22,6 +22,7 @@ from sessionroute.errors import ConfigError
 from sessionroute.experiments.fidelity import arm_groups, fidelity_document, write_fidelity
 from sessionroute.experiments.live_engine import EngineSettings, engine_from_servers
 from sessionroute.experiments.live_section import LiveSection
+from sessionroute.experiments.replay import replay_arms
 from sessionroute.experiments.results import RunOutput
 from sessionroute.experiments.runner import ExperimentOutput, run_experiment, write_outputs
 from sessionroute.experiments.spec import (
@@ -74,7 +75,7 @@ def fidelity_live_spec(spec: ExperimentSpec) -> ExperimentSpec:
             'replicas = "command" or "urls" (or emulate_mode = "process" for emulated ones)'
         )
     data = spec.model_dump()
-    data["live"] = {**data["live"], "stream": True, "placements": False}
+    data["live"] = {**data["live"], "stream": True, "placements": False, "record_turns": True}
     return parse_experiment(data, source=f"{spec.name} (fidelity, live)")
 
 
@@ -253,8 +254,9 @@ def run_fidelity(
         ],
         **calibration,
     }
+    replay = replay_arms(live_out.results, resolve_arms(sim_spec))
     doc = fidelity_document(
-        live_out.results, sim_out.results, arm_groups(live_out.arms), conditions
+        live_out.results, sim_out.results, arm_groups(live_out.arms), conditions, replay
     )
     paths = write_outputs(live_out, out_dir)
     sim_paths = write_outputs(sim_out, out_dir / "sim")

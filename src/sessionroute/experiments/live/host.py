@@ -36,6 +36,9 @@ __all__ = ["LiveHost"]
 
 log = logging.getLogger("sessionroute.experiments.live")
 
+WORKER_HEADER = "x-sessionroute-worker"
+"""The response header ``sessionroute serve --expose-worker-header`` names the worker in."""
+
 
 class _Session:
     __slots__ = ("last_replica", "rollout", "start_s", "text")
@@ -63,6 +66,9 @@ class LiveHost(Host):
         request_timeout_s: wall seconds per turn.
         last_replica: session id -> replica index of its latest request (from the taps), or
             None when placements are not recorded.
+        record_turns: keep a record of every answered turn in :attr:`turns`; its replica is the
+            taps' or, when the router names the worker (``x-sessionroute-worker``, ``serve
+            --expose-worker-header``), that worker's index in ``replica_urls``.
 
     Attributes:
         rec: what the clients saw (:class:`~sessionroute.record.Recorder`, the simulator's
@@ -70,6 +76,9 @@ class LiveHost(Host):
         ideal: the ideal prefix cache every submitted turn goes through.
         errors: the first 20 failed turns, as ``"<session>: <error>"``.
         prefix_resets: prefix-cache resets the workload asked for.
+        turns: with ``record_turns``, per answered turn in answer order: ``sent_s`` (host
+            seconds), ``replica`` (-1: unknown), ``prompt_len``, ``output_len``,
+            ``block_keys``, ``cache_salt`` and ``cached_tokens`` (the server's usage).
     """
 
     def __init__(
@@ -86,6 +95,7 @@ class LiveHost(Host):
         stream: bool = False,
         request_timeout_s: float = 600.0,
         last_replica: dict[str, int] | None = None,
+        record_turns: bool = False,
     ) -> None:
         self.router_url = router_url.rstrip("/")
         self.model = model
@@ -103,6 +113,8 @@ class LiveHost(Host):
         self.ideal = IdealCache(block_size)
         self.errors: list[str] = []
         self.prefix_resets = 0
+        self.record_turns = record_turns
+        self.turns: list[dict[str, Any]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._t0 = 0.0
         self._sessions: dict[str, _Session] = {}
@@ -307,18 +319,19 @@ class LiveHost(Host):
         client = sess.rollout.httpx if sess.rollout is not None else self._client()
         sent = self.now()
         w0 = loop.time()
-        text, first, last = "", None, None
+        text, first, last, worker = "", None, None, None
         usage: dict[str, Any] = {}
         ok = False
         try:
             async with asyncio.timeout(self.timeout_s):
                 if self.stream:
-                    text, usage, first, last = await self._stream(client, body)
+                    text, usage, first, last, worker = await self._stream(client, body)
                     ok = True
                 else:
                     r = await client.post("/v1/chat/completions", json=body)
                     if r.status_code != 200:
                         raise _TurnError(f"HTTP {r.status_code}: {r.text[:300]}")
+                    worker = r.headers.get(WORKER_HEADER)
                     data = r.json()
                     text = str(data["choices"][0]["message"]["content"] or "")
                     usage = data.get("usage") or {}
@@ -339,6 +352,20 @@ class LiveHost(Host):
             if sess.last_replica is not None and replica != sess.last_replica:
                 self.rec.counts["session_moves"] += 1
             sess.last_replica = replica
+        if self.record_turns and ok:
+            if replica < 0 and worker in self.replica_urls:
+                replica = self.replica_urls.index(worker)
+            self.turns.append(
+                {
+                    "sent_s": sent,
+                    "replica": replica,
+                    "prompt_len": turn.prompt_len,
+                    "output_len": turn.output_len,
+                    "block_keys": list(turn.block_keys),
+                    "cache_salt": turn.cache_salt,
+                    "cached_tokens": cached,
+                }
+            )
         self._guard(lambda: on_done(TurnOutcome(turn, sent, done, ok, cached, replica)))
 
     def _account(
@@ -371,7 +398,7 @@ class LiveHost(Host):
 
     async def _stream(
         self, client: httpx.AsyncClient, body: dict[str, Any]
-    ) -> tuple[str, dict[str, Any], float | None, float | None]:
+    ) -> tuple[str, dict[str, Any], float | None, float | None, str | None]:
         loop = self._require_loop()
         parts: list[str] = []
         usage: dict[str, Any] = {}
@@ -379,6 +406,7 @@ class LiveHost(Host):
         async with client.stream("POST", "/v1/chat/completions", json=body) as r:
             if r.status_code != 200:
                 raise _TurnError(f"HTTP {r.status_code}: {(await r.aread())[:300]!r}")
+            worker = r.headers.get(WORKER_HEADER)
             async for line in r.aiter_lines():
                 if not line.startswith("data:"):
                     continue
@@ -395,7 +423,7 @@ class LiveHost(Host):
                         first = now if first is None else first
                         last = now
                         parts.append(piece)
-        return "".join(parts), usage, first, last
+        return "".join(parts), usage, first, last, worker
 
 
 class _TurnError(Exception):

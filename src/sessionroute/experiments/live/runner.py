@@ -180,6 +180,8 @@ class LiveArmRunner:
                     ]  # fmt: skip
                     for stream in fleet.kv_streams(workers):
                         kv_flags += ["--kv-events", stream]
+                if live.record_turns and live.router in ("sessionroute", "sessionroute-inprocess"):
+                    kv_flags.append("--expose-worker-header")
                 async with start_arm_router(
                     live.router, live, arm.policy, arm.policy_options, router, workers,
                     self._procs, self.log_dir, extra_flags=kv_flags,
@@ -196,6 +198,7 @@ class LiveArmRunner:
                         stream=live.stream,
                         request_timeout_s=live.request_timeout_s,
                         last_replica=last,
+                        record_turns=live.record_turns,
                     )
                     workload = wcfg.build(np.random.default_rng(seed))
                     before = await scrape_all(client, urls)
@@ -233,7 +236,7 @@ class LiveArmRunner:
             keeps_sessions=policy_cls.keeps_sessions,
         )  # fmt: skip
         rec = host.rec
-        return RunOutput(seed, metrics, sampler.rows, list(rec.steps), rec.samples())
+        return RunOutput(seed, metrics, sampler.rows, list(rec.steps), rec.samples(), host.turns)
 
 
 async def _settled(

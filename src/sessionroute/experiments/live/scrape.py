@@ -40,6 +40,14 @@ COUNTERS: dict[str, str] = {
     "ttft_count": "vllm:time_to_first_token_seconds_count",
     "itl_sum_s": "vllm:inter_token_latency_seconds_sum",
     "itl_count": "vllm:inter_token_latency_seconds_count",
+    "queue_sum_s": "vllm:request_queue_time_seconds_sum",
+    "queue_count": "vllm:request_queue_time_seconds_count",
+    "prefill_sum_s": "vllm:request_prefill_time_seconds_sum",
+    "prefill_count": "vllm:request_prefill_time_seconds_count",
+    "decode_sum_s": "vllm:request_decode_time_seconds_sum",
+    "decode_count": "vllm:request_decode_time_seconds_count",
+    "e2e_sum_s": "vllm:e2e_request_latency_seconds_sum",
+    "e2e_count": "vllm:e2e_request_latency_seconds_count",
 }
 """Our name -> the Prometheus family of a vLLM counter (tokens, or counts; ``*_sum_s`` and
 ``*_count``: a histogram's sum, seconds, and count)."""
@@ -101,22 +109,29 @@ def parse_metrics(text: str) -> MetricsSnapshot:
     return snap
 
 
+_MEANS = ("ttft", "itl", "queue", "prefill", "decode", "e2e")
+"""vLLM histograms averaged by :func:`server_latency_means` (``<name>_sum_s``/``<name>_count``
+in :data:`COUNTERS`)."""
+
+
 def server_latency_means(
     before: Sequence[MetricsSnapshot], after: Sequence[MetricsSnapshot]
 ) -> dict[str, float | None]:
-    """vLLM's own mean TTFT and inter-token latency over every replica between two scrapes
-    (``ttft_mean_s``, ``itl_mean_s``, seconds; None where no replica counted one): against the
-    client's, how much of what it measured is the servers' (the rest is HTTP, the router and
-    the client)."""
-    sums = dict.fromkeys(("ttft_sum_s", "ttft_count", "itl_sum_s", "itl_count"), 0.0)
+    """vLLM's own means over every replica between two scrapes, seconds (None where no replica
+    counted one): ``ttft_mean_s`` and ``itl_mean_s`` (against the client's, how much of what it
+    measured is the servers'; the rest is HTTP, the router and the client), and where a
+    request's time went inside the server: ``queue_mean_s`` (waiting to be scheduled),
+    ``prefill_mean_s`` (first scheduled to first token), ``decode_mean_s`` (first to last
+    token) and ``e2e_mean_s`` (arrival to finish)."""
+    sums = {f"{n}_{k}": 0.0 for n in _MEANS for k in ("sum_s", "count")}
     for b, a in zip(before, after, strict=True):
         if a.ok and b.ok:
             d = a.delta(b)
             for k in sums:
                 sums[k] += d.get(k, 0.0)
     return {
-        "ttft_mean_s": sums["ttft_sum_s"] / sums["ttft_count"] if sums["ttft_count"] else None,
-        "itl_mean_s": sums["itl_sum_s"] / sums["itl_count"] if sums["itl_count"] else None,
+        f"{n}_mean_s": sums[f"{n}_sum_s"] / sums[f"{n}_count"] if sums[f"{n}_count"] else None
+        for n in _MEANS
     }
 
 

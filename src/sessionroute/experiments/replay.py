@@ -1,0 +1,131 @@
+"""The live requests replayed into the simulator's engine at their live send times.
+
+``compare --fidelity`` compares a closed loop: each session's next turn leaves when its last
+one came back, so a simulator that serves a turn faster sends the next one sooner, and under KV
+pressure *when* a turn arrives decides what the LRU cache still holds. :func:`replay_run` takes
+that out: every request a live run sent (its send time, the replica that served it, prompt and
+output lengths, block keys) goes to a :class:`~sessionroute.replica.Replica` of that replica's
+configuration at the same time, open loop. What the replay's cached tokens and preemptions
+differ from the live ones by is the cache and scheduler model's error; what the closed loop
+differs by beyond that is the timing's.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from sessionroute.replica import Replica
+from sessionroute.replica.api import EngineRequest, ReplicaConfig
+
+__all__ = ["replay_arms", "replay_run"]
+
+
+def _replay_one(rows: Sequence[Mapping[str, Any]], config: ReplicaConfig) -> tuple[list[int], int]:
+    """One replica's turns (in send order) through one engine: each one's cached tokens, and
+    the preemptions."""
+    engine = Replica(config)
+    cached: dict[str, int] = {}
+    results = []
+    for i, t in enumerate(rows):
+        now = float(t["sent_s"])
+        results += engine.advance(now)
+        req = EngineRequest(
+            str(i), int(t["prompt_len"]), int(t["output_len"]), list(t["block_keys"]),
+            t.get("cache_salt"),
+        )  # fmt: skip
+        engine.add_request(req, now)
+    results += engine.advance(float("inf"))
+    for res in results:
+        cached[res.request_id] = res.cached_tokens
+    return [cached[str(i)] for i in range(len(rows))], sum(r.preemptions for r in results)
+
+
+def replay_run(
+    turns: Sequence[Mapping[str, Any]], config: ReplicaConfig, replicas: int = 1
+) -> dict[str, Any]:
+    """Replay one live run's turns (``RunOutput.turns``) open loop, one engine per replica.
+
+    Args:
+        turns: the run's answered turns, each with ``sent_s``, ``replica`` (-1: unknown),
+            ``prompt_len``, ``output_len``, ``block_keys``, ``cache_salt`` and
+            ``cached_tokens``.
+        config: the simulator's replica configuration (profile, KV capacity, limits).
+        replicas: how many replicas served the run (with one, a turn of unknown replica was
+            served by it).
+
+    Returns:
+        ``{"requests", "skipped", "live_hit_rate", "replay_hit_rate", "same_cached",
+        "replay_preemptions"}`` over the turns whose replica is known (all of them with one
+        replica): hit rates are cached over prompt tokens, ``same_cached`` the requests with
+        exactly the live cached tokens; ``skipped`` the turns of unknown replica. Hit rates are
+        None without a replayed turn.
+    """
+    by_replica: dict[int, list[Mapping[str, Any]]] = defaultdict(list)
+    skipped = 0
+    for t in turns:
+        r = int(t["replica"])
+        if r < 0 and replicas == 1:
+            r = 0
+        if r < 0:
+            skipped += 1
+        else:
+            by_replica[r].append(t)
+    prompt = live_cached = replay_cached = same = preemptions = requests = 0
+    for rows in by_replica.values():
+        rows = sorted(rows, key=lambda t: float(t["sent_s"]))
+        cached, pre = _replay_one(rows, config)
+        for t, got in zip(rows, cached, strict=True):
+            prompt += int(t["prompt_len"])
+            live_cached += int(t["cached_tokens"])
+            replay_cached += got
+            same += int(got == int(t["cached_tokens"]))
+        preemptions += pre
+        requests += len(rows)
+    return {
+        "requests": requests,
+        "skipped": skipped,
+        "live_hit_rate": live_cached / prompt if prompt else None,
+        "replay_hit_rate": replay_cached / prompt if prompt else None,
+        "same_cached": same,
+        "replay_preemptions": preemptions,
+    }
+
+
+def replay_arms(live: Sequence[Any], sim_arms: Sequence[Any]) -> dict[str, dict[str, Any]]:
+    """:func:`replay_run` for every live run that recorded its turns.
+
+    Args:
+        live: the live arms (``ArmResult``; their runs' ``turns``).
+        sim_arms: the simulated side's resolved arms (``ResolvedArm``, same names): each gives
+            the replica configuration its simulation used.
+
+    Returns:
+        arm name -> ``{"runs": [replay_run per live run], "live_hit_rate",
+        "replay_hit_rate" (means over the runs), "error_pp" (replayed - live, points)}``; arms
+        without recorded turns are left out.
+    """
+    from sessionroute.sim import SimSpec
+    from sessionroute.sim.runner import replica_config
+
+    settings = {a.name: a.settings for a in sim_arms}
+    out: dict[str, dict[str, Any]] = {}
+    for arm in live:
+        recorded = [r.turns for r in arm.runs if r.turns]
+        if not recorded or arm.name not in settings:
+            continue
+        count, config = replica_config(SimSpec.from_settings(settings[arm.name]))
+        runs = [replay_run(turns, config, count) for turns in recorded]
+        pairs = [(r["live_hit_rate"], r["replay_hit_rate"]) for r in runs]
+        pairs = [(a, b) for a, b in pairs if a is not None and b is not None]
+        live_hit = sum(a for a, _ in pairs) / len(pairs) if pairs else None
+        replay_hit = sum(b for _, b in pairs) / len(pairs) if pairs else None
+        error = None if live_hit is None or replay_hit is None else 100 * (replay_hit - live_hit)
+        out[arm.name] = {
+            "runs": runs,
+            "live_hit_rate": live_hit,
+            "replay_hit_rate": replay_hit,
+            "error_pp": error,
+        }
+    return out

@@ -1,0 +1,57 @@
+"""The live requests replayed open loop into the simulator's engine (compare --fidelity)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sessionroute.experiments.replay import replay_run
+from sessionroute.replica import PROFILES
+from sessionroute.replica.api import ReplicaConfig
+
+TOY = PROFILES["toy-8b-h100-tp1"]
+
+
+def _turn(sent: float, prompt: int, keys: list[int], cached: int, replica: int = -1) -> Any:
+    return {
+        "sent_s": sent,
+        "replica": replica,
+        "prompt_len": prompt,
+        "output_len": 8,
+        "block_keys": keys,
+        "cache_salt": None,
+        "cached_tokens": cached,
+    }
+
+
+def test_a_session_hits_its_previous_turn() -> None:
+    """Turn 2 extends turn 1's prompt (40) and reply (8): turn 1's KV holds 47 tokens (the last
+    reply token is never computed), so 2 full blocks of 16 hit (one replica, no placements
+    recorded: it served every turn)."""
+    turns = [_turn(0.0, 40, [1, 2, 3], 0), _turn(10.0, 60, [1, 2, 3, 4], 32)]
+    r = replay_run(turns, ReplicaConfig(TOY, kv_capacity_tokens=4096))
+    assert r["requests"] == 2 and r["skipped"] == 0 and r["same_cached"] == 2
+    assert r["live_hit_rate"] == r["replay_hit_rate"] == 32 / 100
+    assert r["replay_preemptions"] == 0
+
+
+def test_the_replay_follows_the_live_send_times() -> None:
+    """KV of 4 blocks: another session's 4-block request sent between a session's turns evicts
+    that session's blocks; sent after them, it does not. The send times decide the hits."""
+    a1, a2 = _turn(0.0, 40, [1, 2, 3], 0), _turn(10.0, 50, [1, 2, 3], 32)
+    cfg = ReplicaConfig(TOY, kv_capacity_tokens=64)
+    between = replay_run([a1, _turn(5.0, 56, [7, 8, 9, 10], 0), a2], cfg)
+    after = replay_run([a1, a2, _turn(15.0, 56, [7, 8, 9, 10], 0)], cfg)
+    assert between["replay_hit_rate"] == 0.0 and between["same_cached"] == 2  # live: 32
+    assert after["replay_hit_rate"] == 32 / 146 and after["same_cached"] == 3
+
+
+def test_turns_of_unknown_replica_are_skipped_when_there_are_several() -> None:
+    """Without the router naming the worker (e.g. vllm-router) and without taps, no turn's
+    replica is known: with 3 replicas nothing is replayed (not all put on one engine)."""
+    cfg = ReplicaConfig(TOY, kv_capacity_tokens=4096)
+    turns = [_turn(0.0, 40, [1, 2, 3], 0, replica=0), _turn(1.0, 40, [5, 6, 7], 0)]
+    r = replay_run(turns, cfg, replicas=3)
+    assert r["requests"] == 1 and r["skipped"] == 1
+    unknown = replay_run([_turn(0.0, 40, [1, 2, 3], 0), _turn(1.0, 40, [5, 6, 7], 0)], cfg, 3)
+    assert unknown["requests"] == 0 and unknown["skipped"] == 2
+    assert unknown["replay_hit_rate"] is None
