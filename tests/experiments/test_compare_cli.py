@@ -180,3 +180,21 @@ def test_an_out_dir_with_an_earlier_run_is_said_to_be_replaced(
     err = " ".join(capsys.readouterr().err.split())
     assert "holds an earlier run's files: they are replaced" in err
     assert json.loads((out / "results.json").read_text())["arms"]
+
+
+def test_fidelity_names_an_arms_options_for_the_objective_too(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--fidelity`` runs the arms with their options for the objective, live and simulated:
+    it says so as a plain run does (the run itself is stubbed out here)."""
+    from sessionroute.errors import ConfigError
+    from sessionroute.experiments.live import fidelity_run
+
+    def no_run(*args: object, **kwargs: object) -> None:
+        raise ConfigError("stubbed")
+
+    monkeypatch.setattr(fidelity_run, "run_fidelity", no_run)
+    argv = ["compare", "--workload", "toy", "--policies", "adaptive_hold", "--fidelity"]
+    assert main([*argv, "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "stubbed" in err and "adaptive_hold runs with its options for this objective" in err
