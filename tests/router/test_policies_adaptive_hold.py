@@ -194,6 +194,22 @@ def test_while_sessions_are_short_nothing_is_held_and_new_sessions_are_not_kept_
     assert p.counters()["mean_turns"] == turns
 
 
+def test_while_sessions_are_short_a_ceiling_does_not_close_the_thrash_gate() -> None:
+    """Rule 3 is ``adaptive_sticky``'s while sessions are short: a worker past its knee (0.5
+    x 2,000) that last thrashed more than ``thrash_gate_s`` (300 s) ago admits a new session,
+    though the thrash at 10 s left it a ceiling (1,330; calm scrapes raise it 1 % a time)."""
+    core, p, clock = _core(short_turns=3.0, knee_pressure=0.5)
+    for sid in ("o1", "o2"):
+        _turn(core, sid, 10)
+        assert core.finish_session(sid)
+    _four_sessions(core, clock)
+    _thrash_at_10(core, clock)
+    clock.set(400.0)
+    core.cluster.set_gauges(A, CALM)
+    new = core.place(_req("s5", 100), lambda t: None)
+    assert A in p.ceiling and isinstance(new, Reservation)
+
+
 def test_calm_scrapes_raise_the_ceiling_and_lift_it() -> None:
     core, p, clock = _held_at_10(hold_raise=0.5, lift_pressure=1.0)
     core.finish_session("s3")

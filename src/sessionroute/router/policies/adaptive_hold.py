@@ -72,9 +72,9 @@ from sessionroute.types import Decision, EngineGauges, RouteRequest
 __all__ = ["AdaptiveHoldConfig", "AdaptiveHoldPolicy", "Hold"]
 
 _SAMPLE = 20
+"""Held session ids kept for the report (the first ones held)."""
 _TURNS_WEIGHT = 0.05
 """Weight of each ended session in the mean turns per session (``short_turns``)."""
-"""Held session ids kept for the report (the first ones held)."""
 
 
 class Hold:
@@ -287,8 +287,8 @@ class AdaptiveHoldPolicy(AdaptiveStickyPolicy):
 
     def _calm(self, worker: str, cluster: ClusterView) -> bool:
         """Never calm while it holds sessions or has a ceiling (it thrashed: its held
-        sessions and its ceiling decide)."""
-        if self._queue.get(worker) or worker in self.ceiling:
+        sessions and its ceiling decide), unless sessions are short (``short_turns``)."""
+        if not self._short() and (self._queue.get(worker) or worker in self.ceiling):
             self._refresh(worker, cluster)
             return False
         return super()._calm(worker, cluster)
