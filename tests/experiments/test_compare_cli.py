@@ -102,6 +102,21 @@ def test_dry_run_without_json_is_a_short_summary(capsys: pytest.CaptureFixture[s
     assert any(line.split()[:2] == ["random", "random"] for line in lines)
 
 
+@pytest.mark.parametrize("objective", [None, "rl"])
+def test_dry_run_marks_the_options_an_arm_takes_for_the_objective(
+    objective: str | None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """On a trace replay (a serving objective) adaptive_hold's line names its serving options
+    and marks them; ``--objective rl`` runs it with its defaults."""
+    argv = ["compare", "--dry-run", "--workload", "toy", "--policies", "adaptive_hold"]
+    assert main([*argv, *(["--objective", objective] if objective else [])]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    line = next(x for x in lines if x.split()[:2] == ["adaptive_hold", "adaptive_hold"])
+    marked = "max_wait_s=900.0, short_turns=3.0, wait_bound=True" in line
+    assert marked is (objective is None)
+    assert ("[max_wait_s, short_turns, wait_bound: for this objective]" in line) is marked
+
+
 def test_workload_flag_brings_its_own_default_replicas(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
