@@ -106,7 +106,8 @@ class AdaptiveHoldPolicy(AdaptiveStickyPolicy):
         released: holds ended by kind: ``"resumed"`` (the worker drained, in hold order),
             ``"bound"`` (a bound of rule 5), ``"waited"`` (its turn waited the queueing
             delay, rule 6), ``"placed"`` (the router placed the turn anyway, at its maximum
-            wait), ``"gone"`` (released, expired or its worker left).
+            wait or to make room in its full admission queue), ``"gone"`` (released, expired
+            or its worker left).
         hold_s_total: seconds of every ended hold (the sum).
         held_turns: turns that waited at the router because their session was held, and
             ``held_turn_wait_s_total`` the seconds they waited (the sum).
