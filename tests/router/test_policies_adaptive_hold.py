@@ -278,11 +278,11 @@ OPS = st.lists(
 
 
 @settings(max_examples=100, deadline=None)
-@given(OPS)
-def test_hold_invariants(ops: list[tuple[str, int, int]]) -> None:
+@given(OPS, st.sampled_from([0.0, 2.0]))
+def test_hold_invariants(ops: list[tuple[str, int, int]], short_turns: float) -> None:
     """Whatever the sequence: no hold outlasts its bounds, a held turn never waits past its
-    bound once the driver rechecks, holds resume in hold order per worker, and a released
-    session is held no more."""
+    bound once the driver rechecks, holds resume in hold order per worker, a released
+    session is held no more, and none is held while sessions are short (``short_turns``)."""
     clock = ManualClock()
     options = {
         **BASE,
@@ -290,6 +290,7 @@ def test_hold_invariants(ops: list[tuple[str, int, int]]) -> None:
         "hold_total_max_s": 30.0,
         "hold_age_max_s": 120.0,
         "overflow_pressure": 100.0,  # no moves: sessions stay where the holds are
+        "short_turns": short_turns,
     }
     p = LoggedHold(AdaptiveHoldConfig(**options), clock=clock, rng=random.Random(0))
     core = RoutingCore(p, Cluster([A, B]), RouterConfig())
@@ -306,6 +307,7 @@ def test_hold_invariants(ops: list[tuple[str, int, int]]) -> None:
         born[f"s{i}"] = 0.0
     for op, i, n in ops:
         sid = f"s{i}"
+        holds, short = p.holds, p.mean_turns is not None and p.mean_turns < short_turns
         if op == "turn" and i not in open_ and i not in tickets:
             placed = core.place(_req(sid, n), lambda t: None)
             if isinstance(placed, Reservation):
@@ -331,6 +333,8 @@ def test_hold_invariants(ops: list[tuple[str, int, int]]) -> None:
                 if t.reservation is not None:
                     open_[j] = t.reservation
                     born.setdefault(f"s{j}", clock.now())
+        short_now = p.mean_turns is not None and p.mean_turns < short_turns
+        assert not (short and short_now) or p.holds == holds
         now = clock.now()
         for s, h in p.held().items():
             assert h.until - h.since <= cfg.hold_max_s + 1e-9
