@@ -194,6 +194,20 @@ def test_while_sessions_are_short_nothing_is_held_and_new_sessions_are_not_kept_
     assert p.counters()["mean_turns"] == turns
 
 
+def test_sessions_held_when_sessions_turn_short_resume() -> None:
+    """s4 and s3 held at 10 s; s2 ends after one turn, so sessions are short (mean 1 < 3):
+    both resume in order and s3's waiting turn is placed, though s4 (400) would not fit
+    under the ceiling yet (1,000 + 400 > 1,330)."""
+    core, p, clock = _held_at_10(short_turns=3.0)
+    ready: list[Ticket] = []
+    clock.set(11.0)
+    s3 = core.place(_req("s3", 350), ready.append)
+    assert isinstance(s3, Ticket) and list(p.held()) == ["s4", "s3"]
+    core.finish_session("s2")
+    assert p.mean_turns == 1 and ready == [s3] and p.held() == {}
+    assert p.released["resumed"] == 2
+
+
 def test_while_sessions_are_short_a_ceiling_does_not_close_the_thrash_gate() -> None:
     """Rule 3 is ``adaptive_sticky``'s while sessions are short: a worker past its knee (0.5
     x 2,000) that last thrashed more than ``thrash_gate_s`` (300 s) ago admits a new session,

@@ -408,7 +408,7 @@ class AdaptiveHoldPolicy(AdaptiveStickyPolicy):
         """End the holds on ``worker`` that are due: past their bound (any of them), those
         whose turn waited ``wait_queue_factor`` times the worker's queueing delay (rule 6),
         then the oldest ones while each fits under ``resume_fraction`` of the ceiling (all,
-        when the worker has no ceiling or is not healthy)."""
+        when the worker has no ceiling or is not healthy, or sessions are short)."""
         queue = self._queue.get(worker)
         if not queue:
             return
@@ -421,7 +421,7 @@ class AdaptiveHoldPolicy(AdaptiveStickyPolicy):
                 if hold.asked is not None and now - hold.asked >= limit:
                     self._end(hold, "waited")
         ceiling = self.ceiling.get(worker)
-        free = ceiling is None or not cluster.is_healthy(worker)
+        free = ceiling is None or not cluster.is_healthy(worker) or self._short()
         room = math.inf if free or ceiling is None else self.hcfg.resume_fraction * ceiling
         while queue:
             hold = next(iter(queue.values()))
