@@ -194,6 +194,21 @@ def test_policies_says_which_file_options_it_drops(capsys: pytest.CaptureFixture
     assert "1 run" not in captured.out and "2 runs" in captured.out
 
 
+def test_policies_says_which_options_of_the_files_arms_it_drops(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With FILE too the note names the file's arm (c = 1.25), not an arm of --policies."""
+    path = tmp_path / "e.toml"
+    path.write_text(
+        'name = "e"\n[workload]\nkind = "toy"\n[[arms]]\nname = "b"\n'
+        'policy = "consistent_hash_bounded_load"\npolicy_options = { c = 1.25 }\n'
+    )
+    policies = "consistent_hash_bounded_load,consistent_hash_bounded_load(c=1.5)"
+    assert main(["compare", str(path), "--policies", policies, "--dry-run"]) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    assert "not the file's arm 'b' (c = 1.25)" in err and "(c = 1.5)" not in err
+
+
 def test_an_arms_bar_counts_time_from_its_first_progress_not_while_it_waits() -> None:
     import time
 

@@ -102,6 +102,21 @@ def test_dry_run_without_json_is_a_short_summary(capsys: pytest.CaptureFixture[s
     assert any(line.split()[:2] == ["random", "random"] for line in lines)
 
 
+@pytest.mark.parametrize("objective", [None, "rl"])
+def test_dry_run_marks_the_options_an_arm_takes_for_the_objective(
+    objective: str | None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """On a trace replay (a serving objective) adaptive_hold's line names its serving options
+    and marks them; ``--objective rl`` runs it with its defaults."""
+    argv = ["compare", "--dry-run", "--workload", "toy", "--policies", "adaptive_hold"]
+    assert main([*argv, *(["--objective", objective] if objective else [])]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    line = next(x for x in lines if x.split()[:2] == ["adaptive_hold", "adaptive_hold"])
+    marked = "max_wait_s=900.0, short_turns=3.0, wait_bound=True" in line
+    assert marked is (objective is None)
+    assert ("[max_wait_s, short_turns, wait_bound: for this objective]" in line) is marked
+
+
 def test_workload_flag_brings_its_own_default_replicas(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -180,3 +195,21 @@ def test_an_out_dir_with_an_earlier_run_is_said_to_be_replaced(
     err = " ".join(capsys.readouterr().err.split())
     assert "holds an earlier run's files: they are replaced" in err
     assert json.loads((out / "results.json").read_text())["arms"]
+
+
+def test_fidelity_names_an_arms_options_for_the_objective_too(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--fidelity`` runs the arms with their options for the objective, live and simulated:
+    it says so as a plain run does (the run itself is stubbed out here)."""
+    from sessionroute.errors import ConfigError
+    from sessionroute.experiments.live import fidelity_run
+
+    def no_run(*args: object, **kwargs: object) -> None:
+        raise ConfigError("stubbed")
+
+    monkeypatch.setattr(fidelity_run, "run_fidelity", no_run)
+    argv = ["compare", "--workload", "toy", "--policies", "adaptive_hold", "--fidelity"]
+    assert main([*argv, "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "stubbed" in err and "adaptive_hold runs with its options for this objective" in err

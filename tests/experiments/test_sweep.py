@@ -142,6 +142,19 @@ def test_sweep_cli_writes_csv_json_and_report(
     assert "Glossary" in report
 
 
+def test_sweep_names_an_arms_options_for_the_objective_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The line naming adaptive_hold's serving options is printed once for the arm, not once
+    per load point."""
+    argv = ["sweep", "--workload", "toy", "--knob", "replicas", "--values", "2,3"]
+    argv += ["--policies", "adaptive_hold", "--seeds", "1", "--jobs", "1"]
+    assert main([*argv, "--out", str(tmp_path / "sw")]) == 0
+    printed = capsys.readouterr().out
+    assert printed.count("runs with its options for this objective") == 1
+    assert "adaptive_hold runs with its options" in printed
+
+
 @pytest.mark.parametrize(
     ("values", "message"),
     [

@@ -194,6 +194,36 @@ def test_while_sessions_are_short_nothing_is_held_and_new_sessions_are_not_kept_
     assert p.counters()["mean_turns"] == turns
 
 
+def test_sessions_held_when_sessions_turn_short_resume() -> None:
+    """s4 and s3 held at 10 s; s2 ends after one turn, so sessions are short (mean 1 < 3):
+    both resume in order and s3's waiting turn is placed, though s4 (400) would not fit
+    under the ceiling yet (1,000 + 400 > 1,330)."""
+    core, p, clock = _held_at_10(short_turns=3.0)
+    ready: list[Ticket] = []
+    clock.set(11.0)
+    s3 = core.place(_req("s3", 350), ready.append)
+    assert isinstance(s3, Ticket) and list(p.held()) == ["s4", "s3"]
+    core.finish_session("s2")
+    assert p.mean_turns == 1 and ready == [s3] and p.held() == {}
+    assert p.released["resumed"] == 2
+
+
+def test_while_sessions_are_short_a_ceiling_does_not_close_the_thrash_gate() -> None:
+    """Rule 3 is ``adaptive_sticky``'s while sessions are short: a worker past its knee (0.5
+    x 2,000) that last thrashed more than ``thrash_gate_s`` (300 s) ago admits a new session,
+    though the thrash at 10 s left it a ceiling (1,330; calm scrapes raise it 1 % a time)."""
+    core, p, clock = _core(short_turns=3.0, knee_pressure=0.5)
+    for sid in ("o1", "o2"):
+        _turn(core, sid, 10)
+        assert core.finish_session(sid)
+    _four_sessions(core, clock)
+    _thrash_at_10(core, clock)
+    clock.set(400.0)
+    core.cluster.set_gauges(A, CALM)
+    new = core.place(_req("s5", 100), lambda t: None)
+    assert A in p.ceiling and isinstance(new, Reservation)
+
+
 def test_calm_scrapes_raise_the_ceiling_and_lift_it() -> None:
     core, p, clock = _held_at_10(hold_raise=0.5, lift_pressure=1.0)
     core.finish_session("s3")
@@ -262,11 +292,11 @@ OPS = st.lists(
 
 
 @settings(max_examples=100, deadline=None)
-@given(OPS)
-def test_hold_invariants(ops: list[tuple[str, int, int]]) -> None:
+@given(OPS, st.sampled_from([0.0, 2.0]))
+def test_hold_invariants(ops: list[tuple[str, int, int]], short_turns: float) -> None:
     """Whatever the sequence: no hold outlasts its bounds, a held turn never waits past its
-    bound once the driver rechecks, holds resume in hold order per worker, and a released
-    session is held no more."""
+    bound once the driver rechecks, holds resume in hold order per worker, a released
+    session is held no more, and none is held while sessions are short (``short_turns``)."""
     clock = ManualClock()
     options = {
         **BASE,
@@ -274,6 +304,7 @@ def test_hold_invariants(ops: list[tuple[str, int, int]]) -> None:
         "hold_total_max_s": 30.0,
         "hold_age_max_s": 120.0,
         "overflow_pressure": 100.0,  # no moves: sessions stay where the holds are
+        "short_turns": short_turns,
     }
     p = LoggedHold(AdaptiveHoldConfig(**options), clock=clock, rng=random.Random(0))
     core = RoutingCore(p, Cluster([A, B]), RouterConfig())
@@ -290,6 +321,7 @@ def test_hold_invariants(ops: list[tuple[str, int, int]]) -> None:
         born[f"s{i}"] = 0.0
     for op, i, n in ops:
         sid = f"s{i}"
+        holds, short = p.holds, p.mean_turns is not None and p.mean_turns < short_turns
         if op == "turn" and i not in open_ and i not in tickets:
             placed = core.place(_req(sid, n), lambda t: None)
             if isinstance(placed, Reservation):
@@ -315,6 +347,8 @@ def test_hold_invariants(ops: list[tuple[str, int, int]]) -> None:
                 if t.reservation is not None:
                     open_[j] = t.reservation
                     born.setdefault(f"s{j}", clock.now())
+        short_now = p.mean_turns is not None and p.mean_turns < short_turns
+        assert not (short and short_now) or p.holds == holds
         now = clock.now()
         for s, h in p.held().items():
             assert h.until - h.since <= cfg.hold_max_s + 1e-9

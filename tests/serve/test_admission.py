@@ -21,6 +21,7 @@ from sessionroute.router.policies.sticky_least_loaded import (
     StickyLeastLoadedPolicy,
 )
 from sessionroute.router.state import Cluster, ClusterView
+from sessionroute.serve.metrics import RouterMetrics
 from sessionroute.sim import SimSpec, run_simulation
 from sessionroute.types import Decision, DecisionKind, RouteRequest
 
@@ -153,6 +154,33 @@ def test_a_full_queue_places_its_oldest_for_a_policy_that_places_at_its_max_wait
     none_wait = RoutingCore(closed, Cluster(W), RouterConfig(admission_max_waiting=0), log=[])
     assert isinstance(none_wait.place(_req(6), ready.append), Reservation)  # none may wait
     assert none_wait.admission.placed_when_full == 1
+
+
+def test_placed_when_full_is_its_own_outcome_and_counts_only_placements() -> None:
+    """``/metrics`` counts each placement under one outcome (``placed`` does not count the
+    full queue's placements again), and a request that cannot be placed at once (no worker)
+    is not counted as placed."""
+    policy = PlacingGate(GateConfig(0), clock=ManualClock(), rng=random.Random(0))
+    core = RoutingCore(policy, Cluster(W), RouterConfig(admission_max_waiting=1), log=[])
+    ready: list[Ticket] = []
+    core.place(_req(1), ready.append)
+    core.place(_req(2), ready.append)  # r1 placed to make room
+    text = RouterMetrics(core, dict).render().decode()
+    assert 'sessionroute_admission_total{outcome="placed"} 0.0' in text
+    assert 'sessionroute_admission_total{outcome="placed_when_full"} 1.0' in text
+    closed = PlacingGate(GateConfig(0), clock=ManualClock(), rng=random.Random(0))
+    none_wait = RoutingCore(closed, Cluster(W), RouterConfig(admission_max_waiting=0), log=[])
+    for w in W:
+        none_wait.cluster.set_healthy(w, False)
+    with pytest.raises(NoWorkerAvailable):
+        none_wait.place(_req(3), ready.append)
+    assert none_wait.admission.placed_when_full == 0
+    for w in W:
+        none_wait.cluster.set_healthy(w, True)
+    none_wait.place(_req(4), ready.append)
+    text = RouterMetrics(none_wait, dict).render().decode()
+    assert 'sessionroute_admission_total{outcome="placed"} 0.0' in text
+    assert 'sessionroute_admission_total{outcome="placed_when_full"} 1.0' in text
 
 
 def test_a_cancelled_ticket_releases_what_it_was_given() -> None:

@@ -87,3 +87,13 @@ def test_objective_applies_the_policys_options_for_it() -> None:
     ).policy_options()  # fmt: skip
     assert written["wait_bound"] is False
     assert _settings("--objective", "rl").policy_options() == _settings().policy_options()
+
+
+def test_objective_help_names_the_serving_options() -> None:
+    """``serve --help`` names every option adaptive_hold takes under a serving objective."""
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    text = " ".join(parser.format_help().split())
+    for key, value in AdaptiveHoldPolicy.objective_options["serving"].items():
+        shown = str(value).lower() if isinstance(value, bool) else f"{value:g}"
+        assert f"{key}={shown}" in text

@@ -306,16 +306,15 @@ def _run(args: argparse.Namespace) -> int:
                 highlight=False,
             )
             return 2
+    from sessionroute.experiments.plan import objective_options_note
     from sessionroute.experiments.progress import RichReporter
     from sessionroute.experiments.sim_arm import simulate_arm
     from sessionroute.experiments.table import print_comparison
 
+    for line in objective_options_note(arms):  # the live and simulated arms alike
+        err_console.print(escape(line), highlight=False)
     if args.fidelity:
         return _run_fidelity(args, spec, err_console, out_console)
-    from sessionroute.experiments.plan import objective_options_note
-
-    for line in objective_options_note(arms):
-        err_console.print(escape(line), highlight=False)
     t0 = time.monotonic()
     try:
         with RichReporter(err_console) as reporter:

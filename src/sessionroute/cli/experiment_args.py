@@ -53,8 +53,8 @@ def experiment_from_args(args: argparse.Namespace) -> Any:
         data["objective"] = objective_from_text(args.objective, data.get("objective"))
     if getattr(args, "wandb", None):
         data["wandb"] = {**data.get("wandb", {}), "project": args.wandb}
-    if policy_arms is not None:
-        _note_dropped_options(data["arms"], policy_arms)
+    if policy_arms is not None:  # a file's own arms were replaced as it was read
+        _note_dropped_options(_file_arms(args.file) if args.file else data["arms"], policy_arms)
         data["arms"] = policy_arms
         changed.append(f"--policies {args.policies}")
         if not args.file:  # the built-in description lists its five arms: say these instead
@@ -125,6 +125,16 @@ def _replace_workload(data: dict[str, Any], kind: str) -> None:
             )
     steps = data["workload"].get("steps") if kind == "swe-rl" else None
     data["workload"] = {"kind": kind, "steps": steps, "options": {}}
+
+
+def _file_arms(path: str) -> list[dict[str, Any]]:
+    """The ``[[arms]]`` of the experiment file ``path`` as written (it was read and validated
+    already: here only what ``--policies`` replaced)."""
+    import tomllib
+
+    with open(path, "rb") as fh:
+        arms = tomllib.load(fh).get("arms", [])
+    return [a for a in arms if isinstance(a, dict) and "policy" in a]
 
 
 def _note_dropped_options(

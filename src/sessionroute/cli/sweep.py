@@ -216,7 +216,10 @@ def _run(args: argparse.Namespace) -> int:
     out.print(f"objective: {result.objective.describe()}", highlight=False, markup=False)
     from sessionroute.experiments.plan import objective_options_note
 
-    for line in objective_options_note(output.arms):
+    per_arm = {a.name.rpartition("@")[0]: a for a in output.arms}  # not per load point
+    for line in objective_options_note(
+        [a.model_copy(update={"name": n}) for n, a in per_arm.items()]
+    ):
         out.print(line, highlight=False, markup=False)
     if result.knee is not None:
         out.print(f"knee: {result.knee:g} ({knob.label})", highlight=False)

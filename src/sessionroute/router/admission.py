@@ -82,7 +82,7 @@ class AdmissionQueue:
         self.placed_when_full = 0
         """Tickets placed before their deadline to make room in a full queue, the oldest first,
         for a policy that places at its maximum wait (also counted in ``admitted_after_wait``;
-        with ``max_waiting`` 0, requests placed at once)."""
+        with ``max_waiting`` 0, requests placed at once, as after a wait of 0 s)."""
         self.refused_timeout = 0
         """Tickets withdrawn after their deadline."""
         self.placed_at_deadline = 0

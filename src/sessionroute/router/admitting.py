@@ -72,12 +72,17 @@ class AdmissionControl(CoreParts):
                 return self.route(request)
             return self._route_with_token(request)
         if not self.admission.has_room() and limiter is None and policy.places_at_max_wait:
-            oldest = self.admission.head()  # its hold ends in a placement: now, not later
-            self.admission.placed_when_full += 1
-            if oldest is None:  # none may wait
-                return self.route(request)
-            self.admission.take(oldest)
+            queue = self.admission
+            oldest = queue.head()  # its hold ends in a placement: now, not later
+            if oldest is None:  # none may wait: placed at once, as if after a wait of 0 s
+                reservation = self.route(request)
+                queue.admitted_after_wait += 1
+                queue.placed_when_full += 1
+                return reservation
+            queue.take(oldest)
             self._leave(oldest)
+            if oldest.reservation is not None:
+                queue.placed_when_full += 1
         if not self.admission.has_room():
             self.admission.refused_full += 1
             if limiter is not None:

@@ -82,9 +82,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="what the traffic served is judged on (docs/objectives.md): the policy then runs "
         "with its options for that objective, under the ones written with --policy, "
-        "--policy-config and --policy-option; e.g. adaptive_hold with 'serving' bounds each "
-        "wait at the router by the engines' queueing delay (sessionroute only; default: the "
-        "policy's own defaults, which for adaptive_hold are RL's)",
+        "--policy-config and --policy-option; e.g. adaptive_hold with 'serving' runs with "
+        "wait_bound=true (a held turn waits no longer than its engine's queue would make it), "
+        "max_wait_s=900 and short_turns=3 (sessionroute only; default: the policy's own "
+        "defaults, which for adaptive_hold are RL's)",
     )
     a(
         "--session-headers",

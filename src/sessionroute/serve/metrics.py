@@ -139,7 +139,8 @@ class _StateCollector(Collector):
             "Requests the policy held back, by how they left the admission queue",
             labels=["outcome"],
         )
-        admission.add_metric(["placed"], queue.admitted_after_wait - queue.placed_at_deadline)
+        placed = queue.admitted_after_wait - queue.placed_at_deadline - queue.placed_when_full
+        admission.add_metric(["placed"], placed)  # each outcome counted once
         admission.add_metric(["refused_full"], queue.refused_full)
         admission.add_metric(["placed_when_full"], queue.placed_when_full)
         admission.add_metric(["refused_timeout"], queue.refused_timeout)

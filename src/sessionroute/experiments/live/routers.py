@@ -241,11 +241,12 @@ async def router_session_metrics(client: httpx.AsyncClient, info: RouterInfo) ->
             elif s.name == "sessionroute_admission_wait_seconds_total":
                 wait_s = s.value
     deadline = int(outcomes.get("placed_at_deadline", 0))
-    out["admission"] = {
-        "placed_after_wait": int(outcomes.get("placed", 0)) + deadline,
+    when_full = int(outcomes.get("placed_when_full", 0))
+    out["admission"] = {  # the simulator's counts: placed_after_wait holds the other two
+        "placed_after_wait": int(outcomes.get("placed", 0)) + deadline + when_full,
         "placed_at_deadline": deadline,
         "refused_full": int(outcomes.get("refused_full", 0)),
-        "placed_when_full": int(outcomes.get("placed_when_full", 0)),
+        "placed_when_full": when_full,
         "refused_timeout": int(outcomes.get("refused_timeout", 0)),
         "wait_s_total": round(wait_s, 3),
     }

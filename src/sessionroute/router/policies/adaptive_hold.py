@@ -72,9 +72,9 @@ from sessionroute.types import Decision, EngineGauges, RouteRequest
 __all__ = ["AdaptiveHoldConfig", "AdaptiveHoldPolicy", "Hold"]
 
 _SAMPLE = 20
+"""Held session ids kept for the report (the first ones held)."""
 _TURNS_WEIGHT = 0.05
 """Weight of each ended session in the mean turns per session (``short_turns``)."""
-"""Held session ids kept for the report (the first ones held)."""
 
 
 class Hold:
@@ -106,7 +106,8 @@ class AdaptiveHoldPolicy(AdaptiveStickyPolicy):
         released: holds ended by kind: ``"resumed"`` (the worker drained, in hold order),
             ``"bound"`` (a bound of rule 5), ``"waited"`` (its turn waited the queueing
             delay, rule 6), ``"placed"`` (the router placed the turn anyway, at its maximum
-            wait), ``"gone"`` (released, expired or its worker left).
+            wait or to make room in its full admission queue), ``"gone"`` (released, expired
+            or its worker left).
         hold_s_total: seconds of every ended hold (the sum).
         held_turns: turns that waited at the router because their session was held, and
             ``held_turn_wait_s_total`` the seconds they waited (the sum).
@@ -287,8 +288,8 @@ class AdaptiveHoldPolicy(AdaptiveStickyPolicy):
 
     def _calm(self, worker: str, cluster: ClusterView) -> bool:
         """Never calm while it holds sessions or has a ceiling (it thrashed: its held
-        sessions and its ceiling decide)."""
-        if self._queue.get(worker) or worker in self.ceiling:
+        sessions and its ceiling decide), unless sessions are short (``short_turns``)."""
+        if not self._short() and (self._queue.get(worker) or worker in self.ceiling):
             self._refresh(worker, cluster)
             return False
         return super()._calm(worker, cluster)
@@ -407,7 +408,7 @@ class AdaptiveHoldPolicy(AdaptiveStickyPolicy):
         """End the holds on ``worker`` that are due: past their bound (any of them), those
         whose turn waited ``wait_queue_factor`` times the worker's queueing delay (rule 6),
         then the oldest ones while each fits under ``resume_fraction`` of the ceiling (all,
-        when the worker has no ceiling or is not healthy)."""
+        when the worker has no ceiling or is not healthy, or sessions are short)."""
         queue = self._queue.get(worker)
         if not queue:
             return
@@ -420,7 +421,7 @@ class AdaptiveHoldPolicy(AdaptiveStickyPolicy):
                 if hold.asked is not None and now - hold.asked >= limit:
                     self._end(hold, "waited")
         ceiling = self.ceiling.get(worker)
-        free = ceiling is None or not cluster.is_healthy(worker)
+        free = ceiling is None or not cluster.is_healthy(worker) or self._short()
         room = math.inf if free or ceiling is None else self.hcfg.resume_fraction * ceiling
         while queue:
             hold = next(iter(queue.values()))
