@@ -106,8 +106,7 @@ def replay_arms(live: Sequence[Any], sim_arms: Sequence[Any]) -> dict[str, dict[
         "replay_hit_rate" (means over the runs), "error_pp" (replayed - live, points)}``; arms
         without recorded turns are left out.
     """
-    from sessionroute.sim import SimSpec
-    from sessionroute.sim.runner import replica_config
+    from sessionroute.sim import SimSpec, replica_config
 
     settings = {a.name: a.settings for a in sim_arms}
     out: dict[str, dict[str, Any]] = {}
