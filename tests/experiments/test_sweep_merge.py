@@ -150,3 +150,28 @@ def test_a_cut_sweep_json_is_refused_naming_what_it_lacks(
     (tmp_path / "sweep.json").write_text(json.dumps(doc))
     with pytest.raises(ConfigError, match=re.escape(f"{tmp_path}/sweep.json") + f".*{message}"):
         load_earlier(tmp_path)
+
+
+def test_keeping_an_arm_whose_options_depend_on_the_objective_kind_is_refused(
+    full: Path,
+) -> None:
+    """An arm kept from a sweep judged on an RL objective is refused in a sweep judged on a
+    serving one when its policy takes other options under each (adaptive_hold); one whose
+    policy takes none (round_robin), or the same kind, passes."""
+    knob = KNOBS["replicas"]
+    earlier = load_earlier(full)
+    arms = [
+        ResolvedArm(name=f"round_robin@{v}", policy="round_robin", policy_options={},
+                    settings=copy.deepcopy(earlier.settings[float(v)]))
+        for v in (2, 3)
+    ]  # fmt: skip
+    serving = Objective("slo_goodput", +1)
+    earlier.doc["objective"] = {"metric": "step_time_s.mean"}
+    assert check_merge(earlier, knob, [2, 3], [0, 1], arms, serving)  # consistent_hash: none
+    for row in earlier.doc["runs"]:
+        if row["policy"] == "consistent_hash":
+            row["policy"] = "adaptive_hold"
+    with pytest.raises(ConfigError, match="ran adaptive_hold under the objective step_time_s"):
+        check_merge(earlier, knob, [2, 3], [0, 1], arms, serving)
+    earlier.doc["objective"] = {"metric": "ttft_s.p99"}  # serving too: the same options
+    assert check_merge(earlier, knob, [2, 3], [0, 1], arms, serving)

@@ -205,6 +205,7 @@ def check_merge(
                 f"at {_first_difference(then, here)}): merge only sweeps of one experiment"
             )
     ran_now = {a.name.rpartition("@")[0] for a in arms}
+    _check_objective_kind(doc, objective, ran_now, where)
     paths = [objective.metric, *(c.metric for c in objective.constraints)]
     paths += [p for p, _ in PARETO_AXES if p not in paths]
     by_arm: dict[tuple[str, float], list[RunOutput]] = {}
@@ -228,6 +229,37 @@ def check_merge(
                 f"{where}: {label} at {value:g} ran seeds {got}, this sweep runs {sorted(seeds)}"
             )
     return by_arm
+
+
+def _check_objective_kind(
+    doc: dict[str, Any], objective: Objective, ran_now: set[str], where: str
+) -> None:
+    """Refuse to keep an earlier arm whose policy runs with other options under this sweep's
+    kind of objective than under the earlier sweep's (``Policy.objective_options``): its runs
+    are not what the arm would run now. Arms named other than by their policy are not checked.
+
+    Raises:
+        ConfigError: naming the arm and both objectives.
+    """
+    from sessionroute.router.policies.options import parse_policy
+    from sessionroute.router.policies.registry import policy_class
+
+    then = str(doc.get("objective", {}).get("metric", ""))
+    kind_then = Objective(then, -1).kind if then else None
+    kind_now = objective.kind
+    if kind_then == kind_now:
+        return
+    for label in sorted({str(r["policy"]) for r in doc["runs"]} - ran_now):
+        try:
+            options = policy_class(parse_policy(label)[0]).objective_options
+        except ConfigError:
+            continue
+        if options.get(kind_then or "", {}) != options.get(kind_now or "", {}):
+            raise ConfigError(
+                f"{where} ran {label} under the objective {then or '(none recorded)'}; under "
+                f"this sweep's, {objective.metric}, it runs with other options "
+                '(docs/objectives.md, "A policy\'s options for the objective"): rerun it too'
+            )
 
 
 def merge_arms(
