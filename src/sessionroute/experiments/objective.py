@@ -45,6 +45,7 @@ __all__ = [
     "default_objective",
     "metric_label",
     "objective_from_text",
+    "objective_kind",
     "parse_constraint",
     "resolve_objective",
 ]
@@ -67,6 +68,18 @@ _RL_HEADS = frozenset(
 _SERVING_HEADS = frozenset(
     {"slo_goodput", "slo_goodput_per_s", "ttft_s", "itl_s", "turn_latency_s"}
 )
+
+
+def objective_kind(metric: str) -> ObjectiveKind | None:
+    """``"rl"`` for an RL step or rollout metric path, ``"serving"`` for SLO goodput or a
+    per-turn latency (TTFT, ITL, turn latency), None for any other (throughput, hit rate...)."""
+    head = metric.split(".", 1)[0]
+    if head in _RL_HEADS:
+        return "rl"
+    if head in _SERVING_HEADS:
+        return "serving"
+    return None
+
 
 RL_TIMED_OUT_MAX = 0.01
 """Default RL constraint: at most 1 % of started rollouts time out (their tokens are wasted
@@ -179,16 +192,9 @@ class Objective:
 
     @property
     def kind(self) -> ObjectiveKind | None:
-        """``"rl"`` for an RL step or rollout metric, ``"serving"`` for SLO goodput or a
-        per-turn latency (TTFT, ITL, turn latency), None for any other (throughput, hit
-        rate...). A policy's options for the kind apply
+        """:func:`objective_kind` of the metric: the kind whose options a policy runs with
         (:attr:`~sessionroute.router.policies.Policy.objective_options`)."""
-        head = self.metric.split(".", 1)[0]
-        if head in _RL_HEADS:
-            return "rl"
-        if head in _SERVING_HEADS:
-            return "serving"
-        return None
+        return objective_kind(self.metric)
 
     def describe(self) -> str:
         """One line: ``"minimise mean RL step time subject to timed-out share <= 0.01"``."""

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sessionroute.errors import ConfigError
-from sessionroute.experiments.objective import Objective
+from sessionroute.experiments.objective import Objective, objective_kind
 from sessionroute.experiments.results import ArmResult, RunOutput
 from sessionroute.experiments.spec import ResolvedArm
 from sessionroute.experiments.verdict import PARETO_AXES
@@ -245,7 +245,7 @@ def _check_objective_kind(
     from sessionroute.router.policies.registry import policy_class
 
     then = str(doc.get("objective", {}).get("metric", ""))
-    kind_then = Objective(then, -1).kind if then else None
+    kind_then = objective_kind(then)
     kind_now = objective.kind
     if kind_then == kind_now:
         return
