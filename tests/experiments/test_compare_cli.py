@@ -112,9 +112,10 @@ def test_dry_run_marks_the_options_an_arm_takes_for_the_objective(
     assert main([*argv, *(["--objective", objective] if objective else [])]) == 0
     lines = capsys.readouterr().out.splitlines()
     line = next(x for x in lines if x.split()[:2] == ["adaptive_hold", "adaptive_hold"])
-    marked = "max_wait_s=900.0, short_turns=3.0, wait_bound=True" in line
+    marked = "max_wait_s=900.0, pack_past_knee=True, short_place=cache_aware_v2" in line
     assert marked is (objective is None)
-    assert ("[max_wait_s, short_turns, wait_bound: for this objective]" in line) is marked
+    names = "ceiling_floor, max_wait_s, pack_past_knee, short_place, short_turns, wait_bound"
+    assert (f"[{names}: for this objective]" in line) is marked
 
 
 def test_workload_flag_brings_its_own_default_replicas(

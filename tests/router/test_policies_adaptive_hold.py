@@ -224,6 +224,39 @@ def test_while_sessions_are_short_a_ceiling_does_not_close_the_thrash_gate() -> 
     assert A in p.ceiling and isinstance(new, Reservation)
 
 
+def test_a_ceiling_is_never_cut_below_its_floor() -> None:
+    """ceiling_floor 0.9: the cut at 10 s stops at 0.9 x 2,000 = 1,800 (not 0.7 x 1,900 =
+    1,330), so holding s4 (400) alone brings the working set under it."""
+    _, p, _ = _held_at_10(ceiling_floor=0.9)
+    assert p.ceiling[A] == pytest.approx(1800.0) and list(p.held()) == ["s4"]
+
+
+@pytest.mark.parametrize("place", ["load", "cache_aware_v2"])
+def test_while_sessions_are_short_new_sessions_can_follow_a_shared_prefix(place: str) -> None:
+    """Two sessions ended after one turn (short, mean 1 < 3). ``big`` (4 content blocks,
+    3,000 tokens) lands on one worker; a new session sharing its first 4 blocks goes there
+    with ``short_place = "cache_aware_v2"`` (the longest prefix match), and to the other,
+    less loaded worker by rule 1 with ``"load"``."""
+    core, p, _ = _core((A, B), short_turns=3.0, short_place=place)
+    assert p.needs_content is (place == "cache_aware_v2")
+    for sid in ("o1", "o2"):
+        _turn(core, sid, 10)
+        assert core.finish_session(sid)
+    big = core.place(
+        RouteRequest(session_id="big", prompt_tokens=3000, request_id="b", blocks=(1, 2, 3, 4)),
+        lambda t: None,
+    )
+    assert isinstance(big, Reservation)
+    new = core.place(
+        RouteRequest(session_id="n", prompt_tokens=80, request_id="n", blocks=(1, 2, 3, 4, 5)),
+        lambda t: None,
+    )
+    assert isinstance(new, Reservation)
+    assert (new.worker == big.worker) is (place == "cache_aware_v2")
+    # o2 (sessions short once o1 ended), big and n
+    assert p.counters()["short_placed"] == (3 if place == "cache_aware_v2" else 0)
+
+
 def test_calm_scrapes_raise_the_ceiling_and_lift_it() -> None:
     core, p, clock = _held_at_10(hold_raise=0.5, lift_pressure=1.0)
     core.finish_session("s3")
@@ -260,6 +293,8 @@ def test_without_hold_it_is_adaptive_sticky() -> None:
         ({"hold_waiting": 1.5}, "hold_waiting"),
         ({"hold_check_s": 0.0}, "hold_check_s"),
         ({"hold": 1}, "hold"),
+        ({"short_place": "content"}, "short_place"),
+        ({"ceiling_floor": -0.1}, "ceiling_floor"),
     ],
 )
 def test_bad_options_are_named(options: dict[str, Any], word: str) -> None:

@@ -349,6 +349,19 @@ def test_without_admission_new_sessions_are_placed_past_the_knee() -> None:
     assert isinstance(core.place(_req("n1"), lambda t: None), Reservation)
 
 
+@pytest.mark.parametrize("pack", [False, True])
+def test_past_every_knee_pack_past_knee_places_on_the_most_loaded(pack: bool) -> None:
+    """Every worker is past its knee with one more session (capacity 10,000 each, 8,000
+    pinned): a new session goes to the least token-loaded worker, or with
+    ``pack_past_knee`` to the most loaded one (s0's, grown to 9,000)."""
+    core, _, _ = _core(admission=False, capacity_alpha=1.0, knee_pressure=1.0, pack_past_knee=pack)
+    running = _at_capacity(core, kv=0.8)
+    fullest = _turn(core, "s0", 9000).worker
+    assert fullest == running[0].worker
+    new = _turn(core, "n0", 8000).worker
+    assert (new == fullest) is pack
+
+
 def test_placement_skips_workers_past_their_knee() -> None:
     core, policy, _ = _core(capacity_alpha=1.0, knee_pressure=1.0)
     held = _at_capacity(core)

@@ -55,3 +55,29 @@ async def test_serve_holds_a_running_sessions_turn_and_resumes_it(
     assert policy.held() == {} and policy.released["resumed"] == len(held)
     assert policy.held_turns == 1
     assert [s.session for s in backends[0].seen].count(held[0]) == 2
+
+
+async def test_serve_places_short_sessions_by_shared_prefix_under_a_serving_objective(
+    backends: list[FakeBackend], make_router: MakeRouter, client: aiohttp.ClientSession
+) -> None:
+    """``--objective serving`` (``short_place = "cache_aware_v2"``): the router reads prompt
+    content, and once the sessions that ended had one turn each, a new session whose prompt
+    extends another session's goes to that session's backend, though it holds more."""
+    router = await make_router(
+        [b.url for b in backends], policy="adaptive_hold", objective="serving"
+    )
+    core = router.router.core
+    assert core.requests.needs_content
+    for sid in ("o1", "o2"):
+        assert (await post_chat(client, router, sid))[0] == 200
+        async with client.post(router.url + "/finish_session", params={"session_id": sid}) as r:
+            assert r.status == 200
+    policy = core.policy
+    assert isinstance(policy, AdaptiveHoldPolicy) and policy.mean_turns == 1
+    prefix = "You are a careful coding agent; read the repository first. " * 40
+    assert (await post_chat(client, router, "big", content=prefix))[0] == 200
+    for i in range(3):
+        assert (await post_chat(client, router, f"n{i}", content=prefix + f"task {i}"))[0] == 200
+    big = policy.worker_of("big")
+    assert big is not None and all(policy.worker_of(f"n{i}") == big for i in range(3))
+    assert policy.counters()["short_placed"] == 5  # o2, big, n0-n2

@@ -24,7 +24,7 @@ class RecordingContentPolicy(Policy):
     """A user policy (loaded as ``module:Class``) that reads the prompt text."""
 
     name: ClassVar[str] = "recording"
-    needs_content: ClassVar[bool] = True
+    needs_content = True
     seen: ClassVar[list[tuple[list[int] | None, str | None]]] = []
 
     def __init__(self, config: Any = None, *, clock: Clock, rng: random.Random) -> None:

@@ -95,5 +95,8 @@ def test_objective_help_names_the_serving_options() -> None:
     add_arguments(parser)
     text = " ".join(parser.format_help().split())
     for key, value in AdaptiveHoldPolicy.objective_options["serving"].items():
-        shown = str(value).lower() if isinstance(value, bool) else f"{value:g}"
+        if isinstance(value, bool):
+            shown = str(value).lower()
+        else:
+            shown = value if isinstance(value, str) else f"{value:g}"
         assert f"{key}={shown}" in text

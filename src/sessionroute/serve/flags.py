@@ -84,8 +84,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "with its options for that objective, under the ones written with --policy, "
         "--policy-config and --policy-option; e.g. adaptive_hold with 'serving' runs with "
         "wait_bound=true (a held turn waits no longer than its engine's queue would make it), "
-        "max_wait_s=900 and short_turns=3 (sessionroute only; default: the policy's own "
-        "defaults, which for adaptive_hold are RL's)",
+        "max_wait_s=900, short_turns=3 and short_place=cache_aware_v2 (short sessions "
+        "placed by shared prefix and prefill wait; the router then reads prompt content), "
+        "ceiling_floor=0.5 and pack_past_knee=true (sessionroute only; default: the "
+        "policy's own defaults, which for adaptive_hold are RL's)",
     )
     a(
         "--session-headers",

@@ -80,6 +80,13 @@ class AdaptiveStickyConfig:
         capacity_min_kv: capacity samples are taken only at this ``kv_usage`` or above
             (below it the ratio is noise). Not swept.
         admission: hold new sessions while every worker is past its knee (rule 3).
+        pack_past_knee: when every healthy worker is past its knee, place a new session on
+            the most token-loaded one instead of the least (rule 1): LRU keeps nearly nothing
+            of a working set that outgrows the cache, so spreading the excess makes every
+            worker thrash where packing it leaves the others' working sets in their caches.
+            Off by default; on under a serving objective through ``adaptive_hold`` (Weka
+            replay, 160 sessions, seeds 0-4: SLO goodput 0.577 without, 0.639 with, beside
+            ``ceiling_floor``; docs/policies.md).
         thrash_gate_s: a worker past its knee still admits new sessions (the router does not
             hold them) while none of its scrapes in the last ``thrash_gate_s`` seconds showed
             thrash (``waiting >= overflow_waiting`` or ``kv_usage >= escape_kv``): the
@@ -124,6 +131,7 @@ class AdaptiveStickyConfig:
     final_alpha: float = 0.02
     capacity_min_kv: float = 0.2
     admission: bool = True
+    pack_past_knee: bool = False
     thrash_gate_s: float = 300.0
     max_wait_s: float = 600.0
     working_set_idle_s: float = 300.0
@@ -135,9 +143,9 @@ class AdaptiveStickyConfig:
     def __post_init__(self) -> None:
         for f in fields(AdaptiveStickyConfig):  # a subclass checks its own fields
             v = getattr(self, f.name)
-            if f.name == "admission":
+            if f.name in ("admission", "pack_past_knee"):
                 if not isinstance(v, bool):
-                    raise ConfigError(f"admission must be true or false, got {v!r}")
+                    raise ConfigError(f"{f.name} must be true or false, got {v!r}")
                 continue
             if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
                 raise ConfigError(f"{f.name} must be a finite number, got {v!r}")

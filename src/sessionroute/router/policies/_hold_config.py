@@ -9,9 +9,10 @@ from dataclasses import dataclass
 from sessionroute.errors import ConfigError
 from sessionroute.router.policies._adaptive_config import AdaptiveStickyConfig
 
-__all__ = ["HOLD_PICKS", "AdaptiveHoldConfig"]
+__all__ = ["HOLD_PICKS", "SHORT_PLACES", "AdaptiveHoldConfig"]
 
 HOLD_PICKS: tuple[str, ...] = ("newest", "largest")
+SHORT_PLACES: tuple[str, ...] = ("load", "cache_aware_v2")
 """Which sessions a worker over its ceiling holds first: the most recently started on it, or
 the largest context (frees the most)."""
 
@@ -86,6 +87,24 @@ class AdaptiveHoldConfig(AdaptiveStickyConfig):
             holding new sessions sheds no load (the Mooncake replay, 1.5 turns a session, at
             3x its arrival rate: measured in docs/policies.md). 0 (the default): always
             hold; 3 under a serving objective.
+        short_place: how rule 7 places a new session while sessions are short: ``"load"``
+            (``adaptive_sticky``'s rule 1, the default) or ``"cache_aware_v2"`` (where that
+            policy would send its first turn: the worker holding the longest shared prefix,
+            by expected prefill wait; the router then hashes every prompt's content, as for
+            the cache-aware policies). A short session builds no context of its own, so its
+            prefix shared with other sessions and the prefill backlog decide its latency
+            (Mooncake replay at 3x its arrival rate: SLO goodput 0.405 with ``"load"``,
+            0.511 with ``"cache_aware_v2"``, against that policy's 0.516). Later turns stay on
+            the session's worker either way. ``"cache_aware_v2"`` under a serving objective.
+        ceiling_floor: rule 4 never cuts a worker's ceiling below this times its capacity
+            estimate. 0 (the default): no floor. Thrash that holding cannot end (the sessions
+            past ``hold_age_max_s`` alone overflow the cache) cuts the ceiling every
+            ``hold_interval_s``: at 128 and 160 Weka sessions it reached 0-4 % of the capacity,
+            holding every session it could and keeping new ones off, while the held ones came
+            back at their bounds and re-prefilled. 0.5 under a serving objective (Weka
+            replay, seeds 0-4, SLO goodput at 96/128/160 sessions: 0.876/0.781/0.470 without,
+            0.871/0.815/0.639 with 0.5 and ``pack_past_knee``; 0.3 and 0.7: 0.875/0.789/0.617
+            and 0.866/0.804/0.608).
 
     Raises:
         ConfigError: on a value out of range (the message names it).
@@ -112,12 +131,18 @@ class AdaptiveHoldConfig(AdaptiveStickyConfig):
     wait_queue_factor: float = 1.0
     wait_rate_window_s: float = 60.0
     short_turns: float = 0.0
+    short_place: str = "load"
+    ceiling_floor: float = 0.0
 
     def __post_init__(self) -> None:
         AdaptiveStickyConfig.__post_init__(self)
         for flag in ("hold", "wait_bound", "wait_bound_new"):
             if not isinstance(getattr(self, flag), bool):
                 raise ConfigError(f"{flag} must be true or false, got {getattr(self, flag)!r}")
+        if self.short_place not in SHORT_PLACES:
+            raise ConfigError(
+                f"short_place must be one of {', '.join(SHORT_PLACES)}, got {self.short_place!r}"
+            )
         if self.hold_pick not in HOLD_PICKS:
             raise ConfigError(
                 f"hold_pick must be one of {', '.join(HOLD_PICKS)}, got {self.hold_pick!r}"
@@ -130,7 +155,7 @@ class AdaptiveHoldConfig(AdaptiveStickyConfig):
             "hold_kv", "hold_queue_kv", "resume_kv", "hold_cut", "hold_raise", "lift_pressure",
             "resume_fraction", "hold_interval_s", "hold_max_s", "hold_total_max_s",
             "hold_age_max_s", "hold_check_s", "wait_queue_factor", "wait_rate_window_s",
-            "short_turns",
+            "short_turns", "ceiling_floor",
         ):  # fmt: skip
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):

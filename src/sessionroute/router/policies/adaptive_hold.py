@@ -15,7 +15,8 @@ one. This policy adds that to ``adaptive_sticky``, whose three rules it keeps un
    times its present working set, lowered again the same way while thrash goes on, at most
    once per ``hold_interval_s``; scrapes showing a calm worker (``kv_usage < resume_kv``,
    fewer than ``resume_waiting`` waiting) raise it by ``hold_raise`` per interval, and it
-   goes away at ``lift_pressure`` times the capacity estimate with nothing held. While the
+   goes away at ``lift_pressure`` times the capacity estimate with nothing held; it is never
+   cut below ``ceiling_floor`` times that estimate (0 by default). While the
    working set is above the ceiling, sessions pinned there are *held*, the newest first
    (``hold_pick``), until it is not: a held session leaves the working set and its next turn
    waits in the router core's admission queue (:meth:`AdaptiveHoldPolicy.admit` is False).
@@ -47,7 +48,10 @@ one. This policy adds that to ``adaptive_sticky``, whose three rules it keeps un
    applies rule 6 to it too: see :class:`AdaptiveHoldConfig` for why that is off).
 7. **Short sessions are not held** (``short_turns``; 0, off, by default; 3 under a serving
    objective): while the sessions that ended had fewer turns than that on average, rule 4
-   holds nothing and keeps no new session off a worker.
+   holds nothing and keeps no new session off a worker; with ``short_place =
+   "cache_aware_v2"`` a new session then goes where ``cache_aware_v2`` would send its first
+   turn (:class:`~sessionroute.router.policies._content_placer.ContentPlacer`; the policy
+   then reads prompt content, :attr:`needs_content`).
 
 Deviations from ThunderAgent: the watermarks are read from the engines' scraped gauges, the
 ceiling is learned per worker from them (the router's working set is an estimate of a cache
@@ -63,6 +67,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from sessionroute.clock import Clock
+from sessionroute.router.policies._content_placer import ContentPlacer
 from sessionroute.router.policies._hold_config import AdaptiveHoldConfig
 from sessionroute.router.policies._queue_delay import QueueDelay
 from sessionroute.router.policies.adaptive_sticky import AdaptiveStickyPolicy
@@ -119,12 +124,21 @@ class AdaptiveHoldPolicy(AdaptiveStickyPolicy):
     name: ClassVar[str] = "adaptive_hold"
     Config: ClassVar[type[Any] | None] = AdaptiveHoldConfig
     objective_options: ClassVar[Mapping[str, Mapping[str, Any]]] = {
-        "serving": {"wait_bound": True, "max_wait_s": 900.0, "short_turns": 3.0},
+        "serving": {
+            "wait_bound": True,
+            "max_wait_s": 900.0,
+            "short_turns": 3.0,
+            "short_place": "cache_aware_v2",
+            "ceiling_floor": 0.5,
+            "pack_past_knee": True,
+        },
     }
-    """Under a serving objective, rule 6 on (it bounds the TTFT tail of the trace replays and
-    costs RL step time past the knee) and rule 3's wait up to 900 s (on the closed-loop Weka
-    replay a longer wait keeps more SLO goodput); measured in docs/policies.md,
-    "adaptive_hold: measurements"."""
+    """Under a serving objective: rule 6 on (it bounds the TTFT tail of the trace replays and
+    costs RL step time past the knee), rule 3's wait up to 900 s (on the closed-loop Weka
+    replay a longer wait keeps more SLO goodput), rule 7 with short sessions placed as
+    ``cache_aware_v2`` places them, rule 4's ceilings no lower than half the capacity, and
+    new sessions packed when every worker is past its knee; each measured in
+    docs/policies.md, "adaptive_hold: measurements"."""
 
     def __init__(self, config: Any = None, *, clock: Clock, rng: random.Random) -> None:
         super().__init__(config, clock=clock, rng=rng)
@@ -134,6 +148,10 @@ class AdaptiveHoldPolicy(AdaptiveStickyPolicy):
         if c.hold or self._bound_new:
             self.admission_recheck_s = c.hold_check_s
         self._delay = QueueDelay(self.hcfg.wait_rate_window_s)
+        self._placer: ContentPlacer | None = None
+        if c.short_turns and c.short_place == "cache_aware_v2":
+            self._placer = ContentPlacer(clock=clock, rng=rng)
+            self.needs_content = True
         self._asked: dict[str, float] = {}  # new session -> when its first turn first waited
         self._overdue: set[str] = set()  # new sessions admitted by rule 6, not yet placed
         self._holds: dict[str, Hold] = {}
@@ -333,7 +351,7 @@ class AdaptiveHoldPolicy(AdaptiveStickyPolicy):
         if kv >= c.hold_kv or (g.waiting >= c.hold_waiting and kv >= c.hold_queue_kv):
             active = float(self._context.get(worker, 0))
             base = active if ceiling is None else min(active, ceiling)
-            self.ceiling[worker] = c.hold_cut * base
+            self.ceiling[worker] = max(c.hold_cut * base, c.ceiling_floor * cap)
             self._changed[worker] = now
             self.cuts += 1
         elif ceiling is not None and g.waiting < c.resume_waiting and kv < c.resume_kv:
@@ -387,6 +405,15 @@ class AdaptiveHoldPolicy(AdaptiveStickyPolicy):
                 self.held_sessions += 1
                 if len(self._sample_ids) < _SAMPLE:
                     self._sample_ids.append(sid)
+
+    def place_new(
+        self, request: RouteRequest, healthy: tuple[str, ...], cluster: ClusterView
+    ) -> str:
+        """As ``adaptive_sticky`` (rule 1), but while sessions are short (rule 7) where
+        ``cache_aware_v2`` would send the turn, with ``short_place = "cache_aware_v2"``."""
+        if self._placer is not None and self._short():
+            return self._placer.place(request, cluster)
+        return super().place_new(request, healthy, cluster)
 
     def _short(self) -> bool:
         """Whether the sessions that ended had fewer than ``short_turns`` turns on average."""
@@ -479,6 +506,7 @@ class AdaptiveHoldPolicy(AdaptiveStickyPolicy):
                 "ceiling_cuts": self.cuts,
                 "new_at_wait_bound": self.new_at_wait_bound,
                 "mean_turns": None if self.mean_turns is None else round(self.mean_turns, 2),
+                "short_placed": 0 if self._placer is None else self._placer.placed,
                 "held_context_mean": round(self._held_tokens_total / n, 1) if n else 0.0,
                 "held_age_mean_s": round(self._held_age_total / n, 3) if n else 0.0,
                 "held_sample": list(self._sample_ids),
@@ -492,6 +520,8 @@ class AdaptiveHoldPolicy(AdaptiveStickyPolicy):
         (rule 6, when on)."""
         if self.hcfg.wait_bound:
             self._delay.done(worker)
+        if self._placer is not None:
+            self._placer.on_complete(request, worker)
         super().on_complete(request, worker)
 
     def release_session(self, session_id: str) -> bool:
@@ -537,3 +567,21 @@ class AdaptiveHoldPolicy(AdaptiveStickyPolicy):
         for d in (self.ceiling, self._changed, self._passed, self._hseen):
             d.pop(worker, None)
         self._delay.forget(worker)
+        if self._placer is not None:
+            self._placer.on_worker_removed(worker, cluster)
+
+    def sweep(self, now: float, limit: int | None = None) -> int:
+        """``adaptive_sticky``'s sweep, and the short-session placer's index (rule 7)."""
+        if self._placer is not None:
+            self._placer.sweep(now, limit)
+        return super().sweep(now, limit)
+
+    def sweep_pending(self) -> bool:
+        return super().sweep_pending() or (
+            self._placer is not None and self._placer.sweep_pending()
+        )
+
+    def bound_sweeps(self, limit: int) -> None:
+        super().bound_sweeps(limit)
+        if self._placer is not None:
+            self._placer.bound_sweeps(limit)

@@ -12,8 +12,10 @@ behind every default are in :class:`AdaptiveStickyConfig` and ``docs/policies.md
    estimate is added to its worker's load in the same call (a reservation), so a burst of
    first turns (a GRPO group of 16) spreads instead of landing on the momentarily lightest
    worker. Workers past their knee (rule 3) are skipped
-   while another worker is not. Ties go to the highest rendezvous hash of
-   (session id, worker), as ``sticky_least_loaded``.
+   while another worker is not; when every one is, ``pack_past_knee`` (off by default)
+   picks the *most* loaded instead: the excess then thrashes one cache, not all of them.
+   Ties go to the highest rendezvous hash of (session id, worker), as
+   ``sticky_least_loaded``.
 2. **Stay, unless a gated escape fires.** Later turns stay on their worker. A worker becomes
    *hot* when its scraped gauges show ``kv_usage >= escape_kv`` and ``waiting >=
    escape_waiting``, and stays hot until ``kv_usage < cool_kv`` or ``waiting < cool_waiting``
@@ -150,13 +152,20 @@ class AdaptiveStickyPolicy(SessionPolicy):
     def place_new(
         self, request: RouteRequest, healthy: tuple[str, ...], cluster: ClusterView
     ) -> str:
-        """The least token-loaded worker not past its knee (any, when all are), ties by
+        """The least token-loaded worker not past its knee (any, when all are; the most
+        loaded with ``pack_past_knee`` when every one is beyond its knee), ties by
         rendezvous on the session id."""
         for w in healthy:
             self._refresh(w, cluster)
         open_ = [w for w in healthy if not self._past_knee(w, request.prompt_tokens)]
         if open_ and len(open_) < len(healthy):
             self.knee_skips += 1
+        if (
+            not open_
+            and self.cfg.pack_past_knee
+            and all(self.beyond_knee(w, request.prompt_tokens) for w in healthy)
+        ):
+            return self._least_loaded(list(healthy), cluster, request.session_id or "", most=True)
         return self._least_loaded(open_ or list(healthy), cluster, request.session_id or "")
 
     def place_stateless(
@@ -265,9 +274,13 @@ class AdaptiveStickyPolicy(SessionPolicy):
             + c.inflight_weight * cluster.in_flight_tokens(worker)
         )
 
-    def _least_loaded(self, candidates: list[str], cluster: ClusterView, key: str) -> str:
+    def _least_loaded(
+        self, candidates: list[str], cluster: ClusterView, key: str, most: bool = False
+    ) -> str:
+        """The candidate of least :meth:`load` (``most``: of most), ties by rendezvous on
+        ``key``."""
         loads = [self.load(w, cluster) for w in candidates]
-        best = min(loads)
+        best = max(loads) if most else min(loads)
         tied = [w for w, v in zip(candidates, loads, strict=True) if v == best]
         return tied[0] if len(tied) == 1 else rendezvous_winner(key, tied)
 
@@ -320,6 +333,11 @@ class AdaptiveStickyPolicy(SessionPolicy):
         return max(self._context.get(worker, 0) + tokens, n * self._final)
 
     def _past_knee(self, worker: str, tokens: int = 0) -> bool:
+        """Whether ``worker`` takes no new session of ``tokens`` (:meth:`beyond_knee`; a
+        subclass adds its own reasons)."""
+        return self.beyond_knee(worker, tokens)
+
+    def beyond_knee(self, worker: str, tokens: int = 0) -> bool:
         """Whether ``worker``'s projected working set, with one more session of ``tokens``,
         reaches ``knee_pressure`` times its estimated KV capacity (never before a capacity
         estimate exists)."""

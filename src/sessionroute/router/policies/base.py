@@ -51,8 +51,9 @@ class Policy(ABC):
     Config: ClassVar[type[Any] | None] = None
     keeps_sessions: ClassVar[bool] = False
     """True when the policy pins sessions (so clients should call ``/finish_session``)."""
-    needs_content: ClassVar[bool] = False
-    """True when ``select`` reads ``request.blocks`` (the live router then parses the body)."""
+    needs_content: bool = False
+    """True when ``select`` reads ``request.blocks`` (the live router then parses the body).
+    May be set per instance from the policy's options (``adaptive_hold``'s ``short_place``)."""
     content_tail: ClassVar[bool] = False
     """True: a live request's ``blocks`` end with a key of the prompt's last partial content
     block (the whole text), so prompts shorter than a block, or repeated exactly, match

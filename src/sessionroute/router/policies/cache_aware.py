@@ -96,7 +96,7 @@ class CacheAwarePolicy(TidiesInSweeps, Policy):
 
     name: ClassVar[str] = "cache_aware"
     Config: ClassVar[type[Any] | None] = CacheAwareConfig
-    needs_content: ClassVar[bool] = True
+    needs_content = True
     content_tail: ClassVar[bool] = True
 
     def __init__(self, config: Any = None, *, clock: Clock, rng: random.Random) -> None:

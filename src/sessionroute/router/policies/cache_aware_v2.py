@@ -127,7 +127,7 @@ class CacheAwareV2Policy(TidiesInSweeps, Policy):
 
     name: ClassVar[str] = "cache_aware_v2"
     Config: ClassVar[type[Any] | None] = CacheAwareV2Config
-    needs_content: ClassVar[bool] = True
+    needs_content = True
 
     def __init__(self, config: Any = None, *, clock: Clock, rng: random.Random) -> None:
         super().__init__(config, clock=clock, rng=rng)

@@ -90,7 +90,7 @@ class KvAwarePolicy(Policy):
 
     name: ClassVar[str] = "kv_aware"
     Config: ClassVar[type[Any] | None] = KvAwareConfig
-    needs_content: ClassVar[bool] = True
+    needs_content = True
     reads_kv_events: ClassVar[bool] = True
 
     def __init__(self, config: Any = None, *, clock: Clock, rng: random.Random) -> None:

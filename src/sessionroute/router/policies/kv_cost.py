@@ -133,7 +133,7 @@ class KvCostPolicy(TidiesInSweeps, Policy):
 
     name: ClassVar[str] = "kv_cost"
     Config: ClassVar[type[Any] | None] = KvCostConfig
-    needs_content: ClassVar[bool] = True
+    needs_content = True
 
     def __init__(self, config: Any = None, *, clock: Clock, rng: random.Random) -> None:
         super().__init__(config, clock=clock, rng=rng)

@@ -100,7 +100,7 @@ class StickyUntilSaturatedPolicy(TidiesInSweeps, Policy):
 
     name: ClassVar[str] = "sticky_until_saturated"
     Config: ClassVar[type[Any] | None] = StickyUntilSaturatedConfig
-    needs_content: ClassVar[bool] = True
+    needs_content = True
 
     def __init__(self, config: Any = None, *, clock: Clock, rng: random.Random) -> None:
         super().__init__(config, clock=clock, rng=rng)
