@@ -312,3 +312,19 @@ def test_slo_goodput_counts_turns_meeting_both_limits_and_refusals_as_missed() -
     assert run.metrics["slo"] == {"ttft_s": 2.0, "itl_s": 0.2}
     bare = add_slo_metrics(RunOutput(0, {}), 2.0, 0.2)  # a live arm that does not stream
     assert bare.metrics["slo_goodput"] is None
+
+
+@pytest.mark.parametrize(
+    ("goodput", "saturated"), [((0.005, 0.0003), True), ((0.5, 0.0003), False)]
+)
+def test_a_share_every_arm_keeps_near_zero_is_called_saturated(
+    goodput: tuple[float, float], saturated: bool
+) -> None:
+    """SLO goodput at most 0.5 % for every arm (Mooncake at 4x): the verdict still names the
+    best, and says that no arm serves the load; one arm at 50 % is a ranking."""
+    obj = default_objective("trace:mooncake")
+    arms = [ArmRuns(f"a{i}", (_run(None, 9.0, 0.0, g),)) for i, g in enumerate(goodput)]
+    v = judge(obj, arms)
+    assert v.best == "a0"
+    said = any("no arm serves this load" in line for line in verdict_lines(v))
+    assert said is saturated and verdict_document(v)["saturated"] is saturated

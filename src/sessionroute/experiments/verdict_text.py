@@ -111,6 +111,22 @@ GLOSSARY: tuple[tuple[str, str], ...] = (
 results builder)."""
 
 
+SATURATED_SHARE = 0.05
+"""A share to maximise (SLO goodput) below which, for every arm, the verdict says that no arm
+serves the load: a ranking between 0.0003 and 0.005 (the Mooncake replay at 4x its arrival
+rate, where every arm's ITL p50 is above the SLO) is a ranking of a few turns."""
+
+
+def saturated(v: Verdict) -> bool:
+    """Whether ``v`` maximises a share (in [0, 1]) that every arm measured keeps under
+    :data:`SATURATED_SHARE`."""
+    obj = v.objective
+    if obj.direction != 1 or metric_domain(obj.metric) != (0.0, 1.0):
+        return False
+    values = [a.value for a in v.arms if a.value is not None]
+    return bool(values) and max(values) < SATURATED_SHARE
+
+
 def _v(x: float, path: str = "") -> str:
     if path and metric_domain(path) == (0.0, 1.0):
         return f"{x:.3f}"  # a share: 1.000, not 1.00
@@ -161,6 +177,12 @@ def verdict_lines(v: Verdict, *, title: str = "verdict") -> list[str]:
             f"no arm meets every constraint; best on {v.objective.label} alone: {v.best} "
             f"({value}; {'; '.join(best.violations)})"
         )
+    if saturated(v):
+        lines.append(
+            f"every arm keeps {v.objective.label} under {SATURATED_SHARE * 100:.0f} %: no arm serves "
+            "this load, and the ranking is one of a few requests; compare the latencies and "
+            "the completion time instead"
+        )
     lines.append(_noise_line(v))
     axes = " vs ".join(metric_label(p) for p in v.pareto_axes)
     lines.append(f"Pareto front ({axes}): {', '.join(v.pareto) or 'none'}")
@@ -195,6 +217,7 @@ def verdict_document(v: Verdict) -> dict[str, Any]:
         "objective": v.objective.as_dict(),
         "best": v.best,
         "best_meets_constraints": v.eligible,
+        "saturated": saturated(v),
         "within_noise": list(v.within_noise),
         "noise": {
             "kind": v.noise.kind,
