@@ -127,6 +127,15 @@ def register(sub: Any) -> None:
         "other); docs/simulator.md, 'How far to trust it', has what each gave",
     )
     parser.add_argument(
+        "--probe-path",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="with --fidelity: send probe requests the arms' way (the live client, the arm's "
+        "router, streamed chat completions), fit their delay outside the engine's queue and "
+        "prefill as d0 + d1 * (requests in flight) and write it into OUT/profile.toml "
+        "(default: when calibrating here, not with --profile)",
+    )
+    parser.add_argument(
         "--dry-run",
         action="store_true",
         help="print a short plan (workload, replicas, one line per arm) and exit",
@@ -203,6 +212,7 @@ def _run_fidelity(args: argparse.Namespace, spec: Any, err_console: Any, out_con
                 out_dir,
                 profile=args.profile,
                 probe=args.calibrate_probe or "together",
+                probe_path=args.probe_path,
                 reporter=reporter,
                 say=lambda line: err_console.print(line, highlight=False, markup=False),
                 command=" ".join(["sessionroute", *sys.argv[1:]]),

@@ -153,12 +153,52 @@ def _read_servers(urls: list[str], live: LiveSection, fallback: Mapping[str, Any
     return asyncio.run(read())
 
 
+def _probe_path(
+    runner: Any,
+    live_spec: ExperimentSpec,
+    spec: ExperimentSpec,
+    profile: str,
+    engine: EngineSettings,
+    urls: list[str],
+    say: Say,
+) -> Any:
+    """The arms' request path, probed on the servers and fitted on ``profile`` (no path delay
+    yet): :func:`sessionroute.experiments.live.path_probe.probe_path`; says the fit."""
+    from sessionroute.experiments.live.path_probe import probe_path
+    from sessionroute.sim import SimSpec, replica_config
+
+    sim_arm = resolve_arms(fidelity_sim_spec(spec, profile, engine, urls))[0]
+    count, config = replica_config(SimSpec.from_settings(sim_arm.settings))
+    fit = probe_path(runner, resolve_arms(live_spec)[0], config, count, seed=spec.run.seed, say=say)
+    say(describe_path(fit))
+    return fit
+
+
+def describe_path(fit: Any) -> str:
+    """One line: the fitted path delay with its fit errors (a :class:`PathFit`)."""
+
+    def err(e: float | None) -> str:
+        return "at 0" if e is None else f"±{e:.0%}"
+
+    d0 = f"path delay {fit.d0_s * 1e3:.1f} ms ({err(fit.d0_err)})"
+    if fit.load_dependent:
+        d0 += f" + {fit.d1_s * 1e3:.2f} ms ({err(fit.d1_err)}) per other request in flight"
+    else:
+        d0 += ", constant (no measurable growth with requests in flight)"
+    bins = ", ".join(f"{n}: {m * 1e3:.0f}" for n, _, m in fit.bins)
+    return (
+        f"{d0}; RMS {fit.rms_error * 1e3:.1f} ms over {fit.samples} probe requests "
+        f"(median ms by others in flight: {bins})"
+    )
+
+
 def run_fidelity(
     spec: ExperimentSpec,
     out_dir: Path,
     *,
     profile: str | None = None,
     probe: str = "together",
+    probe_path: bool | None = None,
     reporter: Any = None,
     say: Say = print,
     command: str = "",
@@ -174,6 +214,9 @@ def run_fidelity(
             server at once, in lockstep, as the arms load them; ``"first"`` the first server
             alone, the others read (docs/simulator.md, "How far to trust it", has what each
             gave on the CPU tier).
+        probe_path: probe the arms' request path and fit its delay into the profile
+            (:mod:`sessionroute.experiments.live.path_probe`; written to
+            ``out_dir/profile.toml``); None: when calibrating here, not with ``profile``.
         reporter: progress of the runs (``RichReporter``).
         say: one-line notes (where the settings came from, calibration phases).
         command: the command line, recorded in ``fidelity.json``.
@@ -184,6 +227,7 @@ def run_fidelity(
         LiveStartError: a replica or router did not start.
     """
     from sessionroute.calibrate import calibrate, write_profile
+    from sessionroute.calibrate.result import write_path
     from sessionroute.experiments.live.runner import LiveArmRunner
     from sessionroute.replica.profiles import load_profile_file
     from sessionroute.sim import SimSpec, replica_config
@@ -214,20 +258,28 @@ def run_fidelity(
                 progress=_calibration_progress(say),
             )
             profile_path = write_profile(result, out_dir / "profile.toml")
+            say(f"calibrated in {result.wall_s:.0f} s")
             calibration = {
                 "calibrated_here": True,
                 "calibration_wall_s": result.wall_s,
                 "calibration_probe": result.probe,
             }
-            say(f"calibrated in {result.wall_s:.0f} s: {profile_path}")
+            say(f"profile: {profile_path}")
         else:
             profile_path = Path(profile)
+        if probe_path or (profile is None and probe_path is None):
+            # the arms' request path (client, router, chat endpoint), probed on the servers
+            say("the request path's delay ...")
+            path = _probe_path(runner, live_spec, spec, str(profile_path), engine, urls, say)
+            profile_path = write_path(profile_path, path, out_dir / "profile.toml")
+            calibration["path_probed_here"] = True
+            say(f"profile: {profile_path}")
         pf = load_profile_file(profile_path)
         calibration = {
             **calibration,
             "profile": str(profile_path),
             "profile_name": pf.profile.name,
-            "calibrated": bool(pf.calibration),
+            "calibrated": any(k != "path" for k in pf.calibration),  # step terms fitted
             "calibration": pf.calibration,
         }
         live_out = run_experiment(live_spec, _SameSeed(runner, spec.run.seed), reporter, jobs=1)
