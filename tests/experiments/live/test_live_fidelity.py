@@ -76,7 +76,11 @@ def test_compare_fidelity_against_emulated_servers(tmp_path: Path) -> None:
     # --probe-path: the arms' path probed with requests of its own, its delay in the profile
     assert c["path_probed_here"] is True and c["profile"] == str(out / "profile.toml")
     path = load_profile_file(out / "profile.toml").calibration["path"]
-    assert path["samples"] > 0 and [run["run"] for run in path["runs"]] == ["light", "loaded"]
+    assert path["samples"] > 0 and [run["run"] for run in path["runs"]] == [
+        "light",
+        "loaded",
+        "heavy",
+    ]
     assert "path delay" in r.stderr
 
 

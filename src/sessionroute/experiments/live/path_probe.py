@@ -25,11 +25,13 @@ from sessionroute.replica.api import ReplicaConfig
 __all__ = ["PROBE_LEVELS", "in_flight_at_send", "path_samples", "probe_arm", "probe_path"]
 
 PROBE_LEVELS: tuple[tuple[str, dict[str, Any]], ...] = (
-    # one session at a time per server: the idle path
-    ("light", {"sessions": 3, "arrival_rate_per_s": 3.0, "think_p50_s": 0.15, "think_p90_s": 0.3}),
-    # sessions arriving together and back to back: up to ~11 others in flight
-    ("loaded", {"sessions": 12, "arrival_rate_per_s": 24.0, "think_p50_s": 0.02,
+    # about one session at a time per server: the idle path
+    ("light", {"sessions": 4, "arrival_rate_per_s": 3.0, "think_p50_s": 0.15, "think_p90_s": 0.3}),
+    # sessions arriving together and back to back: up to ~7, then ~15 others in flight
+    ("loaded", {"sessions": 8, "arrival_rate_per_s": 16.0, "think_p50_s": 0.02,
                 "think_p90_s": 0.1}),
+    ("heavy", {"sessions": 16, "arrival_rate_per_s": 32.0, "think_p50_s": 0.02,
+               "think_p90_s": 0.1}),
 )  # fmt: skip
 """Probe runs: name and the ``toy`` options that set their load (the rest in :func:`probe_arm`)."""
 
@@ -37,8 +39,8 @@ PROBE_LEVELS: tuple[tuple[str, dict[str, Any]], ...] = (
 def probe_arm(template: ResolvedArm, name: str, load: Mapping[str, Any]) -> ResolvedArm:
     """``template`` (an arm of the compared experiment: its router, policy, replicas and
     ``[live]`` settings) with a probe workload of its own: ``toy`` sessions of 4 turns,
-    200-400-token first prompts (at most a quarter of the context limit, so the probe never
-    evicts), 16-32-token replies, and ``load``'s sessions, arrivals and think times."""
+    200-400-token first prompts (at most a quarter of the context limit), 32-64-token
+    replies, and ``load``'s sessions, arrivals and think times."""
     settings = dict(template.settings)
     limit = int(settings.get("replicas", {}).get("max_model_len") or 2048)
     first = max(32, min(200, limit // 8))
@@ -47,7 +49,7 @@ def probe_arm(template: ResolvedArm, name: str, load: Mapping[str, Any]) -> Reso
         "system_prompt_tokens": 32,
         "first_p50": first, "first_p90": 2 * first,
         "followup_p50": 32, "followup_p90": 64,
-        "output_p50": 16, "output_p90": 32, "output_cap": 32,
+        "output_p50": 32, "output_p90": 64, "output_cap": 64,
         **load,
     }  # fmt: skip
     settings["workload"] = {"kind": "toy", "options": options}
