@@ -15,10 +15,11 @@ on the CPU tier: within 0.0-0.2 points under pressure, exact without).
 
 Exit 1 when a *gating* check failed. With ``--strict`` every check gates. Without it, the
 checks that hold on the 2-core CPU tier gate (docs/simulator.md, "How far to trust it"): the
-hit rate of the arms without pressure, the arm order on hit rate, preemptions on both sides or
-neither, the pressure reaching the servers, and the replay; the time metrics (output tok/s,
-TTFT, ITL) and the hit rate under pressure, which the simulator misses there, are printed as
-``miss`` and counted, not gating. Standard library only.
+hit rate and output tok/s of the arms without pressure, the arm order on hit rate, preemptions
+on both sides or neither, the pressure reaching the servers, and the replay; TTFT and ITL, and
+the hit rate and output tok/s under pressure, which the simulator misses there in some runs
+(the host's other work moves them), are printed as ``miss`` and counted, not gating. Standard
+library only.
 
 Usage: ``check_fidelity.py OUT/fidelity.json [--strict] [--pressure-suffix=-pressure]
 [--min-eviction 0.02] [--replay-pp 3]``.
@@ -48,7 +49,8 @@ def main() -> int:
         if what.startswith("order of "):
             return what.endswith(": hit_rate")
         arm, _, metric = what.rpartition(": ")
-        return metric == "preemptions" or (metric == "hit_rate" and not arm.endswith(suffix))
+        light = not arm.endswith(suffix)
+        return metric == "preemptions" or (light and metric in ("hit_rate", "output_tok_s"))
 
     doc = json.loads(args.fidelity.read_text(encoding="utf-8"))
     results = json.loads((args.fidelity.parent / "results.json").read_text(encoding="utf-8"))

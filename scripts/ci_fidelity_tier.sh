@@ -8,7 +8,7 @@
 # arm runs: the profile is never tuned on the runs it is compared with), runs the real-vLLM
 # tier's workload, sticky_least_loaded and random, every arm twice live with the same seed, and
 # simulates every arm with the servers' KV size, batch limits and worker URLs. Then
-# examples/fidelity_vllm_cpu_pressure.toml, the KV-pressure setting, on 3 servers of 4 MiB KV
+# examples/fidelity_vllm_cpu_pressure.toml, the KV-pressure setting, on 3 servers of 2 MiB KV
 # (LRU eviction and preemptions at a load the 2-core machine carries) with the profile fitted
 # first. scripts/check_fidelity.py checks issue 35's bounds on each: per arm hit rate within 3
 # points, output tok/s within 10 %, TTFT p50 and ITL p50 within 25 %; the same arm order
@@ -48,7 +48,7 @@ TINY_MODEL="$MODEL" VLLM_PYTHON="$VENV/bin/python" \
 OK=1
 "$SR_PYTHON" scripts/check_fidelity.py "$OUT/fidelity.json" "${STRICT[@]}" || OK=0
 if [ -n "$PRESSURE" ]; then
-  echo "== fidelity: $PRESSURE, KV pressure on 3 vLLM servers of 4 MiB KV (profile: $OUT/profile.toml)"
+  echo "== fidelity: $PRESSURE, KV pressure on 3 vLLM servers of 2 MiB KV (profile: $OUT/profile.toml)"
   TINY_MODEL="$MODEL" VLLM_PYTHON="$VENV/bin/python" \
     "$SR_PYTHON" -m sessionroute.cli compare "$PRESSURE" --fidelity --out "$OUT/pressure" \
     --profile "$OUT/profile.toml"

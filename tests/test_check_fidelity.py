@@ -62,3 +62,28 @@ def test_the_replay_gates_the_cache_model(tmp_path: Path) -> None:
     )
     assert _run(tmp_path, [3.0, 5.0], skipped=2).returncode == 1
     assert _run(tmp_path, [3.0, 5.0], replay_pp=None).returncode == 1
+
+
+def test_output_tok_s_gates_without_pressure_only(tmp_path: Path) -> None:
+    """Output tok/s holds on the CPU tier without KV pressure (it gates there); under pressure
+    a miss is reported, not gating."""
+
+    def run(arm: str) -> subprocess.CompletedProcess[str]:
+        doc: dict[str, Any] = {
+            "checks": [{"what": f"{arm}: output_tok_s", "ok": False, "detail": "+30 %"}],
+            "arms": {},
+            "replay": {},
+        }
+        (tmp_path / "fidelity.json").write_text(json.dumps(doc), "utf-8")
+        (tmp_path / "results.json").write_text(json.dumps({"arms": []}), "utf-8")
+        return subprocess.run(
+            [sys.executable, str(SCRIPT), str(tmp_path / "fidelity.json")],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+
+    light = run("random")
+    assert light.returncode == 1 and "FAIL random: output_tok_s" in light.stdout
+    pressure = run("random-pressure")
+    assert pressure.returncode == 0 and "miss random-pressure: output_tok_s" in pressure.stdout

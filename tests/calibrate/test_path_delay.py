@@ -32,7 +32,8 @@ def test_a_delay_that_grows_with_requests_in_flight_is_fitted_as_a_line() -> Non
     assert fit.d1_s == pytest.approx(0.004, abs=1e-4)
     assert fit.d0_err is not None and fit.d0_err < 0.1
     assert fit.delay_s(5) == pytest.approx(0.050, abs=1e-3)
-    assert fit.samples == 60 and len(fit.bins) == 10
+    assert fit.samples == 60 and len(fit.bins) == 5  # pairs of counts: 12 requests each
+    assert [n for n, _, _ in fit.bins] == [0.5, 2.5, 4.5, 6.5, 8.5]
 
 
 def test_a_flat_delay_is_a_constant_the_median() -> None:
@@ -73,7 +74,7 @@ def test_the_path_delay_round_trips_through_the_profile_file(tmp_path: Path) -> 
 def _ttft_p50(tmp_path: Path, name: str, d0: float, d1: float, sessions: int) -> float:
     result = _result()
     if d0 or d1:
-        fit = fit_path_delay([PathSample(n, d0 + d1 * n) for n in range(3) for _ in range(3)])
+        fit = fit_path_delay([PathSample(n, d0 + d1 * n) for n in range(3) for _ in range(12)])
         result = result.with_path(fit)
     path = write_profile(result, tmp_path / f"{name}.toml")
     f = _experiment(tmp_path, path)

@@ -9,11 +9,11 @@ the server's frontend, beyond what the step terms already hold (the calibration'
 time ``/v1/completions`` at the client, so its direct path's share is in ``b_req_s``).
 
 :func:`fit_path_delay` fits ``d0 + d1 * n`` to those delays, ``n`` the other requests in flight
-when a request was sent (the count the simulator knows), on the median delay of each ``n``
-(the fidelity bounds are on medians; a few requests stalled behind the host's other work do not
-move it). Where the slope is not measurably above 0 (under 2 standard errors) the delay is a
-constant, the median of every delay. A delay below 0 (the model slower than the path) is
-fitted as 0: the profile holds no negative delay.
+when a request was sent (the count the simulator knows), on the median delay of bins of
+adjacent ``n`` (the fidelity bounds are on medians; a few requests stalled behind the host's
+other work do not move it). Where the slope is not measurably above 0 (under 2 standard
+errors) the delay is a constant, the median of every delay. A delay below 0 (the model slower
+than the path) is fitted as 0: the profile holds no negative delay.
 """
 
 from __future__ import annotations
@@ -27,8 +27,9 @@ from typing import Any
 
 __all__ = ["PathFit", "PathSample", "fit_path_delay"]
 
-_MIN_BIN = 3
-"""Requests with the same in-flight count needed for that count's median to enter the fit."""
+_MIN_BIN = 12
+"""Requests per bin: adjacent in-flight counts are pooled until a bin holds this many (a median
+of fewer moved by tens of milliseconds between neighbouring counts on the CPU tier)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +55,8 @@ class PathFit:
         d0_err, d1_err: relative standard errors (None: undetermined or at 0).
         load_dependent: whether the slope was measurably above 0 (else ``d1_s`` is 0).
         samples: probe requests used.
-        bins: ``(in_flight, requests, median delay_s)`` per in-flight count.
+        bins: ``(in_flight, requests, median delay_s)`` per bin of adjacent in-flight counts
+            (``in_flight`` the bin's mean count).
         rms_error: RMS of the fit's error on the bins' medians, seconds.
         extra: anything the prober adds (vLLM's own split of the probe's TTFT, the runs).
     """
@@ -65,7 +67,7 @@ class PathFit:
     d1_err: float | None
     load_dependent: bool
     samples: int
-    bins: tuple[tuple[int, int, float], ...]
+    bins: tuple[tuple[float, int, float], ...]
     rms_error: float
     extra: dict[str, Any]
 
@@ -87,7 +89,7 @@ class PathFit:
             "samples": self.samples,
             "rms_error_s": round(self.rms_error, 6),
             "bins": [
-                {"in_flight": n, "requests": c, "median_delay_s": round(m, 6)}
+                {"in_flight": round(n, 2), "requests": c, "median_delay_s": round(m, 6)}
                 for n, c, m in self.bins
             ],
             **self.extra,
@@ -101,12 +103,37 @@ def _median_se(values: Sequence[float]) -> float:
     return 1.2533 * statistics.stdev(values) / math.sqrt(len(values))
 
 
+def _pool(by_n: dict[int, list[float]]) -> tuple[tuple[float, int, float], ...]:
+    """Adjacent in-flight counts pooled into bins of at least :data:`_MIN_BIN` requests (the
+    last, short one joins its neighbour): ``(mean count, requests, median delay)`` each."""
+    groups: list[list[tuple[int, float]]] = []
+    cur: list[tuple[int, float]] = []
+    for n in sorted(by_n):
+        cur += [(n, d) for d in by_n[n]]
+        if len(cur) >= _MIN_BIN:
+            groups.append(cur)
+            cur = []
+    if cur:
+        if groups:
+            groups[-1] += cur
+        else:
+            groups.append(cur)
+    return tuple(
+        (
+            sum(n for n, _ in g) / len(g),
+            len(g),
+            statistics.median(d for _, d in g),
+        )
+        for g in groups
+    )
+
+
 def fit_path_delay(samples: Sequence[PathSample], extra: dict[str, Any] | None = None) -> PathFit:
     """Fit ``d0 + d1 * in_flight`` to probe requests (module docstring).
 
-    A weighted least-squares line through the median delay of each in-flight count that has at
-    least 3 requests (weights: the counts); the slope counts when it is above 0 by more than 2
-    standard errors, else the delay is the median of all delays.
+    A weighted least-squares line through the median delay of bins of adjacent in-flight counts
+    of at least 12 requests each (weights: the counts); the slope counts when it is above 0 by
+    more than 2 standard errors, else the delay is the median of all delays.
 
     Raises:
         ValueError: no samples.
@@ -116,9 +143,7 @@ def fit_path_delay(samples: Sequence[PathSample], extra: dict[str, Any] | None =
     by_n: dict[int, list[float]] = defaultdict(list)
     for s in samples:
         by_n[max(0, s.in_flight)].append(s.delay_s)
-    bins = tuple(
-        (n, len(v), statistics.median(v)) for n, v in sorted(by_n.items()) if len(v) >= _MIN_BIN
-    )
+    bins = _pool(by_n)
     every = [s.delay_s for s in samples]
     d0 = statistics.median(every)
     d0_se = _median_se(every)
@@ -127,7 +152,7 @@ def fit_path_delay(samples: Sequence[PathSample], extra: dict[str, Any] | None =
     load = False
     if len(bins) >= 3:
         w = [float(c) for _, c, _ in bins]
-        x = [float(n) for n, _, _ in bins]
+        x = [n for n, _, _ in bins]
         y = [m for _, _, m in bins]
         sw = sum(w)
         xm = sum(wi * xi for wi, xi in zip(w, x, strict=True)) / sw

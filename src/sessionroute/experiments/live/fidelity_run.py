@@ -185,10 +185,10 @@ def describe_path(fit: Any) -> str:
         d0 += f" + {fit.d1_s * 1e3:.2f} ms ({err(fit.d1_err)}) per other request in flight"
     else:
         d0 += ", constant (no measurable growth with requests in flight)"
-    bins = ", ".join(f"{n}: {m * 1e3:.0f}" for n, _, m in fit.bins)
+    bins = ", ".join(f"{n:.1f}: {m * 1e3:.0f}" for n, _, m in fit.bins)
     return (
         f"{d0}; RMS {fit.rms_error * 1e3:.1f} ms over {fit.samples} probe requests "
-        f"(median ms by others in flight: {bins})"
+        f"(median ms by mean others in flight: {bins})"
     )
 
 

@@ -38,14 +38,14 @@ PROBE_LEVELS: tuple[tuple[str, dict[str, Any]], ...] = (
 
 def probe_arm(template: ResolvedArm, name: str, load: Mapping[str, Any]) -> ResolvedArm:
     """``template`` (an arm of the compared experiment: its router, policy, replicas and
-    ``[live]`` settings) with a probe workload of its own: ``toy`` sessions of 4 turns,
+    ``[live]`` settings) with a probe workload of its own: ``toy`` sessions of 6 turns,
     200-400-token first prompts (at most a quarter of the context limit), 32-64-token
     replies, and ``load``'s sessions, arrivals and think times."""
     settings = dict(template.settings)
     limit = int(settings.get("replicas", {}).get("max_model_len") or 2048)
     first = max(32, min(200, limit // 8))
     options = {
-        "turns_p50": 4, "turns_p90": 4, "turns_max": 4,
+        "turns_p50": 6, "turns_p90": 6, "turns_max": 6,
         "system_prompt_tokens": 32,
         "first_p50": first, "first_p90": 2 * first,
         "followup_p50": 32, "followup_p90": 64,
