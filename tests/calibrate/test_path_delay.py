@@ -104,3 +104,17 @@ def test_the_simulator_grows_the_delay_with_requests_in_flight(tmp_path: Path) -
     grows = _ttft_p50(tmp_path, "grows", 0.050, 0.020, 4)
     assert const > none
     assert grows > const + 0.015
+
+
+def test_the_line_is_anchored_at_the_requests_sent_alone() -> None:
+    """A delay that jumps once a couple of others are in flight: d0 stays the idle requests'
+    median (an unanchored line would put it far above)."""
+    samples = [PathSample(0, 0.010)] * 12 + [
+        PathSample(n, 0.100 + 0.005 * n + (0.01 if k % 2 else -0.01))
+        for n in range(2, 12)
+        for k in range(12)
+    ]
+    fit = fit_path_delay(samples)
+    assert fit.load_dependent
+    assert fit.d0_s == pytest.approx(0.010)
+    assert fit.delay_s(0) < 0.02 and fit.delay_s(6) > 0.05

@@ -103,9 +103,9 @@ def _median_se(values: Sequence[float]) -> float:
     return 1.2533 * statistics.stdev(values) / math.sqrt(len(values))
 
 
-def _pool(by_n: dict[int, list[float]]) -> tuple[tuple[float, int, float], ...]:
+def _pool(by_n: dict[int, list[float]]) -> list[tuple[float, list[float]]]:
     """Adjacent in-flight counts pooled into bins of at least :data:`_MIN_BIN` requests (the
-    last, short one joins its neighbour): ``(mean count, requests, median delay)`` each."""
+    last, short one joins its neighbour): ``(mean count, delays)`` each, by count."""
     groups: list[list[tuple[int, float]]] = []
     cur: list[tuple[int, float]] = []
     for n in sorted(by_n):
@@ -118,22 +118,19 @@ def _pool(by_n: dict[int, list[float]]) -> tuple[tuple[float, int, float], ...]:
             groups[-1] += cur
         else:
             groups.append(cur)
-    return tuple(
-        (
-            sum(n for n, _ in g) / len(g),
-            len(g),
-            statistics.median(d for _, d in g),
-        )
-        for g in groups
-    )
+    return [(sum(n for n, _ in g) / len(g), [d for _, d in g]) for g in groups]
 
 
 def fit_path_delay(samples: Sequence[PathSample], extra: dict[str, Any] | None = None) -> PathFit:
     """Fit ``d0 + d1 * in_flight`` to probe requests (module docstring).
 
-    A weighted least-squares line through the median delay of bins of adjacent in-flight counts
-    of at least 12 requests each (weights: the counts); the slope counts when it is above 0 by
-    more than 2 standard errors, else the delay is the median of all delays.
+    Bins of adjacent in-flight counts of at least 12 requests each; a weighted least-squares
+    line (weights: the counts) through the other bins' medians and anchored at the median of
+    the first (the requests sent with the fewest others in flight: ``d0`` is what a request
+    alone sees, ``d1`` the growth beyond it; an unanchored line through a delay that jumps at
+    two or three in flight and then flattens put ``d0`` at 2-4 times the idle requests' median
+    on the CPU tier). The slope counts when it is above 0 by more than 2 standard errors, else
+    the delay is the median of all delays.
 
     Raises:
         ValueError: no samples.
@@ -143,7 +140,8 @@ def fit_path_delay(samples: Sequence[PathSample], extra: dict[str, Any] | None =
     by_n: dict[int, list[float]] = defaultdict(list)
     for s in samples:
         by_n[max(0, s.in_flight)].append(s.delay_s)
-    bins = _pool(by_n)
+    pooled = _pool(by_n)
+    bins = tuple((n, len(d), statistics.median(d)) for n, d in pooled)
     every = [s.delay_s for s in samples]
     d0 = statistics.median(every)
     d0_se = _median_se(every)
@@ -151,27 +149,24 @@ def fit_path_delay(samples: Sequence[PathSample], extra: dict[str, Any] | None =
     d1_se: float | None = None
     load = False
     if len(bins) >= 3:
-        w = [float(c) for _, c, _ in bins]
-        x = [n for n, _, _ in bins]
-        y = [m for _, _, m in bins]
-        sw = sum(w)
-        xm = sum(wi * xi for wi, xi in zip(w, x, strict=True)) / sw
-        ym = sum(wi * yi for wi, yi in zip(w, y, strict=True)) / sw
-        sxx = sum(wi * (xi - xm) ** 2 for wi, xi in zip(w, x, strict=True))
+        # the line goes through the first bin's median (the requests sent with the fewest
+        # others in flight): d0 is the delay of a request alone, d1 its growth beyond it
+        x0, _, y0 = bins[0]
+        rest = bins[1:]
+        w = [float(c) for _, c, _ in rest]
+        dx = [n - x0 for n, _, _ in rest]
+        dy = [m - y0 for _, _, m in rest]
+        sxx = sum(wi * xi * xi for wi, xi in zip(w, dx, strict=True))
         if sxx > 0:
-            slope = sum(wi * (xi - xm) * (yi - ym) for wi, xi, yi in zip(w, x, y, strict=True))
-            slope /= sxx
-            icpt = ym - slope * xm
-            resid = sum(
-                wi * (yi - icpt - slope * xi) ** 2 for wi, xi, yi in zip(w, x, y, strict=True)
-            )
-            s2 = resid / (len(bins) - 2)  # variance per unit weight (a bin of one request)
+            slope = sum(wi * xi * yi for wi, xi, yi in zip(w, dx, dy, strict=True)) / sxx
+            resid = sum(wi * (yi - slope * xi) ** 2 for wi, xi, yi in zip(w, dx, dy, strict=True))
+            s2 = resid / (len(rest) - 1)  # variance per unit weight (a bin of one request)
             se_slope = math.sqrt(s2 / sxx)
             if slope > 0 and slope > 2 * se_slope:
                 load = True
                 d1, d1_se = slope, se_slope
-                d0 = icpt
-                d0_se = math.sqrt(s2 * (1 / sw + xm**2 / sxx))
+                d0 = y0 - slope * x0
+                d0_se = _median_se(pooled[0][1])
     d0_clamped = max(0.0, d0)
     rms = math.sqrt(
         sum(c * (m - d0_clamped - d1 * n) ** 2 for n, c, m in bins) / sum(c for _, c, _ in bins)
