@@ -118,3 +118,14 @@ def test_the_line_is_anchored_at_the_requests_sent_alone() -> None:
     assert fit.load_dependent
     assert fit.d0_s == pytest.approx(0.010)
     assert fit.delay_s(0) < 0.02 and fit.delay_s(6) > 0.05
+
+
+def test_the_fidelity_output_prints_every_term_with_its_fit_error() -> None:
+    from sessionroute.calibrate import TermFit
+    from sessionroute.experiments.live.fidelity_run import describe_path, describe_terms
+
+    terms = [TermFit("b0_s", 0.002, 0.0002, 0.4), TermFit("b_kv_s", 0.0, None, 0.0)]
+    assert describe_terms(terms) == "b0_s 0.002 s (±10%); b_kv_s 0 s (at 0)"
+    line = describe_path(_path())
+    assert line.startswith("path delay 30.0 ms (±") and "+ 4.00 ms (±" in line
+    assert "per other request in flight" in line

@@ -174,6 +174,16 @@ def _probe_path(
     return fit
 
 
+def describe_terms(terms: Any) -> str:
+    """One line: the fitted step terms with their fit errors (``FitResult.terms``)."""
+
+    def one(t: Any) -> str:
+        err = "at 0" if t.value == 0 else ("?" if t.rel_err is None else f"±{t.rel_err:.0%}")
+        return f"{t.name} {t.value:.3g} s ({err})"
+
+    return "; ".join(one(t) for t in terms)
+
+
 def describe_path(fit: Any) -> str:
     """One line: the fitted path delay with its fit errors (a :class:`PathFit`)."""
 
@@ -258,7 +268,7 @@ def run_fidelity(
                 progress=_calibration_progress(say),
             )
             profile_path = write_profile(result, out_dir / "profile.toml")
-            say(f"calibrated in {result.wall_s:.0f} s")
+            say(f"calibrated in {result.wall_s:.0f} s: {describe_terms(result.fit.terms)}")
             calibration = {
                 "calibrated_here": True,
                 "calibration_wall_s": result.wall_s,
