@@ -124,7 +124,7 @@ def register(sub: Any) -> None:
         help="with --fidelity: how the servers are calibrated (sessionroute calibrate "
         "--probe): together (default: every server at once, in lockstep, as the arms load "
         "them), first (the first server alone, the others read), all (one after the "
-        "other); docs/simulator.md, 'How far to trust it', has what each gave",
+        "other); docs/simulator.md, 'Calibrating against a real server'",
     )
     parser.add_argument(
         "--probe-path",

@@ -222,8 +222,7 @@ def run_fidelity(
             ``probe`` says) and writes ``out_dir/profile.toml``.
         probe: how to calibrate them (``calibrate``'s ``probe``): ``"together"`` every
             server at once, in lockstep, as the arms load them; ``"first"`` the first server
-            alone, the others read (docs/simulator.md, "How far to trust it", has what each
-            gave on the CPU tier).
+            alone, the others read (docs/simulator.md, "Calibrating against a real server").
         probe_path: probe the arms' request path and fit its delay into the profile
             (:mod:`sessionroute.experiments.live.path_probe`; written to
             ``out_dir/profile.toml``); None: when calibrating here, not with ``profile``.
