@@ -80,3 +80,25 @@ def test_path_samples_are_client_ttft_minus_the_replayed_ttft() -> None:
     samples = path_samples(turns, cfg, replicas=2)
     assert [s.in_flight for s in samples] == [0, 1]  # no first token, unknown replica: left out
     assert samples[0].delay_s == pytest.approx(0.5 - first)
+
+
+def test_the_path_probe_fits_nothing_without_known_servers() -> None:
+    """With several servers and a router that does not name each request's worker, no probe
+    request can be replayed: no path delay (not an error after the calibration)."""
+    from sessionroute.experiments.live.path_probe import PROBE_LEVELS, probe_path
+    from sessionroute.experiments.results import RunOutput
+    from sessionroute.experiments.spec import ResolvedArm
+
+    turns = [{**_turn(0.0, 40, [1, 2, 3], 0), "latency_s": 1.0, "ttft_s": 0.5}]
+    ran: list[str] = []
+
+    def runner(arm: ResolvedArm, seed: int, progress: Any) -> RunOutput:
+        ran.append(arm.name)
+        return RunOutput(seed, {"ttft_s": {"mean": 0.5}}, turns=list(turns))
+
+    template = ResolvedArm(name="a", policy="random", policy_options={}, settings={"replicas": {}})
+    cfg = ReplicaConfig(TOY, kv_capacity_tokens=4096)
+    assert probe_path(runner, template, cfg, replicas=3, say=lambda _l: None) is None
+    assert ran == [f"path-probe-{name}" for name, _ in PROBE_LEVELS]
+    fit = probe_path(runner, template, cfg, replicas=1, say=lambda _l: None)
+    assert fit is not None and fit.samples == len(PROBE_LEVELS)

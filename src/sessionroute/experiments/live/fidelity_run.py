@@ -170,7 +170,13 @@ def _probe_path(
     sim_arm = resolve_arms(fidelity_sim_spec(spec, profile, engine, urls))[0]
     count, config = replica_config(SimSpec.from_settings(sim_arm.settings))
     fit = probe_path(runner, resolve_arms(live_spec)[0], config, count, seed=spec.run.seed, say=say)
-    say(describe_path(fit))
+    if fit is None:
+        say(
+            "path probe: no request's server known (the router does not name it): the "
+            "simulator adds no path delay"
+        )
+    else:
+        say(describe_path(fit))
     return fit
 
 
@@ -280,9 +286,10 @@ def run_fidelity(
             # the arms' request path (client, router, chat endpoint), probed on the servers
             say("the request path's delay ...")
             path = _probe_path(runner, live_spec, spec, str(profile_path), engine, urls, say)
-            profile_path = write_path(profile_path, path, out_dir / "profile.toml")
-            calibration["path_probed_here"] = True
-            say(f"profile: {profile_path}")
+            if path is not None:
+                profile_path = write_path(profile_path, path, out_dir / "profile.toml")
+                say(f"profile: {profile_path}")
+            calibration["path_probed_here"] = path is not None
         pf = load_profile_file(profile_path)
         calibration = {
             **calibration,

@@ -90,8 +90,10 @@ def probe_path(
     *,
     seed: int = 0,
     say: Callable[[str], None] = print,
-) -> PathFit:
-    """Run the probe (module docstring) and fit the path delay.
+) -> PathFit | None:
+    """Run the probe (module docstring) and fit the path delay; None when no probe request
+    could be replayed (a router that does not name the worker of each request, with several
+    servers: the replay needs it).
 
     Args:
         runner: runs an arm live once (a :class:`~sessionroute.experiments.live.runner.
@@ -102,8 +104,6 @@ def probe_path(
         replicas: how many servers.
         seed: the probe workload's seed.
 
-    Raises:
-        ValueError: no probe request came back with a first token.
     """
     samples: list[PathSample] = []
     runs: list[dict[str, Any]] = []
@@ -123,4 +123,6 @@ def probe_path(
         }
         runs.append({k: v for k, v in row.items() if v is not None})  # TOML has no null
         say(f"  path probe {name}: {len(got)} requests")
+    if not samples:
+        return None
     return fit_path_delay(samples, {"runs": runs})
