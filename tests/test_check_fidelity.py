@@ -17,11 +17,14 @@ def _run(
     hit: float = 0.3,
     replay_pp: float | None = -0.2,
     skipped: int = 0,
+    sim: float = 3.0,
 ) -> subprocess.CompletedProcess[str]:
     arm = "sticky_least_loaded-pressure"
     doc: dict[str, Any] = {
         "checks": [{"what": f"{arm}: preemptions", "ok": True, "detail": "live vs sim"}],
-        "arms": {arm: {"preemptions": {"live": preemptions}, "hit_rate": {"live_mean": hit}}},
+        "arms": {
+            arm: {"preemptions": {"live": preemptions, "sim": sim}, "hit_rate": {"live_mean": hit}}
+        },
         "replay": {arm: {"error_pp": replay_pp, "runs": [{"skipped": skipped}]}},
     }
     results = {"arms": [{"name": arm, "metrics": {"ideal_hit_rate": 0.79}}]}
@@ -62,3 +65,36 @@ def test_the_replay_gates_the_cache_model(tmp_path: Path) -> None:
     )
     assert _run(tmp_path, [3.0, 5.0], skipped=2).returncode == 1
     assert _run(tmp_path, [3.0, 5.0], replay_pp=None).returncode == 1
+
+
+def test_output_tok_s_gates_without_pressure_only(tmp_path: Path) -> None:
+    """Output tok/s holds on the CPU tier without KV pressure (it gates there); under pressure
+    a miss is reported, not gating."""
+
+    def run(arm: str) -> subprocess.CompletedProcess[str]:
+        doc: dict[str, Any] = {
+            "checks": [{"what": f"{arm}: output_tok_s", "ok": False, "detail": "+30 %"}],
+            "arms": {},
+            "replay": {},
+        }
+        (tmp_path / "fidelity.json").write_text(json.dumps(doc), "utf-8")
+        (tmp_path / "results.json").write_text(json.dumps({"arms": []}), "utf-8")
+        return subprocess.run(
+            [sys.executable, str(SCRIPT), str(tmp_path / "fidelity.json")],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+
+    light = run("random")
+    assert light.returncode == 1 and "FAIL random: output_tok_s" in light.stdout
+    pressure = run("random-pressure")
+    assert pressure.returncode == 0 and "miss random-pressure: output_tok_s" in pressure.stdout
+
+
+def test_the_simulator_must_preempt_in_some_pressure_arm(tmp_path: Path) -> None:
+    """Each pressure arm's preemptions on both sides are reported, not gating (a sticky arm's
+    few per run hang on which turns meet); the simulator preempting under pressure gates."""
+    assert _run(tmp_path, [3.0, 5.0], sim=0.25).returncode == 0
+    out = _run(tmp_path, [3.0, 5.0], sim=0.0)
+    assert out.returncode == 1 and "FAIL pressure setting: simulated preemptions" in out.stdout

@@ -77,7 +77,7 @@ def test_replicas_profile_path_takes_the_servers_settings(tmp_path: Path) -> Non
     assert count == 2
     assert cfg.profile == result.profile
     assert cfg.block_size == 32  # the server's, not the simulator's default 16
-    assert cfg.capacity_tokens == 32768  # the server's, not the toy workload's 65536
+    assert cfg.capacity_tokens == 32736  # the server's (1023 usable blocks), not the toy's 65536
     assert (cfg.seqs, cfg.batched_tokens) == (16, 2048)
     out = run_simulation(SimSpec.from_settings(arm.settings), "sticky_least_loaded", seed=0)
     assert out.metrics["requests_completed"] > 0

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from sessionroute.experiments.replay import replay_run
 from sessionroute.replica import PROFILES
 from sessionroute.replica.api import ReplicaConfig
@@ -55,3 +57,48 @@ def test_turns_of_unknown_replica_are_skipped_when_there_are_several() -> None:
     unknown = replay_run([_turn(0.0, 40, [1, 2, 3], 0), _turn(1.0, 40, [5, 6, 7], 0)], cfg, 3)
     assert unknown["requests"] == 0 and unknown["skipped"] == 2
     assert unknown["replay_hit_rate"] is None
+
+
+def test_path_samples_are_client_ttft_minus_the_replayed_ttft() -> None:
+    """The path probe's delays: each turn's client TTFT minus its TTFT replayed at its send
+    time, against the other turns in flight when it was sent."""
+    from sessionroute.experiments.live.path_probe import in_flight_at_send, path_samples
+    from sessionroute.experiments.replay import replay_ttft
+
+    cfg = ReplicaConfig(TOY, kv_capacity_tokens=4096)
+    turns = [
+        {**_turn(0.0, 40, [1, 2, 3], 0, replica=0), "latency_s": 1.0, "ttft_s": 0.5},
+        {**_turn(0.2, 40, [5, 6, 7], 0, replica=1), "latency_s": 1.0, "ttft_s": 0.5},
+        {**_turn(5.0, 40, [8, 9, 10], 0, replica=0), "latency_s": 1.0, "ttft_s": None},
+        {**_turn(6.0, 40, [8, 9, 11], 0), "latency_s": 1.0, "ttft_s": 0.5},
+    ]
+    assert in_flight_at_send(turns) == [0, 1, 0, 0]
+    replayed = replay_ttft(turns, cfg, replicas=2)
+    assert replayed[3] is None  # unknown replica
+    first = replayed[0]
+    assert first is not None and 0 < first < 0.5
+    samples = path_samples(turns, cfg, replicas=2)
+    assert [s.in_flight for s in samples] == [0, 1]  # no first token, unknown replica: left out
+    assert samples[0].delay_s == pytest.approx(0.5 - first)
+
+
+def test_the_path_probe_fits_nothing_without_known_servers() -> None:
+    """With several servers and a router that does not name each request's worker, no probe
+    request can be replayed: no path delay (not an error after the calibration)."""
+    from sessionroute.experiments.live.path_probe import PROBE_LEVELS, probe_path
+    from sessionroute.experiments.results import RunOutput
+    from sessionroute.experiments.spec import ResolvedArm
+
+    turns = [{**_turn(0.0, 40, [1, 2, 3], 0), "latency_s": 1.0, "ttft_s": 0.5}]
+    ran: list[str] = []
+
+    def runner(arm: ResolvedArm, seed: int, progress: Any) -> RunOutput:
+        ran.append(arm.name)
+        return RunOutput(seed, {"ttft_s": {"mean": 0.5}}, turns=list(turns))
+
+    template = ResolvedArm(name="a", policy="random", policy_options={}, settings={"replicas": {}})
+    cfg = ReplicaConfig(TOY, kv_capacity_tokens=4096)
+    assert probe_path(runner, template, cfg, replicas=3, say=lambda _l: None) is None
+    assert ran == [f"path-probe-{name}" for name, _ in PROBE_LEVELS]
+    fit = probe_path(runner, template, cfg, replicas=1, say=lambda _l: None)
+    assert fit is not None and fit.samples == len(PROBE_LEVELS)

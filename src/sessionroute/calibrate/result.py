@@ -34,12 +34,13 @@ from typing import Any
 import tomli_w
 
 from sessionroute.calibrate.fit import FitResult
+from sessionroute.calibrate.path import PathFit
 from sessionroute.calibrate.plan import ProbePlan
 from sessionroute.calibrate.probe import PhaseRun
 from sessionroute.calibrate.server import ServerInfo
 from sessionroute.replica import StepTimeProfile
 
-__all__ = ["CalibrationResult", "profile_name", "write_profile"]
+__all__ = ["CalibrationResult", "profile_name", "write_path", "write_profile"]
 
 _BW_PLACEHOLDER = 1e12
 """``bw_eff_bytes_per_s`` of a calibrated profile: any positive value (``w_dense_bytes`` is 0,
@@ -62,6 +63,8 @@ class CalibrationResult:
         wall_s: how long it took, seconds.
         probe: how the servers were probed (``calibrate``'s ``probe``; ``"first"`` when one
             server was).
+        path: the request path's delay as the arms' path measured it (``compare
+            --fidelity``, :meth:`with_path`), or None (then the profile has none).
     """
 
     profile: StepTimeProfile
@@ -73,6 +76,15 @@ class CalibrationResult:
     date: str
     wall_s: float
     probe: str = "first"
+    path: PathFit | None = None
+
+    def with_path(self, path: PathFit) -> CalibrationResult:
+        """This result with the path delay ``path`` in its profile (``path_delay_s``,
+        ``path_delay_per_request_s``) and in its ``[calibration.path]`` table."""
+        profile = dataclasses.replace(
+            self.profile, path_delay_s=path.d0_s, path_delay_per_request_s=path.d1_s
+        )
+        return dataclasses.replace(self, profile=profile, path=path)
 
     def calibration_table(self) -> dict[str, Any]:
         """The ``[calibration]`` table of the profile file."""
@@ -122,6 +134,7 @@ class CalibrationResult:
                 }
                 for p in fit.phases
             ],
+            **({} if self.path is None else {"path": self.path.table()}),
         }
 
 
@@ -148,6 +161,38 @@ def write_profile(result: CalibrationResult, path: str | Path) -> Path:
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text(header + tomli_w.dumps(doc))
     return p
+
+
+def write_path(source: str | Path, path: PathFit, dest: str | Path) -> Path:
+    """Copy the profile file ``source`` to ``dest`` (TOML) with the path delay ``path`` in its
+    profile (``path_delay_s``, ``path_delay_per_request_s``) and its ``[calibration.path]``
+    table; returns ``dest``.
+
+    Raises:
+        ConfigError: ``source`` is not a profile file (:func:`load_profile_file`).
+        OSError: a file cannot be read or written.
+    """
+    import json
+    import tomllib
+
+    from sessionroute.replica import load_profile_file
+
+    src = Path(source)
+    name = load_profile_file(src).profile.name
+    text = src.read_text()
+    data: Any = json.loads(text) if src.suffix.lower() == ".json" else tomllib.loads(text)
+    tables = data["profiles"] if isinstance(data.get("profiles"), dict) else data
+    tables[name] = {
+        **tables[name],
+        "path_delay_s": path.d0_s,
+        "path_delay_per_request_s": path.d1_s,
+    }
+    data["calibration"] = {**data.get("calibration", {}), "path": path.table()}
+    out = Path(dest)
+    header = "".join(line + "\n" for line in text.splitlines() if line.startswith("#"))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(header + tomli_w.dumps(data))
+    return out
 
 
 def build_profile(

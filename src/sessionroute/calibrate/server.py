@@ -88,8 +88,12 @@ class ServerInfo:
 
     @property
     def kv_capacity_tokens(self) -> int:
-        """KV cache capacity, tokens (``num_gpu_blocks * block_size``)."""
-        return self.num_gpu_blocks * self.block_size
+        """KV cache capacity that requests can use, tokens: ``(num_gpu_blocks - 1) *
+        block_size`` on vLLM, whose V1 block pool keeps one block as its null block
+        (``vllm/v1/core/block_pool.py``: ``self.null_block = free_block_queue.popleft()``);
+        ``num_gpu_blocks * block_size`` on sessionroute's emulator (``/version`` says so)."""
+        emulated = (self.vllm_version or "").startswith("sessionroute-emulator")
+        return (self.num_gpu_blocks - (0 if emulated else 1)) * self.block_size
 
 
 @dataclass(frozen=True, slots=True)

@@ -124,7 +124,16 @@ def register(sub: Any) -> None:
         help="with --fidelity: how the servers are calibrated (sessionroute calibrate "
         "--probe): together (default: every server at once, in lockstep, as the arms load "
         "them), first (the first server alone, the others read), all (one after the "
-        "other); docs/simulator.md, 'How far to trust it', has what each gave",
+        "other); docs/simulator.md, 'Calibrating against a real server'",
+    )
+    parser.add_argument(
+        "--probe-path",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="with --fidelity: send probe requests the arms' way (the live client, the arm's "
+        "router, streamed chat completions), fit their delay outside the engine's queue and "
+        "prefill as d0 + d1 * (requests in flight) and write it into OUT/profile.toml "
+        "(default: when calibrating here, not with --profile)",
     )
     parser.add_argument(
         "--dry-run",
@@ -203,6 +212,7 @@ def _run_fidelity(args: argparse.Namespace, spec: Any, err_console: Any, out_con
                 out_dir,
                 profile=args.profile,
                 probe=args.calibrate_probe or "together",
+                probe_path=args.probe_path,
                 reporter=reporter,
                 say=lambda line: err_console.print(line, highlight=False, markup=False),
                 command=" ".join(["sessionroute", *sys.argv[1:]]),

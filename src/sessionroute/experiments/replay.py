@@ -17,17 +17,15 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sessionroute.replica import Replica
-from sessionroute.replica.api import EngineRequest, ReplicaConfig
+from sessionroute.replica.api import EngineRequest, ReplicaConfig, RequestResult
 
-__all__ = ["replay_arms", "replay_run"]
+__all__ = ["replay_arms", "replay_run", "replay_ttft"]
 
 
-def _replay_one(rows: Sequence[Mapping[str, Any]], config: ReplicaConfig) -> tuple[list[int], int]:
-    """One replica's turns (in send order) through one engine: each one's cached tokens, and
-    the preemptions."""
+def _replay_engine(rows: Sequence[Mapping[str, Any]], config: ReplicaConfig) -> list[RequestResult]:
+    """One replica's turns (in send order) through one engine: each one's result, in order."""
     engine = Replica(config)
-    cached: dict[str, int] = {}
-    results = []
+    results: list[RequestResult] = []
     for i, t in enumerate(rows):
         now = float(t["sent_s"])
         results += engine.advance(now)
@@ -37,9 +35,43 @@ def _replay_one(rows: Sequence[Mapping[str, Any]], config: ReplicaConfig) -> tup
         )  # fmt: skip
         engine.add_request(req, now)
     results += engine.advance(float("inf"))
-    for res in results:
-        cached[res.request_id] = res.cached_tokens
-    return [cached[str(i)] for i in range(len(rows))], sum(r.preemptions for r in results)
+    by_id = {r.request_id: r for r in results}
+    return [by_id[str(i)] for i in range(len(rows))]
+
+
+def _by_replica(
+    turns: Sequence[Mapping[str, Any]], replicas: int
+) -> tuple[dict[int, list[int]], int]:
+    """Indices of ``turns`` per replica, each in send order; and the turns of unknown replica
+    (with one replica, a turn of unknown replica was served by it)."""
+    by_replica: dict[int, list[int]] = defaultdict(list)
+    skipped = 0
+    for i, t in enumerate(turns):
+        r = int(t["replica"])
+        if r < 0 and replicas == 1:
+            r = 0
+        if r < 0:
+            skipped += 1
+        else:
+            by_replica[r].append(i)
+    for rows in by_replica.values():
+        rows.sort(key=lambda i: float(turns[i]["sent_s"]))
+    return by_replica, skipped
+
+
+def replay_ttft(
+    turns: Sequence[Mapping[str, Any]], config: ReplicaConfig, replicas: int = 1
+) -> list[float | None]:
+    """Each turn's time to first token in the simulator's engine when it arrives at its live
+    send time (``first_token_s - sent_s``, open loop, one engine per replica, no path delay);
+    None for a turn of unknown replica. Same order as ``turns`` (see :func:`replay_run`)."""
+    out: list[float | None] = [None] * len(turns)
+    by_replica, _ = _by_replica(turns, replicas)
+    for rows in by_replica.values():
+        results = _replay_engine([turns[i] for i in rows], config)
+        for i, res in zip(rows, results, strict=True):
+            out[i] = res.first_token_s - float(turns[i]["sent_s"])
+    return out
 
 
 def replay_run(
@@ -62,26 +94,18 @@ def replay_run(
         exactly the live cached tokens; ``skipped`` the turns of unknown replica. Hit rates are
         None without a replayed turn.
     """
-    by_replica: dict[int, list[Mapping[str, Any]]] = defaultdict(list)
-    skipped = 0
-    for t in turns:
-        r = int(t["replica"])
-        if r < 0 and replicas == 1:
-            r = 0
-        if r < 0:
-            skipped += 1
-        else:
-            by_replica[r].append(t)
+    by_replica, skipped = _by_replica(turns, replicas)
     prompt = live_cached = replay_cached = same = preemptions = requests = 0
-    for rows in by_replica.values():
-        rows = sorted(rows, key=lambda t: float(t["sent_s"]))
-        cached, pre = _replay_one(rows, config)
-        for t, got in zip(rows, cached, strict=True):
+    for idx in by_replica.values():
+        rows = [turns[i] for i in idx]
+        results = _replay_engine(rows, config)
+        for t, res in zip(rows, results, strict=True):
+            got = res.cached_tokens
             prompt += int(t["prompt_len"])
             live_cached += int(t["cached_tokens"])
             replay_cached += got
             same += int(got == int(t["cached_tokens"]))
-        preemptions += pre
+        preemptions += sum(r.preemptions for r in results)
         requests += len(rows)
     return {
         "requests": requests,

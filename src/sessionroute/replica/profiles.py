@@ -63,6 +63,12 @@ class StepTimeProfile:
         b_seq_s: per decoding sequence cost of a step beyond ``b_tok``, seconds (0: none).
         b_req_s: per-request overhead, charged to the step that first schedules a request,
             seconds (0: none).
+        path_delay_s: the delay a request sees on its way to the engine outside the engine's
+            queue and prefill (client, router, HTTP, chat template, the server's frontend)
+            beyond what the step terms hold, seconds; the simulator adds it to the request's
+            trip to its replica (0: none). Not a step term: it occupies no engine.
+        path_delay_per_request_s: how much that delay grows per other request in flight (the
+            turns the clients have sent and not yet been answered), seconds (0: constant).
     """
 
     name: str
@@ -80,6 +86,8 @@ class StepTimeProfile:
     max_model_len: int
     b_seq_s: float = 0.0
     b_req_s: float = 0.0
+    path_delay_s: float = 0.0
+    path_delay_per_request_s: float = 0.0
 
     def t_mem(self, num_tokens: int) -> float:
         """Weight-read time ``T_mem(N)`` in seconds for ``num_tokens`` tokens in the step."""
@@ -158,7 +166,7 @@ PROFILES: dict[str, StepTimeProfile] = {
 """Built-in profiles of ``ENGINE.md``: ``glm45air-h200-tp8`` and ``toy-8b-h100-tp1``."""
 
 _FIELDS = {f.name: f for f in dataclasses.fields(StepTimeProfile)}
-_OPTIONAL_FIELDS = {"b_seq_s", "b_req_s"}
+_OPTIONAL_FIELDS = {"b_seq_s", "b_req_s", "path_delay_s", "path_delay_per_request_s"}
 _INT_FIELDS = {"kv_capacity_tokens", "max_num_batched_tokens", "max_num_seqs", "max_model_len"}
 
 

@@ -6,9 +6,12 @@ makes no routing decision of its own: a turn's request is built by ``core.reques
 live router builds it from headers and body), placed by ``core.place`` (admission, select +
 reserve), and every outcome of an attempt goes to the core as the live proxy's does
 (``attempt_failed``, ``attempt_answered``). A turn reaches its replica ``network_delay_s`` after
-it was placed, and its response reaches the client ``network_delay_s`` after the replica
-finished it. Replicas advance lazily: on an arrival at time ``t`` the replica runs to ``t`` and
-takes the request; a wake-up event at its ``next_event_time()`` collects completions.
+it was placed, plus the profile's path delay (``path_delay_s + path_delay_per_request_s * n``,
+``n`` the other turns in flight when it is sent: what a request's path outside the engine adds,
+as ``compare --fidelity`` measures it), and its response reaches the client ``network_delay_s``
+after the replica finished it. Replicas advance lazily: on an arrival at time ``t`` the replica
+runs to ``t`` and takes the request; a wake-up event at its ``next_event_time()`` collects
+completions.
 
 The router side of a turn (placement, admission waits, retries, the client's re-sends) is
 :class:`~sessionroute.sim.dispatch.Dispatcher`'s; this module owns the turn's life around it:
@@ -122,6 +125,9 @@ class Simulation(ReplicaFaults, ReplicaWakeups):
         self._reqs: dict[int, InFlight] = {}
         self._handle = 0
         self._delay = router.network_delay_s
+        self._path_s = profile.path_delay_s
+        self._path_per_req_s = profile.path_delay_per_request_s
+        self._path = self._path_s > 0 or self._path_per_req_s > 0
         self._session_start: dict[str, float] = {}
         self._last_rep: dict[str, int] = {}
         self.ended_sessions: list[str] = []
@@ -259,7 +265,8 @@ class Simulation(ReplicaFaults, ReplicaWakeups):
 
     # -- request lifecycle ----------------------------------------------------------------------
     def _send(self, req: InFlight, res: Reservation) -> None:
-        """Send the attempt to ``res.worker``'s replica (it arrives ``network_delay_s`` later)."""
+        """Send the attempt to ``res.worker``'s replica (it arrives ``network_delay_s`` later,
+        plus the profile's path delay with the other turns in flight now)."""
         rep = self._by_url[res.worker]
         sid = req.turn.session_id
         index = rep.index
@@ -273,9 +280,12 @@ class Simulation(ReplicaFaults, ReplicaWakeups):
         req.res = res
         req.rep = rep
         req.state = ROUTED
-        if self._delay > 0:
+        delay = self._delay
+        if self._path:
+            delay += self._path_s + self._path_per_req_s * (len(self._reqs) - 1)
+        if delay > 0:
             queue = self.queue
-            queue.push(queue.clock._t + self._delay, PRIO_ARRIVAL, self._arrive_cb, req)
+            queue.push(queue.clock._t + delay, PRIO_ARRIVAL, self._arrive_cb, req)
         else:
             self._arrive(req)
 

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from sessionroute.replica import load_profile_file
+
 EXPERIMENT = """
 name = "tiny-fidelity"
 [workload]
@@ -48,7 +50,7 @@ def test_compare_fidelity_against_emulated_servers(tmp_path: Path) -> None:
     out = tmp_path / "out"
     r = subprocess.run(
         [sys.executable, "-m", "sessionroute.cli", "compare", str(exp), "--fidelity",
-         "--profile", str(profile), "--out", str(out)],
+         "--profile", str(profile), "--probe-path", "--out", str(out)],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
@@ -71,6 +73,15 @@ def test_compare_fidelity_against_emulated_servers(tmp_path: Path) -> None:
     assert all(run["requests"] > 0 and run["skipped"] == 0 for run in replay["runs"])
     assert abs(replay["error_pp"]) < 1.0
     assert "replay at the live send times: sticky_least_loaded: hit rate live" in r.stdout
+    # --probe-path: the arms' path probed with requests of its own, its delay in the profile
+    assert c["path_probed_here"] is True and c["profile"] == str(out / "profile.toml")
+    path = load_profile_file(out / "profile.toml").calibration["path"]
+    assert path["samples"] > 0 and [run["run"] for run in path["runs"]] == [
+        "light",
+        "loaded",
+        "heavy",
+    ]
+    assert "path delay" in r.stderr
 
 
 def test_fidelity_refuses_in_process_emulators(tmp_path: Path) -> None:

@@ -153,12 +153,68 @@ def _read_servers(urls: list[str], live: LiveSection, fallback: Mapping[str, Any
     return asyncio.run(read())
 
 
+def _probe_path(
+    runner: Any,
+    live_spec: ExperimentSpec,
+    spec: ExperimentSpec,
+    profile: str,
+    engine: EngineSettings,
+    urls: list[str],
+    say: Say,
+) -> Any:
+    """The arms' request path, probed on the servers and fitted on ``profile`` (no path delay
+    yet): :func:`sessionroute.experiments.live.path_probe.probe_path`; says the fit."""
+    from sessionroute.experiments.live.path_probe import probe_path
+    from sessionroute.sim import SimSpec, replica_config
+
+    sim_arm = resolve_arms(fidelity_sim_spec(spec, profile, engine, urls))[0]
+    count, config = replica_config(SimSpec.from_settings(sim_arm.settings))
+    fit = probe_path(runner, resolve_arms(live_spec)[0], config, count, seed=spec.run.seed, say=say)
+    if fit is None:
+        say(
+            "path probe: no request's server known (the router does not name it): the "
+            "simulator adds no path delay"
+        )
+    else:
+        say(describe_path(fit))
+    return fit
+
+
+def describe_terms(terms: Any) -> str:
+    """One line: the fitted step terms with their fit errors (``FitResult.terms``)."""
+
+    def one(t: Any) -> str:
+        err = "at 0" if t.value == 0 else ("?" if t.rel_err is None else f"±{t.rel_err:.0%}")
+        return f"{t.name} {t.value:.3g} s ({err})"
+
+    return "; ".join(one(t) for t in terms)
+
+
+def describe_path(fit: Any) -> str:
+    """One line: the fitted path delay with its fit errors (a :class:`PathFit`)."""
+
+    def err(e: float | None) -> str:
+        return "at 0" if e is None else f"±{e:.0%}"
+
+    d0 = f"path delay {fit.d0_s * 1e3:.1f} ms ({err(fit.d0_err)})"
+    if fit.load_dependent:
+        d0 += f" + {fit.d1_s * 1e3:.2f} ms ({err(fit.d1_err)}) per other request in flight"
+    else:
+        d0 += ", constant (no measurable growth with requests in flight)"
+    bins = ", ".join(f"{n:.1f}: {m * 1e3:.0f}" for n, _, m in fit.bins)
+    return (
+        f"{d0}; RMS {fit.rms_error * 1e3:.1f} ms over {fit.samples} probe requests "
+        f"(median ms by mean others in flight: {bins})"
+    )
+
+
 def run_fidelity(
     spec: ExperimentSpec,
     out_dir: Path,
     *,
     profile: str | None = None,
     probe: str = "together",
+    probe_path: bool | None = None,
     reporter: Any = None,
     say: Say = print,
     command: str = "",
@@ -172,8 +228,10 @@ def run_fidelity(
             ``probe`` says) and writes ``out_dir/profile.toml``.
         probe: how to calibrate them (``calibrate``'s ``probe``): ``"together"`` every
             server at once, in lockstep, as the arms load them; ``"first"`` the first server
-            alone, the others read (docs/simulator.md, "How far to trust it", has what each
-            gave on the CPU tier).
+            alone, the others read (docs/simulator.md, "Calibrating against a real server").
+        probe_path: probe the arms' request path and fit its delay into the profile
+            (:mod:`sessionroute.experiments.live.path_probe`; written to
+            ``out_dir/profile.toml``); None: when calibrating here, not with ``profile``.
         reporter: progress of the runs (``RichReporter``).
         say: one-line notes (where the settings came from, calibration phases).
         command: the command line, recorded in ``fidelity.json``.
@@ -184,6 +242,7 @@ def run_fidelity(
         LiveStartError: a replica or router did not start.
     """
     from sessionroute.calibrate import calibrate, write_profile
+    from sessionroute.calibrate.result import write_path
     from sessionroute.experiments.live.runner import LiveArmRunner
     from sessionroute.replica.profiles import load_profile_file
     from sessionroute.sim import SimSpec, replica_config
@@ -214,20 +273,29 @@ def run_fidelity(
                 progress=_calibration_progress(say),
             )
             profile_path = write_profile(result, out_dir / "profile.toml")
+            say(f"calibrated in {result.wall_s:.0f} s: {describe_terms(result.fit.terms)}")
             calibration = {
                 "calibrated_here": True,
                 "calibration_wall_s": result.wall_s,
                 "calibration_probe": result.probe,
             }
-            say(f"calibrated in {result.wall_s:.0f} s: {profile_path}")
+            say(f"profile: {profile_path}")
         else:
             profile_path = Path(profile)
+        if probe_path or (profile is None and probe_path is None):
+            # the arms' request path (client, router, chat endpoint), probed on the servers
+            say("the request path's delay ...")
+            path = _probe_path(runner, live_spec, spec, str(profile_path), engine, urls, say)
+            if path is not None:
+                profile_path = write_path(profile_path, path, out_dir / "profile.toml")
+                say(f"profile: {profile_path}")
+            calibration["path_probed_here"] = path is not None
         pf = load_profile_file(profile_path)
         calibration = {
             **calibration,
             "profile": str(profile_path),
             "profile_name": pf.profile.name,
-            "calibrated": bool(pf.calibration),
+            "calibrated": any(k != "path" for k in pf.calibration),  # step terms fitted
             "calibration": pf.calibration,
         }
         live_out = run_experiment(live_spec, _SameSeed(runner, spec.run.seed), reporter, jobs=1)

@@ -78,7 +78,8 @@ class LiveHost(Host):
         prefix_resets: prefix-cache resets the workload asked for.
         turns: with ``record_turns``, per answered turn in answer order: ``sent_s`` (host
             seconds), ``replica`` (-1: unknown), ``prompt_len``, ``output_len``,
-            ``block_keys``, ``cache_salt`` and ``cached_tokens`` (the server's usage).
+            ``block_keys``, ``cache_salt``, ``cached_tokens`` (the server's usage),
+            ``latency_s`` (sent to answered) and ``ttft_s`` (None without a streamed token).
     """
 
     def __init__(
@@ -364,6 +365,8 @@ class LiveHost(Host):
                     "block_keys": list(turn.block_keys),
                     "cache_salt": turn.cache_salt,
                     "cached_tokens": cached,
+                    "latency_s": done - sent,
+                    "ttft_s": None if first is None else (first - w0) * self.scale,
                 }
             )
         self._guard(lambda: on_done(TurnOutcome(turn, sent, done, ok, cached, replica)))

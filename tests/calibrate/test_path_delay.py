@@ -1,0 +1,131 @@
+"""The request path's delay (``compare --fidelity``'s path probe): its fit, the profile file it
+is written to, and the simulator applying it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sessionroute.calibrate import write_profile
+from sessionroute.calibrate.path import PathFit, PathSample, fit_path_delay
+from sessionroute.experiments.spec import load_experiment, resolve_arms
+from sessionroute.replica import load_profile_file
+from sessionroute.sim import SimSpec, replica_config
+from sessionroute.sim.runner import run_simulation
+
+from .test_profile_file import _experiment, _result
+
+
+def _samples(d0: float, d1: float, noise: list[float]) -> list[PathSample]:
+    return [
+        PathSample(n, d0 + d1 * n + noise[(n + k) % len(noise)])
+        for n in range(0, 10)
+        for k in range(6)
+    ]
+
+
+def test_a_delay_that_grows_with_requests_in_flight_is_fitted_as_a_line() -> None:
+    fit = fit_path_delay(_samples(0.030, 0.004, [-0.001, 0.0, 0.001]))
+    assert fit.load_dependent
+    assert fit.d0_s == pytest.approx(0.030, abs=5e-4)
+    assert fit.d1_s == pytest.approx(0.004, abs=1e-4)
+    assert fit.d0_err is not None and fit.d0_err < 0.1
+    assert fit.delay_s(5) == pytest.approx(0.050, abs=1e-3)
+    assert fit.samples == 60 and len(fit.bins) == 5  # pairs of counts: 12 requests each
+    assert [n for n, _, _ in fit.bins] == [0.5, 2.5, 4.5, 6.5, 8.5]
+
+
+def test_a_flat_delay_is_a_constant_the_median() -> None:
+    fit = fit_path_delay(_samples(0.040, 0.0, [-0.01, 0.0, 0.01, 0.002, -0.002]))
+    assert not fit.load_dependent
+    assert fit.d1_s == 0.0 and fit.d1_err is None
+    assert fit.d0_s == pytest.approx(0.040, abs=1e-3)
+
+
+def test_a_negative_delay_is_fitted_as_zero() -> None:
+    fit = fit_path_delay([PathSample(0, -0.002)] * 5)
+    assert fit.d0_s == 0.0 and fit.d0_err is None
+    with pytest.raises(ValueError, match="no path probe"):
+        fit_path_delay([])
+
+
+def _path() -> PathFit:
+    return fit_path_delay(_samples(0.030, 0.004, [0.0]), {"runs": [{"run": "light"}]})
+
+
+def test_the_path_delay_round_trips_through_the_profile_file(tmp_path: Path) -> None:
+    result = _result().with_path(_path())
+    path = write_profile(result, tmp_path / "profile.toml")
+    pf = load_profile_file(path)
+    assert pf.profile == result.profile
+    assert pf.profile.path_delay_s == pytest.approx(0.030)
+    assert pf.profile.path_delay_per_request_s == pytest.approx(0.004)
+    table = pf.calibration["path"]
+    assert table["load_dependent"] is True and table["samples"] == 60
+    assert table["runs"] == [{"run": "light"}]
+    assert set(table["fit_error"]) == {"path_delay_s", "path_delay_per_request_s"}
+    # and through [replicas] profile into the simulator's replica configuration
+    (arm,) = resolve_arms(load_experiment(_experiment(tmp_path, path)))
+    _, cfg = replica_config(SimSpec.from_settings(arm.settings))
+    assert cfg.profile.path_delay_s == pytest.approx(0.030)
+
+
+def _ttft_p50(tmp_path: Path, name: str, d0: float, d1: float, sessions: int) -> float:
+    result = _result()
+    if d0 or d1:
+        fit = fit_path_delay([PathSample(n, d0 + d1 * n) for n in range(3) for _ in range(12)])
+        result = result.with_path(fit)
+    path = write_profile(result, tmp_path / f"{name}.toml")
+    f = _experiment(tmp_path, path)
+    f.write_text(
+        f.read_text()
+        .replace("sessions = 4", f"sessions = {sessions}\narrival_rate_per_s = 1000.0")
+        .replace("turns_max = 3", "turns_max = 1")
+        .replace("turns_p50 = 2", "turns_p50 = 1")
+        .replace("turns_p90 = 3", "turns_p90 = 1")
+    )
+    (arm,) = resolve_arms(load_experiment(f))
+    r = run_simulation(SimSpec.from_settings(arm.settings), arm.policy, arm.policy_options, 0)
+    return float(r.metrics["ttft_s"]["p50"])
+
+
+def test_the_simulator_adds_the_path_delay_to_a_request(tmp_path: Path) -> None:
+    """One session, one turn: its TTFT grows by the path delay exactly."""
+    base = _ttft_p50(tmp_path, "none", 0.0, 0.0, 1)
+    assert _ttft_p50(tmp_path, "const", 0.050, 0.0, 1) == pytest.approx(base + 0.050, abs=1e-9)
+
+
+def test_the_simulator_grows_the_delay_with_requests_in_flight(tmp_path: Path) -> None:
+    """Four sessions sent together: later ones see others in flight and wait longer than the
+    constant alone would make them."""
+    none = _ttft_p50(tmp_path, "none", 0.0, 0.0, 4)
+    const = _ttft_p50(tmp_path, "const", 0.050, 0.0, 4)
+    grows = _ttft_p50(tmp_path, "grows", 0.050, 0.020, 4)
+    assert const > none
+    assert grows > const + 0.015
+
+
+def test_the_line_is_anchored_at_the_requests_sent_alone() -> None:
+    """A delay that jumps once a couple of others are in flight: d0 stays the idle requests'
+    median (an unanchored line would put it far above)."""
+    samples = [PathSample(0, 0.010)] * 12 + [
+        PathSample(n, 0.100 + 0.005 * n + (0.01 if k % 2 else -0.01))
+        for n in range(2, 12)
+        for k in range(12)
+    ]
+    fit = fit_path_delay(samples)
+    assert fit.load_dependent
+    assert fit.d0_s == pytest.approx(0.010)
+    assert fit.delay_s(0) < 0.02 and fit.delay_s(6) > 0.05
+
+
+def test_the_fidelity_output_prints_every_term_with_its_fit_error() -> None:
+    from sessionroute.calibrate import TermFit
+    from sessionroute.experiments.live.fidelity_run import describe_path, describe_terms
+
+    terms = [TermFit("b0_s", 0.002, 0.0002, 0.4), TermFit("b_kv_s", 0.0, None, 0.0)]
+    assert describe_terms(terms) == "b0_s 0.002 s (±10%); b_kv_s 0 s (at 0)"
+    line = describe_path(_path())
+    assert line.startswith("path delay 30.0 ms (±") and "+ 4.00 ms (±" in line
+    assert "per other request in flight" in line
