@@ -179,9 +179,9 @@ def verdict_lines(v: Verdict, *, title: str = "verdict") -> list[str]:
         )
     if saturated(v):
         lines.append(
-            f"every arm keeps {v.objective.label} under {SATURATED_SHARE * 100:.0f} %: no arm serves "
-            "this load, and the ranking is one of a few requests; compare the latencies and "
-            "the completion time instead"
+            f"every arm keeps {v.objective.label} under {SATURATED_SHARE * 100:.0f} %: no "
+            "arm serves this load, and the ranking is one of a few requests; compare the "
+            "latencies and the completion time instead"
         )
     lines.append(_noise_line(v))
     axes = " vs ".join(metric_label(p) for p in v.pareto_axes)
