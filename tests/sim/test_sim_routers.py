@@ -85,3 +85,23 @@ def test_a_fleet_asks_the_reached_router_whether_admission_applies() -> None:
         later = RouteRequest(session_id="s1", request_id=f"s1-t{t}", prompt_tokens=5)
         assert not fleet.admission_applies(later)
     assert fleet.admission_applies(RouteRequest(session_id="s2", request_id="s2-t0"))
+
+
+def test_a_fleet_reads_content_when_its_policies_do_by_their_options() -> None:
+    """``adaptive_hold`` with ``short_place = "cache_aware_v2"`` reads prompt content (its
+    ``needs_content`` is set per instance); the fleet once took the class's (False), so the
+    simulated routers built requests without content keys and the embedded placer saw none."""
+    from sessionroute.router.policies._hold_config import AdaptiveHoldConfig
+    from sessionroute.router.policies.adaptive_hold import AdaptiveHoldPolicy
+
+    clock = ManualClock()
+    for place in ("load", "cache_aware_v2"):
+        cfg = AdaptiveHoldConfig(short_turns=3.0, short_place=place)
+
+        def make(k: int, c: AdaptiveHoldConfig = cfg) -> AdaptiveHoldPolicy:
+            return AdaptiveHoldPolicy(c, clock=clock, rng=random.Random(k))
+
+        fleet = build_fleet(make, 2, "shared", clock)
+        core = RoutingCore(fleet, Cluster(W))
+        assert fleet.needs_content is (place == "cache_aware_v2")
+        assert core.requests.needs_content is (place == "cache_aware_v2")

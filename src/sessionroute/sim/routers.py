@@ -191,7 +191,8 @@ def build_fleet(
     make: Callable[[int], Policy], n: int, state: Literal["local", "shared"], clock: Clock
 ) -> RouterFleet:
     """A :class:`RouterFleet` of ``n`` policies ``make(0) .. make(n - 1)``, reporting the
-    policies' ``name``, ``keeps_sessions`` and ``needs_content``."""
+    policies' ``name``, ``keeps_sessions`` and ``needs_content`` (the first instance's: a
+    policy may set it from its options, as ``adaptive_hold``'s ``short_place``)."""
     policies = [make(k) for k in range(n)]
     first = type(policies[0])
     cls = type(
@@ -200,7 +201,7 @@ def build_fleet(
         {
             "name": first.name,
             "keeps_sessions": first.keeps_sessions,
-            "needs_content": first.needs_content,
+            "needs_content": policies[0].needs_content,
         },
     )
     fleet: RouterFleet = cls(policies, state, clock=clock)
