@@ -283,6 +283,18 @@ def test_without_hold_it_is_adaptive_sticky() -> None:
     assert p.held() == {} and p.ceiling == {} and core.admission_recheck_s is None
 
 
+def test_without_hold_short_place_reads_no_content() -> None:
+    """Rule 7 learns session lengths only while holding (``hold = false`` is
+    ``adaptive_sticky``): a ``short_place = "cache_aware_v2"`` (as a serving objective sets)
+    never places a session then, so the router must not parse every prompt for it."""
+    core, p, _ = _core((A, B), hold=False, short_turns=3.0, short_place="cache_aware_v2")
+    assert not p.needs_content and not core.requests.needs_content
+    for sid in ("o1", "o2", "n"):
+        _turn(core, sid, 10)
+        core.finish_session(sid)
+    assert p.counters()["short_placed"] == 0
+
+
 @pytest.mark.parametrize(
     ("options", "word"),
     [

@@ -85,3 +85,47 @@ def test_a_fleet_asks_the_reached_router_whether_admission_applies() -> None:
         later = RouteRequest(session_id="s1", request_id=f"s1-t{t}", prompt_tokens=5)
         assert not fleet.admission_applies(later)
     assert fleet.admission_applies(RouteRequest(session_id="s2", request_id="s2-t0"))
+
+
+def test_a_fleet_reads_content_when_its_policies_do_by_their_options() -> None:
+    """``adaptive_hold`` with ``short_place = "cache_aware_v2"`` reads prompt content (its
+    ``needs_content`` is set per instance); the fleet once took the class's (False), so the
+    simulated routers built requests without content keys and the embedded placer saw none."""
+    from sessionroute.router.policies._hold_config import AdaptiveHoldConfig
+    from sessionroute.router.policies.adaptive_hold import AdaptiveHoldPolicy
+
+    clock = ManualClock()
+    for place in ("load", "cache_aware_v2"):
+        cfg = AdaptiveHoldConfig(short_turns=3.0, short_place=place)
+
+        def make(k: int, c: AdaptiveHoldConfig = cfg) -> AdaptiveHoldPolicy:
+            return AdaptiveHoldPolicy(c, clock=clock, rng=random.Random(k))
+
+        fleet = build_fleet(make, 2, "shared", clock)
+        core = RoutingCore(fleet, Cluster(W))
+        assert fleet.needs_content is (place == "cache_aware_v2")
+        assert core.requests.needs_content is (place == "cache_aware_v2")
+
+
+def test_a_fleet_keeps_its_policies_admission_settings() -> None:
+    """Behind several routers ``adaptive_sticky`` still places a new session held for its own
+    ``max_wait_s`` (600 s) at that deadline, and ``adaptive_hold`` still has its held turns
+    re-asked every ``hold_check_s``: the fleet once had the base class's (the router's 60 s,
+    refused at the deadline; never re-asked by time)."""
+    from sessionroute.router.policies._hold_config import AdaptiveHoldConfig
+    from sessionroute.router.policies.adaptive_hold import AdaptiveHoldPolicy
+
+    clock = ManualClock()
+    sticky = build_fleet(
+        lambda k: AdaptiveStickyPolicy(clock=clock, rng=random.Random(k)), 2, "shared", clock
+    )
+    core = RoutingCore(sticky, Cluster(W))
+    assert sticky.places_at_max_wait and core.admission_max_wait_s() == 600.0
+
+    def make(k: int) -> AdaptiveHoldPolicy:
+        return AdaptiveHoldPolicy(
+            AdaptiveHoldConfig(hold_check_s=2.0), clock=clock, rng=random.Random(k)
+        )
+
+    hold = build_fleet(make, 2, "local", clock)
+    assert RoutingCore(hold, Cluster(W)).admission_recheck_s == 2.0

@@ -95,7 +95,9 @@ def register(sub: Any) -> None:
         "--objective",
         metavar="TEXT",
         help="what the verdict judges arms on (replaces FILE's [objective]): 'rl', 'serving', "
-        "or 'min|max METRIC; METRIC <= N; ...' (default: the workload's, docs/objectives.md)",
+        "or 'min|max METRIC; METRIC <= N; ...' (default: the workload's, docs/objectives.md); "
+        "it also sets the options a policy takes for that kind of objective, below the arm's "
+        "own (adaptive_hold under 'serving'; --dry-run lists them)",
     )
     parser.add_argument(
         "--explain",

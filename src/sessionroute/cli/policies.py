@@ -71,11 +71,20 @@ def _run(args: argparse.Namespace) -> int:
         out.print("no options")
         return 0
     tunable = knobs(cls)
-    table = Table("option", "default", "tuning range")
+    by_kind = cls.objective_options  # kind of objective -> the options it runs with
+    table = Table("option", "default", *(f"under {k}" for k in by_kind), "tuning range")
     for field in dataclasses.fields(cfg):
         default = field.default if field.default is not dataclasses.MISSING else "(required)"
         spec = tunable.get(field.name)
         shown = spec.describe().split(" (default")[0] if spec else "-"
-        table.add_row(field.name, escape(repr(default)), shown)
+        under = [escape(repr(o[field.name])) if field.name in o else "" for o in by_kind.values()]
+        table.add_row(field.name, escape(repr(default)), *under, shown)
     out.print(table)
+    if by_kind:
+        out.print(
+            "under KIND: the option's value when the objective is of that kind (compare and "
+            "sweep on a workload of that kind, serve --objective KIND), unless written "
+            "(docs/objectives.md)",
+            highlight=False,
+        )
     return 0

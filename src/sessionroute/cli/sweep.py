@@ -83,7 +83,9 @@ def register(sub: Any) -> None:
         "--objective",
         metavar="TEXT",
         help="what the verdicts and the knee judge on: 'rl', 'serving', or 'min|max METRIC; "
-        "METRIC <= N; ...' (default: FILE's [objective], else the workload's)",
+        "METRIC <= N; ...' (default: FILE's [objective], else the workload's); it also sets "
+        "the options a policy takes for that kind of objective, below the arm's own "
+        "(adaptive_hold under 'serving', docs/objectives.md)",
     )
     parser.add_argument("--out", metavar="DIR", help="output directory (default runs/...)")
     parser.add_argument(

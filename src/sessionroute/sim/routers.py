@@ -91,6 +91,7 @@ class RouterFleet(Policy):
     ) -> None:
         super().__init__(None, clock=clock, rng=policies[0].rng)
         self.policies = policies
+        self.admission_recheck_s = policies[0].admission_recheck_s  # (set per instance)
         self.state = state
         self._views: list[_RouterView] | None = None
         self._placed: dict[int, tuple[int, str, int]] = {}  # id(request) -> router, worker, tokens
@@ -113,6 +114,10 @@ class RouterFleet(Policy):
         if self._views is None:
             self._views = [_RouterView(cluster) for _ in self.policies]
         return self._views[k]
+
+    def admission_max_wait_s(self) -> float | None:
+        """The routers' policies' own maximum wait (they are instances of one arm's)."""
+        return self.policies[0].admission_max_wait_s()
 
     def admission_applies(self, request: RouteRequest) -> bool:
         return self.policies[self._router(request)].admission_applies(request)
@@ -191,7 +196,9 @@ def build_fleet(
     make: Callable[[int], Policy], n: int, state: Literal["local", "shared"], clock: Clock
 ) -> RouterFleet:
     """A :class:`RouterFleet` of ``n`` policies ``make(0) .. make(n - 1)``, reporting the
-    policies' ``name``, ``keeps_sessions`` and ``needs_content``."""
+    policies' ``name``, ``keeps_sessions``, ``places_at_max_wait`` and ``needs_content`` (the
+    first instance's: a policy may set it from its options, as ``adaptive_hold``'s
+    ``short_place``)."""
     policies = [make(k) for k in range(n)]
     first = type(policies[0])
     cls = type(
@@ -200,7 +207,8 @@ def build_fleet(
         {
             "name": first.name,
             "keeps_sessions": first.keeps_sessions,
-            "needs_content": first.needs_content,
+            "places_at_max_wait": first.places_at_max_wait,
+            "needs_content": policies[0].needs_content,
         },
     )
     fleet: RouterFleet = cls(policies, state, clock=clock)

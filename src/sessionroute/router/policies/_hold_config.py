@@ -96,6 +96,8 @@ class AdaptiveHoldConfig(AdaptiveStickyConfig):
             (Mooncake replay at 3x its arrival rate: SLO goodput 0.405 with ``"load"``,
             0.511 with ``"cache_aware_v2"``, against that policy's 0.516). Later turns stay on
             the session's worker either way. ``"cache_aware_v2"`` under a serving objective.
+            Without ``hold`` (``adaptive_sticky``) rule 7 learns no session lengths and this
+            places nothing.
         ceiling_floor: rule 4 never cuts a worker's ceiling below this times its capacity
             estimate. 0 (the default): no floor. Thrash that holding cannot end (the sessions
             past ``hold_age_max_s`` alone overflow the cache) cuts the ceiling every

@@ -149,7 +149,8 @@ class AdaptiveHoldPolicy(AdaptiveStickyPolicy):
             self.admission_recheck_s = c.hold_check_s
         self._delay = QueueDelay(self.hcfg.wait_rate_window_s)
         self._placer: ContentPlacer | None = None
-        if c.short_turns and c.short_place == "cache_aware_v2":
+        # rule 7 learns session lengths only while holding (hold = false: adaptive_sticky)
+        if c.hold and c.short_turns and c.short_place == "cache_aware_v2":
             self._placer = ContentPlacer(clock=clock, rng=rng)
             self.needs_content = True
         self._asked: dict[str, float] = {}  # new session -> when its first turn first waited
