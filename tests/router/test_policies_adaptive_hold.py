@@ -307,6 +307,7 @@ def test_without_hold_short_place_reads_no_content() -> None:
         ({"hold": 1}, "hold"),
         ({"short_place": "content"}, "short_place"),
         ({"ceiling_floor": -0.1}, "ceiling_floor"),
+        ({"ceiling_floor": 1.2}, "ceiling_floor"),
     ],
 )
 def test_bad_options_are_named(options: dict[str, Any], word: str) -> None:

@@ -85,7 +85,7 @@ class AdaptiveStickyConfig:
             of a working set that outgrows the cache, so spreading the excess makes every
             worker thrash where packing it leaves the others' working sets in their caches.
             Off by default; on under a serving objective through ``adaptive_hold`` (Weka
-            replay, 160 sessions, seeds 0-4: SLO goodput 0.577 without, 0.639 with, beside
+            replay, 160 sessions, seeds 0-4: SLO goodput 0.577 without, 0.644 with, beside
             ``ceiling_floor``; docs/policies.md).
         thrash_gate_s: a worker past its knee still admits new sessions (the router does not
             hold them) while none of its scrapes in the last ``thrash_gate_s`` seconds showed

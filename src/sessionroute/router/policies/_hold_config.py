@@ -105,8 +105,8 @@ class AdaptiveHoldConfig(AdaptiveStickyConfig):
             holding every session it could and keeping new ones off, while the held ones came
             back at their bounds and re-prefilled. 0.5 under a serving objective (Weka
             replay, seeds 0-4, SLO goodput at 96/128/160 sessions: 0.876/0.781/0.470 without,
-            0.871/0.815/0.639 with 0.5 and ``pack_past_knee``; 0.3 and 0.7: 0.875/0.789/0.617
-            and 0.866/0.804/0.608).
+            0.872/0.817/0.644 with 0.5 and ``pack_past_knee``; docs/policies.md). Below
+            ``lift_pressure``: a floor at or above it lifts every ceiling at the next calm scrape.
 
     Raises:
         ConfigError: on a value out of range (the message names it).
@@ -173,6 +173,11 @@ class AdaptiveHoldConfig(AdaptiveStickyConfig):
             raise ConfigError(
                 f"resume_waiting ({self.resume_waiting}) must be <= hold_waiting "
                 f"({self.hold_waiting}): a scrape cannot show thrash and calm at once"
+            )
+        if self.ceiling_floor >= self.lift_pressure:
+            raise ConfigError(
+                f"ceiling_floor ({self.ceiling_floor}) must be < lift_pressure "
+                f"({self.lift_pressure}): a ceiling at the floor would be lifted at once"
             )
         if not 0 < self.hold_cut < 1:
             raise ConfigError(f"hold_cut must be in (0, 1), got {self.hold_cut!r}")
