@@ -26,7 +26,9 @@ from; ``[replicas] profile = "path/to/profile.toml"`` in an experiment file load
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,7 +40,7 @@ from sessionroute.calibrate.path import PathFit
 from sessionroute.calibrate.plan import ProbePlan
 from sessionroute.calibrate.probe import PhaseRun
 from sessionroute.calibrate.server import ServerInfo
-from sessionroute.replica import StepTimeProfile
+from sessionroute.replica import StepTimeProfile, load_profile_file
 
 __all__ = ["CalibrationResult", "profile_name", "write_path", "write_profile"]
 
@@ -172,11 +174,6 @@ def write_path(source: str | Path, path: PathFit, dest: str | Path) -> Path:
         ConfigError: ``source`` is not a profile file (:func:`load_profile_file`).
         OSError: a file cannot be read or written.
     """
-    import json
-    import tomllib
-
-    from sessionroute.replica import load_profile_file
-
     src = Path(source)
     name = load_profile_file(src).profile.name
     text = src.read_text()

@@ -127,7 +127,6 @@ class Simulation(ReplicaFaults, ReplicaWakeups):
         self._delay = router.network_delay_s
         self._path_s = profile.path_delay_s
         self._path_per_req_s = profile.path_delay_per_request_s
-        self._path = self._path_s > 0 or self._path_per_req_s > 0
         self._session_start: dict[str, float] = {}
         self._last_rep: dict[str, int] = {}
         self.ended_sessions: list[str] = []
@@ -280,9 +279,7 @@ class Simulation(ReplicaFaults, ReplicaWakeups):
         req.res = res
         req.rep = rep
         req.state = ROUTED
-        delay = self._delay
-        if self._path:
-            delay += self._path_s + self._path_per_req_s * (len(self._reqs) - 1)
+        delay = self._delay + (self._path_s + self._path_per_req_s * (len(self._reqs) - 1))
         if delay > 0:
             queue = self.queue
             queue.push(queue.clock._t + delay, PRIO_ARRIVAL, self._arrive_cb, req)

@@ -12,9 +12,11 @@ from sessionroute.router.policies._adaptive_config import AdaptiveStickyConfig
 __all__ = ["HOLD_PICKS", "SHORT_PLACES", "AdaptiveHoldConfig"]
 
 HOLD_PICKS: tuple[str, ...] = ("newest", "largest")
-SHORT_PLACES: tuple[str, ...] = ("load", "cache_aware_v2")
 """Which sessions a worker over its ceiling holds first: the most recently started on it, or
 the largest context (frees the most)."""
+SHORT_PLACES: tuple[str, ...] = ("load", "cache_aware_v2")
+"""Where rule 7 places a new session while sessions are short: by rule 1's token load, or
+where ``cache_aware_v2`` would send its first turn."""
 
 
 @dataclass(frozen=True, slots=True)
