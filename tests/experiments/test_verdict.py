@@ -165,6 +165,21 @@ def test_noise_from_matched_seeds_and_from_a_reference_spread() -> None:
     assert "no ranking is possible" in verdict_lines(judge(obj, one))[2]
 
 
+def test_seeds_that_gave_identical_runs_measure_no_spread() -> None:
+    # a trace replayed as recorded (Mooncake) draws nothing at random for the seed: five seeds
+    # are one run five times, and a paired interval of zero width called every difference real
+    obj = Objective("slo_goodput", 1)
+    a = ArmRuns("cache_aware_v2", tuple(_run(None, 13.2, 0, 0.427) for _ in range(5)))
+    b = ArmRuns("adaptive_hold", tuple(_run(None, 13.0, 0, 0.416) for _ in range(5)))
+    v = judge(obj, [a, b])
+    assert v.best == "cache_aware_v2"
+    assert v.noise.kind == "identical" and v.within_noise == ()
+    assert "5 seeds gave identical runs" in verdict_lines(v)[2]
+    # one arm that moves with the seed makes the seeds a measurement again
+    c = ArmRuns("c", (*(_run(None, 9, 0, 0.40) for _ in range(4)), _run(None, 9, 0, 0.41)))
+    assert judge(obj, [a, b, c]).noise.kind == "repeats"
+
+
 def test_more_seeds_settle_a_ranking_the_range_of_the_differences_could_not() -> None:
     # the confirmation of a tune study (consistent_hash_bounded_load, c = 1.02 vs the default
     # 1.25, default workload, seeds 1000-1009): better on 9 seeds, equal on one; the range of

@@ -56,6 +56,8 @@ def verdict_line(knob: Knob, value: float, v: Verdict) -> str:
     head += ")" if v.eligible else f"; no policy meets every constraint: {best.violations[0]})"
     if v.noise.kind == "none":
         near = "; within noise: unknown (one seed: no ranking below the seed spread)"
+    elif v.noise.kind == "identical":
+        near = "; within noise: unknown (the seeds gave identical runs: no spread measured)"
     else:
         near = f"; within noise: {', '.join(v.within_noise) or 'none'}"
     costs = [f"{a.name} {', '.join([*a.costs, *a.violations])}" for a in v.arms if a.name != v.best]

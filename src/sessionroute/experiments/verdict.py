@@ -18,7 +18,10 @@ Rules (``docs/objectives.md``):
   than a reference spread measured on the same workload (a fraction of the best's value),
   when there is one; otherwise no arm is within noise and the verdict says that no ranking is
   possible below the seed spread. (The interval narrows as seeds are added; the range of the
-  differences, the rule before, widens, so more seeds could never settle a ranking.)
+  differences, the rule before, widens, so more seeds could never settle a ranking.) When
+  every arm's seeds gave the same objective (a workload that draws nothing at random for the
+  seed, such as a trace replayed as recorded), the seeds measured no spread: no arm is within
+  noise and the verdict says so (``identical``) instead of calling every difference real.
 * The Pareto front: arms not dominated on (objective, TTFT p99, timed-out share), each axis
   that every arm measured.
 """
@@ -80,13 +83,15 @@ class Noise:
 
     Attributes:
         kind: ``repeats`` (seed ranges of this experiment), ``reference`` (a spread measured
-            earlier on the same workload, one run per arm here) or ``none``.
+            earlier on the same workload, one run per arm here), ``identical`` (2 or more
+            runs per arm, each arm's the same on every seed: no spread measured) or
+            ``none``.
         relative: the reference spread as a fraction of the best's value (``reference``).
         source: where the reference comes from, in words.
         runs: the fewest runs any arm has.
     """
 
-    kind: Literal["repeats", "reference", "none"]
+    kind: Literal["repeats", "reference", "identical", "none"]
     relative: float | None = None
     source: str = ""
     runs: int = 1
@@ -248,6 +253,13 @@ def _within(
     return False
 
 
+def _no_spread(arms: Sequence[ArmRuns], path: str) -> bool:
+    """Whether every arm that measured ``path`` gave the same value on each of its runs."""
+    spreads = [set(a.by_seed(path).values()) for a in arms]
+    measured = [s for s in spreads if s]
+    return bool(measured) and all(len(s) == 1 for s in measured)
+
+
 def _dominates(a: Sequence[float], b: Sequence[float]) -> bool:
     """``a`` at least as good on every (higher-is-better) axis and better on one."""
     return all(x >= y for x, y in zip(a, b, strict=True)) and any(
@@ -278,7 +290,9 @@ def judge(
     if len(set(names)) != len(names):
         raise ValueError(f"duplicate arm names: {names}")
     runs = min((len(a.runs) for a in arms), default=1)
-    if runs >= 2:
+    if runs >= 2 and _no_spread(arms, objective.metric):
+        noise = Noise("identical", runs=runs)
+    elif runs >= 2:
         noise = Noise("repeats", runs=runs)
     elif reference_spread is not None:
         noise = Noise("reference", reference_spread, reference_source, runs)

@@ -154,6 +154,13 @@ def _noise_line(v: Verdict) -> str:
             f"{n.source}, is ±{n.relative * 100:.1f} % of the objective: no ranking is "
             f"possible below it): {near}"
         )
+    if n.kind == "identical":
+        return (
+            f"within noise of it: unknown (the {n.runs} seeds gave identical runs: this "
+            "workload draws nothing at random for a seed, e.g. a trace replayed as recorded, "
+            "so no spread was measured; a small difference shows how this exact replay ran, "
+            "and can reverse at a slightly different load)"
+        )
     return (
         "one seed and no spread measured for this workload: no ranking is possible below the "
         "seed spread (differences of a few percent can be noise); run 3 seeds (compare "
