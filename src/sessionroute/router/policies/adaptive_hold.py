@@ -81,9 +81,10 @@ __all__ = ["AdaptiveHoldConfig", "AdaptiveHoldPolicy", "Hold"]
 class AdaptiveHoldPolicy(AdaptiveStickyPolicy):
     """``adaptive_sticky`` with trajectory-level hold and resume (module docstring).
 
-    The holds and their counters are kept in a
+    Each worker's sessions, the holds and their counters are kept in a
     :class:`~sessionroute.router.policies._hold_book.HoldBook`, rule 7's session lengths and
-    placer in a :class:`~sessionroute.router.policies._short_sessions.ShortSessions`.
+    placer in a :class:`~sessionroute.router.policies._short_sessions.ShortSessions`; this
+    class decides.
 
     Attributes:
         ceiling: worker -> its working-set ceiling in tokens (absent: none).
@@ -141,34 +142,6 @@ class AdaptiveHoldPolicy(AdaptiveStickyPolicy):
         self.table.on_drop = self._dropped
         self.cuts = 0
         self.new_at_wait_bound = 0
-
-    @property
-    def holds(self) -> int:
-        return self._book.holds
-
-    @property
-    def held_sessions(self) -> int:
-        return self._book.held_sessions
-
-    @property
-    def released(self) -> dict[str, int]:
-        return self._book.released
-
-    @property
-    def hold_s_total(self) -> float:
-        return self._book.hold_s_total
-
-    @property
-    def held_turns(self) -> int:
-        return self._book.held_turns
-
-    @property
-    def held_turn_wait_s_total(self) -> float:
-        return self._book.held_turn_wait_s_total
-
-    @property
-    def mean_turns(self) -> float | None:
-        return self._short.mean_turns
 
     # -- routing --------------------------------------------------------------------------
     def select(self, request: RouteRequest, cluster: ClusterView) -> Decision:
@@ -436,6 +409,35 @@ class AdaptiveHoldPolicy(AdaptiveStickyPolicy):
             self._ledger.resize(entry, hold.tokens)
 
     # -- queries --------------------------------------------------------------------------
+    # the hold book's counters and rule 7's mean (read-only): HoldBook, ShortSessions
+    @property
+    def holds(self) -> int:
+        return self._book.holds
+
+    @property
+    def held_sessions(self) -> int:
+        return self._book.held_sessions
+
+    @property
+    def released(self) -> dict[str, int]:
+        return self._book.released
+
+    @property
+    def hold_s_total(self) -> float:
+        return self._book.hold_s_total
+
+    @property
+    def held_turns(self) -> int:
+        return self._book.held_turns
+
+    @property
+    def held_turn_wait_s_total(self) -> float:
+        return self._book.held_turn_wait_s_total
+
+    @property
+    def mean_turns(self) -> float | None:
+        return self._short.mean_turns
+
     def held(self) -> dict[str, Hold]:
         """Session id -> its hold, for sessions held now (a copy; holds past their bound end
         at the next check of their worker)."""
