@@ -105,7 +105,7 @@ def test_the_placer_keeps_nothing_in_flight_once_every_request_completed(
     clock.advance(10_000.0)  # every hold and wait is past its bound
     core.recheck()
     _settle(core, tickets)
-    placer = p._placer
+    placer = p._short.placer
     assert placer is not None
     prefill = placer._policy.prefill
     assert prefill._by_request == {} and not any(prefill.totals.values())

@@ -6,7 +6,8 @@ own, so what decides its first turn's latency is the prefix it shares with other
 (system prompts, documents) and the prefill backlog of the worker it lands on, which is what
 ``cache_aware_v2`` (SGLang model gateway's cache-aware routing,
 :mod:`~sessionroute.router.policies.cache_aware_v2`) weighs. The owning policy keeps the
-session (pins it, routes its later turns) and forwards the hooks below, so the embedded
+session (pins it, routes its later turns) and forwards the hooks below (``adaptive_hold``
+through :class:`~sessionroute.router.policies._short_sessions.ShortSessions`), so the embedded
 policy's prefix index and in-flight prefill stay those of the requests it placed.
 """
 

@@ -67,55 +67,30 @@ from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from sessionroute.clock import Clock
-from sessionroute.router.policies._content_placer import ContentPlacer
+from sessionroute.router.policies._hold_book import Hold, HoldBook
 from sessionroute.router.policies._hold_config import AdaptiveHoldConfig
 from sessionroute.router.policies._queue_delay import QueueDelay
+from sessionroute.router.policies._short_sessions import ShortSessions
 from sessionroute.router.policies.adaptive_sticky import AdaptiveStickyPolicy
 from sessionroute.router.state.cluster import ClusterView
 from sessionroute.types import Decision, EngineGauges, RouteRequest
 
 __all__ = ["AdaptiveHoldConfig", "AdaptiveHoldPolicy", "Hold"]
 
-_SAMPLE = 20
-"""Held session ids kept for the report (the first ones held)."""
-_TURNS_WEIGHT = 0.05
-"""Weight of each ended session in the mean turns per session (``short_turns``)."""
-
-
-class Hold:
-    """One held session: its worker, the context tokens it took out of that worker's working
-    set, when the hold began and the latest it ends (router clock, seconds), its place in the
-    order of holds (``seq``, increasing), and when its held turn first asked to be placed
-    (None while it has not)."""
-
-    __slots__ = ("asked", "seq", "sid", "since", "tokens", "until", "worker")
-
-    def __init__(
-        self, sid: str, worker: str, tokens: int, since: float, until: float, seq: int
-    ) -> None:
-        self.seq = seq
-        self.sid = sid
-        self.worker = worker
-        self.tokens = tokens
-        self.since = since
-        self.until = until
-        self.asked: float | None = None
-
 
 class AdaptiveHoldPolicy(AdaptiveStickyPolicy):
     """``adaptive_sticky`` with trajectory-level hold and resume (module docstring).
 
+    Each worker's sessions, the holds and their counters are kept in a
+    :class:`~sessionroute.router.policies._hold_book.HoldBook`, rule 7's session lengths and
+    placer in a :class:`~sessionroute.router.policies._short_sessions.ShortSessions`; this
+    class decides.
+
     Attributes:
         ceiling: worker -> its working-set ceiling in tokens (absent: none).
-        holds: sessions held. held_sessions: distinct sessions held.
-        released: holds ended by kind: ``"resumed"`` (the worker drained, in hold order),
-            ``"bound"`` (a bound of rule 5), ``"waited"`` (its turn waited the queueing
-            delay, rule 6), ``"placed"`` (the router placed the turn anyway, at its maximum
-            wait or to make room in its full admission queue), ``"gone"`` (released, expired
-            or its worker left).
-        hold_s_total: seconds of every ended hold (the sum).
-        held_turns: turns that waited at the router because their session was held, and
-            ``held_turn_wait_s_total`` the seconds they waited (the sum).
+        holds, held_sessions, released, hold_s_total, held_turns, held_turn_wait_s_total:
+            the hold book's counters (:class:`HoldBook`; read-only).
+        mean_turns: mean turns of the ended sessions (rule 7; None before one ended).
         cuts: times a ceiling was set or lowered.
         new_at_wait_bound: new sessions admitted because their first turn waited the
             fleet's queueing delay (``wait_bound_new``).
@@ -148,39 +123,25 @@ class AdaptiveHoldPolicy(AdaptiveStickyPolicy):
         if c.hold or self._bound_new:
             self.admission_recheck_s = c.hold_check_s
         self._delay = QueueDelay(self.hcfg.wait_rate_window_s)
-        self._placer: ContentPlacer | None = None
+        self._book = HoldBook()
         # rule 7 learns session lengths only while holding (hold = false: adaptive_sticky)
-        if c.hold and c.short_turns and c.short_place == "cache_aware_v2":
-            self._placer = ContentPlacer(clock=clock, rng=rng)
+        self._short = ShortSessions(
+            c.short_turns,
+            place_by_content=c.hold and bool(c.short_turns) and c.short_place == "cache_aware_v2",
+            clock=clock,
+            rng=rng,
+        )
+        if self._short.placer is not None:
             self.needs_content = True
         self._asked: dict[str, float] = {}  # new session -> when its first turn first waited
         self._overdue: set[str] = set()  # new sessions admitted by rule 6, not yet placed
-        self._holds: dict[str, Hold] = {}
-        self._queue: dict[str, dict[str, Hold]] = {}  # worker -> its holds, in hold order
-        self._on: dict[str, dict[str, None]] = {}  # worker -> its sessions, placement order
-        self._where: dict[str, str] = {}  # session -> its worker in _on
-        self._born: dict[str, float] = {}  # session -> when its first turn was placed
-        self._held_s: dict[str, float] = {}  # session -> seconds of its ended holds
-        self._turns: dict[str, int] = {}  # live session -> turns routed (short_turns)
-        self.mean_turns: float | None = None  # of the sessions that ended (short_turns)
         self._changed: dict[str, float] = {}  # worker -> last change of its ceiling
         self._passed: dict[str, float] = {}  # worker -> last hold pass
         self._hseen: dict[str, EngineGauges] = {}  # worker -> gauges last adjusted on
         self.ceiling: dict[str, float] = {}
         self.table.on_drop = self._dropped
-        self.holds = 0
-        self.held_sessions = 0
-        self.released: dict[str, int] = dict.fromkeys(
-            ("resumed", "bound", "waited", "placed", "gone"), 0
-        )
-        self.hold_s_total = 0.0
-        self.held_turns = 0
-        self.held_turn_wait_s_total = 0.0
         self.cuts = 0
         self.new_at_wait_bound = 0
-        self._sample_ids: list[str] = []
-        self._held_tokens_total = 0
-        self._held_age_total = 0.0
 
     # -- routing --------------------------------------------------------------------------
     def select(self, request: RouteRequest, cluster: ClusterView) -> Decision:
@@ -198,19 +159,14 @@ class AdaptiveHoldPolicy(AdaptiveStickyPolicy):
             self.new_at_wait_bound += 1
         if not self.hcfg.hold:
             return super().select(request, cluster)
-        hold = self._holds.get(sid)
+        hold = self._book.get(sid)
         if hold is not None:
             self._end(hold, "placed")
         decision = super().select(request, cluster)
         now = self.clock.now()
         worker = decision.worker
-        if self._where.get(sid) != worker:
-            self._unlist(sid)
-            self._where[sid] = worker
-            self._on.setdefault(worker, {})[sid] = None
-        self._born.setdefault(sid, now)
-        if self.hcfg.short_turns:
-            self._turns[sid] = self._turns.get(sid, 0) + 1
+        self._book.place(sid, worker, now)
+        self._short.turn(sid)
         self._resume(worker, now, cluster)
         self._hold_over(worker, now)
         return decision
@@ -218,7 +174,7 @@ class AdaptiveHoldPolicy(AdaptiveStickyPolicy):
     def admission_applies(self, request: RouteRequest) -> bool:
         """First turns of new sessions (rule 3) and turns of held sessions (rule 4)."""
         sid = request.session_id
-        return (sid is not None and sid in self._holds) or super().admission_applies(request)
+        return (sid is not None and sid in self._book) or super().admission_applies(request)
 
     def admit(self, request: RouteRequest, cluster: ClusterView) -> bool:
         """A held session's turn is admitted once its hold ends (rules 4 to 6); a new
@@ -227,7 +183,7 @@ class AdaptiveHoldPolicy(AdaptiveStickyPolicy):
         session first waited are the only state it changes: asking again at the same time and
         load gives the same answer."""
         sid = request.session_id
-        hold = None if sid is None else self._holds.get(sid)
+        hold = None if sid is None else self._book.get(sid)
         if hold is None:
             admitted = super().admit(request, cluster)
             if admitted or not self._bound_new:
@@ -240,7 +196,7 @@ class AdaptiveHoldPolicy(AdaptiveStickyPolicy):
         if hold.asked is None:
             hold.asked = now
         self._resume(hold.worker, now, cluster)
-        return sid not in self._holds
+        return sid not in self._book
 
     def first_admitted(self, requests: Sequence[RouteRequest], cluster: ClusterView) -> int | None:
         """:meth:`admit` over a queue: the holds due on the held requests' workers end first
@@ -249,7 +205,7 @@ class AdaptiveHoldPolicy(AdaptiveStickyPolicy):
         the first new session that waited out rule 6's bound. Only the oldest waiting new
         session needs asking: each was first asked when it arrived (the router core asks
         :meth:`admit` before queueing it), so the queue holds them longest-waiting first."""
-        holds = self._holds
+        holds = self._book
         if holds:
             now = self.clock.now()
             workers: dict[str, None] = {}
@@ -296,9 +252,9 @@ class AdaptiveHoldPolicy(AdaptiveStickyPolicy):
     def _past_knee(self, worker: str, tokens: int = 0) -> bool:
         """Past its knee as ``adaptive_sticky`` says, or holding sessions, or at its ceiling
         with ``tokens`` more (not while sessions are short: ``short_turns``)."""
-        if self._short():
+        if self._short.applies():
             return super()._past_knee(worker, tokens)
-        if self._queue.get(worker):
+        if self._book.holding(worker):
             return True
         ceiling = self.ceiling.get(worker)
         if ceiling is not None and self._context.get(worker, 0) + tokens > ceiling:
@@ -308,7 +264,7 @@ class AdaptiveHoldPolicy(AdaptiveStickyPolicy):
     def _calm(self, worker: str, cluster: ClusterView) -> bool:
         """Never calm while it holds sessions or has a ceiling (it thrashed: its held
         sessions and its ceiling decide), unless sessions are short (``short_turns``)."""
-        if not self._short() and (self._queue.get(worker) or worker in self.ceiling):
+        if not self._short.applies() and (self._book.holding(worker) or worker in self.ceiling):
             self._refresh(worker, cluster)
             return False
         return super()._calm(worker, cluster)
@@ -318,9 +274,9 @@ class AdaptiveHoldPolicy(AdaptiveStickyPolicy):
         sessions takes none; one with a ceiling takes ``t`` only while ``context + t <=
         ceiling``, i.e. ``t < floor(ceiling) - context + 1`` (not while sessions are short:
         ``short_turns``)."""
-        if self._short():
+        if self._short.applies():
             return bound
-        if self._queue.get(worker):
+        if self._book.holding(worker):
             return None
         ceiling = self.ceiling.get(worker)
         if ceiling is None:
@@ -358,7 +314,7 @@ class AdaptiveHoldPolicy(AdaptiveStickyPolicy):
         elif ceiling is not None and g.waiting < c.resume_waiting and kv < c.resume_kv:
             ceiling *= 1.0 + c.hold_raise
             self._changed[worker] = now
-            if ceiling >= c.lift_pressure * cap and not self._queue.get(worker):
+            if ceiling >= c.lift_pressure * cap and not self._book.holding(worker):
                 del self.ceiling[worker]
             else:
                 self.ceiling[worker] = ceiling
@@ -366,7 +322,7 @@ class AdaptiveHoldPolicy(AdaptiveStickyPolicy):
     def _hold_over(self, worker: str, now: float) -> None:
         """Hold sessions of ``worker`` (``hold_pick`` order) while its working set is above
         its ceiling; at most one pass per ``hold_check_s``; none while sessions are short."""
-        if self._short():
+        if self._short.applies():
             return
         ceiling = self.ceiling.get(worker)
         context = self._context
@@ -375,7 +331,8 @@ class AdaptiveHoldPolicy(AdaptiveStickyPolicy):
         if now - self._passed.get(worker, -math.inf) < self.hcfg.hold_check_s:
             return
         self._passed[worker] = now
-        members = self._on.get(worker)
+        book = self._book
+        members = book.members(worker)
         if not members:
             return
         ledger = self._ledger
@@ -386,7 +343,7 @@ class AdaptiveHoldPolicy(AdaptiveStickyPolicy):
         for sid in order:
             if context.get(worker, 0) <= ceiling:
                 return
-            if sid in self._holds:
+            if sid in book:
                 continue
             entry = ledger.get(sid)
             if entry is None or entry.worker != worker or entry.tokens <= 0:
@@ -394,32 +351,18 @@ class AdaptiveHoldPolicy(AdaptiveStickyPolicy):
             until = self._bound(sid, now)
             if until <= now:
                 continue
-            hold = Hold(sid, worker, entry.tokens, now, until, self.holds)
+            book.begin(sid, worker, entry.tokens, now, until)
             ledger.resize(entry, 0)
-            self._holds[sid] = hold
-            self._queue.setdefault(worker, {})[sid] = hold
-            self.holds += 1
-            self._held_tokens_total += hold.tokens
-            self._held_age_total += now - self._born.get(sid, now)
-            if sid not in self._held_s:
-                self._held_s[sid] = 0.0
-                self.held_sessions += 1
-                if len(self._sample_ids) < _SAMPLE:
-                    self._sample_ids.append(sid)
 
     def place_new(
         self, request: RouteRequest, healthy: tuple[str, ...], cluster: ClusterView
     ) -> str:
         """As ``adaptive_sticky`` (rule 1), but while sessions are short (rule 7) where
         ``cache_aware_v2`` would send the turn, with ``short_place = "cache_aware_v2"``."""
-        if self._placer is not None and self._short():
-            return self._placer.place(request, cluster)
+        placer = self._short.placer
+        if placer is not None and self._short.applies():
+            return placer.place(request, cluster)
         return super().place_new(request, healthy, cluster)
-
-    def _short(self) -> bool:
-        """Whether the sessions that ended had fewer than ``short_turns`` turns on average."""
-        mean = self.mean_turns
-        return mean is not None and mean < self.hcfg.short_turns
 
     def _tokens(self, sid: str) -> int:
         entry = self._ledger.get(sid)
@@ -428,8 +371,8 @@ class AdaptiveHoldPolicy(AdaptiveStickyPolicy):
     def _bound(self, sid: str, now: float) -> float:
         """The latest a hold of ``sid`` beginning ``now`` may end (rule 5)."""
         c = self.hcfg
-        until = now + min(c.hold_max_s, c.hold_total_max_s - self._held_s.get(sid, 0.0))
-        born = self._born.get(sid)
+        until = now + min(c.hold_max_s, c.hold_total_max_s - self._book.held_s(sid))
+        born = self._book.born(sid)
         return until if born is None else min(until, born + c.hold_age_max_s)
 
     def _resume(self, worker: str, now: float, cluster: ClusterView) -> None:
@@ -437,7 +380,7 @@ class AdaptiveHoldPolicy(AdaptiveStickyPolicy):
         whose turn waited ``wait_queue_factor`` times the worker's queueing delay (rule 6),
         then the oldest ones while each fits under ``resume_fraction`` of the ceiling (all,
         when the worker has no ceiling or is not healthy, or sessions are short)."""
-        queue = self._queue.get(worker)
+        queue = self._book.queue(worker)
         if not queue:
             return
         self._refresh(worker, cluster)
@@ -449,7 +392,7 @@ class AdaptiveHoldPolicy(AdaptiveStickyPolicy):
                 if hold.asked is not None and now - hold.asked >= limit:
                     self._end(hold, "waited")
         ceiling = self.ceiling.get(worker)
-        free = ceiling is None or not cluster.is_healthy(worker) or self._short()
+        free = ceiling is None or not cluster.is_healthy(worker) or self._short.applies()
         room = math.inf if free or ceiling is None else self.hcfg.resume_fraction * ceiling
         while queue:
             hold = next(iter(queue.values()))
@@ -458,61 +401,62 @@ class AdaptiveHoldPolicy(AdaptiveStickyPolicy):
             self._end(hold, "resumed")
 
     def _end(self, hold: Hold, how: str) -> None:
-        """End ``hold``: its tokens count in its worker's working set again."""
-        sid = hold.sid
-        now = self.clock.now()
-        del self._holds[sid]
-        queue = self._queue[hold.worker]
-        del queue[sid]
-        if not queue:
-            del self._queue[hold.worker]
-        # a hold past its bound ended at the bound (its turn was admitted from then on)
-        held = min(now, hold.until) - hold.since
-        if sid in self._held_s:
-            self._held_s[sid] += held
-        entry = self._ledger.get(sid)
+        """End ``hold`` (``how``: :data:`~._hold_book.ENDINGS`): its tokens count in its
+        worker's working set again."""
+        self._book.end(hold, how, self.clock.now())
+        entry = self._ledger.get(hold.sid)
         if entry is not None and entry.worker == hold.worker and entry.tokens == 0:
             self._ledger.resize(entry, hold.tokens)
-        self.released[how] += 1
-        self.hold_s_total += held
-        if hold.asked is not None:
-            self.held_turns += 1
-            self.held_turn_wait_s_total += now - hold.asked
 
     # -- queries --------------------------------------------------------------------------
+    # the hold book's counters and rule 7's mean (read-only): HoldBook, ShortSessions
+    @property
+    def holds(self) -> int:
+        return self._book.holds
+
+    @property
+    def held_sessions(self) -> int:
+        return self._book.held_sessions
+
+    @property
+    def released(self) -> dict[str, int]:
+        return self._book.released
+
+    @property
+    def hold_s_total(self) -> float:
+        return self._book.hold_s_total
+
+    @property
+    def held_turns(self) -> int:
+        return self._book.held_turns
+
+    @property
+    def held_turn_wait_s_total(self) -> float:
+        return self._book.held_turn_wait_s_total
+
+    @property
+    def mean_turns(self) -> float | None:
+        return self._short.mean_turns
+
     def held(self) -> dict[str, Hold]:
         """Session id -> its hold, for sessions held now (a copy; holds past their bound end
         at the next check of their worker)."""
-        return dict(self._holds)
+        return self._book.held()
 
     def held_s(self, session_id: str) -> float:
         """Seconds ``session_id`` was held in its ended holds."""
-        return self._held_s.get(session_id, 0.0)
+        return self._book.held_s(session_id)
 
     def counters(self) -> dict[str, Any]:
         """``adaptive_sticky``'s counters and rule 4's: holds, how they ended, hold time,
         held turns and their wait, ceilings, and which sessions were held (count, mean
         context and age when held, the first ids)."""
         out = super().counters()
-        n = self.holds
-        out.update(
-            {
-                "holds": n,
-                "held_sessions": self.held_sessions,
-                "held_now": len(self._holds),
-                "released": dict(self.released),
-                "hold_s_total": round(self.hold_s_total, 3),
-                "held_turns": self.held_turns,
-                "held_turn_wait_s_total": round(self.held_turn_wait_s_total, 3),
-                "ceiling_cuts": self.cuts,
-                "new_at_wait_bound": self.new_at_wait_bound,
-                "mean_turns": None if self.mean_turns is None else round(self.mean_turns, 2),
-                "short_placed": 0 if self._placer is None else self._placer.placed,
-                "held_context_mean": round(self._held_tokens_total / n, 1) if n else 0.0,
-                "held_age_mean_s": round(self._held_age_total / n, 3) if n else 0.0,
-                "held_sample": list(self._sample_ids),
-            }
-        )
+        out.update(self._book.counters())
+        out["ceiling_cuts"] = self.cuts
+        out["new_at_wait_bound"] = self.new_at_wait_bound
+        out.update(self._short.counters())
+        out.update(self._book.profile())
         return out
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -521,8 +465,7 @@ class AdaptiveHoldPolicy(AdaptiveStickyPolicy):
         (rule 6, when on)."""
         if self.hcfg.wait_bound:
             self._delay.done(worker)
-        if self._placer is not None:
-            self._placer.on_complete(request, worker)
+        self._short.on_complete(request, worker)
         super().on_complete(request, worker)
 
     def release_session(self, session_id: str) -> bool:
@@ -535,54 +478,35 @@ class AdaptiveHoldPolicy(AdaptiveStickyPolicy):
         self._gone(sid)
         self._ledger.forget(sid)
 
-    def _unlist(self, sid: str) -> None:
-        """Take ``sid`` off its worker's list (it moved, or is gone)."""
-        w = self._where.pop(sid, None)
-        if w is not None:
-            members = self._on.get(w)
-            if members is not None:
-                members.pop(sid, None)
-
     def _gone(self, sid: str) -> None:
         """``sid`` is released or dropped: end its hold, forget what rule 4 kept of it."""
-        hold = self._holds.get(sid)
+        hold = self._book.get(sid)
         if hold is not None:
             self._end(hold, "gone")
-        self._unlist(sid)
-        turns = self._turns.pop(sid, None)
-        if turns is not None:
-            mean = self.mean_turns
-            self.mean_turns = turns if mean is None else mean + _TURNS_WEIGHT * (turns - mean)
-        self._born.pop(sid, None)
-        self._held_s.pop(sid, None)
+        self._book.forget(sid)
+        self._short.ended(sid)
         self._asked.pop(sid, None)
         self._overdue.discard(sid)
 
     def on_worker_removed(self, worker: str, cluster: ClusterView) -> None:
         """Its holds end (their turns are placed again), its ceiling and lists go."""
-        for hold in list(self._queue.get(worker, {}).values()):
+        for hold in list((self._book.queue(worker) or {}).values()):
             self._end(hold, "gone")
         super().on_worker_removed(worker, cluster)
-        for sid in self._on.pop(worker, {}):
-            self._where.pop(sid, None)
+        self._book.remove_worker(worker)
         for d in (self.ceiling, self._changed, self._passed, self._hseen):
             d.pop(worker, None)
         self._delay.forget(worker)
-        if self._placer is not None:
-            self._placer.on_worker_removed(worker, cluster)
+        self._short.on_worker_removed(worker, cluster)
 
     def sweep(self, now: float, limit: int | None = None) -> int:
         """``adaptive_sticky``'s sweep, and the short-session placer's index (rule 7)."""
-        if self._placer is not None:
-            self._placer.sweep(now, limit)
+        self._short.sweep(now, limit)
         return super().sweep(now, limit)
 
     def sweep_pending(self) -> bool:
-        return super().sweep_pending() or (
-            self._placer is not None and self._placer.sweep_pending()
-        )
+        return super().sweep_pending() or self._short.sweep_pending()
 
     def bound_sweeps(self, limit: int) -> None:
         super().bound_sweeps(limit)
-        if self._placer is not None:
-            self._placer.bound_sweeps(limit)
+        self._short.bound_sweeps(limit)

@@ -65,6 +65,7 @@ from typing import Any, ClassVar
 from sessionroute.clock import Clock
 from sessionroute.router.policies._adaptive_config import AdaptiveStickyConfig
 from sessionroute.router.policies._context_ledger import ContextLedger, LedgerEntry
+from sessionroute.router.policies._gauge_signals import GaugeSignals
 from sessionroute.router.policies._rendezvous import rendezvous_winner
 from sessionroute.router.policies._sessions import SessionPolicy
 from sessionroute.router.policies.base import require_healthy
@@ -77,10 +78,13 @@ __all__ = ["AdaptiveStickyConfig", "AdaptiveStickyPolicy"]
 class AdaptiveStickyPolicy(SessionPolicy):
     """Token-aware sticky placement with a gated escape and admission (module docstring).
 
+    What it reads from the gauges (hot flags, last thrash, KV capacity) is kept in a
+    :class:`~sessionroute.router.policies._gauge_signals.GaugeSignals`.
+
     Attributes:
         moves: turns moved off a hot or overflowing worker (``moved`` decisions).
         overflow_moves: of those, turns moved off an overflowing worker that was not hot.
-        hot_episodes: times a worker turned hot.
+        hot_episodes: times a worker turned hot (read-only).
         knee_skips: new sessions placed away from a worker past its knee (another was not).
     """
 
@@ -96,17 +100,18 @@ class AdaptiveStickyPolicy(SessionPolicy):
         self._context = self._ledger.context  # read-only alias: worker -> context tokens
         self.table.on_drop = self._ledger.forget
         self._idle_more = False  # the last limited sweep left idle sessions still counted
-        self._hot: dict[str, bool] = {}
-        self._seen: dict[str, EngineGauges | None] = {}  # worker -> gauges last evaluated
-        self._capacity: dict[str, float] = {}  # worker -> estimated KV capacity, tokens
+        self._signals = GaugeSignals(self.cfg, clock)
+        self._capacity = self._signals.capacity  # read-only alias: worker -> KV tokens
         self._final = 0.0  # moving average of finished sessions' last context, tokens
         self._last_move: dict[str, float] = {}  # worker -> time of the last move off it
-        self._last_thrash: dict[str, float] = {}  # worker -> last scrape showing thrash
         self._moved = DecisionKind.MOVED
         self.moves = 0
         self.overflow_moves = 0
-        self.hot_episodes = 0
         self.knee_skips = 0
+
+    @property
+    def hot_episodes(self) -> int:
+        return self._signals.hot_episodes
 
     # -- the three rules ----------------------------------------------------------------------
     def select(self, request: RouteRequest, cluster: ClusterView) -> Decision:
@@ -201,7 +206,7 @@ class AdaptiveStickyPolicy(SessionPolicy):
         if gate <= 0:
             return False
         self._refresh(worker, cluster)
-        return self.clock.now() - self._last_thrash.get(worker, -math.inf) >= gate
+        return self.clock.now() - self._signals.last_thrash(worker) >= gate
 
     def first_admitted(self, requests: Sequence[RouteRequest], cluster: ClusterView) -> int | None:
         """:meth:`admit` for a queue of requests, in closed form: a worker takes one more
@@ -285,45 +290,13 @@ class AdaptiveStickyPolicy(SessionPolicy):
         return tied[0] if len(tied) == 1 else rendezvous_winner(key, tied)
 
     def _refresh(self, worker: str, cluster: ClusterView) -> EngineGauges | None:
-        """The worker's gauges; on a new scrape, re-evaluate its hot flag (hysteresis) and
-        sample its KV capacity (also sampled while it has no estimate yet)."""
-        g = cluster.gauges(worker)
-        if g is self._seen.get(worker, None) and worker in self._seen:
-            if g is not None and worker not in self._capacity:
-                self._sample(worker, g, cluster)
-            return g
-        self._seen[worker] = g
-        if g is None:
-            self._hot[worker] = False
-            return g
-        self._sample(worker, g, cluster)
-        c = self.cfg
-        if g.waiting >= c.overflow_waiting or g.kv_usage >= c.escape_kv:
-            self._last_thrash[worker] = self.clock.now()
-        if self._hot.get(worker, False):
-            if g.kv_usage < c.cool_kv or g.waiting < c.cool_waiting:
-                self._hot[worker] = False
-        elif g.kv_usage >= c.escape_kv and g.waiting >= c.escape_waiting:
-            self._hot[worker] = True
-            self.hot_episodes += 1
-        return g
-
-    def _sample(self, worker: str, g: EngineGauges, cluster: ClusterView) -> None:
-        """Fold one capacity sample (running in-flight tokens over ``kv_usage``) into the
-        worker's moving average; none below ``capacity_min_kv`` or with nothing in flight."""
-        c = self.cfg
-        busy = g.running + g.waiting
-        if g.kv_usage >= c.capacity_min_kv and busy > 0:
-            running_tokens = cluster.in_flight_tokens(worker) * g.running / busy
-            if running_tokens > 0:
-                sample = running_tokens / g.kv_usage
-                old = self._capacity.get(worker)
-                a = c.capacity_alpha
-                self._capacity[worker] = sample if old is None else old + a * (sample - old)
+        """The worker's gauges; on a new scrape, its signals are re-evaluated
+        (:meth:`GaugeSignals.refresh`). A subclass adds what it derives from a new scrape."""
+        return self._signals.refresh(worker, cluster)
 
     def _is_hot(self, worker: str, cluster: ClusterView) -> bool:
         self._refresh(worker, cluster)
-        return self._hot.get(worker, False)
+        return self._signals.hot(worker)
 
     def projected(self, worker: str, tokens: int = 0, sessions: int = 0) -> float:
         """The working set ``worker``'s pinned sessions grow to, in tokens: their context now,
@@ -388,7 +361,7 @@ class AdaptiveStickyPolicy(SessionPolicy):
             if t == worker:
                 continue
             g = self._refresh(t, cluster)
-            if g is None or self._hot.get(t, False):
+            if g is None or self._signals.hot(t):
                 continue
             if g.kv_usage >= c.target_kv or g.waiting > c.target_waiting:
                 continue
@@ -427,8 +400,8 @@ class AdaptiveStickyPolicy(SessionPolicy):
         """O(1): the table's pins and the ledger's entries of ``worker`` go stale."""
         super().on_worker_removed(worker, cluster)
         self._ledger.remove_worker(worker)
-        for d in (self._hot, self._seen, self._capacity, self._last_move, self._last_thrash):
-            d.pop(worker, None)
+        self._signals.forget(worker)
+        self._last_move.pop(worker, None)
 
     def counters(self) -> dict[str, Any]:
         """Moves (of them off an overflowing worker), hot episodes and knee skips."""
