@@ -334,14 +334,17 @@ class BlockPool(KVPool):
         join the queue tail deepest first; the rest (a partial tail, blocks past its keys) are
         taken before any queued block (vLLM 0.32 ``BlockPool.free_blocks``: blocks without a
         hash go to the front of the free queue)."""
-        blocks = r.blocks
+        blocks: list[int] = r.blocks
         nreg = r.nreg
         if nreg < len(blocks):
             ref = self.ref
             ver = self.ver
             spare = self._spare
             freed = 0
-            for b in reversed(blocks[nreg:]):
+            i = len(blocks)
+            while i > nreg:
+                i -= 1
+                b = blocks[i]
                 left = ref[b] - 1
                 ref[b] = left
                 if left == 0:
