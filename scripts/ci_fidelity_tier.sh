@@ -13,7 +13,9 @@
 # first. scripts/check_fidelity.py checks issue 35's bounds on each: per arm hit rate within 3
 # points, output tok/s within 10 %, TTFT p50 and ITL p50 within 25 %; the same arm order
 # wherever the live difference exceeds the live spread; under pressure, preemptions on both
-# sides or neither, and the pressure setting really preempts and evicts on the servers. What
+# sides or neither, and the pressure setting really preempts and evicts on the servers; and
+# scripts/vllm_scheduler_check.py replays every live run's turns through vLLM's own scheduler
+# and through the replica model, which must agree request for request. What
 # the simulator meets reliably on the 2-core CPU tier gates (docs/simulator.md, "How far to
 # trust it"); the rest is printed and counted; FIDELITY_STRICT=1 gates every check.
 #
@@ -55,5 +57,12 @@ if [ -n "$PRESSURE" ]; then
   "$SR_PYTHON" scripts/check_fidelity.py "$OUT/pressure/fidelity.json" \
     --pressure-suffix=-pressure "${STRICT[@]}" || OK=0
 fi
+# the replica model's scheduler and KV cache against vLLM's own Scheduler and KVCacheManager on
+# the live runs' turns (same arrivals, same step times: only the mechanics can differ)
+for dir in "$OUT" ${PRESSURE:+"$OUT/pressure"}; do
+  echo "== scheduler: the replica model against vLLM's own scheduler on $dir/turns.json"
+  PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" "$VENV/bin/python" \
+    scripts/vllm_scheduler_check.py "$dir" --model "$MODEL" || OK=0
+done
 [ "$OK" = 1 ] || { echo "fidelity tier: FAIL after $((SECONDS - T0)) s (above)"; exit 1; }
 echo "fidelity tier: passed in $((SECONDS - T0)) s (report: $OUT/report.html)"

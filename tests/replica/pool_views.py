@@ -7,8 +7,9 @@ from sessionroute.replica.segments import SegmentPool
 
 
 def block_queue(pool: BlockPool) -> list[int | None]:
-    """The per-block free queue in eviction order: never-used blocks, then queued ones."""
-    out: list[int | None] = [None] * (pool.num_blocks - pool._next)
+    """The per-block free queue in eviction order: blocks never offered to the cache (freed
+    ones and never-used ones), then queued ones."""
+    out: list[int | None] = [None] * (len(pool._spare) + pool.num_blocks - pool._next)
     for e in pool._queue:
         b = e & 0xFFFF_FFFF
         if e >> 32 == pool.ver[b]:

@@ -3,7 +3,9 @@ or gauge read right there) gives the reference's results."""
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
+from dataclasses import replace
 
 import pytest
 
@@ -124,3 +126,54 @@ def test_prefill_run_step_times_are_step_time_bit_for_bit(slowdown: float, conte
         want = profile.step_time(chunk, d, c, chunk * (nc + chunk / 2)) * slowdown
         assert st.dts[j] == want
         nc += chunk
+
+
+def _pressure_workload(seed: int) -> tuple[ReplicaConfig, list[tuple[float, EngineRequest]]]:
+    """A small replica under KV pressure: follow-up turns of earlier requests, long prompts in
+    chunks of a small token budget beside decoders that finish with partial tail blocks."""
+    rng = random.Random(seed)
+    bs = rng.choice([2, 4, 16])
+    nb = rng.randint(6, 40)
+    config = ReplicaConfig(
+        replace(PROFILES["toy-8b-h100-tp1"], name="toy-overheads", b_seq_s=3e-4, b_req_s=2e-3),
+        block_size=bs,
+        kv_capacity_tokens=nb * bs,
+        max_num_batched_tokens=rng.choice([4, 8, 16, 64]),
+        max_num_seqs=rng.randint(2, 8),
+    )
+    reqs: list[tuple[float, EngineRequest]] = []
+    contents: list[list[int]] = []
+    t = 0.0
+    for i in range(rng.randint(3, 25)):
+        prompt = list(rng.choice(contents)) if contents and rng.random() < 0.5 else []
+        prompt += [10**6 + i * 1000 + j for j in range(rng.randint(1, 3 * bs + 5))]
+        prompt = prompt[: max(1, nb * bs // 2)]
+        output = [2 * 10**6 + i * 1000 + j for j in range(rng.randint(1, 30))]
+        output = output[: max(1, nb * bs - len(prompt))]
+        contents.append(prompt + output)
+        t += rng.expovariate(100.0)
+        keys = chain_block_keys(prompt + output, bs)
+        reqs.append((t, EngineRequest(str(i), len(prompt), len(output), keys)))
+    return config, reqs
+
+
+@pytest.mark.parametrize("seed", [544, 561])
+def test_partial_tails_freed_inside_a_prefill_run_match_reference(seed: int) -> None:
+    # A decoder finishing inside a prefill run frees its partial tail block to the front of the
+    # free blocks: the run's allocations up to that finish must not take it (they evicted
+    # queued blocks instead); found by comparing the two paths on random pressure workloads
+    config, reqs = _pressure_workload(seed)
+    results: list[list[RequestResult]] = []
+    for fast in (True, False):
+        rep = Replica(config, fast=fast)
+        done: list[RequestResult] = []
+        for at, r in reqs:
+            done += rep.advance(at)
+            rep.add_request(r, at)
+        done += rep.advance(float("inf"))
+        results.append(sorted(done, key=lambda r: r.request_id))
+    fast_path, reference = results
+    assert [(r.request_id, r.cached_tokens, r.preemptions) for r in fast_path] == [
+        (r.request_id, r.cached_tokens, r.preemptions) for r in reference
+    ]
+    assert [r.finish_s for r in fast_path] == pytest.approx([r.finish_s for r in reference])

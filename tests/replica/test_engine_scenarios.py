@@ -85,6 +85,21 @@ def test_eviction_takes_least_recently_freed_request_first(fast: bool) -> None:
 
 
 @BOTH
+def test_partial_tail_blocks_are_reused_before_any_cached_block(fast: bool) -> None:
+    # vLLM 0.32 BlockPool.free_blocks puts a freed block without a hash (a partial tail) at the
+    # front of the free queue. 8 blocks of 16 tokens. A, then B finish, each 2 cached blocks and
+    # a partial one; C takes 4 blocks: the 2 never used and A's and B's partial tails, evicting
+    # nothing. (Queued at the tail, B's partial block came after A's cached ones, and C evicted
+    # A's deepest cached block: A's next turn hit 16 tokens.)
+    rep = Replica(ReplicaConfig(TOY, block_size=16, kv_capacity_tokens=128), fast=fast)
+    a = list(range(39))
+    run_one(rep, req("a", a, [1]), 0.0)
+    run_one(rep, req("b", list(range(100, 139)), [1]), 1.0)
+    run_one(rep, req("c", list(range(200, 263)), [1]), 2.0)
+    assert run_one(rep, req("a2", [*a, 1, 99], [1]), 3.0).cached_tokens == 32
+
+
+@BOTH
 def test_different_cache_salts_never_share(fast: bool) -> None:
     rep = Replica(ReplicaConfig(TOY, block_size=16), fast=fast)
     prompt = list(range(200))

@@ -147,6 +147,7 @@ def test_hit_on_part_of_an_idle_segment_splits_it_and_keeps_queue_order() -> Non
         a = holder(keys, p.cache_for(None))
         p.admit(a, [], 6)
         p.register(a, 6)
+        a.nreg = 6
         p.release(a)
         b = holder(chain([1, 2, 9]), p.cache_for(None))
         h, idle, tok = p.lookup(b.cache, b.keys, 3)
@@ -170,6 +171,7 @@ def test_hit_in_the_middle_of_an_idle_segment_after_a_duplicate() -> None:
         p.admit(b, [], 4)
         p.register(a, 2)
         p.register(b, 4)
+        a.nreg, b.nreg = 2, 4
         p.release(a)
         p.release(b)
         c = holder(keys, p.cache_for(None))
@@ -192,6 +194,7 @@ def test_decoder_filling_a_block_cached_elsewhere_leaves_it_uncached() -> None:
         b = holder(keys, p.cache_for(None))
         p.admit(a, [], 4)
         p.register(a, 4)
+        a.nreg = 4
         p.admit(b, [], 4)
         for _ in range(4):
             if p is seg:

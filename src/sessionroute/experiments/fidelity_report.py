@@ -107,10 +107,24 @@ def _replay_lines(doc: Mapping[str, Any]) -> list[str]:
         n = sum(x["requests"] for x in r["runs"])
         same = sum(x["same_cached"] for x in r["runs"])
         pre = "+".join(str(x["replay_preemptions"]) for x in r["runs"])
+        queue = [
+            x["replay_queue_mean_s"] for x in r["runs"] if x.get("replay_queue_mean_s") is not None
+        ]
+        prefill = [
+            x["replay_prefill_mean_s"]
+            for x in r["runs"]
+            if x.get("replay_prefill_mean_s") is not None
+        ]
+        means = (
+            f"; engine queue {_ms(sum(queue) / len(queue))} ms, prefill "
+            f"{_ms(sum(prefill) / len(prefill))} ms (means)"
+            if queue and prefill
+            else ""
+        )
         lines.append(
             f"{name}: hit rate live {100 * r['live_hit_rate']:.1f} %, replayed "
             f"{100 * r['replay_hit_rate']:.1f} % ({r['error_pp']:+.1f} pp); the same cached "
-            f"tokens in {same} of {n} requests; replayed preemptions {pre}"
+            f"tokens in {same} of {n} requests; replayed preemptions {pre}{means}"
         )
     return lines
 

@@ -89,13 +89,16 @@ def replay_run(
 
     Returns:
         ``{"requests", "skipped", "live_hit_rate", "replay_hit_rate", "same_cached",
-        "replay_preemptions"}`` over the turns whose replica is known (all of them with one
-        replica): hit rates are cached over prompt tokens, ``same_cached`` the requests with
-        exactly the live cached tokens; ``skipped`` the turns of unknown replica. Hit rates are
-        None without a replayed turn.
+        "replay_preemptions", "replay_queue_mean_s", "replay_prefill_mean_s"}`` over the turns
+        whose replica is known (all of them with one replica): hit rates are cached over prompt
+        tokens, ``same_cached`` the requests with exactly the live cached tokens; ``skipped``
+        the turns of unknown replica; the means (seconds) are the engine's queue (arrival to
+        first scheduled) and prefill (first scheduled to first token), to set beside vLLM's
+        own. Hit rates and means are None without a replayed turn.
     """
     by_replica, skipped = _by_replica(turns, replicas)
     prompt = live_cached = replay_cached = same = preemptions = requests = 0
+    queue = prefill = 0.0
     for idx in by_replica.values():
         rows = [turns[i] for i in idx]
         results = _replay_engine(rows, config)
@@ -105,6 +108,8 @@ def replay_run(
             live_cached += int(t["cached_tokens"])
             replay_cached += got
             same += int(got == int(t["cached_tokens"]))
+            queue += res.queue_time_s
+            prefill += res.first_token_s - res.first_scheduled_s
         preemptions += sum(r.preemptions for r in results)
         requests += len(rows)
     return {
@@ -114,6 +119,8 @@ def replay_run(
         "replay_hit_rate": replay_cached / prompt if prompt else None,
         "same_cached": same,
         "replay_preemptions": preemptions,
+        "replay_queue_mean_s": queue / requests if requests else None,
+        "replay_prefill_mean_s": prefill / requests if requests else None,
     }
 
 

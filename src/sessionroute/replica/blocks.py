@@ -4,11 +4,13 @@ Blocks hold ``block_size`` tokens and are integer ids ``0..num_blocks-1`` with p
 in parallel lists (no per-block objects).
 A full block whose content has a key is *cached*: its key maps to it in the cache of the
 request's ``cache_salt`` (one dict per salt, so different salts never share). A block nobody
-uses (``ref == 0``) sits in the LRU free queue, cached or not; allocation pops the queue head and
-evicts the popped block's key. A hit takes the block out of the queue (``touch``). A finished or
-preempted request's blocks are freed deepest first, so its deepest block is evicted first. The
-queue is a deque of ``(version << 32) | block`` entries with lazy deletion: an entry is live only
-while its version matches the block's.
+uses (``ref == 0``) sits in the LRU free queue if it was offered to the cache (cached, or a
+duplicate, below); allocation takes blocks never offered to the cache first (never used, or the
+partial tail a request freed: vLLM 0.32 ``free_blocks`` puts blocks without a hash at the front of
+its free queue), then pops the queue head and evicts the popped block's key. A hit takes the block
+out of the queue (``touch``). A finished or preempted request's blocks are freed deepest first, so
+its deepest block is evicted first. The queue is a deque of ``(version << 32) | block`` entries
+with lazy deletion: an entry is live only while its version matches the block's.
 
 Deviation from vLLM: when a block fills with content whose key is already cached by another
 block, vLLM keeps both under the key; here the new block stays uncached (no duplicate keys).
@@ -151,6 +153,7 @@ class BlockPool(KVPool):
         self.num_blocks = num_blocks
         self.num_free = num_blocks
         self._next = 0  # never-used blocks are _next.., at the head of the free queue
+        self._spare: list[int] = []  # idle blocks a request freed without offering them
         self.ref = [0] * num_blocks
         self.ver = [0] * num_blocks
         self.key = [0] * num_blocks
@@ -212,7 +215,8 @@ class BlockPool(KVPool):
         self.num_free -= taken
 
     def allocate(self, n: int) -> list[int]:
-        """Pop ``n`` blocks from the free-queue head, evicting their keys (``ref`` becomes 1).
+        """Take ``n`` free blocks (``ref`` becomes 1): blocks never offered to the cache first
+        (freed ones, then never-used ones), then from the free-queue head, evicting their keys.
 
         Raises:
             ValueError: if fewer than ``n`` blocks are free (callers check ``num_free``).
@@ -221,17 +225,22 @@ class BlockPool(KVPool):
             raise ValueError(f"cannot allocate {n} blocks, {self.num_free} free")
         self.num_free -= n
         ref = self.ref
+        out: list[int] = []
+        spare = self._spare
+        while spare and n:
+            b = spare.pop()
+            ref[b] = 1
+            out.append(b)
+            n -= 1
         nxt = self._next
-        if nxt < self.num_blocks:
+        if n and nxt < self.num_blocks:
             fresh = min(n, self.num_blocks - nxt)
             self._next = nxt + fresh
             ref[nxt : nxt + fresh] = [1] * fresh
-            out = list(range(nxt, nxt + fresh))
+            out += range(nxt, nxt + fresh)
             n -= fresh
-            if not n:
-                return out
-        else:
-            out = []
+        if not n:
+            return out
         queue = self._queue
         ver = self.ver
         owner = self.owner
@@ -321,8 +330,30 @@ class BlockPool(KVPool):
             listener(True, stored, self._salt_of.get(id(cache)))
 
     def release(self, r: Holder) -> None:
-        """:meth:`KVPool.release`."""
-        self.free(r.blocks)
+        """:meth:`KVPool.release`: the blocks ``r`` offered to the cache (its first ``nreg``)
+        join the queue tail deepest first; the rest (a partial tail, blocks past its keys) are
+        taken before any queued block (vLLM 0.32 ``BlockPool.free_blocks``: blocks without a
+        hash go to the front of the free queue)."""
+        blocks: list[int] = r.blocks
+        nreg = r.nreg
+        if nreg < len(blocks):
+            ref = self.ref
+            ver = self.ver
+            spare = self._spare
+            freed = 0
+            i = len(blocks)
+            while i > nreg:
+                i -= 1
+                b = blocks[i]
+                left = ref[b] - 1
+                ref[b] = left
+                if left == 0:
+                    ver[b] += 1  # no queue entry of an earlier idle spell stays live
+                    spare.append(b)
+                    freed += 1
+            self.num_free += freed
+            blocks = blocks[:nreg]
+        self.free(blocks)
         r.blocks = []
         r.nblocks = 0
 

@@ -239,10 +239,12 @@ class PrefillRuns:
         Per step only the step end and duration are recorded; between finishes the decoders'
         block allocations are a count (all are block-lazy). The run was planned so that all
         its allocations fit in the blocks free when it was planned, so every eviction of the
-        span takes blocks that were free at its start, whatever the interleaving with the
-        finishing decoders' releases (which go to the queue tail): all of the span's evictions
-        are taken at its end, with ``r``'s blocks and registration (its keys are no cached
-        start, so no eviction changes what it caches).
+        span takes blocks that were free at its start. A finishing decoder's release puts its
+        blocks offered to the cache at the queue tail and the rest (its partial tail) before
+        the queue, where later allocations take them first, so what the steps up to a finish
+        allocated is taken at the finish and the rest at the span's end, with ``r``'s blocks
+        and registration (its keys are no cached start, so no eviction changes what it
+        caches).
 
         Raises:
             RuntimeError: if the state does not match the plan (cannot happen).
@@ -265,6 +267,7 @@ class PrefillRuns:
         busy = core.busy
         ngen = 0
         take = 0
+        taken = 0  # blocks of r's chain taken already (at finishes)
         i = bisect_left(ev, j)
         prev = ts[j - 1] if j else st.start
         while j < m:
@@ -290,6 +293,17 @@ class PrefillRuns:
             ngen += nd * (k - j)
             j = k
             log.g = blocks.gb = g
+            if fin:
+                # a finishing decoder frees its partial tail to the front of the free blocks,
+                # where allocations after the finish take it first: what the steps up to the
+                # finish allocated is taken before
+                need = -(-(r.nc + sum(chunks[j0:k])) // bs) - r.nblocks - taken
+                if need < 0:
+                    need = 0
+                if take or need:
+                    spool.take(take + need)
+                    taken += need
+                    take = 0
             finished = core.finish_due(g - 1, ts[k - 1])
             if finished:
                 if not fin:
@@ -300,8 +314,8 @@ class PrefillRuns:
         need = -(-top // bs) - r.nblocks
         if need < 0:
             need = 0
-        if take or need:
-            spool.take(take + need)
+        if take or need > taken:
+            spool.take(take + need - taken)
         if need:
             spool.extend(r, need)
         if top // bs > r.nreg and r.nreg < r.nkeys:

@@ -21,7 +21,8 @@ pays per-block work only when a block is created, registered or evicted.
   blocks in *descending* position order, so releasing a request's extents deepest first and
   evicting from the *end* (highest position) of the head segment reproduce the per-block
   queue exactly: a finished request's deepest block is evicted first, a hit takes blocks out of
-  the queue wherever they are. Never-used blocks sit before everything else (``fresh``).
+  the queue wherever they are. Never-used blocks, and the blocks a request frees without having
+  offered them to the cache (its partial tail), sit before everything else (``fresh``).
 * Lookup walks the request's keys segment by segment: a dict look-up (or the next segment of
   the same reservation) finds the block of ``keys[h]``, then one slice comparison extends the
   hit over the rest of that segment's cached run; it stops at the first key not cached, exactly
@@ -338,7 +339,9 @@ class SegmentPool(SegmentStore):
         return False
 
     def release(self, r: Holder) -> None:
-        """Free ``r``'s blocks deepest first; segments nobody uses join the queue tail."""
+        """Free ``r``'s blocks deepest first; segments nobody uses join the queue tail, less
+        the blocks never offered to the cache (``creg`` and up, the last segment's), which
+        become ``fresh``: taken before any queued block, as in :class:`BlockPool`."""
         exts: list[_Ext] = r.blocks
         freed = 0
         for ext in reversed(exts):
@@ -350,8 +353,17 @@ class SegmentPool(SegmentStore):
                 seg = segs[i]
                 seg.ref -= 1
                 if not seg.ref:
-                    self._append(seg)
                     freed += seg.hi - seg.lo
+                    if seg.creg < seg.hi and i == len(segs) - 1:
+                        self.fresh += seg.hi - seg.creg
+                        seg.hi = seg.creg
+                        if seg.hi == seg.lo:
+                            del res.lows[i]
+                            del segs[i]
+                        else:
+                            self._append(seg)
+                    else:
+                        self._append(seg)
                 if seg.lo <= lo:
                     break
                 i -= 1
@@ -359,6 +371,8 @@ class SegmentPool(SegmentStore):
             last = exts[-1].res
             if last.owner is r:
                 last.owner = None
+                if not last.segs:
+                    del self._res[last.rix]
         self.num_free += freed
         r.blocks = []
         r.nblocks = 0

@@ -102,7 +102,8 @@ class SegmentStore(KVPool):
     Attributes:
         num_blocks: total blocks.
         num_free: blocks with no user (never used, or idle cached or not).
-        fresh: never-used blocks (allocated before any queued block).
+        fresh: idle blocks no cache entry can reach, never used or freed without being
+            offered to the cache (allocated before any queued block).
 
     Raises:
         ValueError: if ``num_blocks < 1``.
@@ -190,7 +191,7 @@ class SegmentStore(KVPool):
         return up
 
     def _evict(self, n: int) -> None:
-        """Take ``n`` free blocks: never-used ones first, then from the queue head, each idle
+        """Take ``n`` free blocks: ``fresh`` ones first, then from the queue head, each idle
         segment from its deepest block; evicted blocks leave the cache."""
         if n > self.num_free:
             raise ValueError(f"cannot allocate {n} blocks, {self.num_free} free")

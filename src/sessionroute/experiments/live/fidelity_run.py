@@ -7,11 +7,14 @@ Output directory::
     OUT/sim/results.json, report.html    the simulated runs
     OUT/profile.toml                     the calibrated profile (when calibrated here)
     OUT/fidelity.json                    the comparison
+    OUT/turns.json                       every live run's answered turns (send time, replica,
+                                         lengths, block keys, cached tokens, TTFT), per arm
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -328,6 +331,8 @@ def run_fidelity(
     )
     paths = write_outputs(live_out, out_dir)
     sim_paths = write_outputs(sim_out, out_dir / "sim")
+    turns = {a.name: [r.turns for r in a.runs] for a in live_out.results}
+    (out_dir / "turns.json").write_text(json.dumps(turns) + "\n", encoding="utf-8")
     out = {
         "fidelity": write_fidelity(doc, out_dir / "fidelity.json"),
         "profile": profile_path,
