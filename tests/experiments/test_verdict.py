@@ -174,7 +174,7 @@ def test_seeds_that_gave_identical_runs_measure_no_spread() -> None:
     v = judge(obj, [a, b])
     assert v.best == "cache_aware_v2"
     assert v.noise.kind == "identical" and v.within_noise == ()
-    assert "5 seeds gave identical runs" in verdict_lines(v)[2]
+    assert "every arm gave the same SLO goodput on all 5 seeds" in verdict_lines(v)[2]
     # one arm that moves with the seed makes the seeds a measurement again
     c = ArmRuns("c", (*(_run(None, 9, 0, 0.40) for _ in range(4)), _run(None, 9, 0, 0.41)))
     assert judge(obj, [a, b, c]).noise.kind == "repeats"

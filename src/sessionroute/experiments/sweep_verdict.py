@@ -57,7 +57,7 @@ def verdict_line(knob: Knob, value: float, v: Verdict) -> str:
     if v.noise.kind == "none":
         near = "; within noise: unknown (one seed: no ranking below the seed spread)"
     elif v.noise.kind == "identical":
-        near = "; within noise: unknown (the seeds gave identical runs: no spread measured)"
+        near = "; within noise: unknown (each arm the same on every seed: no spread measured)"
     else:
         near = f"; within noise: {', '.join(v.within_noise) or 'none'}"
     costs = [f"{a.name} {', '.join([*a.costs, *a.violations])}" for a in v.arms if a.name != v.best]

@@ -156,10 +156,11 @@ def _noise_line(v: Verdict) -> str:
         )
     if n.kind == "identical":
         return (
-            f"within noise of it: unknown (the {n.runs} seeds gave identical runs: this "
-            "workload draws nothing at random for a seed, e.g. a trace replayed as recorded, "
-            "so no spread was measured; a small difference shows how this exact replay ran, "
-            "and can reverse at a slightly different load)"
+            f"within noise of it: unknown (every arm gave the same {v.objective.label} on "
+            f"all {n.runs} seeds, so no spread was measured: a workload that draws nothing "
+            "at random for the seed, such as a trace replayed as recorded, or a metric at its "
+            "bound; a small difference then shows how this one run went and can reverse at a "
+            "slightly different load)"
         )
     return (
         "one seed and no spread measured for this workload: no ranking is possible below the "
