@@ -60,6 +60,8 @@ def verdict_line(knob: Knob, value: float, v: Verdict) -> str:
         near = "; within noise: unknown (the seeds gave identical runs: no spread measured)"
     else:
         near = f"; within noise: {', '.join(v.within_noise) or 'none'}"
+        if v.spread_unmeasured:
+            near += f"; unknown (no spread measured): {', '.join(v.spread_unmeasured)}"
     costs = [f"{a.name} {', '.join([*a.costs, *a.violations])}" for a in v.arms if a.name != v.best]
     return head + near + (f"; cost: {'; '.join(costs)}" if costs else "")
 
