@@ -174,7 +174,15 @@ def test_seeds_that_gave_identical_runs_measure_no_spread() -> None:
     v = judge(obj, [a, b])
     assert v.best == "cache_aware_v2"
     assert v.noise.kind == "identical" and v.within_noise == ()
-    assert "5 seeds gave identical runs" in verdict_lines(v)[2]
+    assert "each arm gave the same SLO goodput on all 5 seeds" in verdict_lines(v)[2]
+    # an objective at its limit (toy workload, light load: every turn within the SLO) does
+    # not move with the seed either; an arm equal to the best on every seed is within noise
+    top = [
+        ArmRuns(n, tuple(_run(None, t, 0, 1.0) for _ in range(2))) for n, t in (("x", 1), ("y", 2))
+    ]
+    at_limit = judge(obj, top)
+    assert at_limit.noise.kind == "identical" and at_limit.within_noise == ("y",)
+    assert verdict_lines(at_limit)[2].endswith("equal to it on every seed: y")
     # one arm that moves with the seed makes the seeds a measurement again
     c = ArmRuns("c", (*(_run(None, 9, 0, 0.40) for _ in range(4)), _run(None, 9, 0, 0.41)))
     mixed = judge(obj, [a, b, c])

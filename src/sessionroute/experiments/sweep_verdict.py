@@ -57,7 +57,9 @@ def verdict_line(knob: Knob, value: float, v: Verdict) -> str:
     if v.noise.kind == "none":
         near = "; within noise: unknown (one seed: no ranking below the seed spread)"
     elif v.noise.kind == "identical":
-        near = "; within noise: unknown (the seeds gave identical runs: no spread measured)"
+        near = "; within noise: unknown (each policy gave one value on every seed: no spread)"
+        if v.within_noise:
+            near += f"; equal: {', '.join(v.within_noise)}"
     else:
         near = f"; within noise: {', '.join(v.within_noise) or 'none'}"
         if v.spread_unmeasured:

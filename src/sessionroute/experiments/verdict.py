@@ -20,8 +20,9 @@ Rules (``docs/objectives.md``):
   possible below the seed spread. (The interval narrows as seeds are added; the range of the
   differences, the rule before, widens, so more seeds could never settle a ranking.) When
   every arm's seeds gave the same objective (a workload that draws nothing at random for the
-  seed, such as a trace replayed as recorded), the seeds measured no spread: no arm is within
-  noise and the verdict says so (``identical``) instead of calling every difference real.
+  seed, such as a trace replayed as recorded, or an objective at its limit, such as every
+  turn within the SLO), the seeds measured no spread: only an arm equal to the best is within
+  noise, and the verdict says so (``identical``) instead of calling every difference real.
   When only some arms move with the seed, an arm that gave one value on every seed, as the
   best did, is neither within noise nor outside it: its difference has no measured spread.
 * The Pareto front: arms not dominated on (objective, TTFT p99, timed-out share), each axis
@@ -86,7 +87,8 @@ class Noise:
     Attributes:
         kind: ``repeats`` (seed ranges of this experiment), ``reference`` (a spread measured
             earlier on the same workload, one run per arm here), ``identical`` (2 or more
-            runs per arm, each arm's the same on every seed: no spread measured) or
+            runs per arm, each arm's objective the same on every seed: no spread measured;
+            only an arm equal to the best is within noise) or
             ``none``.
         relative: the reference spread as a fraction of the best's value (``reference``).
         source: where the reference comes from, in words.
@@ -374,8 +376,11 @@ def judge(
             if v is not None:
                 mine_s = a.by_seed(objective.metric)
                 best_s = by_name[best].by_seed(objective.metric)
-                flat = noise.kind == "repeats" and v != bv and _flat_pair(mine_s, best_s)
-                near = not flat and _within(mine_s, best_s, noise, bv)
+                if noise.kind == "identical":  # every arm flat: only an exact tie is near
+                    near, flat = v == bv, v != bv
+                else:
+                    flat = noise.kind == "repeats" and v != bv and _flat_pair(mine_s, best_s)
+                    near = not flat and _within(mine_s, best_s, noise, bv)
                 costs.append(f"{objective.label} {change_text(objective.metric, v, bv)}")
             else:
                 costs.append(f"{objective.label} not measured")

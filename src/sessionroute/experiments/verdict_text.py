@@ -163,11 +163,13 @@ def _noise_line(v: Verdict) -> str:
             f"possible below it): {near}"
         )
     if n.kind == "identical":
+        equal = f"; equal to it on every seed: {near}" if v.within_noise else ""
         return (
-            f"within noise of it: unknown (the {n.runs} seeds gave identical runs: this "
-            "workload draws nothing at random for a seed, e.g. a trace replayed as recorded, "
-            "so no spread was measured; a small difference shows how this exact replay ran, "
-            "and can reverse at a slightly different load)"
+            f"within noise of it: unknown (each arm gave the same {v.objective.label} on all "
+            f"{n.runs} seeds: no spread measured; a trace replayed as recorded draws nothing "
+            "random for a seed, and an objective at its limit, such as every turn within the "
+            "SLO, cannot move; a small difference can reverse under a slightly different "
+            f"load){equal}"
         )
     return (
         "one seed and no spread measured for this workload: no ranking is possible below the "
