@@ -227,6 +227,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--model", required=True, help="the servers' model directory")
     parser.add_argument("--tolerance", type=float, default=1e-6, help="seconds (default 1e-6)")
     a = parser.parse_args(argv)
+    for name in ("fidelity.json", "turns.json"):
+        if not (a.out / name).is_file():
+            print(
+                f"error: {a.out / name} not found: OUT must be the output directory of "
+                "`sessionroute compare FILE --fidelity` (turns.json since 2026-12-06)",
+                file=sys.stderr,
+            )
+            return 2
+    runs = json.loads((a.out / "turns.json").read_text(encoding="utf-8"))
+    if not any(turns for arm_runs in runs.values() for turns in arm_runs):
+        print(f"error: {a.out / 'turns.json'} holds no turns: nothing to check", file=sys.stderr)
+        return 1
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     from sessionroute.replica.api import ReplicaConfig
     from sessionroute.replica.profiles import load_profile_file
@@ -246,7 +258,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     def step_time(p: int, d: int, c: int, attn: float, r: int) -> float:
         return profile.step_time(p, d, c, attn, r)
 
-    runs = json.loads((a.out / "turns.json").read_text(encoding="utf-8"))
     differing = 0
     for arm, arm_runs in runs.items():
         for k, turns in enumerate(arm_runs):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import json
-import re
 from pathlib import Path
 
 import pytest
@@ -119,12 +118,8 @@ def test_sweep_cli_writes_csv_json_and_report(
     assert printed.startswith("objective: maximise SLO goodput")  # the default for toy
     for value in (2, 3):  # a verdict paragraph per point, every other policy's cost in it
         block = printed.split(f"at {value} replicas:\n", 1)[1]
-        block = re.split(r"^at \d+ replicas:$", block, maxsplit=1, flags=re.M)[0]
+        block = block.split(f"at {value + 1} replicas:", 1)[0]  # up to the next point
         assert block.startswith("  best: ") and "cost against" in block
-        # at 3 replicas every arm serves every turn within the SLO on both seeds (goodput 1.0,
-        # its bound): the verdict says the seeds measured no spread
-        words = " ".join(block.split())
-        assert ("gave the same SLO goodput on all 2 seeds" in words) == (value == 3)
     with (out / "sweep.csv").open() as fh:
         rows = list(csv.DictReader(fh))
     assert len(rows) == 2 * 2 * 2  # values x policies x seeds

@@ -174,10 +174,33 @@ def test_seeds_that_gave_identical_runs_measure_no_spread() -> None:
     v = judge(obj, [a, b])
     assert v.best == "cache_aware_v2"
     assert v.noise.kind == "identical" and v.within_noise == ()
-    assert "every arm gave the same SLO goodput on all 5 seeds" in verdict_lines(v)[2]
+    assert "each arm gave the same SLO goodput on all 5 seeds" in verdict_lines(v)[2]
+    # an objective at its limit (toy workload, light load: every turn within the SLO) does
+    # not move with the seed either; an arm equal to the best on every seed is within noise
+    top = [
+        ArmRuns(n, tuple(_run(None, t, 0, 1.0) for _ in range(2))) for n, t in (("x", 1), ("y", 2))
+    ]
+    at_limit = judge(obj, top)
+    assert at_limit.noise.kind == "identical" and at_limit.within_noise == ("y",)
+    assert verdict_lines(at_limit)[2].endswith("equal to it on every seed: y")
     # one arm that moves with the seed makes the seeds a measurement again
     c = ArmRuns("c", (*(_run(None, 9, 0, 0.40) for _ in range(4)), _run(None, 9, 0, 0.41)))
-    assert judge(obj, [a, b, c]).noise.kind == "repeats"
+    mixed = judge(obj, [a, b, c])
+    assert mixed.noise.kind == "repeats"
+    # ...but not between the two that did not: adaptive_hold and the best gave one value on
+    # every seed, so their difference has no measured spread (a zero-width interval would
+    # call it real; measured: Mooncake replay, cache_aware_v2 vs adaptive_hold beside
+    # power_of_two)
+    assert not mixed.arm("adaptive_hold").within_noise
+    assert not mixed.arm("adaptive_hold").spread_measured
+    assert mixed.arm("c").spread_measured and mixed.spread_unmeasured == ("adaptive_hold",)
+    lines = verdict_lines(mixed)
+    assert "unknown for adaptive_hold (one value on every seed" in lines[2]
+    assert any(x.startswith("  adaptive_hold (no spread measured):") for x in lines)
+    assert verdict_document(mixed)["arms"][1]["spread_measured"] is False
+    # an exact tie stays within noise
+    tie = ArmRuns("tie", tuple(_run(None, 14.0, 0, 0.427) for _ in range(5)))
+    assert judge(obj, [a, tie, c]).arm("tie").within_noise
 
 
 def test_more_seeds_settle_a_ranking_the_range_of_the_differences_could_not() -> None:

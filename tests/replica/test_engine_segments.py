@@ -209,3 +209,18 @@ def test_decoder_filling_a_block_cached_elsewhere_leaves_it_uncached() -> None:
         p.admit(d, [], 4)  # evicts B's four blocks
         assert p.cached_keys(None) == set(keys)
     assert block_queue(ref) == segment_queue(seg) == keys[::-1]
+
+
+def test_block_pool_reuses_blocks_without_a_key_deepest_first_last_freed_first() -> None:
+    # vLLM 0.32: KVCacheManager.free passes a request's blocks deepest first to
+    # BlockPool.free_blocks, which prepends those without a hash to the free queue in that
+    # order (prepend_n), so the next allocation takes the last freed request's deepest one first
+    p = BlockPool(8)
+    a = holder(chain([1, 2, 3]), p.cache_for(None))
+    c = holder(chain([4, 5]), p.cache_for(None))
+    p.admit(a, [], 3)
+    p.admit(c, [], 2)
+    ablocks, cblocks = list(a.blocks), list(c.blocks)
+    p.release(a)  # nothing offered to the cache (nreg 0): all go to the front
+    p.release(c)
+    assert p.allocate(5) == [*reversed(cblocks), *reversed(ablocks)]

@@ -57,9 +57,13 @@ def verdict_line(knob: Knob, value: float, v: Verdict) -> str:
     if v.noise.kind == "none":
         near = "; within noise: unknown (one seed: no ranking below the seed spread)"
     elif v.noise.kind == "identical":
-        near = "; within noise: unknown (each arm the same on every seed: no spread measured)"
+        near = "; within noise: unknown (each policy gave one value on every seed: no spread)"
+        if v.within_noise:
+            near += f"; equal: {', '.join(v.within_noise)}"
     else:
         near = f"; within noise: {', '.join(v.within_noise) or 'none'}"
+        if v.spread_unmeasured:
+            near += f"; unknown (no spread measured): {', '.join(v.spread_unmeasured)}"
     costs = [f"{a.name} {', '.join([*a.costs, *a.violations])}" for a in v.arms if a.name != v.best]
     return head + near + (f"; cost: {'; '.join(costs)}" if costs else "")
 

@@ -20,8 +20,11 @@ Rules (``docs/objectives.md``):
   possible below the seed spread. (The interval narrows as seeds are added; the range of the
   differences, the rule before, widens, so more seeds could never settle a ranking.) When
   every arm's seeds gave the same objective (a workload that draws nothing at random for the
-  seed, such as a trace replayed as recorded), the seeds measured no spread: no arm is within
-  noise and the verdict says so (``identical``) instead of calling every difference real.
+  seed, such as a trace replayed as recorded, or an objective at its limit, such as every
+  turn within the SLO), the seeds measured no spread: only an arm equal to the best is within
+  noise, and the verdict says so (``identical``) instead of calling every difference real.
+  When only some arms move with the seed, an arm that gave one value on every seed, as the
+  best did, is neither within noise nor outside it: its difference has no measured spread.
 * The Pareto front: arms not dominated on (objective, TTFT p99, timed-out share), each axis
   that every arm measured.
 """
@@ -84,7 +87,8 @@ class Noise:
     Attributes:
         kind: ``repeats`` (seed ranges of this experiment), ``reference`` (a spread measured
             earlier on the same workload, one run per arm here), ``identical`` (2 or more
-            runs per arm, each arm's the same on every seed: no spread measured) or
+            runs per arm, each arm's objective the same on every seed: no spread measured;
+            only an arm equal to the best is within noise) or
             ``none``.
         relative: the reference spread as a fraction of the best's value (``reference``).
         source: where the reference comes from, in words.
@@ -109,6 +113,10 @@ class ArmJudgement:
         within_noise: its objective is within noise of the best's (False for the best).
         pareto: on the Pareto front.
         costs: phrases, what it costs against the best (empty for the best).
+        spread_measured: False when this arm and the best each gave one value on every seed
+            they share (2 or more; noise ``repeats``, where other arms moved with the seed):
+            the seeds measured no spread of their difference, so whether it is within noise
+            is unknown (``within_noise`` is False).
     """
 
     name: str
@@ -118,6 +126,7 @@ class ArmJudgement:
     within_noise: bool
     pareto: bool
     costs: tuple[str, ...]
+    spread_measured: bool = True
 
     @property
     def eligible(self) -> bool:
@@ -156,6 +165,12 @@ class Verdict:
     def within_noise(self) -> tuple[str, ...]:
         """The arms within noise of the best."""
         return tuple(a.name for a in self.arms if a.within_noise)
+
+    @property
+    def spread_unmeasured(self) -> tuple[str, ...]:
+        """The arms whose difference from the best the seeds measured no spread of
+        (:attr:`ArmJudgement.spread_measured`)."""
+        return tuple(a.name for a in self.arms if not a.spread_measured)
 
     @property
     def pareto(self) -> tuple[str, ...]:
@@ -253,6 +268,18 @@ def _within(
     return False
 
 
+def _flat_pair(arm: Mapping[int, float], best: Mapping[int, float]) -> bool:
+    """Whether ``arm`` and ``best`` (seed -> value) each gave one value on the 2 or more seeds
+    they share: their seed-by-seed difference has no spread, so a paired interval of zero
+    width would call any difference real."""
+    common = set(arm) & set(best)
+    return (
+        len(common) >= 2
+        and len({arm[k] for k in common}) == 1
+        and len({best[k] for k in common}) == 1
+    )
+
+
 def _no_spread(arms: Sequence[ArmRuns], path: str) -> bool:
     """Whether every arm that measured ``path`` gave the same value on each of its runs."""
     spreads = [set(a.by_seed(path).values()) for a in arms]
@@ -344,14 +371,16 @@ def judge(
         v, seeds = values[a.name]
         costs: list[str] = []
         near = False
+        flat = False
         if best is not None and bv is not None and a.name != best:
             if v is not None:
-                near = _within(
-                    a.by_seed(objective.metric),
-                    by_name[best].by_seed(objective.metric),
-                    noise,
-                    bv,
-                )
+                mine_s = a.by_seed(objective.metric)
+                best_s = by_name[best].by_seed(objective.metric)
+                if noise.kind == "identical":  # every arm flat: only an exact tie is near
+                    near, flat = v == bv, v != bv
+                else:
+                    flat = noise.kind == "repeats" and v != bv and _flat_pair(mine_s, best_s)
+                    near = not flat and _within(mine_s, best_s, noise, bv)
                 costs.append(f"{objective.label} {change_text(objective.metric, v, bv)}")
             else:
                 costs.append(f"{objective.label} not measured")
@@ -368,6 +397,7 @@ def judge(
                 near,
                 a.name in front,
                 tuple(costs),
+                not flat,
             )
         )
 

@@ -94,7 +94,9 @@ GLOSSARY: tuple[tuple[str, str], ...] = (
         "a difference no larger than the seed spread: with --repeats >= 2, the 95 % confidence "
         "interval of the mean seed-by-seed difference between the two arms (arms run the same "
         "seeds) contains zero; with one repeat, the spread of that difference measured on the "
-        "same workload over seeds 0-2, when it was measured. No ranking is possible below it.",
+        "same workload over seeds 0-2, when it was measured. No ranking is possible below it. "
+        "An arm that gave one value on every seed, as the best did, has no measured spread "
+        "against it: unknown.",
     ),
     (
         "Pareto front",
@@ -144,10 +146,16 @@ def _noise_line(v: Verdict) -> str:
     n = v.noise
     near = ", ".join(v.within_noise) or "none"
     if n.kind == "repeats":
-        return (
+        line = (
             f"within noise of it ({n.runs} seeds; the 95 % interval of its seed-by-seed "
             f"difference from the best contains zero): {near}"
         )
+        if v.spread_unmeasured:
+            line += (
+                f"; unknown for {', '.join(v.spread_unmeasured)} (one value on every seed, "
+                "as the best: no spread measured)"
+            )
+        return line
     if n.kind == "reference" and n.relative is not None:
         return (
             f"within noise of it (one seed; the seed spread measured on this workload, "
@@ -155,12 +163,13 @@ def _noise_line(v: Verdict) -> str:
             f"possible below it): {near}"
         )
     if n.kind == "identical":
+        equal = f"; equal to it on every seed: {near}" if v.within_noise else ""
         return (
-            f"within noise of it: unknown (every arm gave the same {v.objective.label} on "
-            f"all {n.runs} seeds, so no spread was measured: a workload that draws nothing "
-            "at random for the seed, such as a trace replayed as recorded, or a metric at its "
-            "bound; a small difference then shows how this one run went and can reverse at a "
-            "slightly different load)"
+            f"within noise of it: unknown (each arm gave the same {v.objective.label} on all "
+            f"{n.runs} seeds: no spread measured; a trace replayed as recorded draws nothing "
+            "random for a seed, and an objective at its limit, such as every turn within the "
+            "SLO, cannot move; a small difference can reverse under a slightly different "
+            f"load){equal}"
         )
     return (
         "one seed and no spread measured for this workload: no ranking is possible below the "
@@ -199,7 +208,11 @@ def verdict_lines(v: Verdict, *, title: str = "verdict") -> list[str]:
         lines.append(f"cost against {v.best}:")
         for a in others:
             parts = list(a.costs) + list(a.violations)
-            tag = " (within noise)" if a.within_noise else ""
+            tag = ""
+            if a.within_noise:
+                tag = " (within noise)"
+            elif not a.spread_measured:
+                tag = " (no spread measured)"
             lines.append(f"  {a.name}{tag}: {', '.join(parts) or 'no difference'}")
     return lines
 
@@ -243,6 +256,7 @@ def verdict_document(v: Verdict) -> dict[str, Any]:
                 "meets_constraints": a.eligible,
                 "violations": list(a.violations),
                 "within_noise": a.within_noise,
+                "spread_measured": a.spread_measured,
                 "pareto": a.pareto,
                 "cost": list(a.costs),
             }

@@ -332,8 +332,9 @@ class BlockPool(KVPool):
     def release(self, r: Holder) -> None:
         """:meth:`KVPool.release`: the blocks ``r`` offered to the cache (its first ``nreg``)
         join the queue tail deepest first; the rest (a partial tail, blocks past its keys) are
-        taken before any queued block (vLLM 0.32 ``BlockPool.free_blocks``: blocks without a
-        hash go to the front of the free queue)."""
+        taken before any queued block, deepest first, before those of requests freed earlier
+        (vLLM 0.32 ``BlockPool.free_blocks``: blocks without a hash, passed deepest first, are
+        prepended to the free queue in that order)."""
         blocks: list[int] = r.blocks
         nreg = r.nreg
         if nreg < len(blocks):
@@ -341,9 +342,8 @@ class BlockPool(KVPool):
             ver = self.ver
             spare = self._spare
             freed = 0
-            i = len(blocks)
-            while i > nreg:
-                i -= 1
+            # shallowest first onto the stack, so that allocate pops the deepest first
+            for i in range(nreg, len(blocks)):
                 b = blocks[i]
                 left = ref[b] - 1
                 ref[b] = left
