@@ -175,3 +175,22 @@ def test_keeping_an_arm_whose_options_depend_on_the_objective_kind_is_refused(
         check_merge(earlier, knob, [2, 3], [0, 1], arms, serving)
     earlier.doc["objective"] = {"metric": "ttft_s.p99"}  # serving too: the same options
     assert check_merge(earlier, knob, [2, 3], [0, 1], arms, serving)
+
+
+def test_a_merge_of_a_sweep_judged_against_another_slo_is_refused(full: Path) -> None:
+    """The earlier runs' SLO goodput was counted against the SLO of that sweep's objective:
+    under another SLO they are not this sweep's runs, whatever the objective's metric."""
+    knob = KNOBS["replicas"]
+    earlier = load_earlier(full)
+    arms = [
+        ResolvedArm(name=f"round_robin@{v}", policy="round_robin", policy_options={},
+                    settings=copy.deepcopy(earlier.settings[float(v)]))
+        for v in (2, 3)
+    ]  # fmt: skip
+    assert earlier.doc["objective"]["slo"] == {"ttft_s": 2.0, "itl_s": 0.2}
+    assert check_merge(earlier, knob, [2, 3], [0, 1], arms, Objective("ttft_s.p99", -1))
+    tight = Objective("slo_goodput", +1, slo_ttft_s=1.0)
+    with pytest.raises(
+        ConfigError, match=r"against TTFT <= 2 s and ITL <= 0.2 s, this sweep against TTFT <= 1 s"
+    ):
+        check_merge(earlier, knob, [2, 3], [0, 1], arms, tight)
