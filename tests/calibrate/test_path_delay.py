@@ -126,6 +126,9 @@ def test_the_fidelity_output_prints_every_term_with_its_fit_error() -> None:
 
     terms = [TermFit("b0_s", 0.002, 0.0002, 0.4), TermFit("b_kv_s", 0.0, None, 0.0)]
     assert describe_terms(terms) == "b0_s 0.002 s (±10%); b_kv_s 0 s (at 0)"
+    # calibrate's table words the same errors from the same function, at its precision
+    unknown = TermFit("b_tok_s", 0.001, None, 0.1)
+    assert [t.error_text() for t in (*terms, unknown)] == ["10.0%", "at bound 0", "?"]
     line = describe_path(_path())
     assert line.startswith("path delay 30.0 ms (±") and "+ 4.00 ms (±" in line
     assert "per other request in flight" in line

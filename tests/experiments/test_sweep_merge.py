@@ -16,7 +16,7 @@ from sessionroute.errors import ConfigError
 from sessionroute.experiments.objective import Objective
 from sessionroute.experiments.spec import ResolvedArm
 from sessionroute.experiments.sweep import KNOBS
-from sessionroute.experiments.sweep_merge import check_merge, load_earlier
+from sessionroute.experiments.sweep_merge import EarlierSweep, check_merge, load_earlier
 
 SWEEP = ["sweep", "--workload", "toy", "--knob", "replicas", "--jobs", "1"]
 
@@ -122,6 +122,15 @@ def test_a_merge_of_another_experiment_is_refused(full: Path) -> None:
         check_merge(earlier, knob, [2, 3], [0, 1], arms(), objective)
 
 
+def _round_robin_arms(earlier: EarlierSweep) -> list[ResolvedArm]:
+    """round_robin at 2 and 3 replicas on the earlier sweep's settings."""
+    return [
+        ResolvedArm(name=f"round_robin@{v}", policy="round_robin", policy_options={},
+                    settings=copy.deepcopy(earlier.settings[float(v)]))
+        for v in (2, 3)
+    ]  # fmt: skip
+
+
 def test_a_merge_of_a_file_is_refused_with_a_clear_error(full: Path, tmp_path: Path) -> None:
     """``--merge DIR/sweep.json`` (the file, not its directory): a clear error, no traceback."""
     with pytest.raises(ConfigError, match=r"cannot read .*sweep\.json: Not a directory"):
@@ -160,11 +169,7 @@ def test_keeping_an_arm_whose_options_depend_on_the_objective_kind_is_refused(
     policy takes none (round_robin), or the same kind, passes."""
     knob = KNOBS["replicas"]
     earlier = load_earlier(full)
-    arms = [
-        ResolvedArm(name=f"round_robin@{v}", policy="round_robin", policy_options={},
-                    settings=copy.deepcopy(earlier.settings[float(v)]))
-        for v in (2, 3)
-    ]  # fmt: skip
+    arms = _round_robin_arms(earlier)
     serving = Objective("slo_goodput", +1)
     earlier.doc["objective"] = {"metric": "step_time_s.mean"}
     assert check_merge(earlier, knob, [2, 3], [0, 1], arms, serving)  # consistent_hash: none
@@ -175,3 +180,18 @@ def test_keeping_an_arm_whose_options_depend_on_the_objective_kind_is_refused(
         check_merge(earlier, knob, [2, 3], [0, 1], arms, serving)
     earlier.doc["objective"] = {"metric": "ttft_s.p99"}  # serving too: the same options
     assert check_merge(earlier, knob, [2, 3], [0, 1], arms, serving)
+
+
+def test_a_merge_of_a_sweep_judged_against_another_slo_is_refused(full: Path) -> None:
+    """The earlier runs' SLO goodput was counted against the SLO of that sweep's objective:
+    under another SLO they are not this sweep's runs, whatever the objective's metric."""
+    knob = KNOBS["replicas"]
+    earlier = load_earlier(full)
+    arms = _round_robin_arms(earlier)
+    assert earlier.doc["objective"]["slo"] == {"ttft_s": 2.0, "itl_s": 0.2}
+    assert check_merge(earlier, knob, [2, 3], [0, 1], arms, Objective("ttft_s.p99", -1))
+    tight = Objective("slo_goodput", +1, slo_ttft_s=1.0)
+    with pytest.raises(
+        ConfigError, match=r"against TTFT <= 2 s and ITL <= 0.2 s, this sweep against TTFT <= 1 s"
+    ):
+        check_merge(earlier, knob, [2, 3], [0, 1], arms, tight)

@@ -203,6 +203,34 @@ def test_seeds_that_gave_identical_runs_measure_no_spread() -> None:
     assert judge(obj, [a, tie, c]).arm("tie").within_noise
 
 
+def test_one_measured_seed_measures_no_spread_and_seed_counts_read_right() -> None:
+    obj = Objective("step_time_s.mean", -1)
+    flat = ArmRuns("flat", tuple(_run(500.0, 1, 0, 0) for _ in range(3)))
+    # measured on one seed of three (a short run: no RL step on the others): one seed cannot
+    # tell whether the value moves with the seed, so the seeds are not "identical"
+    once = ArmRuns("once", (_run(520.0, 1, 0, 0), _run(None, 1, 0, 0), _run(None, 1, 0, 0)))
+    v = judge(obj, [flat, once])
+    assert v.noise.kind == "repeats" and v.best == "flat"
+    assert v.spread_unmeasured == ("once",) and v.within_noise == ()
+    assert "(1 to 3 seeds; the 95 % interval" in verdict_lines(v)[2]
+    tie = ArmRuns("tie", (_run(500.0, 1, 0, 0), _run(None, 1, 0, 0)))
+    assert judge(obj, [flat, tie]).within_noise == ("tie",)  # an exact tie is within noise
+    # arms that ran different numbers of seeds, each flat: the words do not say "all 2"
+    two = ArmRuns("two", tuple(_run(510.0, 1, 0, 0) for _ in range(2)))
+    w = judge(obj, [flat, two])
+    assert w.noise.kind == "identical" and w.spread_unmeasured == ("two",)
+    assert (
+        "the same mean RL step time on every seed (2 to 3 per arm): no spread"
+        in (verdict_lines(w)[2])
+    )
+    # flat arms on unmatched seeds beside one that moves: no spread measured either (their
+    # ranges are zero wide, so any difference would have been called real)
+    moving = ArmRuns("moving", (_run(530.0, 1, 0, 0), _run(540.0, 1, 0, 0)), (0, 1))
+    shifted = ArmRuns("shifted", two.runs, (7, 8))
+    u = judge(obj, [ArmRuns("flat", flat.runs, (0, 1, 2)), shifted, moving])
+    assert u.noise.kind == "repeats" and u.spread_unmeasured == ("shifted",)
+
+
 def test_more_seeds_settle_a_ranking_the_range_of_the_differences_could_not() -> None:
     # the confirmation of a tune study (consistent_hash_bounded_load, c = 1.02 vs the default
     # 1.25, default workload, seeds 1000-1009): better on 9 seeds, equal on one; the range of

@@ -93,6 +93,17 @@ class TermFit:
             return None
         return self.stderr / self.value
 
+    def error_text(self, *, terse: bool = False) -> str:
+        """The fit error in words, as ``calibrate`` and the fidelity run print it: the relative
+        standard error (``"4.2%"``; terse: ``"±4%"``), ``"at bound 0"`` (terse: ``"at 0"``)
+        for a constant at the bound, ``"?"`` when the fit has no residual degrees of freedom."""
+        if self.value == 0:
+            return "at 0" if terse else "at bound 0"
+        rel = self.rel_err
+        if rel is None:
+            return "?"
+        return f"±{rel:.0%}" if terse else f"{rel:.1%}"
+
 
 @dataclass(frozen=True, slots=True)
 class PhaseFit:

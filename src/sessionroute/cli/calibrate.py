@@ -164,8 +164,7 @@ def print_fit(console: Any, result: Any) -> None:
     for col in ("term", "value", "fit error (±1 s.e.)", "share of time"):
         terms.add_column(col)
     for t in result.fit.terms:
-        err = "at bound 0" if t.value == 0 else ("?" if t.rel_err is None else f"{t.rel_err:.1%}")
-        terms.add_row(t.name, _fmt_term(t.name, t.value), err, f"{t.share:.1%}")
+        terms.add_row(t.name, _fmt_term(t.name, t.value), t.error_text(), f"{t.share:.1%}")
     console.print(terms)
     phases = Table(title="phases: measured vs fitted model")
     for col in ("phase", "measured", "measured (ms)", "model (ms)", "error", "vLLM's (ms)"):

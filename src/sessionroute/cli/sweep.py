@@ -93,9 +93,9 @@ def register(sub: Any) -> None:
         metavar="DIR",
         help="add the arms run now to the finished sweep in DIR: the runs of DIR's other arms "
         "are taken from DIR/sweep.json and the verdicts and knee computed over all arms "
-        "(refused unless DIR varied the same knob over the same values with the same seeds "
-        "and settings, and kept only arms whose options do not depend on a changed kind of "
-        "objective; arms run now replace DIR's of the same name; DIR is not changed "
+        "(refused unless DIR varied the same knob over the same values with the same seeds, "
+        "settings and SLO, and kept only arms whose options do not depend on a changed kind "
+        "of objective; arms run now replace DIR's of the same name; DIR is not changed "
         "unless --out is DIR)",
     )
     parser.add_argument(

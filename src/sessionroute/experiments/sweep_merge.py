@@ -8,7 +8,9 @@ together. It is refused unless both sweeps vary the same knob over the same valu
 same seeds, and every arm runs on the same settings (workload, replicas, router, simulator,
 faults: the ``settings`` each arm is simulated with, recorded per value in ``sweep.json``;
 for a ``sweep.json`` written before it recorded them, read from the experiment that
-``DIR/report.html`` embeds). Arms run now replace the earlier arms of the same name.
+``DIR/report.html`` embeds) and counts the SLO goodput against the same SLO; an arm kept from
+``DIR`` must run with the same options under both objectives' kinds. Arms run now replace the
+earlier arms of the same name.
 """
 
 from __future__ import annotations
@@ -183,8 +185,8 @@ def check_merge(
     Raises:
         ConfigError: naming the earlier file and what differs, unless both sweeps vary
             ``knob`` over ``values``, ran ``seeds`` and ran every value with the same
-            settings (a setting it does not name counts as today's default); or when its
-            runs lack a metric the verdict reads.
+            settings (a setting it does not name counts as today's default) and the same SLO
+            (``slo_goodput``'s); or when its runs lack a metric the verdict reads.
     """
     doc = earlier.doc
     where = f"--merge: {earlier.path}"
@@ -206,6 +208,7 @@ def check_merge(
             )
     ran_now = {a.name.rpartition("@")[0] for a in arms}
     _check_objective_kind(doc, objective, ran_now, where)
+    _check_slo(doc, objective, where)
     paths = [objective.metric, *(c.metric for c in objective.constraints)]
     paths += [p for p, _ in PARETO_AXES if p not in paths]
     by_arm: dict[tuple[str, float], list[RunOutput]] = {}
@@ -260,6 +263,34 @@ def _check_objective_kind(
                 f"this sweep's, {objective.metric}, it runs with other options "
                 '(docs/objectives.md, "A policy\'s options for the objective"): rerun it too'
             )
+
+
+def _check_slo(doc: dict[str, Any], objective: Objective, where: str) -> None:
+    """Refuse an earlier sweep whose runs counted the SLO goodput against another SLO than
+    this sweep's (its rows' ``slo_goodput`` would not be this sweep's). One that records no
+    SLO (written before objectives) is not checked: its runs lack the metric if a verdict needs
+    it. The objective's metric and constraints may differ: the verdicts are taken anew over
+    every arm on this sweep's, from rows that must hold its metrics (checked after this).
+
+    Raises:
+        ConfigError: naming both SLOs.
+    """
+    slo = doc.get("objective", {}).get("slo")
+    then = (slo.get("ttft_s"), slo.get("itl_s")) if isinstance(slo, dict) else (None, None)
+    if not all(isinstance(x, int | float) for x in then):
+        return
+    here = (objective.slo_ttft_s, objective.slo_itl_s)
+    if then != here:
+
+        def words(ttft: Any, itl: Any) -> str:
+            return f"TTFT <= {ttft:g} s and ITL <= {itl:g} s"
+
+        raise ConfigError(
+            f"{where} counted SLO goodput against {words(*then)}, this sweep against "
+            f"{words(*here)}: its runs' "
+            "slo_goodput is not this sweep's; declare the same SLO ([objective] slo_ttft_s, "
+            "slo_itl_s) or rerun every arm"
+        )
 
 
 def merge_arms(

@@ -19,12 +19,13 @@ Rules (``docs/objectives.md``):
   when there is one; otherwise no arm is within noise and the verdict says that no ranking is
   possible below the seed spread. (The interval narrows as seeds are added; the range of the
   differences, the rule before, widens, so more seeds could never settle a ranking.) When
-  every arm's seeds gave the same objective (a workload that draws nothing at random for the
-  seed, such as a trace replayed as recorded, or an objective at its limit, such as every
-  turn within the SLO), the seeds measured no spread: only an arm equal to the best is within
-  noise, and the verdict says so (``identical``) instead of calling every difference real.
-  When only some arms move with the seed, an arm that gave one value on every seed, as the
-  best did, is neither within noise nor outside it: its difference has no measured spread.
+  every arm gave the same objective on each of the 2 or more seeds it measured (a workload
+  that draws nothing at random for the seed, such as a trace replayed as recorded, or an
+  objective at its limit, such as every turn within the SLO), the seeds measured no spread
+  and the verdict says so (``identical``) instead of calling every difference real. Whether
+  or not other arms move with the seed, an arm that gave one value on every seed, as the best
+  did (on the seeds they share, 2 or more; else each on its own), is neither within noise nor
+  outside it: its difference has no measured spread; an exact tie is within noise.
 * The Pareto front: arms not dominated on (objective, TTFT p99, timed-out share), each axis
   that every arm measured.
 """
@@ -87,9 +88,9 @@ class Noise:
     Attributes:
         kind: ``repeats`` (seed ranges of this experiment), ``reference`` (a spread measured
             earlier on the same workload, one run per arm here), ``identical`` (2 or more
-            runs per arm, each arm's objective the same on every seed: no spread measured;
-            only an arm equal to the best is within noise) or
-            ``none``.
+            runs per arm, each arm's objective the same on each of the 2 or more seeds it
+            measured: no spread measured; only an arm equal to the best is within noise) or
+            ``none`` (one run, no reference).
         relative: the reference spread as a fraction of the best's value (``reference``).
         source: where the reference comes from, in words.
         runs: the fewest runs any arm has.
@@ -99,6 +100,12 @@ class Noise:
     relative: float | None = None
     source: str = ""
     runs: int = 1
+
+    @property
+    def from_seeds(self) -> bool:
+        """The seeds of this experiment tell noise (``repeats``; ``identical`` is the case
+        where every arm gave one value on them)."""
+        return self.kind in ("repeats", "identical")
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,9 +121,9 @@ class ArmJudgement:
         pareto: on the Pareto front.
         costs: phrases, what it costs against the best (empty for the best).
         spread_measured: False when this arm and the best each gave one value on every seed
-            they share (2 or more; noise ``repeats``, where other arms moved with the seed):
-            the seeds measured no spread of their difference, so whether it is within noise
-            is unknown (``within_noise`` is False).
+            they share (2 or more; else each on its own seeds) and their values differ (noise
+            ``repeats`` or ``identical``): the seeds measured no spread of their difference,
+            so whether it is within noise is unknown (``within_noise`` is False).
     """
 
     name: str
@@ -250,11 +257,14 @@ def paired_half_width(diffs: Sequence[float]) -> float:
 def _within(
     arm: Mapping[int, float], best: Mapping[int, float], noise: Noise, best_value: float
 ) -> bool:
-    """Whether the objective of ``arm`` (seed -> value) is within noise of ``best``'s."""
+    """Whether the objective of ``arm`` (seed -> value) is within noise of ``best``'s. On the
+    seeds of this experiment (noise ``repeats`` or ``identical``, the latter a case of the
+    former where every arm is flat): a paired interval on 2 or more shared seeds, else each
+    arm's own range (2 or more seeds each), else only an exact tie."""
     if not arm or not best:
         return False
     diff = abs(sum(arm.values()) / len(arm) - sum(best.values()) / len(best))
-    if noise.kind == "repeats":
+    if noise.from_seeds:
         common = sorted(set(arm) & set(best))
         if len(common) >= 2:  # matched seeds: a paired comparison
             d = [arm[k] - best[k] for k in common]
@@ -262,29 +272,29 @@ def _within(
         if len(arm) >= 2 and len(best) >= 2:
             a, b = list(arm.values()), list(best.values())
             return diff <= max(max(a) - min(a), max(b) - min(b))
-        return False
+        return diff == 0
     if noise.kind == "reference" and noise.relative is not None:
         return diff <= noise.relative * abs(best_value)
     return False
 
 
 def _flat_pair(arm: Mapping[int, float], best: Mapping[int, float]) -> bool:
-    """Whether ``arm`` and ``best`` (seed -> value) each gave one value on the 2 or more seeds
-    they share: their seed-by-seed difference has no spread, so a paired interval of zero
-    width would call any difference real."""
+    """Whether the seeds measured no spread of the difference between ``arm`` and ``best``
+    (seed -> value): on 2 or more shared seeds, each gave one value on them (a paired interval
+    of zero width would call any difference real); on fewer, each gave one value on its own
+    seeds (ranges of zero width; a single seed has one value)."""
     common = set(arm) & set(best)
-    return (
-        len(common) >= 2
-        and len({arm[k] for k in common}) == 1
-        and len({best[k] for k in common}) == 1
-    )
+    if len(common) >= 2:
+        return len({arm[k] for k in common}) == 1 and len({best[k] for k in common}) == 1
+    return len(set(arm.values())) == 1 and len(set(best.values())) == 1
 
 
 def _no_spread(arms: Sequence[ArmRuns], path: str) -> bool:
-    """Whether every arm that measured ``path`` gave the same value on each of its runs."""
-    spreads = [set(a.by_seed(path).values()) for a in arms]
-    measured = [s for s in spreads if s]
-    return bool(measured) and all(len(s) == 1 for s in measured)
+    """Whether every arm that measured ``path`` gave one value on the 2 or more seeds it
+    measured it on (the seeds measured no spread at all). An arm that measured it on a single
+    seed makes it False: one seed cannot tell whether the value moves with the seed."""
+    measured = [v for v in (a.by_seed(path) for a in arms) if v]
+    return bool(measured) and all(len(v) >= 2 and len(set(v.values())) == 1 for v in measured)
 
 
 def _dominates(a: Sequence[float], b: Sequence[float]) -> bool:
@@ -376,11 +386,8 @@ def judge(
             if v is not None:
                 mine_s = a.by_seed(objective.metric)
                 best_s = by_name[best].by_seed(objective.metric)
-                if noise.kind == "identical":  # every arm flat: only an exact tie is near
-                    near, flat = v == bv, v != bv
-                else:
-                    flat = noise.kind == "repeats" and v != bv and _flat_pair(mine_s, best_s)
-                    near = not flat and _within(mine_s, best_s, noise, bv)
+                flat = noise.from_seeds and v != bv and _flat_pair(mine_s, best_s)
+                near = not flat and _within(mine_s, best_s, noise, bv)
                 costs.append(f"{objective.label} {change_text(objective.metric, v, bv)}")
             else:
                 costs.append(f"{objective.label} not measured")

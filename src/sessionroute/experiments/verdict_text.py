@@ -142,12 +142,20 @@ def _v(x: float, path: str = "") -> str:
     return f"{x:.3f}"
 
 
+def _seed_counts(v: Verdict) -> tuple[int, int]:
+    """The fewest and most seeds on which an arm measured the objective."""
+    counts = [len(a.seed_values) for a in v.arms if a.seed_values] or [v.noise.runs]
+    return min(counts), max(counts)
+
+
 def _noise_line(v: Verdict) -> str:
     n = v.noise
     near = ", ".join(v.within_noise) or "none"
+    lo, hi = _seed_counts(v)
+    seeds = f"{lo}" if lo == hi else f"{lo} to {hi}"  # arms may have run different numbers
     if n.kind == "repeats":
         line = (
-            f"within noise of it ({n.runs} seeds; the 95 % interval of its seed-by-seed "
+            f"within noise of it ({seeds} seeds; the 95 % interval of its seed-by-seed "
             f"difference from the best contains zero): {near}"
         )
         if v.spread_unmeasured:
@@ -164,9 +172,10 @@ def _noise_line(v: Verdict) -> str:
         )
     if n.kind == "identical":
         equal = f"; equal to it on every seed: {near}" if v.within_noise else ""
+        every = f"all {lo} seeds" if lo == hi else f"every seed ({seeds} per arm)"
         return (
-            f"within noise of it: unknown (each arm gave the same {v.objective.label} on all "
-            f"{n.runs} seeds: no spread measured; a trace replayed as recorded draws nothing "
+            f"within noise of it: unknown (each arm gave the same {v.objective.label} on "
+            f"{every}: no spread measured; a trace replayed as recorded draws nothing "
             "random for a seed, and an objective at its limit, such as every turn within the "
             "SLO, cannot move; a small difference can reverse under a slightly different "
             f"load){equal}"

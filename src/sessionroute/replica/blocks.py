@@ -24,7 +24,7 @@ path uses (same results, per-block work only for blocks created or evicted).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from itertools import islice
 from typing import Any, Final
 
@@ -265,17 +265,28 @@ class BlockPool(KVPool):
 
     def free(self, blocks: Sequence[int]) -> None:
         """Release a request's blocks, deepest first; idle ones join the queue tail."""
-        queue = self._queue
+        self._unuse(reversed(blocks), True)
+
+    def _unuse(self, blocks: Iterable[int], offered: bool) -> None:
+        """Drop one use of each of ``blocks``, in the order given. Each that becomes idle gets
+        a new version (no queue entry of an earlier idle spell stays live) and joins, if
+        ``offered`` to the cache, the free queue's tail (evicted in LRU order), else
+        the spare stack (taken before any queued block, the last pushed first)."""
         ref = self.ref
         ver = self.ver
+        queue = self._queue
+        spare = self._spare
         freed = 0
-        for b in reversed(blocks):
-            r = ref[b] - 1
-            ref[b] = r
-            if r == 0:
+        for b in blocks:
+            left = ref[b] - 1
+            ref[b] = left
+            if left == 0:
                 v = ver[b] + 1
                 ver[b] = v
-                queue.append((v << _ID_BITS) | b)
+                if offered:
+                    queue.append((v << _ID_BITS) | b)
+                else:
+                    spare.append(b)
                 freed += 1
         self.num_free += freed
 
@@ -338,20 +349,8 @@ class BlockPool(KVPool):
         blocks: list[int] = r.blocks
         nreg = r.nreg
         if nreg < len(blocks):
-            ref = self.ref
-            ver = self.ver
-            spare = self._spare
-            freed = 0
             # shallowest first onto the stack, so that allocate pops the deepest first
-            for i in range(nreg, len(blocks)):
-                b = blocks[i]
-                left = ref[b] - 1
-                ref[b] = left
-                if left == 0:
-                    ver[b] += 1  # no queue entry of an earlier idle spell stays live
-                    spare.append(b)
-                    freed += 1
-            self.num_free += freed
+            self._unuse(islice(blocks, nreg, None), False)
             blocks = blocks[:nreg]
         self.free(blocks)
         r.blocks = []

@@ -185,12 +185,7 @@ def _probe_path(
 
 def describe_terms(terms: Any) -> str:
     """One line: the fitted step terms with their fit errors (``FitResult.terms``)."""
-
-    def one(t: Any) -> str:
-        err = "at 0" if t.value == 0 else ("?" if t.rel_err is None else f"±{t.rel_err:.0%}")
-        return f"{t.name} {t.value:.3g} s ({err})"
-
-    return "; ".join(one(t) for t in terms)
+    return "; ".join(f"{t.name} {t.value:.3g} s ({t.error_text(terse=True)})" for t in terms)
 
 
 def describe_path(fit: Any) -> str:

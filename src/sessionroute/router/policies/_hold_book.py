@@ -54,7 +54,7 @@ class HoldBook:
     Attributes:
         holds: holds begun. held_sessions: distinct sessions held (a session forgotten,
             :meth:`forget`, counts again when it is held again).
-        released: holds ended, by how (:data:`ENDINGS`): ``"resumed"`` (the worker drained,
+        released: holds ended, by how (:data:`ENDINGS`), a copy: ``"resumed"`` (the worker drained,
             in hold order), ``"bound"`` (a bound of rule 5), ``"waited"`` (its turn waited
             the queueing delay, rule 6), ``"placed"`` (the router placed the turn anyway, at
             its maximum wait or to make room in its full admission queue), ``"gone"``
@@ -71,6 +71,7 @@ class HoldBook:
         "_by_worker",
         "_held_s",
         "_on",
+        "_released",
         "_sample",
         "_tokens_total",
         "_where",
@@ -79,7 +80,6 @@ class HoldBook:
         "held_turns",
         "hold_s_total",
         "holds",
-        "released",
     )
 
     def __init__(self) -> None:
@@ -94,7 +94,7 @@ class HoldBook:
         self._age_total = 0.0  # session ages of every hold when it began, seconds
         self.holds = 0
         self.held_sessions = 0
-        self.released: dict[str, int] = dict.fromkeys(ENDINGS, 0)
+        self._released: dict[str, int] = dict.fromkeys(ENDINGS, 0)
         self.hold_s_total = 0.0
         self.held_turns = 0
         self.held_turn_wait_s_total = 0.0
@@ -121,10 +121,8 @@ class HoldBook:
     def _unlist(self, sid: str) -> None:
         """Take ``sid`` off its worker's list (it moved, or is gone)."""
         w = self._where.pop(sid, None)
-        if w is not None:
-            members = self._on.get(w)
-            if members is not None:
-                members.pop(sid, None)
+        if w is not None:  # _where and _on change together: sid is listed on w
+            self._on[w].pop(sid, None)
 
     def remove_worker(self, worker: str) -> None:
         """``worker`` left: its list goes (end its holds first)."""
@@ -188,9 +186,8 @@ class HoldBook:
         if not queue:
             del self._by_worker[hold.worker]
         held = min(now, hold.until) - hold.since
-        if sid in self._held_s:
-            self._held_s[sid] += held
-        self.released[how] += 1
+        self._held_s[sid] += held  # begin entered sid; forget, which drops it, comes after
+        self._released[how] += 1
         self.hold_s_total += held
         if hold.asked is not None:
             self.held_turns += 1
@@ -204,6 +201,12 @@ class HoldBook:
         self._held_s.pop(sid, None)
 
     # -- the report ------------------------------------------------------------------------
+    @property
+    def released(self) -> dict[str, int]:
+        """Holds ended, by how (class docstring): a copy, so a caller cannot move the book's
+        counts."""
+        return dict(self._released)
+
     def counters(self) -> dict[str, Any]:
         """Holds begun, distinct sessions held, sessions held now, holds ended by how, their
         seconds, held turns and their wait (seconds rounded to ms)."""
@@ -211,7 +214,7 @@ class HoldBook:
             "holds": self.holds,
             "held_sessions": self.held_sessions,
             "held_now": len(self._by_session),
-            "released": dict(self.released),
+            "released": dict(self._released),
             "hold_s_total": round(self.hold_s_total, 3),
             "held_turns": self.held_turns,
             "held_turn_wait_s_total": round(self.held_turn_wait_s_total, 3),

@@ -79,20 +79,30 @@ class ShortSessions:
 
     # -- the owning policy's hooks, forwarded to the placer -------------------------------
     def on_complete(self, request: RouteRequest, worker: str) -> None:
+        """The policy's ``on_complete``: ``request`` finished on ``worker``; the placer stops
+        counting its prefill there (nothing without a placer)."""
         if self.placer is not None:
             self.placer.on_complete(request, worker)
 
     def on_worker_removed(self, worker: str, cluster: ClusterView) -> None:
+        """The policy's ``on_worker_removed``, after it ended the worker's holds: ``worker``
+        left ``cluster``; the placer drops it (its index entries go in later sweeps)."""
         if self.placer is not None:
             self.placer.on_worker_removed(worker, cluster)
 
     def sweep(self, now: float, limit: int | None = None) -> None:
+        """The policy's ``sweep`` at router time ``now`` (seconds), before its own: the placer
+        drops up to ``limit`` prefix-index entries of removed workers (all when None)."""
         if self.placer is not None:
             self.placer.sweep(now, limit)
 
     def sweep_pending(self) -> bool:
+        """The policy's ``sweep_pending``: whether the placer's last bounded sweep left index
+        entries for another (False without a placer)."""
         return self.placer is not None and self.placer.sweep_pending()
 
     def bound_sweeps(self, limit: int) -> None:
+        """The policy's ``bound_sweeps`` (``serve``): the placer's sweeps inside routing calls
+        drop at most ``limit`` entries each from now on."""
         if self.placer is not None:
             self.placer.bound_sweeps(limit)
