@@ -36,14 +36,13 @@ from typing import Any
 import tomli_w
 
 from sessionroute.calibrate.fit import FitResult
-from sessionroute.calibrate.hostshare import HostShareFit
 from sessionroute.calibrate.path import PathFit
 from sessionroute.calibrate.plan import ProbePlan
 from sessionroute.calibrate.probe import PhaseRun
 from sessionroute.calibrate.server import ServerInfo
 from sessionroute.replica import StepTimeProfile, load_profile_file
 
-__all__ = ["CalibrationResult", "profile_name", "write_host_share", "write_path", "write_profile"]
+__all__ = ["CalibrationResult", "profile_name", "write_path", "write_profile"]
 
 _BW_PLACEHOLDER = 1e12
 """``bw_eff_bytes_per_s`` of a calibrated profile: any positive value (``w_dense_bytes`` is 0,
@@ -175,41 +174,17 @@ def write_path(source: str | Path, path: PathFit, dest: str | Path) -> Path:
         ConfigError: ``source`` is not a profile file (:func:`load_profile_file`).
         OSError: a file cannot be read or written.
     """
-    fields = {"path_delay_s": path.d0_s, "path_delay_per_request_s": path.d1_s}
-    return _rewrite(source, dest, fields, "path", path.table())
-
-
-def write_host_share(source: str | Path, host: HostShareFit, dest: str | Path) -> Path:
-    """Copy the profile file ``source`` to ``dest`` (TOML) with ``host`` in its profile
-    (``host_share``; ``host_share_replicas``: the replicas busy while its step terms were
-    fitted, ``host.replicas`` when its ``[calibration]`` says ``probe = "together"``, else 1)
-    and its ``[calibration.host]`` table; returns ``dest``.
-
-    Raises:
-        ConfigError: ``source`` is not a profile file (:func:`load_profile_file`).
-        OSError: a file cannot be read or written.
-    """
-    together = load_profile_file(source).calibration.get("probe") == "together"
-    fields = {"host_share": host.share, "host_share_replicas": host.replicas if together else 1}
-    return _rewrite(source, dest, fields, "host", host.table())
-
-
-def _rewrite(
-    source: str | Path,
-    dest: str | Path,
-    fields: dict[str, float | int],
-    table_name: str,
-    table: dict[str, Any],
-) -> Path:
-    """Copy a profile file with ``fields`` set in its profile and ``[calibration.<table_name>]``
-    replaced by ``table`` (its ``#`` header lines kept)."""
     src = Path(source)
     name = load_profile_file(src).profile.name
     text = src.read_text()
     data: Any = json.loads(text) if src.suffix.lower() == ".json" else tomllib.loads(text)
     tables = data["profiles"] if isinstance(data.get("profiles"), dict) else data
-    tables[name] = {**tables[name], **fields}
-    data["calibration"] = {**data.get("calibration", {}), table_name: table}
+    tables[name] = {
+        **tables[name],
+        "path_delay_s": path.d0_s,
+        "path_delay_per_request_s": path.d1_s,
+    }
+    data["calibration"] = {**data.get("calibration", {}), "path": path.table()}
     out = Path(dest)
     header = "".join(line + "\n" for line in text.splitlines() if line.startswith("#"))
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -69,13 +69,6 @@ class StepTimeProfile:
             trip to its replica (0: none). Not a step term: it occupies no engine.
         path_delay_per_request_s: how much that delay grows per other request in flight (the
             turns the clients have sent and not yet been answered), seconds (0: constant).
-        host_share: replicas that share one host's cores (the CPU tier): how much longer a
-            step takes per other busy replica, relative to one replica busy alone (0: each
-            replica a machine of its own). The simulator multiplies every step by
-            ``(1 + host_share * (k - 1)) / (1 + host_share * (m - 1))``, ``k`` the replicas
-            with requests in flight, ``m`` = ``host_share_replicas``.
-        host_share_replicas: how many replicas were busy while the step terms were fitted
-            (``calibrate --probe together``: all of them; 1 otherwise).
     """
 
     name: str
@@ -95,13 +88,6 @@ class StepTimeProfile:
     b_req_s: float = 0.0
     path_delay_s: float = 0.0
     path_delay_per_request_s: float = 0.0
-    host_share: float = 0.0
-    host_share_replicas: int = 1
-
-    def host_factor(self, busy: int) -> float:
-        """The step-time factor with ``busy`` replicas of the host busy (see ``host_share``)."""
-        s = self.host_share
-        return (1.0 + s * (max(1, busy) - 1)) / (1.0 + s * (self.host_share_replicas - 1))
 
     def t_mem(self, num_tokens: int) -> float:
         """Weight-read time ``T_mem(N)`` in seconds for ``num_tokens`` tokens in the step."""
@@ -180,12 +166,8 @@ PROFILES: dict[str, StepTimeProfile] = {
 """Built-in profiles of ``ENGINE.md``: ``glm45air-h200-tp8`` and ``toy-8b-h100-tp1``."""
 
 _FIELDS = {f.name: f for f in dataclasses.fields(StepTimeProfile)}
-_OPTIONAL_FIELDS = {
-    "b_seq_s", "b_req_s", "path_delay_s", "path_delay_per_request_s", "host_share",
-    "host_share_replicas",
-}  # fmt: skip
+_OPTIONAL_FIELDS = {"b_seq_s", "b_req_s", "path_delay_s", "path_delay_per_request_s"}
 _INT_FIELDS = {"kv_capacity_tokens", "max_num_batched_tokens", "max_num_seqs", "max_model_len"}
-_COUNT_FIELDS = {"host_share_replicas"}  # optional integers >= 1
 
 
 def _profile_from_table(
@@ -204,13 +186,11 @@ def _profile_from_table(
             raise ConfigError(f"profile {name!r}: unknown key {key!r}")
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ConfigError(f"profile {name!r}: {key} must be a number, got {value!r}")
-        if key in _INT_FIELDS | _COUNT_FIELDS and int(value) != value:
+        if key in _INT_FIELDS and int(value) != value:
             raise ConfigError(f"profile {name!r}: {key} must be an integer, got {value!r}")
-        if key in _COUNT_FIELDS and value < 1:
-            raise ConfigError(f"profile {name!r}: {key} must be >= 1, got {value!r}")
         if value < 0:
             raise ConfigError(f"profile {name!r}: {key} must be >= 0, got {value!r}")
-        values[key] = int(value) if key in _INT_FIELDS | _COUNT_FIELDS else float(value)
+        values[key] = int(value) if key in _INT_FIELDS else float(value)
     values["name"] = name
     missing = sorted(set(_FIELDS) - set(values) - _OPTIONAL_FIELDS)
     if missing:

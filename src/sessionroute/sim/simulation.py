@@ -9,12 +9,9 @@ reserve), and every outcome of an attempt goes to the core as the live proxy's d
 it was placed, plus the profile's path delay (``path_delay_s + path_delay_per_request_s * n``,
 ``n`` the other turns in flight when it is sent: what a request's path outside the engine adds,
 as ``compare --fidelity`` measures it), and its response reaches the client ``network_delay_s``
-after the replica finished it. With a profile's ``host_share`` (replicas sharing one host's
-cores) every replica's steps take ``profile.host_factor(k)`` of the profile's from the moment the
-number ``k`` of replicas with requests in flight changes (the step in progress keeps its
-duration; a slow-replica fault's factor is replaced at the next change). Replicas advance
-lazily: on an arrival at time ``t`` the replica runs to ``t`` and takes the request; a wake-up
-event at its ``next_event_time()`` collects completions.
+after the replica finished it. Replicas advance lazily: on an arrival at time ``t`` the replica
+runs to ``t`` and takes the request; a wake-up event at its ``next_event_time()`` collects
+completions.
 
 The router side of a turn (placement, admission waits, retries, the client's re-sends) is
 :class:`~sessionroute.sim.dispatch.Dispatcher`'s; this module owns the turn's life around it:
@@ -130,11 +127,6 @@ class Simulation(ReplicaFaults, ReplicaWakeups):
         self._delay = router.network_delay_s
         self._path_s = profile.path_delay_s
         self._path_per_req_s = profile.path_delay_per_request_s
-        # replicas sharing a host's cores (profile.host_share): steps stretch with the busy ones
-        self._host = profile if profile.host_share > 0 else None
-        self._host_factor = 1.0
-        self._host_pending = False
-        self._host_cb = self._apply_host_share
         self._session_start: dict[str, float] = {}
         self._last_rep: dict[str, int] = {}
         self.ended_sessions: list[str] = []
@@ -318,37 +310,8 @@ class Simulation(ReplicaFaults, ReplicaWakeups):
         for result in results:
             self._finish(rep, result)
         req.state = ENGINE
-        inflight = rep.inflight
-        inflight[rid] = req
+        rep.inflight[rid] = req
         self._schedule_wake(rep, t)  # _reschedule with the engine's next event time known
-        if self._host is not None and len(inflight) == 1:
-            self._host_changed()
-
-    def _host_changed(self) -> None:
-        """A replica became busy or idle: re-time every replica's steps after this event."""
-        if not self._host_pending:
-            self._host_pending = True
-            queue = self.queue
-            queue.push(queue.clock._t, PRIO_TIMER, self._host_cb, None)
-
-    def _apply_host_share(self, _arg: object) -> None:
-        """Every replica's steps from now take ``host_factor(k)`` of the profile's, ``k`` the
-        replicas with requests in flight (:attr:`StepTimeProfile.host_share`)."""
-        self._host_pending = False
-        host = self._host
-        if host is None:
-            return
-        busy = sum(1 for r in self.replicas if r.inflight and r.engine is not None)
-        factor = host.host_factor(busy)
-        if factor == self._host_factor:
-            return
-        self._host_factor = factor
-        now = self.queue.clock._t
-        for rep in self.replicas:
-            if rep.engine is not None:
-                self.sync(rep)
-                rep.set_slowdown(self.config.slowdown * factor, now)
-                self.sync(rep)
 
     def _complete(self, req: InFlight) -> None:
         if req.res is not None:
@@ -360,8 +323,6 @@ class Simulation(ReplicaFaults, ReplicaWakeups):
         if req is None:
             raise RuntimeError(f"replica {rep.url} finished unknown request {r.request_id!r}")
         del inflight[r.request_id]
-        if self._host is not None and not inflight:
-            self._host_changed()
         res = req.res
         if res is not None:  # a replica answers 200: a success of its worker, relayed
             core = self.core

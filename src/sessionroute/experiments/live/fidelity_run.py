@@ -183,24 +183,6 @@ def _probe_path(
     return fit
 
 
-def _probe_host(urls: list[str], say: Say) -> Any:
-    """How the servers slow each other: :func:`sessionroute.experiments.live.host_probe.
-    probe_host_share`; says the fit."""
-    from sessionroute.experiments.live.host_probe import probe_host_share
-
-    say("the servers' host share ...")
-    fit = asyncio.run(probe_host_share(urls))
-    if fit is None:
-        say("host share: not measured (one server, or no inter-token latency exported)")
-    else:
-        say(
-            f"host share {fit.share:.3f} per other busy server (vLLM ITL "
-            f"{1000 * fit.itl_alone_s:.2f} ms alone, {1000 * fit.itl_all_s:.2f} ms with all "
-            f"{fit.replicas} busy, median of {fit.rounds} rounds)"
-        )
-    return fit
-
-
 def describe_terms(terms: Any) -> str:
     """One line: the fitted step terms with their fit errors (``FitResult.terms``)."""
 
@@ -263,7 +245,7 @@ def run_fidelity(
         LiveStartError: a replica or router did not start.
     """
     from sessionroute.calibrate import calibrate, write_profile
-    from sessionroute.calibrate.result import write_host_share, write_path
+    from sessionroute.calibrate.result import write_path
     from sessionroute.experiments.live.runner import LiveArmRunner
     from sessionroute.replica.profiles import load_profile_file
     from sessionroute.sim import SimSpec, replica_config
@@ -311,12 +293,6 @@ def run_fidelity(
                 profile_path = write_path(profile_path, path, out_dir / "profile.toml")
                 say(f"profile: {profile_path}")
             calibration["path_probed_here"] = path is not None
-            # the servers of this host slowing each other (the simulator stretches steps with
-            # the busy replicas: profile host_share)
-            host = _probe_host(urls, say)
-            if host is not None:
-                profile_path = write_host_share(profile_path, host, out_dir / "profile.toml")
-            calibration["host_probed_here"] = host is not None
         pf = load_profile_file(profile_path)
         calibration = {
             **calibration,
