@@ -153,6 +153,20 @@ def test_the_ttft_split_is_printed_per_arm() -> None:
     )
 
 
+def test_the_split_says_how_long_the_live_client_stalled() -> None:
+    from rich.console import Console
+
+    loop = {"stalled_s": 3.25, "wall_s": 10.0}
+    means = {"ttft_mean_s": 0.2}
+    live = [_arm("x", {**_m(0.7, 100), "live": {"server_means": means, "client_loop": loop}})]
+    doc = fidelity_document(live, [_arm("x", _m(0.7, 100))], [["x"]], {})
+    t = doc["ttft_split"]["x"]
+    assert (t["client_stalled_s"], t["client_wall_s"]) == (3.25, 10.0)
+    console = Console(record=True, width=200)
+    print_fidelity(doc, console)
+    assert "the client's loop stalled 3.2 s of 10 s" in console.export_text()
+
+
 def _tiny_model(tmp_path: Path) -> Path:
     d = tmp_path / "model"
     d.mkdir()

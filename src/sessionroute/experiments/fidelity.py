@@ -256,8 +256,10 @@ def ttft_split(
     the server's input processing, ``live.server_means``) + ``outside`` (HTTP, the router, the
     client, the chat template and tokenisation); inside the server, ``queue`` (waiting to be
     scheduled) and ``prefill`` (first scheduled to first token), the rest being the server's
-    own hand-offs between its frontend and engine. Simulated: ``sim`` (TTFT) and
-    ``sim_queue``.
+    own hand-offs between its frontend and engine. ``client_stalled_s`` and ``client_wall_s``:
+    how long the live client's event loop ran late and how long it ran
+    (:mod:`~sessionroute.experiments.live.looplag`; a starved client stamps first tokens late,
+    which lands in ``outside``). Simulated: ``sim`` (TTFT) and ``sim_queue``.
     """
     client = _mean(live_runs, "ttft_s.mean")
     server = _mean(live_runs, "live.server_means.ttft_mean_s")
@@ -267,6 +269,8 @@ def ttft_split(
         "outside": None if client is None or server is None else client - server,
         "queue": _mean(live_runs, "live.server_means.queue_mean_s"),
         "prefill": _mean(live_runs, "live.server_means.prefill_mean_s"),
+        "client_stalled_s": _mean(live_runs, "live.client_loop.stalled_s"),
+        "client_wall_s": _mean(live_runs, "live.client_loop.wall_s"),
         "sim": _mean(sim_runs, "ttft_s.mean"),
         "sim_queue": _mean(sim_runs, "queue_time_s.mean"),
     }

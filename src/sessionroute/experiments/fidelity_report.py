@@ -89,10 +89,16 @@ def _split_lines(doc: Mapping[str, Any]) -> list[str]:
     ttft_split`), in ms; none for a document without it."""
     lines = []
     for name, t in (doc.get("ttft_split") or {}).items():
+        stalled, wall = t.get("client_stalled_s"), t.get("client_wall_s")
+        starved = (
+            f"; the client's loop stalled {stalled:.1f} s of {wall:.0f} s"
+            if stalled is not None and wall
+            else ""
+        )
         lines.append(
             f"{name}: live {_ms(t['client'])} = vLLM {_ms(t['server'])} (queue "
             f"{_ms(t['queue'])}, prefill {_ms(t['prefill'])}) + outside vLLM "
-            f"{_ms(t['outside'])}; sim {_ms(t['sim'])} (queue {_ms(t['sim_queue'])})"
+            f"{_ms(t['outside'])}{starved}; sim {_ms(t['sim'])} (queue {_ms(t['sim_queue'])})"
         )
     return lines
 

@@ -69,3 +69,16 @@ def test_a_missing_program_is_a_start_error(tmp_path: Path) -> None:
 def test_health_wait_times_out() -> None:
     with pytest.raises(LiveStartError, match="not healthy"):
         wait_healthy("http://127.0.0.1:9/health", None, 0.2, "router", interval_s=0.05)
+
+
+def test_a_started_process_leads_its_own_group_in_our_session(tmp_path: Path) -> None:
+    # one scheduler autogroup (one session) for the whole test-bed: the client and router are
+    # not starved by the servers' busy groups (docs/simulator.md, "Conditions")
+    import os
+
+    sleeper = [sys.executable, "-c", "import time; time.sleep(120)"]
+    with ProcessSet() as procs:
+        p = procs.start("a", sleeper, {}, tmp_path / "a.log")
+        assert os.getpgid(p.pid) == p.pid
+        assert os.getsid(p.pid) == os.getsid(0)
+    assert p.exited() is not None

@@ -1,8 +1,14 @@
 """Processes a live run starts: command templates, logs, health waits, stopping by process id.
 
-Every process is started in a session of its own (``start_new_session``), so stopping it sends
-SIGTERM (then SIGKILL after a grace period) to exactly the process group it leads -- its id is
-the one we started -- and never to anything else by name. :class:`ProcessSet` stops everything
+Every process is started in a process group of its own (``process_group=0``), so stopping it
+sends SIGTERM (then SIGKILL after a grace period) to exactly the process group it leads -- its
+id is the one we started -- and never to anything else by name. It stays in our session, so in
+our scheduler autogroup: the kernel shares the CPU between autogroups before it shares it
+between their threads, and a client or router alone in a group of its own, mostly asleep, got a
+small share while the servers' groups were busy (its event loop stalled 50-660 ms at a time on
+the 2-core CPU tier, docs/simulator.md "Conditions"). One group for the whole test-bed shares
+the CPU between its threads, and ``echo -10 > /proc/self/autogroup`` before the run gives all of
+it priority at once. :class:`ProcessSet` stops everything
 it started when its ``with`` block ends, on success, on an exception and on Ctrl-C; while it is
 open, SIGTERM to this process raises ``KeyboardInterrupt`` so the same cleanup runs.
 """
@@ -144,7 +150,7 @@ class StartedProcess:
                 stdin=subprocess.DEVNULL,
                 stdout=self._log,
                 stderr=subprocess.STDOUT,
-                start_new_session=True,
+                process_group=0,
             )
         except OSError as exc:
             self._log.close()

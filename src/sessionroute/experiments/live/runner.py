@@ -30,6 +30,7 @@ import numpy as np
 
 from sessionroute.errors import ConfigError
 from sessionroute.experiments.live.host import LiveHost
+from sessionroute.experiments.live.looplag import LoopLag
 from sessionroute.experiments.live.metrics import Sampler, build_live_metrics
 from sessionroute.experiments.live.procs import ProcessSet
 from sessionroute.experiments.live.replicas import ReplicaFleet
@@ -207,11 +208,14 @@ class LiveArmRunner:
                     )
                     t0 = time.monotonic()
                     sampling = asyncio.ensure_future(sampler.run(client, before))
+                    lag = LoopLag()
+                    lagging = asyncio.ensure_future(lag.run())
                     try:
                         await host.run(workload, spec.sim.max_simulated_s)
                     finally:
                         sampling.cancel()
-                        await asyncio.gather(sampling, return_exceptions=True)
+                        lagging.cancel()
+                        await asyncio.gather(sampling, lagging, return_exceptions=True)
                     wall = time.monotonic() - t0
                     after = await _settled(client, urls, before, host.rec.requests_completed)
                     router_stats = await router_session_metrics(client, info)
@@ -228,6 +232,7 @@ class LiveArmRunner:
             "template_overhead": [overhead.first, overhead.per_turn],
             "setup_seconds": t0 - t_wall,
             "server_means": server_latency_means(before, after),
+            "client_loop": lag.summary(),
         }
         metrics = build_live_metrics(
             host, before, after, urls, sampler=sampler, taps=taps, router=router_stats,

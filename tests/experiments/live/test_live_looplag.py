@@ -1,0 +1,43 @@
+"""The live client's event-loop lateness (a starved client stamps first tokens late)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from sessionroute.experiments.live.looplag import STALL_S, LoopLag, summarise
+
+
+def test_summarise_counts_and_sums_the_stalls() -> None:
+    s = summarise([0.001, 0.3, 0.002, 0.05, STALL_S], wall_s=10.0)
+    assert s["samples"] == 5 and s["wall_s"] == 10.0
+    assert s["stalls"] == 2  # over STALL_S only
+    assert s["stalled_s"] == pytest.approx(0.35)
+    assert s["max_lag_s"] == 0.3
+    empty = summarise([], wall_s=0.0)
+    assert empty["stalls"] == 0 and empty["stalled_s"] == 0.0 and empty["max_lag_s"] == 0.0
+
+
+def test_a_loop_held_by_blocking_work_is_seen_late() -> None:
+    async def main() -> LoopLag:
+        lag = LoopLag(interval_s=0.005)
+        task = asyncio.ensure_future(lag.run())
+        await asyncio.sleep(0)  # the monitor's first sleep is pending
+        await asyncio.sleep(0.01)
+        time.sleep(0.2)  # blocks the loop: the monitor's sleep ends at least this late
+        await asyncio.sleep(0.01)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return lag
+
+    s = asyncio.run(main()).summary()
+    assert s["stalls"] >= 1
+    assert s["max_lag_s"] >= 0.15
+    assert s["wall_s"] >= 0.2
+
+
+def test_the_interval_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="interval_s"):
+        LoopLag(interval_s=0)
