@@ -109,6 +109,23 @@ class AdaptiveHoldConfig(AdaptiveStickyConfig):
             replay, seeds 0-4, SLO goodput at 96/128/160 sessions: 0.876/0.781/0.470 without,
             0.872/0.817/0.644 with 0.5 and ``pack_past_knee``; docs/policies.md). Below
             ``lift_pressure``: a floor at or above it lifts every ceiling at the next calm scrape.
+        overload_window_s: rule 8 (:mod:`~sessionroute.router.policies._overload`): the
+            time constant, seconds, of the exponential average of the fleet's smallest
+            queueing delay (rule 6's estimate) that tells a fleet past its capacity for good
+            (no queue drains) from a burst (some queue drains within the window). Once the
+            average reaches ``overload_delay_s`` the worker with the longest queue becomes
+            the *sacrifice*: while sessions are short (rule 7) a new session bound for another
+            worker whose queueing delay is at least ``spill_delay_s`` goes to it instead, so
+            the excess of an open-loop load queues on one worker and the others stay inside
+            the TTFT SLO; this ends when the sacrifice's queue is empty. 0 (the default): rule
+            8 off. Under open-loop arrivals placed evenly every queue grows and every turn
+            misses the SLO together (the Mooncake replay past 3.2x its arrival rate); under
+            closed-loop or RL load the queues throttle the clients and rule 8 has nothing to
+            give up. 120 under a serving objective (measured in docs/policies.md, "Past the
+            Mooncake cliff").
+        overload_delay_s: see ``overload_window_s`` (seconds, > 0).
+        spill_delay_s: see ``overload_window_s`` (seconds; 2, the TTFT SLO's default: a
+            worker queueing that long serves its new turns late anyway).
 
     Raises:
         ConfigError: on a value out of range (the message names it).
@@ -137,6 +154,10 @@ class AdaptiveHoldConfig(AdaptiveStickyConfig):
     short_turns: float = 0.0
     short_place: str = "load"
     ceiling_floor: float = 0.0
+    overload_window_s: float = 0.0
+    overload_waiting: float = 16.0
+    sacrifice_max_delay_s: float = 180.0
+    spill_delay_s: float = 2.0
 
     def __post_init__(self) -> None:
         AdaptiveStickyConfig.__post_init__(self)
@@ -159,7 +180,8 @@ class AdaptiveHoldConfig(AdaptiveStickyConfig):
             "hold_kv", "hold_queue_kv", "resume_kv", "hold_cut", "hold_raise", "lift_pressure",
             "resume_fraction", "hold_interval_s", "hold_max_s", "hold_total_max_s",
             "hold_age_max_s", "hold_check_s", "wait_queue_factor", "wait_rate_window_s",
-            "short_turns", "ceiling_floor",
+            "short_turns", "ceiling_floor", "overload_window_s", "overload_waiting",
+            "spill_delay_s", "sacrifice_max_delay_s",
         ):  # fmt: skip
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
@@ -183,7 +205,12 @@ class AdaptiveHoldConfig(AdaptiveStickyConfig):
             )
         if not 0 < self.hold_cut < 1:
             raise ConfigError(f"hold_cut must be in (0, 1), got {self.hold_cut!r}")
-        for name in ("hold_check_s", "wait_rate_window_s"):
+        for name in (
+            "hold_check_s",
+            "wait_rate_window_s",
+            "overload_waiting",
+            "sacrifice_max_delay_s",
+        ):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)!r}")
         if self.hold_max_s > self.hold_total_max_s:
