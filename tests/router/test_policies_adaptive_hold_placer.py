@@ -2,7 +2,8 @@
 random sequences: whatever the turns, completions, releases, thrash, waits, chunked sweeps and
 workers removed and added again, once every request has completed the placer keeps no
 request in flight (its in-flight prefill map empties), no working set is kept for a worker
-that left, and after a sweep its prefix index holds nothing of one."""
+that left, and after a sweep its prefix index holds nothing of one; with rule 8 on too (first
+turns diverted to a sacrifice), and no sacrifice is a worker that left."""
 
 from __future__ import annotations
 
@@ -52,15 +53,16 @@ def _settle(core: RoutingCore, tickets: list[Ticket]) -> None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(OPS, st.booleans(), st.sampled_from([0.0, 0.5]))
+@given(OPS, st.booleans(), st.sampled_from([0.0, 0.5]), st.booleans())
 def test_the_placer_keeps_nothing_in_flight_once_every_request_completed(
-    ops: list[tuple[str, int, int]], pack: bool, floor: float
+    ops: list[tuple[str, int, int]], pack: bool, floor: float, overload: bool
 ) -> None:
     clock = ManualClock()
     cfg = AdaptiveHoldConfig(
         capacity_min_kv=0.2, hold_interval_s=1.0, hold_check_s=0.5, short_turns=3.0,
         short_place="cache_aware_v2", ceiling_floor=floor, pack_past_knee=pack,
-        wait_bound=True, max_wait_s=30.0,
+        wait_bound=True, max_wait_s=30.0, overload_window_s=1.0 if overload else 0.0,
+        overload_waiting=1.0,
     )  # fmt: skip
     p = AdaptiveHoldPolicy(cfg, clock=clock, rng=random.Random(0))
     core = RoutingCore(p, Cluster(list(WORKERS)), RouterConfig())
@@ -111,6 +113,8 @@ def test_the_placer_keeps_nothing_in_flight_once_every_request_completed(
     assert prefill._by_request == {} and not any(prefill.totals.values())
     live = set(core.cluster.workers())
     assert set(p.context_tokens()) <= live
+    if p._overload is not None:  # rule 8 (its diversions recorded where the turns went)
+        assert set(p._overload.sacrifices) <= live
     core.sweep(clock.now())  # a whole sweep drops what removed workers left in the index
     index = placer._policy.index
     assert set(index._ids) <= live and not index.pending and not p.sweep_pending()

@@ -71,3 +71,19 @@ def test_adaptive_hold_in_the_simulator_holds_resumes_and_loses_nothing(
     decisions = m["router_decisions"]
     undecided = m["requests_submitted"] + m["requests_retried"] - sum(decisions.values())
     assert m["turns_in_flight_at_end"] - m["router_in_flight_at_end"] == undecided
+
+
+def test_rule_8_leaves_the_default_and_an_rl_run_unchanged() -> None:
+    """Rule 8 (``overload_window_s``) is off by default, and on an RL run it has nothing to
+    act on even when on (rule 7: rollouts are long sessions): the scaled-down ``swe-rl`` run
+    gives the same results with it as without it."""
+
+    def run(options: dict[str, Any]) -> dict[str, Any]:
+        m = run_simulation(SPEC, "adaptive_hold", options, seed=0, wall_clock=ManualClock()).metrics
+        counters = m.pop("policy_counters")
+        assert counters.get("overload_diverted", 0) == 0
+        return m
+
+    default = run({})
+    assert run({"overload_window_s": 120.0, "short_turns": 3.0}) == default
+    assert run({"overload_window_s": 0.0}) == default

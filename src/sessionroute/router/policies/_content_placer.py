@@ -14,8 +14,10 @@ policy's prefix index and in-flight prefill stay those of the requests it placed
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 from sessionroute.clock import Clock
+from sessionroute.router.policies._prefix import prompt_blocks
 from sessionroute.router.policies.cache_aware_v2 import CacheAwareV2Policy
 from sessionroute.router.state.cluster import ClusterView
 from sessionroute.types import RouteRequest
@@ -39,14 +41,26 @@ class ContentPlacer:
         self._policy = CacheAwareV2Policy(clock=clock, rng=rng)
         self.placed = 0
 
-    def place(self, request: RouteRequest, cluster: ClusterView) -> str:
-        """The worker ``cache_aware_v2`` picks for ``request`` (it records the prompt there).
+    def place(
+        self,
+        request: RouteRequest,
+        cluster: ClusterView,
+        redirect: Callable[[str], str] | None = None,
+    ) -> str:
+        """The worker ``cache_aware_v2`` picks for ``request``, or where ``redirect`` sends a
+        turn bound for it; the prompt is recorded where the turn goes.
 
         Raises:
             NoWorkerAvailable: when no worker is healthy.
         """
         self.placed += 1
-        return self._policy.select(request, cluster).worker
+        policy = self._policy
+        blocks = prompt_blocks(request)
+        worker = policy.choose(request, cluster, blocks)
+        if redirect is not None:
+            worker = redirect(worker)
+        policy.record(request, worker, blocks)
+        return worker
 
     def on_complete(self, request: RouteRequest, worker: str) -> None:
         """``request`` finished (its prefill no longer counts; one not placed here is ignored)."""

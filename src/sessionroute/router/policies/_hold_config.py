@@ -109,6 +109,39 @@ class AdaptiveHoldConfig(AdaptiveStickyConfig):
             replay, seeds 0-4, SLO goodput at 96/128/160 sessions: 0.876/0.781/0.470 without,
             0.872/0.817/0.644 with 0.5 and ``pack_past_knee``; docs/policies.md). Below
             ``lift_pressure``: a floor at or above it lifts every ceiling at the next calm scrape.
+        overload_window_s: rule 8 (:mod:`~sessionroute.router.policies._overload`): the
+            time constant, seconds, of the exponential average of the fleet's smallest engine
+            queue (the scraped waiting requests of the worker with the fewest), which tells a
+            fleet past its capacity for good (no queue drains: the average keeps up) from a
+            burst (some queue drains within the window: it falls). 0 (the default): rule 8
+            off; 120 under a serving objective. Once the average reaches
+            ``overload_waiting``, while sessions are short (rule 7), the worker with the
+            longest queue becomes a *sacrifice*: a new session bound for another worker whose
+            queueing delay (rule 6's estimate) is at least ``spill_delay_s`` goes to it
+            instead, so the excess of an open-loop load queues there and the other workers
+            stay inside the TTFT SLO. Placed evenly, every queue grows and every turn misses
+            the SLO together (Mooncake replay, seed 0: SLO goodput 0.327 at 3.125x its arrival
+            rate, 0.101 at 3.2x; with rule 8 0.327 and 0.284, against consistent_hash's 0.156;
+            docs/policies.md, "Past the Mooncake cliff"). Under closed-loop or RL load the
+            sessions are long and rule 8 never acts. A 120 s window is longer than the
+            bursts that drain (at 3.125x the average peaks at 14 requests).
+        overload_waiting: the average smallest queue (requests waiting, > 0) at which the
+            fleet is past its capacity for good; 16 by default (Mooncake replay: it peaks at
+            9, 12 and 14 at 3.03x, 3.08x and 3.125x its arrival rate, where the queues drain,
+            and reaches 22 and 35 at 3.17x and 3.2x, where they do not).
+        spill_delay_s: during an episode a new session bound for a worker (not a sacrifice)
+            whose queueing delay is at least this many seconds goes to a sacrifice; 2 by
+            default (the TTFT SLO's default: a worker queueing that long serves its new
+            turns late anyway, and one queueing less keeps taking them).
+        sacrifice_max_delay_s: a sacrifice whose queueing delay is at least this many seconds
+            takes no more new sessions; the next to divert gives up another worker (the
+            longest queue of the rest, never the last one). It bounds the TTFT tail that
+            concentrating the excess builds: without it, at 4x the Mooncake arrival rate the
+            TTFT p99 was 2.2x consistent_hash's; at 60 / 90 / 120 / 150 / 180 / 240 s SLO
+            goodput at 3.45x was 0.003 / 0.021 / 0.056 / 0.083 / 0.103 / 0.175 (consistent_hash
+            0.075) and TTFT p99 at 4x 0.70 / 0.93 / 0.90 / 0.94 / 1.14 / 1.09x consistent_hash's:
+            180 by default. A sacrifice whose queue stays empty for ``overload_window_s`` is
+            let go of; the episode ends with the last.
 
     Raises:
         ConfigError: on a value out of range (the message names it).
@@ -137,6 +170,10 @@ class AdaptiveHoldConfig(AdaptiveStickyConfig):
     short_turns: float = 0.0
     short_place: str = "load"
     ceiling_floor: float = 0.0
+    overload_window_s: float = 0.0
+    overload_waiting: float = 16.0
+    sacrifice_max_delay_s: float = 180.0
+    spill_delay_s: float = 2.0
 
     def __post_init__(self) -> None:
         AdaptiveStickyConfig.__post_init__(self)
@@ -159,7 +196,8 @@ class AdaptiveHoldConfig(AdaptiveStickyConfig):
             "hold_kv", "hold_queue_kv", "resume_kv", "hold_cut", "hold_raise", "lift_pressure",
             "resume_fraction", "hold_interval_s", "hold_max_s", "hold_total_max_s",
             "hold_age_max_s", "hold_check_s", "wait_queue_factor", "wait_rate_window_s",
-            "short_turns", "ceiling_floor",
+            "short_turns", "ceiling_floor", "overload_window_s", "overload_waiting",
+            "spill_delay_s", "sacrifice_max_delay_s",
         ):  # fmt: skip
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
@@ -183,7 +221,12 @@ class AdaptiveHoldConfig(AdaptiveStickyConfig):
             )
         if not 0 < self.hold_cut < 1:
             raise ConfigError(f"hold_cut must be in (0, 1), got {self.hold_cut!r}")
-        for name in ("hold_check_s", "wait_rate_window_s"):
+        for name in (
+            "hold_check_s",
+            "wait_rate_window_s",
+            "overload_waiting",
+            "sacrifice_max_delay_s",
+        ):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)!r}")
         if self.hold_max_s > self.hold_total_max_s:

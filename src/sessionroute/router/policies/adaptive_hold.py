@@ -52,6 +52,12 @@ one. This policy adds that to ``adaptive_sticky``, whose three rules it keeps un
    "cache_aware_v2"`` a new session then goes where ``cache_aware_v2`` would send its first
    turn (:class:`~sessionroute.router.policies._content_placer.ContentPlacer`; the policy
    then reads prompt content, :attr:`needs_content`).
+8. **A fleet past its capacity for good gives one worker up** (``overload_window_s``; off by
+   default, on under a serving objective): while sessions are short, once every worker's
+   queue stays long (the smallest, averaged over the window, reaches ``overload_waiting``)
+   new sessions bound for a queueing worker go to a *sacrifice*, the longest queue, so the
+   other workers stay inside the TTFT SLO; a sacrifice at ``sacrifice_max_delay_s`` gives up
+   another (:mod:`~sessionroute.router.policies._overload`).
 
 Deviations from ThunderAgent: the watermarks are read from the engines' scraped gauges, the
 ceiling is learned per worker from them (the router's working set is an estimate of a cache
@@ -63,12 +69,14 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import Any, ClassVar
 
 from sessionroute.clock import Clock
 from sessionroute.router.policies._hold_book import Hold, HoldBook
 from sessionroute.router.policies._hold_config import AdaptiveHoldConfig
+from sessionroute.router.policies._overload import Overload, waiting
 from sessionroute.router.policies._queue_delay import QueueDelay
 from sessionroute.router.policies._short_sessions import ShortSessions
 from sessionroute.router.policies.adaptive_sticky import AdaptiveStickyPolicy
@@ -106,13 +114,14 @@ class AdaptiveHoldPolicy(AdaptiveStickyPolicy):
             "short_place": "cache_aware_v2",
             "ceiling_floor": 0.5,
             "pack_past_knee": True,
+            "overload_window_s": 120.0,
         },
     }
     """Under a serving objective: rule 6 on (it bounds the TTFT tail of the trace replays and
     costs RL step time past the knee), rule 3's wait up to 900 s (on the closed-loop Weka
     replay a longer wait keeps more SLO goodput), rule 7 with short sessions placed as
-    ``cache_aware_v2`` places them, rule 4's ceilings no lower than half the capacity, and
-    new sessions packed when every worker is past its knee; each measured in
+    ``cache_aware_v2`` places them, rule 4's ceilings no lower than half the capacity, new
+    sessions packed when every worker is past its knee, and rule 8; each measured in
     docs/policies.md, "adaptive_hold: measurements"."""
 
     def __init__(self, config: Any = None, *, clock: Clock, rng: random.Random) -> None:
@@ -123,6 +132,8 @@ class AdaptiveHoldPolicy(AdaptiveStickyPolicy):
         if c.hold or self._bound_new:
             self.admission_recheck_s = c.hold_check_s
         self._delay = QueueDelay(self.hcfg.wait_rate_window_s)
+        self._overload = Overload.of(c)  # rule 8 (None: off)
+        self._rates = c.wait_bound or self._overload is not None  # queueing delays kept
         self._book = HoldBook()
         # rule 7 learns session lengths only while holding (hold = false: adaptive_sticky)
         self._short = ShortSessions(
@@ -288,11 +299,28 @@ class AdaptiveHoldPolicy(AdaptiveStickyPolicy):
         g = super()._refresh(worker, cluster)
         if g is not None and self._hseen.get(worker) is not g:
             self._hseen[worker] = g
-            if self.hcfg.wait_bound:
+            if self._rates:
                 self._delay.observe(worker, self.clock.now())
             if self.hcfg.hold:
                 self._adjust(worker, g)
+            if self._overload is not None and self._short.applies():
+                self._overload.observe(self.clock.now(), waiting(cluster))
         return g
+
+    def _redirect(
+        self, healthy: tuple[str, ...], cluster: ClusterView
+    ) -> Callable[[str], str] | None:
+        """Rule 8, after a look at every new scrape: where a new session's first turn bound
+        for a worker goes instead (None: there, outside an episode)."""
+        overload = self._overload
+        if overload is None:
+            return None
+        for w in healthy:
+            self._refresh(w, cluster)
+        if not overload.sacrifices:
+            return None
+        delays = {w: self._delay.delay(w, cluster) for w in healthy}
+        return partial(overload.divert, delays=delays)
 
     def _adjust(self, worker: str, g: EngineGauges) -> None:
         """Set, lower, raise or lift ``worker``'s ceiling from one new scrape (rule 4)."""
@@ -358,11 +386,16 @@ class AdaptiveHoldPolicy(AdaptiveStickyPolicy):
         self, request: RouteRequest, healthy: tuple[str, ...], cluster: ClusterView
     ) -> str:
         """As ``adaptive_sticky`` (rule 1), but while sessions are short (rule 7) where
-        ``cache_aware_v2`` would send the turn, with ``short_place = "cache_aware_v2"``."""
+        ``cache_aware_v2`` would send the turn, with ``short_place = "cache_aware_v2"``, and
+        then to the sacrifice where rule 8 says so."""
+        if not self._short.applies():
+            return super().place_new(request, healthy, cluster)
+        redirect = self._redirect(healthy, cluster)
         placer = self._short.placer
-        if placer is not None and self._short.applies():
-            return placer.place(request, cluster)
-        return super().place_new(request, healthy, cluster)
+        if placer is not None:
+            return placer.place(request, cluster, redirect)
+        worker = super().place_new(request, healthy, cluster)
+        return worker if redirect is None else redirect(worker)
 
     def _tokens(self, sid: str) -> int:
         entry = self._ledger.get(sid)
@@ -456,6 +489,8 @@ class AdaptiveHoldPolicy(AdaptiveStickyPolicy):
         out["ceiling_cuts"] = self.cuts
         out["new_at_wait_bound"] = self.new_at_wait_bound
         out.update(self._short.counters())
+        if self._overload is not None:
+            out.update(self._overload.counters())
         out.update(self._book.profile())
         return out
 
@@ -463,7 +498,7 @@ class AdaptiveHoldPolicy(AdaptiveStickyPolicy):
     def on_complete(self, request: RouteRequest, worker: str) -> None:
         """A request finished on ``worker``: it counts in that worker's completion rate
         (rule 6, when on)."""
-        if self.hcfg.wait_bound:
+        if self._rates:
             self._delay.done(worker)
         self._short.on_complete(request, worker)
         super().on_complete(request, worker)
@@ -497,6 +532,8 @@ class AdaptiveHoldPolicy(AdaptiveStickyPolicy):
         for d in (self.ceiling, self._changed, self._passed, self._hseen):
             d.pop(worker, None)
         self._delay.forget(worker)
+        if self._overload is not None:
+            self._overload.forget(worker)
         self._short.on_worker_removed(worker, cluster)
 
     def sweep(self, now: float, limit: int | None = None) -> int:

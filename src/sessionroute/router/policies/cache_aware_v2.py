@@ -141,8 +141,19 @@ class CacheAwareV2Policy(TidiesInSweeps, Policy):
         )
 
     def select(self, request: RouteRequest, cluster: ClusterView) -> Decision:
-        healthy = require_healthy(cluster)
         blocks = prompt_blocks(request)
+        worker = self.choose(request, cluster, blocks)
+        self.record(request, worker, blocks)
+        return Decision(worker, DecisionKind.STATELESS)
+
+    def choose(self, request: RouteRequest, cluster: ClusterView, blocks: tuple[int, ...]) -> str:
+        """The worker for ``request`` (``blocks``: its content blocks), counted in
+        :attr:`decisions`; nothing is recorded (:meth:`record`).
+
+        Raises:
+            NoWorkerAvailable: when no worker is healthy.
+        """
+        healthy = require_healthy(cluster)
         path = self._kv_pressure(healthy, cluster)
         if path is None:
             path, candidates = self._affinity(blocks, request.prompt_tokens, healthy, cluster)
@@ -151,12 +162,16 @@ class CacheAwareV2Policy(TidiesInSweeps, Policy):
         pending = self.prefill.totals
         worker = self.wait.pick(candidates, cluster, request.prompt_tokens, pending)
         self.decisions[path] += 1
+        return worker
+
+    def record(self, request: RouteRequest, worker: str, blocks: tuple[int, ...]) -> None:
+        """``request`` (``blocks``: its content blocks) goes to ``worker``: its uncached
+        tokens count in the worker's prefill in flight, its prompt in the worker's tree."""
         matched = self.index.match(worker, blocks)
         self.prefill.add(
             request, worker, uncached_tokens(request.prompt_tokens, len(blocks), matched)
         )
         self.index.record(worker, blocks)
-        return Decision(worker, DecisionKind.STATELESS)
 
     def _kv_pressure(self, healthy: tuple[str, ...], cluster: ClusterView) -> str | None:
         """Which fleet-wide KV trigger abandons affinity, or None."""
