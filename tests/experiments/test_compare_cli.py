@@ -10,6 +10,7 @@ import pytest
 
 from sessionroute.cli import main
 from sessionroute.experiments.results import SCHEMA_ID
+from sessionroute.router.policies.adaptive_hold import AdaptiveHoldPolicy
 
 REQUIRED_METRICS = (
     "sessions_completed",
@@ -112,9 +113,9 @@ def test_dry_run_marks_the_options_an_arm_takes_for_the_objective(
     assert main([*argv, *(["--objective", objective] if objective else [])]) == 0
     lines = capsys.readouterr().out.splitlines()
     line = next(x for x in lines if x.split()[:2] == ["adaptive_hold", "adaptive_hold"])
-    marked = "max_wait_s=900.0, pack_past_knee=True, short_place=cache_aware_v2" in line
+    marked = "pack_past_knee=True, short_place=cache_aware_v2" in line
     assert marked is (objective is None)
-    names = "ceiling_floor, max_wait_s, pack_past_knee, short_place, short_turns, wait_bound"
+    names = ", ".join(sorted(AdaptiveHoldPolicy.objective_options["serving"]))
     assert (f"[{names}: for this objective]" in line) is marked
 
 

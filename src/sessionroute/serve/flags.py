@@ -86,7 +86,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "wait_bound=true (a held turn waits no longer than its engine's queue would make it), "
         "max_wait_s=900, short_turns=3 and short_place=cache_aware_v2 (short sessions "
         "placed by shared prefix and prefill wait; the router then reads prompt content), "
-        "ceiling_floor=0.5 and pack_past_knee=true (sessionroute only; default: the "
+        "ceiling_floor=0.5, knee_pressure=0.8, count_weight=0 and pack_past_knee=true "
+        "(new sessions packed once every worker is past its knee) and overload_window_s=120 "
+        "(rule 8: one worker given up once the fleet's queues stop draining) "
+        "(sessionroute only; default: the "
         "policy's own defaults, which for adaptive_hold are RL's)",
     )
     a(

@@ -114,14 +114,18 @@ class AdaptiveHoldPolicy(AdaptiveStickyPolicy):
             "short_place": "cache_aware_v2",
             "ceiling_floor": 0.5,
             "pack_past_knee": True,
+            "knee_pressure": 0.8,
+            "count_weight": 0.0,
             "overload_window_s": 120.0,
         },
     }
     """Under a serving objective: rule 6 on (it bounds the TTFT tail of the trace replays and
     costs RL step time past the knee), rule 3's wait up to 900 s (on the closed-loop Weka
     replay a longer wait keeps more SLO goodput), rule 7 with short sessions placed as
-    ``cache_aware_v2`` places them, rule 4's ceilings no lower than half the capacity, new
-    sessions packed when every worker is past its knee, and rule 8; each measured in
+    ``cache_aware_v2`` places them, rule 4's ceilings no lower than half the capacity, a knee
+    at 0.8 of the capacity with load counted in context tokens alone (``knee_pressure``,
+    ``count_weight`` 0), new sessions packed when every worker is past that knee, and rule 8;
+    each measured in
     docs/policies.md, "adaptive_hold: measurements"."""
 
     def __init__(self, config: Any = None, *, clock: Clock, rng: random.Random) -> None:
