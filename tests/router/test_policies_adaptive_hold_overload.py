@@ -21,7 +21,7 @@ from sessionroute.router.policies.adaptive_hold import AdaptiveHoldConfig, Adapt
 from sessionroute.router.state import Cluster
 from sessionroute.types import EngineGauges, RouteRequest
 
-A, B, C = "http://a:8000", "http://b:8000", "http://c:8000"
+A, B, C, D = "http://a:8000", "http://b:8000", "http://c:8000", "http://d:8000"
 KEEP = math.exp(-1.0)  # one window's decay
 
 
@@ -88,6 +88,34 @@ def test_a_sacrifice_that_leaves_the_fleet_is_let_go_of() -> None:
     assert o.sacrifices == [B]
     o.forget(B)
     assert o.sacrifices == []
+
+
+def test_a_sacrifice_let_go_of_and_given_up_again_waits_a_new_window() -> None:
+    """A, empty from 0 s, is let go of at 10 s; given up again at 11 s (C at its bound), its
+    empty queue at 12 s starts a new window instead of counting from 0 s."""
+    o = _overload()
+    o.sacrifices = [A, C]
+    o.observe(0.0, {A: 0, B: 9, C: 9, D: 9})
+    o.observe(10.0, {A: 0, B: 9, C: 9, D: 9})
+    assert o.sacrifices == [C]
+    assert o.divert(B, {A: 60.0, B: 50.0, C: 200.0, D: 3.0}) == A
+    o.observe(12.0, {A: 0, B: 9, C: 9, D: 9})
+    assert o.sacrifices == [C, A]
+
+
+def test_never_every_healthy_worker_is_a_sacrifice() -> None:
+    """C leaves while A and B are given up: B, the latest, is let go of; a lone worker never
+    starts an episode."""
+    o = _overload()
+    o.sacrifices = [A]
+    assert o.divert(B, {A: 200.0, B: 5.0, C: 3.0}) == B and o.sacrifices == [A, B]
+    o.observe(1.0, {A: 9, B: 9})
+    assert o.sacrifices == [A]
+    o.observe(2.0, {A: 9})
+    assert o.sacrifices == [] and o.episodes == 0
+    for t in range(10, 200, 10):
+        o.observe(float(t), {A: 30})
+    assert o.sacrifices == [] and o.episodes == 0
 
 
 @pytest.mark.parametrize(
@@ -176,14 +204,14 @@ def test_while_sessions_are_long_rule_8_diverts_nothing() -> None:
 OPS = st.lists(
     st.tuples(
         st.floats(0.0, 20.0),  # seconds to the next observation
-        st.dictionaries(st.sampled_from([A, B, C]), st.integers(0, 40), min_size=1),
-        st.sampled_from([A, B, C]),  # where the next first turn is bound
+        st.dictionaries(st.sampled_from([A, B, C, D]), st.integers(0, 40), min_size=1),
+        st.sampled_from([A, B, C, D]),  # where the next first turn is bound
     ),
     max_size=60,
 )
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=500, deadline=None)
 @given(OPS)
 def test_a_turn_goes_to_its_worker_or_a_sacrifice_and_one_worker_is_never_given_up(
     ops: list[tuple[float, dict[str, int], str]],
