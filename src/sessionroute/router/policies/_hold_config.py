@@ -120,15 +120,16 @@ class AdaptiveHoldConfig(AdaptiveStickyConfig):
             queueing delay (rule 6's estimate) is at least ``spill_delay_s`` goes to it
             instead, so the excess of an open-loop load queues there and the other workers
             stay inside the TTFT SLO. Placed evenly, every queue grows and every turn misses
-            the SLO together (Mooncake replay, seed 0: SLO goodput 0.327 at 3.125x its arrival
-            rate, 0.101 at 3.2x; with rule 8 0.327 and 0.284, against consistent_hash's 0.156;
-            docs/policies.md, "Past the Mooncake cliff"). Under closed-loop or RL load the
+            the SLO together (Mooncake replay, seed 0: SLO goodput 0.339 at 3.125x its arrival
+            rate, 0.077 at 3.2x; with rule 8 0.345 and 0.303, against consistent_hash's 0.156;
+            docs/policies.md, "adaptive_hold: measurements"). Under closed-loop or RL load the
             sessions are long and rule 8 never acts. A 120 s window is longer than the
             bursts that drain (at 3.125x the average peaks at 14 requests).
         overload_waiting: the average smallest queue (requests waiting, > 0) at which the
-            fleet is past its capacity for good; 16 by default (Mooncake replay: it peaks at
-            9, 12 and 14 at 3.03x, 3.08x and 3.125x its arrival rate, where the queues drain,
-            and reaches 22 and 35 at 3.17x and 3.2x, where they do not).
+            fleet is past its capacity for good; 16 by default (Mooncake replay, before the
+            serving knee: it peaks at 9, 12 and 14 at 3.03x, 3.08x and 3.125x its arrival
+            rate, where the queues drain, and reaches 22 and 35 at 3.17x and 3.2x, where they
+            do not).
         spill_delay_s: during an episode a new session bound for a worker (not a sacrifice)
             whose queueing delay is at least this many seconds goes to a sacrifice; 2 by
             default (the TTFT SLO's default: a worker queueing that long serves its new

@@ -3,9 +3,9 @@
 Under open-loop arrivals (a serving replay: turns come when their users send them, whatever
 the fleet does) a fleet past its capacity cannot shed load. Placed evenly, the excess queues
 on every worker, and every worker's turns miss the TTFT SLO together: on the Mooncake replay
-SLO goodput falls from 0.33 at 3.125x its recorded arrival rate to 0.10 at 3.2x while
+SLO goodput falls from 0.34 at 3.125x its recorded arrival rate to 0.08 at 3.2x while
 ``consistent_hash``, whose placement happens to be uneven, keeps 0.16 (docs/policies.md,
-"Past the Mooncake cliff"). Concentrating the excess on one worker, the *sacrifice*, costs
+"adaptive_hold: measurements"). Concentrating the excess on one worker, the *sacrifice*, costs
 little (its turns would have missed the SLO anyway) and keeps the others inside it.
 
 A transient burst must not trigger that: the sacrifice's queue then outlives the burst and
