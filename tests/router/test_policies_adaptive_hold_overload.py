@@ -132,6 +132,14 @@ def test_bad_overload_options_are_named(options: dict[str, float], word: str) ->
         create_policy("adaptive_hold", options, clock=ManualClock())
 
 
+def test_rule_8_without_rule_7_is_refused() -> None:
+    """Rule 8 acts only while sessions are short: without ``short_turns`` it could never act."""
+    with pytest.raises(ConfigError, match="short_turns > 0, or overload_window_s = 0"):
+        create_policy("adaptive_hold", {"overload_window_s": 120.0}, clock=ManualClock())
+    for options in ({"overload_window_s": 120.0, "hold": False}, {"short_turns": 0.0}):
+        create_policy("adaptive_hold", options, clock=ManualClock())
+
+
 # -- inside the policy -------------------------------------------------------------------------
 def _core(max_delay_s: float = 180.0) -> tuple[RoutingCore, AdaptiveHoldPolicy, ManualClock]:
     clock = ManualClock()
