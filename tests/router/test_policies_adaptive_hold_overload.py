@@ -42,6 +42,18 @@ def test_the_smallest_queue_averaged_over_the_window_starts_an_episode() -> None
     assert o.sacrifices == [B] and o.episodes == 1
 
 
+def test_one_snapshot_after_a_window_unobserved_starts_no_episode() -> None:
+    """Empty queues at 0 s, then nothing observed for 60 s (sessions long, no routing): a
+    burst's snapshot at 60 s starts the average anew instead of standing for the whole gap;
+    kept up for a window, it starts an episode."""
+    o = _overload()
+    o.observe(0.0, {A: 0, B: 0})
+    o.observe(60.0, {A: 30, B: 30})
+    assert o.average == 0.0 and o.sacrifices == []
+    o.observe(70.0, {A: 30, B: 30})
+    assert o.average == pytest.approx(30 * (1 - KEEP)) and o.sacrifices == [A]
+
+
 def test_a_burst_that_drains_on_one_worker_starts_none() -> None:
     """Queues of 6 (the average would pass 4 within 11 s), but every other second one is
     empty: the average of the smallest stays under 6 / (1 + e^-0.1) = 3.15."""

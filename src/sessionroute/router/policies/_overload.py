@@ -107,7 +107,9 @@ class Overload:
         ``waiting`` (not healthy, or not scraped), and the latest given up while every worker
         in ``waiting`` is one; the episode ends with the last. A new episode (two or more
         workers in ``waiting``) gives up the worker with the most requests waiting (ties: the
-        first by name)."""
+        first by name). After ``window_s`` or more without an observation (sessions long for
+        a while, a lone worker, no routing) the average starts again from 0: one snapshot of
+        a burst after a lull is not a queue that stayed long."""
         if self.sacrifices:
             kept = []
             empty = self._empty
@@ -132,6 +134,8 @@ class Overload:
             return
         x = min(waiting.values())
         at = self._at
+        if at is not None and now - at > self.window_s:  # nothing seen for a window: start anew
+            self.average, at = 0.0, None
         if at is not None and now > at:
             keep = math.exp(-(now - at) / self.window_s)
             self.average = self.average * keep + (1.0 - keep) * x
