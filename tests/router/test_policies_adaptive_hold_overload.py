@@ -21,7 +21,7 @@ from sessionroute.router.policies.adaptive_hold import AdaptiveHoldConfig, Adapt
 from sessionroute.router.state import Cluster
 from sessionroute.types import EngineGauges, RouteRequest
 
-A, B, C = "http://a:8000", "http://b:8000", "http://c:8000"
+A, B, C, D = "http://a:8000", "http://b:8000", "http://c:8000", "http://d:8000"
 KEEP = math.exp(-1.0)  # one window's decay
 
 
@@ -40,6 +40,18 @@ def test_the_smallest_queue_averaged_over_the_window_starts_an_episode() -> None
     o.observe(20.0, {A: 10, B: 20, C: 6})
     assert o.average == pytest.approx(6 * (1 - KEEP) * KEEP + 6 * (1 - KEEP))
     assert o.sacrifices == [B] and o.episodes == 1
+
+
+def test_one_snapshot_after_a_window_unobserved_starts_no_episode() -> None:
+    """Empty queues at 0 s, then nothing observed for 60 s (sessions long, no routing): a
+    burst's snapshot at 60 s starts the average anew instead of standing for the whole gap;
+    kept up for a window, it starts an episode."""
+    o = _overload()
+    o.observe(0.0, {A: 0, B: 0})
+    o.observe(60.0, {A: 30, B: 30})
+    assert o.average == 0.0 and o.sacrifices == []
+    o.observe(70.0, {A: 30, B: 30})
+    assert o.average == pytest.approx(30 * (1 - KEEP)) and o.sacrifices == [A]
 
 
 def test_a_burst_that_drains_on_one_worker_starts_none() -> None:
@@ -90,6 +102,34 @@ def test_a_sacrifice_that_leaves_the_fleet_is_let_go_of() -> None:
     assert o.sacrifices == []
 
 
+def test_a_sacrifice_let_go_of_and_given_up_again_waits_a_new_window() -> None:
+    """A, empty from 0 s, is let go of at 10 s; given up again at 11 s (C at its bound), its
+    empty queue at 12 s starts a new window instead of counting from 0 s."""
+    o = _overload()
+    o.sacrifices = [A, C]
+    o.observe(0.0, {A: 0, B: 9, C: 9, D: 9})
+    o.observe(10.0, {A: 0, B: 9, C: 9, D: 9})
+    assert o.sacrifices == [C]
+    assert o.divert(B, {A: 60.0, B: 50.0, C: 200.0, D: 3.0}) == A
+    o.observe(12.0, {A: 0, B: 9, C: 9, D: 9})
+    assert o.sacrifices == [C, A]
+
+
+def test_never_every_healthy_worker_is_a_sacrifice() -> None:
+    """C leaves while A and B are given up: B, the latest, is let go of; a lone worker never
+    starts an episode."""
+    o = _overload()
+    o.sacrifices = [A]
+    assert o.divert(B, {A: 200.0, B: 5.0, C: 3.0}) == B and o.sacrifices == [A, B]
+    o.observe(1.0, {A: 9, B: 9})
+    assert o.sacrifices == [A]
+    o.observe(2.0, {A: 9})
+    assert o.sacrifices == [] and o.episodes == 0
+    for t in range(10, 200, 10):
+        o.observe(float(t), {A: 30})
+    assert o.sacrifices == [] and o.episodes == 0
+
+
 @pytest.mark.parametrize(
     ("options", "word"),
     [
@@ -101,6 +141,14 @@ def test_a_sacrifice_that_leaves_the_fleet_is_let_go_of() -> None:
 )
 def test_bad_overload_options_are_named(options: dict[str, float], word: str) -> None:
     with pytest.raises(ConfigError, match=word):
+        create_policy("adaptive_hold", options, clock=ManualClock())
+
+
+def test_rule_8_without_rule_7_is_refused() -> None:
+    """Rule 8 acts only while sessions are short: without ``short_turns`` it could never act."""
+    with pytest.raises(ConfigError, match="short_turns > 0, or overload_window_s = 0"):
+        create_policy("adaptive_hold", {"overload_window_s": 120.0}, clock=ManualClock())
+    for options in ({"overload_window_s": 120.0, "hold": False}, {"short_turns": 0.0}):
         create_policy("adaptive_hold", options, clock=ManualClock())
 
 
@@ -176,14 +224,14 @@ def test_while_sessions_are_long_rule_8_diverts_nothing() -> None:
 OPS = st.lists(
     st.tuples(
         st.floats(0.0, 20.0),  # seconds to the next observation
-        st.dictionaries(st.sampled_from([A, B, C]), st.integers(0, 40), min_size=1),
-        st.sampled_from([A, B, C]),  # where the next first turn is bound
+        st.dictionaries(st.sampled_from([A, B, C, D]), st.integers(0, 40), min_size=1),
+        st.sampled_from([A, B, C, D]),  # where the next first turn is bound
     ),
     max_size=60,
 )
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=500, deadline=None)
 @given(OPS)
 def test_a_turn_goes_to_its_worker_or_a_sacrifice_and_one_worker_is_never_given_up(
     ops: list[tuple[float, dict[str, int], str]],

@@ -82,3 +82,62 @@ def test_a_started_process_leads_its_own_group_in_our_session(tmp_path: Path) ->
         assert os.getpgid(p.pid) == p.pid
         assert os.getsid(p.pid) == os.getsid(0)
     assert p.exited() is not None
+
+
+DRIVER = """
+import signal, sys, time
+from pathlib import Path
+from sessionroute.experiments.live.procs import ProcessSet
+out = Path(sys.argv[1])
+child = [sys.executable, "-c", (
+    "import subprocess, sys, time;"
+    "g = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']);"
+    "print(g.pid, flush=True); time.sleep(120)"
+)]
+with ProcessSet() as procs:
+    p = procs.start("replica 0", child, {}, out / "r.log")
+    deadline = time.monotonic() + 60
+    while not (out / "r.log").read_text().strip() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    print(p.pid, (out / "r.log").read_text().strip(), flush=True)
+    time.sleep(120)
+"""
+
+
+def _gone(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    return state in ("Z", "X")  # exited; its new parent has not reaped it yet
+
+
+@pytest.mark.parametrize("how", ["sigterm", "ctrl-c"])
+def test_stopping_the_driver_stops_its_children_and_theirs(tmp_path: Path, how: str) -> None:
+    """The children stay in our session but lead groups of their own: a terminal's Ctrl-C
+    (SIGINT to the driver's foreground group only) or SIGTERM to the driver still stops each
+    child and what it started."""
+    import os
+    import signal
+    import subprocess
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    driver = subprocess.Popen(
+        [sys.executable, "-c", DRIVER, str(tmp_path)],
+        stdout=subprocess.PIPE, text=True, env=env, process_group=0,
+    )  # fmt: skip
+    try:
+        assert driver.stdout is not None
+        child, grandchild = (int(x) for x in driver.stdout.readline().split())
+        assert not _gone(child) and not _gone(grandchild)
+        assert os.getpgid(child) == child != os.getpgid(driver.pid)
+        if how == "sigterm":
+            driver.send_signal(signal.SIGTERM)
+        else:
+            os.killpg(driver.pid, signal.SIGINT)
+        driver.wait(60)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait()
+    assert _gone(child) and _gone(grandchild)

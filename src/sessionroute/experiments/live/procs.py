@@ -6,11 +6,12 @@ id is the one we started -- and never to anything else by name. It stays in our 
 our scheduler autogroup: the kernel shares the CPU between autogroups before it shares it
 between their threads, and a client or router alone in a group of its own, mostly asleep, got a
 small share while the servers' groups were busy (its event loop stalled 50-660 ms at a time on
-the 2-core CPU tier, docs/simulator.md "Conditions"). One group for the whole test-bed shares
-the CPU between its threads, and ``echo -10 > /proc/self/autogroup`` before the run gives all of
-it priority at once. :class:`ProcessSet` stops everything
-it started when its ``with`` block ends, on success, on an exception and on Ctrl-C; while it is
-open, SIGTERM to this process raises ``KeyboardInterrupt`` so the same cleanup runs.
+the 2-core CPU tier, docs/simulator.md "Where the time outside vLLM went"). One group for the
+whole test-bed shares the CPU between its threads, and ``echo -10 > /proc/self/autogroup``
+before the run gives all of it priority at once. A terminal's Ctrl-C reaches only its foreground
+process group, so not the children: :class:`ProcessSet` stops everything it started when its
+``with`` block ends, on success, on an exception and on Ctrl-C; while it is open, SIGTERM to
+this process raises ``KeyboardInterrupt`` so the same cleanup runs.
 """
 
 from __future__ import annotations

@@ -114,21 +114,22 @@ class AdaptiveHoldConfig(AdaptiveStickyConfig):
             queue (the scraped waiting requests of the worker with the fewest), which tells a
             fleet past its capacity for good (no queue drains: the average keeps up) from a
             burst (some queue drains within the window: it falls). 0 (the default): rule 8
-            off; 120 under a serving objective. Once the average reaches
-            ``overload_waiting``, while sessions are short (rule 7), the worker with the
-            longest queue becomes a *sacrifice*: a new session bound for another worker whose
-            queueing delay (rule 6's estimate) is at least ``spill_delay_s`` goes to it
-            instead, so the excess of an open-loop load queues there and the other workers
+            off; 120 under a serving objective; refused without ``short_turns``. Once the
+            average reaches ``overload_waiting``, while sessions are short (rule 7), the worker
+            with the longest queue becomes a *sacrifice*: a new session bound for another
+            worker whose queueing delay (rule 6's estimate) is at least ``spill_delay_s`` goes
+            to it instead, so the excess of an open-loop load queues there and the other workers
             stay inside the TTFT SLO. Placed evenly, every queue grows and every turn misses
-            the SLO together (Mooncake replay, seed 0: SLO goodput 0.327 at 3.125x its arrival
-            rate, 0.101 at 3.2x; with rule 8 0.327 and 0.284, against consistent_hash's 0.156;
-            docs/policies.md, "Past the Mooncake cliff"). Under closed-loop or RL load the
+            the SLO together (Mooncake replay, seed 0: SLO goodput 0.339 at 3.125x its arrival
+            rate, 0.077 at 3.2x; with rule 8 0.345 and 0.303, against consistent_hash's 0.156;
+            docs/policies.md, "adaptive_hold: measurements"). Under closed-loop or RL load the
             sessions are long and rule 8 never acts. A 120 s window is longer than the
             bursts that drain (at 3.125x the average peaks at 14 requests).
         overload_waiting: the average smallest queue (requests waiting, > 0) at which the
-            fleet is past its capacity for good; 16 by default (Mooncake replay: it peaks at
-            9, 12 and 14 at 3.03x, 3.08x and 3.125x its arrival rate, where the queues drain,
-            and reaches 22 and 35 at 3.17x and 3.2x, where they do not).
+            fleet is past its capacity for good; 16 by default (Mooncake replay, before the
+            serving knee: it peaks at 9, 12 and 14 at 3.03x, 3.08x and 3.125x its arrival
+            rate, where the queues drain, and reaches 22 and 35 at 3.17x and 3.2x, where they
+            do not).
         spill_delay_s: during an episode a new session bound for a worker (not a sacrifice)
             whose queueing delay is at least this many seconds goes to a sacrifice; 2 by
             default (the TTFT SLO's default: a worker queueing that long serves its new
@@ -144,7 +145,8 @@ class AdaptiveHoldConfig(AdaptiveStickyConfig):
             let go of; the episode ends with the last.
 
     Raises:
-        ConfigError: on a value out of range (the message names it).
+        ConfigError: on a value out of range, or ``overload_window_s`` without
+            ``short_turns`` (the message names it).
     """
 
     hold: bool = True
@@ -229,6 +231,11 @@ class AdaptiveHoldConfig(AdaptiveStickyConfig):
         ):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)!r}")
+        if self.hold and self.overload_window_s > 0 and not self.short_turns:
+            raise ConfigError(
+                f"overload_window_s ({self.overload_window_s}) acts only while sessions are "
+                "short (rule 8 needs rule 7): set short_turns > 0, or overload_window_s = 0"
+            )
         if self.hold_max_s > self.hold_total_max_s:
             raise ConfigError(
                 f"hold_max_s ({self.hold_max_s}) must be <= hold_total_max_s "

@@ -3,9 +3,9 @@
 Under open-loop arrivals (a serving replay: turns come when their users send them, whatever
 the fleet does) a fleet past its capacity cannot shed load. Placed evenly, the excess queues
 on every worker, and every worker's turns miss the TTFT SLO together: on the Mooncake replay
-SLO goodput falls from 0.33 at 3.125x its recorded arrival rate to 0.10 at 3.2x while
+SLO goodput falls from 0.34 at 3.125x its recorded arrival rate to 0.08 at 3.2x while
 ``consistent_hash``, whose placement happens to be uneven, keeps 0.16 (docs/policies.md,
-"Past the Mooncake cliff"). Concentrating the excess on one worker, the *sacrifice*, costs
+"adaptive_hold: measurements"). Concentrating the excess on one worker, the *sacrifice*, costs
 little (its turns would have missed the SLO anyway) and keeps the others inside it.
 
 A transient burst must not trigger that: the sacrifice's queue then outlives the burst and
@@ -15,12 +15,13 @@ signal is the fleet's *smallest* queueing delay (each worker's by Little's law,
 time constant ``window_s``: a burst leaves some worker's queue short or empty within the
 window, a fleet past its capacity keeps every queue long.
 
-:class:`Overload` is latched: when the average reaches ``level_s`` the worker with the longest
-queueing delay becomes the sacrifice; from then on a new session's first turn bound for
+:class:`Overload` is latched: when the average reaches ``level`` the worker with the most
+requests waiting becomes the sacrifice; from then on a new session's first turn bound for
 another worker whose queueing delay is at least ``spill_s`` goes to the sacrifice instead
-(:meth:`Overload.divert`), so the other workers are fed while their queues are short. It ends
-when the sacrifice's queue is empty (the fleet caught up with its excess) or the sacrifice
-leaves; the average then starts again from 0.
+(:meth:`Overload.divert`), so the other workers are fed while their queues are short. A
+sacrifice is let go of once its queue has stayed empty for ``window_s`` (the fleet caught up
+with its excess) or it leaves; the episode ends with the last, and the average then starts
+again from 0. Never every healthy worker is a sacrifice, and a lone worker starts no episode.
 """
 
 from __future__ import annotations
@@ -103,8 +104,12 @@ class Overload:
         """Fold the healthy workers' scraped ``waiting`` requests at ``now`` into the average
         (their smallest), or, during an episode, let go of each sacrifice whose queue has
         been empty at every observation for ``window_s`` or that is no longer in
-        ``waiting`` (not healthy); the episode ends with the last. A new episode gives up the
-        worker with the most requests waiting (ties: the first by name)."""
+        ``waiting`` (not healthy, or not scraped), and the latest given up while every worker
+        in ``waiting`` is one; the episode ends with the last. A new episode (two or more
+        workers in ``waiting``) gives up the worker with the most requests waiting (ties: the
+        first by name). After ``window_s`` or more without an observation (sessions long for
+        a while, a lone worker, no routing) the average starts again from 0: one snapshot of
+        a burst after a lull is not a queue that stayed long."""
         if self.sacrifices:
             kept = []
             empty = self._empty
@@ -116,14 +121,21 @@ class Overload:
                 elif now - empty.setdefault(w, now) >= self.window_s:
                     continue
                 kept.append(w)
+            while kept and len(kept) >= len(waiting):  # never every healthy worker
+                kept.pop()
+            for w in self.sacrifices:
+                if w not in kept:
+                    empty.pop(w, None)  # given up again later: its empty time starts anew
             self.sacrifices = kept
             if not kept:
                 self.end()
             return
-        if not waiting:
+        if len(waiting) < 2:  # a lone worker is never given up
             return
         x = min(waiting.values())
         at = self._at
+        if at is not None and now - at > self.window_s:  # nothing seen for a window: start anew
+            self.average, at = 0.0, None
         if at is not None and now > at:
             keep = math.exp(-(now - at) / self.window_s)
             self.average = self.average * keep + (1.0 - keep) * x
