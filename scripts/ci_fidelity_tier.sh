@@ -43,9 +43,6 @@ PRESSURE=${FIDELITY_PRESSURE_FILE-examples/fidelity_vllm_cpu_pressure.toml}
 STRICT=()
 if [ "${FIDELITY_STRICT:-0}" = 1 ]; then STRICT=(--strict); fi
 
-# the servers, router and client run in this session's scheduler autogroup: give it priority
-# over other sessions' work where allowed (docs/simulator.md, "Conditions")
-echo -10 2>/dev/null >/proc/self/autogroup || true
 echo "== fidelity: $FILE, simulator vs 3 vLLM servers (calibrated on them first)"
 rm -rf "$OUT"
 TINY_MODEL="$MODEL" VLLM_PYTHON="$VENV/bin/python" \

@@ -1,17 +1,15 @@
 """Processes a live run starts: command templates, logs, health waits, stopping by process id.
 
-Every process is started in a process group of its own (``process_group=0``), so stopping it
-sends SIGTERM (then SIGKILL after a grace period) to exactly the process group it leads -- its
-id is the one we started -- and never to anything else by name. It stays in our session, so in
-our scheduler autogroup: the kernel shares the CPU between autogroups before it shares it
-between their threads, and a client or router alone in a group of its own, mostly asleep, got a
-small share while the servers' groups were busy (its event loop stalled 50-660 ms at a time on
-the 2-core CPU tier, docs/simulator.md "Where the time outside vLLM went"). One group for the
-whole test-bed shares the CPU between its threads, and ``echo -10 > /proc/self/autogroup``
-before the run gives all of it priority at once. A terminal's Ctrl-C reaches only its foreground
-process group, so not the children: :class:`ProcessSet` stops everything it started when its
-``with`` block ends, on success, on an exception and on Ctrl-C; while it is open, SIGTERM to
-this process raises ``KeyboardInterrupt`` so the same cleanup runs.
+Every process is started in a session of its own (``start_new_session``), so stopping it sends
+SIGTERM (then SIGKILL after a grace period) to exactly the process group it leads -- its id is
+the one we started -- and never to anything else by name. A session is also a scheduler
+autogroup: each server gets its own share of the cores, whatever the others do. (Keeping the
+whole test-bed in our session instead stopped the client from being starved, but then a
+server's decode pace moved with how many of the others were busy and the CPU tier's output
+tok/s check failed; docs/simulator.md, "Where the time outside vLLM went".) A terminal's Ctrl-C
+reaches only its foreground process group, so not the children: :class:`ProcessSet` stops
+everything it started when its ``with`` block ends, on success, on an exception and on Ctrl-C;
+while it is open, SIGTERM to this process raises ``KeyboardInterrupt`` so the same cleanup runs.
 """
 
 from __future__ import annotations
@@ -151,7 +149,7 @@ class StartedProcess:
                 stdin=subprocess.DEVNULL,
                 stdout=self._log,
                 stderr=subprocess.STDOUT,
-                process_group=0,
+                start_new_session=True,
             )
         except OSError as exc:
             self._log.close()
