@@ -10,10 +10,9 @@ little (its turns would have missed the SLO anyway) and keeps the others inside 
 
 A transient burst must not trigger that: the sacrifice's queue then outlives the burst and
 becomes the fleet's TTFT tail. What tells the two apart is whether the queues drain. So the
-signal is the fleet's *smallest* queueing delay (each worker's by Little's law,
-:class:`~sessionroute.router.policies._queue_delay.QueueDelay`), averaged exponentially with
-time constant ``window_s``: a burst leaves some worker's queue short or empty within the
-window, a fleet past its capacity keeps every queue long.
+signal is the fleet's *smallest* engine queue (each worker's scraped waiting requests),
+averaged exponentially with time constant ``window_s``: a burst leaves some worker's queue
+short or empty within the window, a fleet past its capacity keeps every queue long.
 
 :class:`Overload` is latched: when the average reaches ``level`` the worker with the most
 requests waiting becomes the sacrifice; from then on a new session's first turn bound for
