@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from sessionroute.experiments.envexpand import expand_env
 
@@ -105,6 +105,11 @@ class LiveSection(BaseModel):
             system temp dir.
         keep_cache: keep the run's directory (logs, caches) after the run.
         stagger_s: wall seconds between starting one replica process and the next.
+        replica_cpus: cores each started replica may use (a cgroup CPU quota, so that its
+            pace does not move with the others' load, as on a machine of its own; see
+            :mod:`sessionroute.experiments.live.cpuslice`); ``"auto"``: for the ``vllm-cpu``
+            preset, the host's cores less 0.5 shared among the replicas when that is under 1.5
+            each, else none, and none for other commands; 0: no cap.
         start_timeout_s: wall seconds every replica (and router) gets to answer its health check.
         router: ``sessionroute`` (a ``sessionroute serve`` subprocess), ``sessionroute-inprocess``
             (the router in the driver's event loop), ``vllm-router`` (PyPI vllm-router's binary)
@@ -146,6 +151,7 @@ class LiveSection(BaseModel):
     cache_root: str | None = None
     keep_cache: bool = False
     stagger_s: float = Field(default=0.0, ge=0)
+    replica_cpus: float | Literal["auto"] = "auto"
     start_timeout_s: float = Field(default=600.0, gt=0)
     router: Literal["sessionroute", "sessionroute-inprocess", "vllm-router", "command"] = (
         "sessionroute"
@@ -157,6 +163,13 @@ class LiveSection(BaseModel):
     record_turns: bool = False
     scrape_interval_s: float = Field(default=2.0, gt=0)
     request_timeout_s: float = Field(default=600.0, gt=0)
+
+    @field_validator("replica_cpus")
+    @classmethod
+    def _cpus_not_negative(cls, value: float | str) -> float | str:
+        if isinstance(value, float | int) and value < 0:
+            raise ValueError(f"must be >= 0 cores, or 'auto' (got {value})")
+        return value
 
 
 def _held(data: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -261,6 +261,8 @@ def run_fidelity(
         servers = _read_servers(urls, live_spec.live, fallback)
         engine = engine_from_servers(servers)
         say(f"servers: {engine.source}")
+        if runner.fleet.cpu_note:
+            say(runner.fleet.cpu_note)
         if profile is None:
             say(f"calibrating {len(urls)} servers (probe {probe}) ...")
             result = calibrate(
@@ -292,6 +294,7 @@ def run_fidelity(
         calibration = {
             **calibration,
             "profile": str(profile_path),
+            "replica_cpus": runner.fleet.replica_cpus,
             "profile_name": pf.profile.name,
             "calibrated": any(k != "path" for k in pf.calibration),  # step terms fitted
             "calibration": pf.calibration,

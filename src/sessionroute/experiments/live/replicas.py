@@ -23,6 +23,12 @@ from pathlib import Path
 from typing import Any
 
 from sessionroute.errors import ConfigError
+from sessionroute.experiments.live.cpuslice import (
+    CpuSlice,
+    auto_replica_cpus,
+    cgroup_cpu_root,
+    host_cpus,
+)
 from sessionroute.experiments.live.procs import (
     LiveStartError,
     ProcessSet,
@@ -88,6 +94,8 @@ class ReplicaFleet:
         self.count, self.config = replica_config(spec)
         self.urls: list[str] = []
         self._started: list[StartedProcess] = []
+        self._slices: list[CpuSlice] = []
+        self.replica_cpus, self.cpu_note = self._replica_cpus()
         if live.cache_root is not None:
             Path(live.cache_root).mkdir(parents=True, exist_ok=True)
         self.work_dir = Path(tempfile.mkdtemp(prefix="sessionroute-live-", dir=live.cache_root))
@@ -139,6 +147,9 @@ class ReplicaFleet:
         for proc in reversed(self._started):
             self.procs.stop(proc)
         self._started.clear()
+        for piece in self._slices:
+            piece.remove()
+        self._slices.clear()
         if not self.live.keep_cache:
             shutil.rmtree(self.work_dir, ignore_errors=True)
 
@@ -298,6 +309,32 @@ class ReplicaFleet:
             time.sleep(0.1)
 
     # -- command replicas -----------------------------------------------------------------------
+    def _replica_cpus(self) -> tuple[float | None, str]:
+        """Cores per started replica (None: uncapped) and a line saying so and why."""
+        live = self.live
+        if live.replicas != "command":
+            return None, ""
+        cpus = host_cpus()
+        if live.replica_cpus == "auto":
+            if live.preset != "vllm-cpu":
+                return None, "replica CPU: uncapped (replica_cpus = 'auto' caps vllm-cpu only)"
+            want = auto_replica_cpus(self.count, cpus)
+            if want is None:
+                return None, f"replica CPU: uncapped ({self.count} servers on {cpus} cores)"
+        elif float(live.replica_cpus) == 0:
+            return None, "replica CPU: uncapped (replica_cpus = 0)"
+        else:
+            want = float(live.replica_cpus)
+        root, why = cgroup_cpu_root()
+        if root is None:
+            if live.replica_cpus != "auto":
+                raise ConfigError(f"live.replica_cpus = {want}: cannot cap CPU here: {why}")
+            return None, (
+                f"replica CPU: uncapped, {self.count} servers share {cpus} cores ({why}): each "
+                "one's pace moves with the others' load, which the simulator does not model"
+            )
+        return want, f"replica CPU: {want:g} cores each ({self.count} servers, {cpus} cores)"
+
     def _variables(self, index: int, port: int, cache_dir: Path) -> dict[str, str]:
         live = self.live
         model = live.model or ""
@@ -334,6 +371,10 @@ class ReplicaFleet:
             argv = expand_command(template, variables, env, "live.replica_command")
             proc = self.procs.start(f"replica {i}", argv, env, cache_dir / "server.log")
             self._started.append(proc)
+            if self.replica_cpus is not None:
+                piece = CpuSlice(f"{self.work_dir.name}-replica-{i}", self.replica_cpus)
+                self._slices.append(piece)
+                piece.add(proc.pid)
             starts.append((proc, f"http://{live.host}:{port}", time.monotonic()))
             if live.stagger_s and i + 1 < self.count:
                 time.sleep(live.stagger_s)
