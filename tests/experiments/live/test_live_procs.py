@@ -73,7 +73,7 @@ def test_health_wait_times_out() -> None:
 
 def test_a_started_process_leads_its_own_session(tmp_path: Path) -> None:
     # a session (scheduler autogroup) per server: its share of the cores does not move with how
-    # many other servers are busy (docs/simulator.md, "Where the time outside vLLM went")
+    # many other servers are busy (docs/simulator.md, "Each server its own share of the host")
     import os
 
     sleeper = [sys.executable, "-c", "import time; time.sleep(120)"]

@@ -5,9 +5,9 @@ that does not run for a while (the process waits for a core, or blocking work ho
 that wait to the TTFT it records. :class:`LoopLag` sleeps a short interval again and again in
 the client's loop and records how much later than asked each sleep ended; :func:`summarise`
 sums the stalls. On the 2-core CPU tier, with the client and router in scheduler autogroups of
-their own beside the servers', the client's loop stalled 50-660 ms at a time, 3-5 s per 10-s
-arm run, while using 0-13 ms of CPU in each stall (docs/simulator.md, "Where the time outside
-vLLM went").
+their own beside the uncapped servers', the client's loop stalled 50-660 ms at a time, 3-5 s
+per 10-s arm run, while using 0-13 ms of CPU in each stall (docs/simulator.md, "Each server
+its own share of the host").
 """
 
 from __future__ import annotations
