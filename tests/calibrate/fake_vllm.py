@@ -36,6 +36,7 @@ class FakeVllm:
     max_num_batched_tokens: int = 512
     max_model_len: int = 1024
     expose_limits: bool = True
+    token_delay_s: float = 0.0  # between streamed tokens
     posts: list[str] = field(default_factory=list)
     log: list[str] | None = None
     name: str = "fake"
@@ -134,6 +135,8 @@ class FakeVllm:
             await resp.prepare(req)
             for _ in range(n):
                 self.steps += 1
+                if self.token_delay_s:
+                    await asyncio.sleep(self.token_delay_s)
                 chunk = {"choices": [{"index": 0, "text": "x"}]}
                 await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
             await resp.write(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n".encode())

@@ -23,6 +23,7 @@ from typing import Any
 
 from sessionroute.errors import ConfigError
 from sessionroute.experiments.fidelity import arm_groups, fidelity_document, write_fidelity
+from sessionroute.experiments.live.pace import PacedRunner, calibrated_pace_s
 from sessionroute.experiments.live_engine import EngineSettings, engine_from_servers
 from sessionroute.experiments.live_section import LiveSection
 from sessionroute.experiments.replay import replay_arms
@@ -299,7 +300,11 @@ def run_fidelity(
             "calibrated": any(k != "path" for k in pf.calibration),  # step terms fitted
             "calibration": pf.calibration,
         }
-        live_out = run_experiment(live_spec, _SameSeed(runner, spec.run.seed), reporter, jobs=1)
+        paced = PacedRunner(_SameSeed(runner, spec.run.seed), servers)
+        live_out = run_experiment(live_spec, paced, reporter, jobs=1)
+        pace_cal = calibrated_pace_s(pf.calibration)
+        say(paced.describe(pace_cal))
+        calibration["decode_pace"] = {"calibration_s": pace_cal, "runs": paced.records}
     sim_spec = fidelity_sim_spec(spec, str(profile_path), engine, urls)
     # the servers are stopped by now: the simulated runs may take every core
     jobs = min(os.cpu_count() or 1, len(sim_spec.arms) * SIM_DRAWS)

@@ -1,0 +1,90 @@
+"""The servers' decode pace just before and just after each live arm run (``compare --fidelity``).
+
+The calibration fits the step-time profile minutes before the arms run; if the servers' pace
+drifts meanwhile (a shared or capped host: docs/simulator.md, "Each server its own share of the
+host"), the simulator's times are off by the drift and nothing else says so. Around every live
+run :class:`PacedRunner` sends one streamed decode to every server at once (a 32-token prompt,
+:data:`PACE_TOKENS` output tokens, as the calibration's ``decode B=1`` phase does) and records
+the time per output token. Measurement only: the simulator does not use it, and the probe's
+requests come before the arm's prefix caches are reset and after its metrics are read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from sessionroute.calibrate.probe import ProbeClient, probe_session
+from sessionroute.calibrate.server import ServerInfo
+from sessionroute.experiments.results import RunOutput
+from sessionroute.experiments.spec import ResolvedArm
+
+__all__ = ["PACE_TOKENS", "PacedRunner", "calibrated_pace_s", "decode_pace"]
+
+PACE_TOKENS = 48
+"""Output tokens of a pace probe (the calibration's decode phases use 48 by default)."""
+
+
+async def _pace(servers: Sequence[ServerInfo], tokens: int) -> list[float]:
+    async with probe_session(120.0) as session:
+        clients = [ProbeClient(session, s) for s in servers]
+        await clients[0].load_ids()
+        prompt = [clients[0].ids[i % len(clients[0].ids)] for i in range(32)]
+        records = await asyncio.gather(*(c.complete(prompt, tokens) for c in clients))
+    return [(r.decode_s or 0.0) / max(1, r.output_tokens - 1) for r in records]
+
+
+def decode_pace(servers: Sequence[ServerInfo], tokens: int = PACE_TOKENS) -> list[float]:
+    """Seconds per output token of one streamed decode on each server, all at once.
+
+    Raises:
+        CalibrationError: a server did not answer.
+    """
+    return asyncio.run(_pace(servers, tokens))
+
+
+def calibrated_pace_s(calibration: Mapping[str, Any]) -> float | None:
+    """The calibration's own measured time per token of its ``decode B=1`` phases (median over
+    its rounds and contexts; client first-to-last token over ``tokens - 1``), or None."""
+    per_token = []
+    for phase in calibration.get("phases") or []:
+        name = str(phase.get("phase", ""))
+        if name.startswith("decode B=1 ") and phase.get("measured_s"):
+            per_token.append(float(phase["measured_s"]) / (PACE_TOKENS - 1))
+    return statistics.median(per_token) if per_token else None
+
+
+class PacedRunner:
+    """An arm runner that measures :func:`decode_pace` before and after every run of ``runner``.
+
+    Attributes:
+        records: one ``{"arm", "before_s", "after_s"}`` per run (seconds per token, per server).
+    """
+
+    def __init__(
+        self,
+        runner: Callable[[ResolvedArm, int, Callable[[float], None]], RunOutput],
+        servers: Sequence[ServerInfo],
+    ) -> None:
+        self.runner = runner
+        self.servers = list(servers)
+        self.records: list[dict[str, Any]] = []
+
+    def __call__(self, arm: ResolvedArm, seed: int, progress: Callable[[float], None]) -> RunOutput:
+        before = decode_pace(self.servers)
+        out = self.runner(arm, seed, progress)
+        after = decode_pace(self.servers)
+        self.records.append({"arm": arm.name, "before_s": before, "after_s": after})
+        return out
+
+    def describe(self, calibrated_s: float | None) -> str:
+        """One line: the calibration's pace and the mean over the servers around each run."""
+
+        def ms(values: Sequence[float]) -> str:
+            return f"{1e3 * statistics.fmean(values):.1f}"
+
+        runs = "; ".join(f"{r['arm']} {ms(r['before_s'])}/{ms(r['after_s'])}" for r in self.records)
+        cal = f"{1e3 * calibrated_s:.1f}" if calibrated_s is not None else "-"
+        return f"decode pace, ms per token at 1 request: calibration {cal}; before/after: {runs}"
