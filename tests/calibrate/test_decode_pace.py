@@ -69,3 +69,22 @@ def test_calibrated_pace_is_the_median_decode_b1_phase_per_token() -> None:
     ]
     assert calibrated_pace_s({"phases": phases}) == pytest.approx(0.01)
     assert calibrated_pace_s({}) is None
+
+
+def test_a_server_that_does_not_answer_the_pace_probe_does_not_stop_the_run() -> None:
+    with serving(FakeVllm().app()) as url:
+        infos = _infos([url])
+    ran: list[int] = []
+
+    def runner(arm: Any, seed: int, progress: Callable[[float], None]) -> RunOutput:
+        ran.append(seed)
+        return RunOutput(seed, {}, [], [], {})
+
+    class Arm:
+        name = "a"
+
+    paced = PacedRunner(runner, infos)
+    paced(Arm(), 3, lambda _f: None)  # type: ignore[arg-type]
+    assert ran == [3]
+    assert paced.records == [{"arm": "a", "before_s": [], "after_s": []}]
+    assert paced.describe(None).endswith("calibration -; before/after: a -/-")

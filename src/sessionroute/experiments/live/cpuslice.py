@@ -7,7 +7,7 @@ others are busy (measured on a 2-core host with 3 servers: ITL p50 about 2, 4 an
 2 and 3 of them decoding; docs/simulator.md, "How far to trust it"). A CFS bandwidth quota
 caps each server at a fixed number of cores whatever the others do, and the cores left over
 keep the client and router from being starved. The quota's period is short (2 ms) so that a
-capped server runs a little of every millisecond rather than a burst and a long pause: its
+capped server runs a little of every 2 ms rather than a burst and a long pause: its
 tokens stay evenly spaced, as the simulator's steps are.
 
 Source: the kernel's CFS bandwidth control (``Documentation/scheduler/sched-bwc.rst``):

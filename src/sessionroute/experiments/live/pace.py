@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from sessionroute.calibrate.probe import ProbeClient, probe_session
-from sessionroute.calibrate.server import ServerInfo
+from sessionroute.calibrate.server import CalibrationError, ServerInfo
 from sessionroute.experiments.results import RunOutput
 from sessionroute.experiments.spec import ResolvedArm
 
@@ -47,7 +47,8 @@ def decode_pace(servers: Sequence[ServerInfo], tokens: int = PACE_TOKENS) -> lis
 
 def calibrated_pace_s(calibration: Mapping[str, Any]) -> float | None:
     """The calibration's own measured time per token of its ``decode B=1`` phases (median over
-    its rounds and contexts; client first-to-last token over ``tokens - 1``), or None."""
+    its rounds and contexts; client first-to-last token over ``tokens - 1``, with ``calibrate``'s
+    default of :data:`PACE_TOKENS` decode tokens, which ``compare --fidelity`` uses), or None."""
     per_token = []
     for phase in calibration.get("phases") or []:
         name = str(phase.get("phase", ""))
@@ -73,17 +74,25 @@ class PacedRunner:
         self.records: list[dict[str, Any]] = []
 
     def __call__(self, arm: ResolvedArm, seed: int, progress: Callable[[float], None]) -> RunOutput:
-        before = decode_pace(self.servers)
+        before = self._pace()
         out = self.runner(arm, seed, progress)
-        after = decode_pace(self.servers)
+        after = self._pace()
         self.records.append({"arm": arm.name, "before_s": before, "after_s": after})
         return out
+
+    def _pace(self) -> list[float]:
+        """:func:`decode_pace`, or [] when a server did not answer (a measurement only: the
+        arm's own run says what failed)."""
+        try:
+            return decode_pace(self.servers)
+        except CalibrationError:
+            return []
 
     def describe(self, calibrated_s: float | None) -> str:
         """One line: the calibration's pace and the mean over the servers around each run."""
 
         def ms(values: Sequence[float]) -> str:
-            return f"{1e3 * statistics.fmean(values):.1f}"
+            return f"{1e3 * statistics.fmean(values):.1f}" if values else "-"
 
         runs = "; ".join(f"{r['arm']} {ms(r['before_s'])}/{ms(r['after_s'])}" for r in self.records)
         cal = f"{1e3 * calibrated_s:.1f}" if calibrated_s is not None else "-"
