@@ -3,7 +3,7 @@
 # trust it"; issue 35).
 #
 # `sessionroute compare examples/fidelity_vllm_cpu.toml --fidelity` starts 3 vLLM servers
-# (16 MiB KV each; each capped at 0.5 of a core where cgroups allow, `[live] replica_cpus`), calibrates the step-time profile on them (`sessionroute calibrate`'s fit,
+# (16 MiB KV each), calibrates the step-time profile on them (`sessionroute calibrate`'s fit,
 # then the request path's delay from probe requests of its own sent the arms' way; before any
 # arm runs: the profile is never tuned on the runs it is compared with), runs the real-vLLM
 # tier's workload, sticky_least_loaded and random, every arm twice live with the same seed, and

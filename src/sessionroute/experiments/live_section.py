@@ -107,9 +107,9 @@ class LiveSection(BaseModel):
         stagger_s: wall seconds between starting one replica process and the next.
         replica_cpus: cores each started replica may use (a cgroup CPU quota, so that its
             pace does not move with the others' load, as on a machine of its own; see
-            :mod:`sessionroute.experiments.live.cpuslice`); ``"auto"``: for the ``vllm-cpu``
-            preset, the host's cores less 0.5 shared among the replicas when that is under 1.5
-            each, else none, and none for other commands; 0: no cap.
+            :mod:`sessionroute.experiments.live.cpuslice`); 0 (default): no cap; ``"auto"``: for
+            the ``vllm-cpu`` preset, the host's cores less 0.5 shared among the replicas when
+            that is under 1.5 each, else none, and none for other commands.
         start_timeout_s: wall seconds every replica (and router) gets to answer its health check.
         router: ``sessionroute`` (a ``sessionroute serve`` subprocess), ``sessionroute-inprocess``
             (the router in the driver's event loop), ``vllm-router`` (PyPI vllm-router's binary)
@@ -151,7 +151,7 @@ class LiveSection(BaseModel):
     cache_root: str | None = None
     keep_cache: bool = False
     stagger_s: float = Field(default=0.0, ge=0)
-    replica_cpus: float | Literal["auto"] = "auto"
+    replica_cpus: float | Literal["auto"] = 0.0
     start_timeout_s: float = Field(default=600.0, gt=0)
     router: Literal["sessionroute", "sessionroute-inprocess", "vllm-router", "command"] = (
         "sessionroute"

