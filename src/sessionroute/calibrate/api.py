@@ -13,7 +13,7 @@ from typing import Any, ParamSpec, TypeVar
 import aiohttp
 
 from sessionroute.calibrate.fit import Row, fit_rows, phase_row
-from sessionroute.calibrate.plan import ProbePlan, default_plan
+from sessionroute.calibrate.plan import DECODE_TOKENS, ProbePlan, default_plan
 from sessionroute.calibrate.probe import (
     PhaseRun,
     Progress,
@@ -82,7 +82,11 @@ async def inspect_servers(
 
 
 def plan_for(
-    servers: Sequence[ServerInfo], *, reps: int = 7, decode_tokens: int = 48, stream: bool = True
+    servers: Sequence[ServerInfo],
+    *,
+    reps: int = 7,
+    decode_tokens: int = DECODE_TOKENS,
+    stream: bool = True,
 ) -> ProbePlan:
     """The default probe plan for the smallest of ``servers`` (``plan.default_plan``)."""
     smallest = min(servers, key=lambda s: (s.kv_capacity_tokens, s.max_num_seqs))

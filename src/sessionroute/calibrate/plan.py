@@ -28,10 +28,14 @@ from dataclasses import dataclass
 
 from sessionroute.calibrate.server import ServerInfo
 
-__all__ = ["PHASE_KINDS", "Phase", "ProbePlan", "default_plan"]
+__all__ = ["DECODE_TOKENS", "PHASE_KINDS", "Phase", "ProbePlan", "default_plan"]
 
 PHASE_KINDS: tuple[str, ...] = ("prefill", "cached", "decode", "churn")
 """Phase kinds, in the order a plan runs them."""
+
+DECODE_TOKENS = 48
+"""Output tokens of a ``decode`` request in the default plan (``sessionroute calibrate
+--decode-tokens``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,7 +127,7 @@ def _blocks_down(tokens: int, block_size: int) -> int:
 
 
 def default_plan(
-    info: ServerInfo, *, reps: int = 7, decode_tokens: int = 48, stream: bool = True
+    info: ServerInfo, *, reps: int = 7, decode_tokens: int = DECODE_TOKENS, stream: bool = True
 ) -> ProbePlan:
     """The plan sized to one server's limits.
 

@@ -16,22 +16,23 @@ import statistics
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from sessionroute.calibrate.probe import ProbeClient, probe_session
+from sessionroute.calibrate.plan import DECODE_TOKENS
+from sessionroute.calibrate.probe import ProbeClient, probe_session, prompt_ids
 from sessionroute.calibrate.server import CalibrationError, ServerInfo
 from sessionroute.experiments.results import RunOutput
 from sessionroute.experiments.spec import ResolvedArm
 
 __all__ = ["PACE_TOKENS", "PacedRunner", "calibrated_pace_s", "decode_pace"]
 
-PACE_TOKENS = 48
-"""Output tokens of a pace probe (the calibration's decode phases use 48 by default)."""
+PACE_TOKENS = DECODE_TOKENS
+"""Output tokens of a pace probe: those of the calibration's default ``decode`` phases."""
 
 
 async def _pace(servers: Sequence[ServerInfo], tokens: int) -> list[float]:
     async with probe_session(120.0) as session:
+        ids = await prompt_ids(session, servers[0])
+        prompt = [ids[i % len(ids)] for i in range(32)]
         clients = [ProbeClient(session, s) for s in servers]
-        await clients[0].load_ids()
-        prompt = [clients[0].ids[i % len(clients[0].ids)] for i in range(32)]
         records = await asyncio.gather(*(c.complete(prompt, tokens) for c in clients))
     return [(r.decode_s or 0.0) / max(1, r.output_tokens - 1) for r in records]
 

@@ -4,9 +4,10 @@ Every process is started in a session of its own (``start_new_session``), so sto
 SIGTERM (then SIGKILL after a grace period) to exactly the process group it leads -- its id is
 the one we started -- and never to anything else by name. A session is also a scheduler
 autogroup. (Keeping the whole test-bed in our session instead stopped the client from being
-starved, but then a server's decode pace moved with how many of the others were busy; replicas
-now get a fixed share of the cores instead, :mod:`sessionroute.experiments.live.cpuslice`;
-docs/simulator.md, "Each server its own share of the host".) A terminal's Ctrl-C
+starved, but then a server's decode pace moved with how many of the others were busy; a fixed
+share of the cores per replica is an option, ``[live] replica_cpus``,
+:mod:`sessionroute.experiments.live.cpuslice`; docs/simulator.md, "Each server its own share of
+the host".) A terminal's Ctrl-C
 reaches only its foreground process group, so not the children: :class:`ProcessSet` stops
 everything it started when its ``with`` block ends, on success, on an exception and on Ctrl-C;
 while it is open, SIGTERM to this process raises ``KeyboardInterrupt`` so the same cleanup runs.
