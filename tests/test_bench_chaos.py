@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from sessionroute.bench import chaos
 from sessionroute.bench.chaos import schedule
 from sessionroute.bench.chaos_load import Attempt, SessionLog
 from sessionroute.bench.chaos_report import account
@@ -36,6 +37,30 @@ def test_the_long_schedule_runs_every_fault_five_times_after_warm_up() -> None:
     assert times == sorted(times)
     assert times[0] >= 0.1 * 1800 and times[-1] <= 0.8 * 1800
     assert [k for _, k in schedule("short", 60.0)] == kinds[:5]
+
+
+def test_a_fault_waits_for_the_fleet_to_settle_after_the_previous_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The CI run that found it: router 1 was killed 0.1 ms after Redis came back, before it
+    had replayed the releases it held, and Redis was left with 7 released pins."""
+    import asyncio
+    import time
+    from collections import Counter
+
+    async def fault(fleet: Any, kind: str, t0: float, open_now: Any) -> dict[str, Any]:
+        start = time.monotonic() - t0
+        await asyncio.sleep(0.3 if kind == "redis_restart" else 0.0)
+        return {"kind": kind, "start_s": start, "end_s": time.monotonic() - t0}
+
+    monkeypatch.setattr(chaos, "_fault", fault)
+    monkeypatch.setattr(chaos, "SETTLE_S", 0.2)
+    out: list[dict[str, Any]] = []
+    plan = [(0.0, "redis_restart"), (0.05, "router_restart"), (0.9, "replica_crash")]
+    asyncio.run(chaos._run_faults(None, plan, time.monotonic(), out, Counter()))  # type: ignore[arg-type]
+    assert [f["kind"] for f in out] == ["redis_restart", "router_restart", "replica_crash"]
+    assert out[1]["start_s"] >= out[0]["end_s"] + 0.2  # not at its planned 0.05 s
+    assert out[2]["start_s"] >= 0.9 and out[2]["start_s"] < 0.9 + 0.15  # planned time, later
 
 
 def _moves(turn1: Attempt) -> dict[str, int]:
