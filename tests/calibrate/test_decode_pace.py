@@ -86,5 +86,5 @@ def test_a_server_that_does_not_answer_the_pace_probe_does_not_stop_the_run() ->
     paced = PacedRunner(runner, infos)
     paced(Arm(), 3, lambda _f: None)  # type: ignore[arg-type]
     assert ran == [3]
-    assert paced.records == [{"arm": "a", "before_s": [], "after_s": []}]
+    assert paced.records == [{"arm": "a", "before_s": [], "after_s": [], "host_cpu": None}]
     assert paced.describe(None).endswith("calibration -; before/after: a -/-")

@@ -82,6 +82,13 @@ def test_compare_fidelity_against_emulated_servers(tmp_path: Path) -> None:
         "heavy",
     ]
     assert "path delay" in r.stderr
+    # where the host's CPU went: the one emulate process answered every arm run's requests
+    runs = c["decode_pace"]["runs"]
+    assert len(runs) == 4 and all(len(run["host_cpu"]["per_server"]) == 1 for run in runs)
+    assert all(run["host_cpu"]["servers"] > 0 for run in runs), runs
+    assert c["host_cpu"]["cores"] >= 1 and c["host_cpu"]["path_probe"]["servers"] > 0
+    assert c["host_cpu"]["calibration"] is None  # --profile: not calibrated here
+    assert "host CPU, cores busy of" in r.stderr
 
 
 def test_fidelity_refuses_in_process_emulators(tmp_path: Path) -> None:

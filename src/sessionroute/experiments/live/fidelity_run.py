@@ -23,6 +23,8 @@ from typing import Any
 
 from sessionroute.errors import ConfigError
 from sessionroute.experiments.fidelity import arm_groups, fidelity_document, write_fidelity
+from sessionroute.experiments.live.hostcpu import BusyCores, HostCpu, busy_cores
+from sessionroute.experiments.live.hostcpu import describe as describe_cpu
 from sessionroute.experiments.live.pace import PacedRunner, calibrated_pace_s
 from sessionroute.experiments.live_engine import EngineSettings, engine_from_servers
 from sessionroute.experiments.live_section import LiveSection
@@ -264,8 +266,11 @@ def run_fidelity(
         say(f"servers: {engine.source}")
         if runner.fleet.cpu_note:
             say(runner.fleet.cpu_note)
+        meter = HostCpu(runner.fleet.server_pids)
+        cpu: list[tuple[str, BusyCores | None]] = []
         if profile is None:
             say(f"calibrating {len(urls)} servers (probe {probe}) ...")
+            start = meter.sample()
             result = calibrate(
                 urls,
                 probe=probe,
@@ -273,6 +278,7 @@ def run_fidelity(
                 max_num_batched_tokens=fallback["max_num_batched_tokens"],
                 progress=_calibration_progress(say),
             )
+            cpu.append(("calibration", busy_cores(start, meter.sample())))
             profile_path = write_profile(result, out_dir / "profile.toml")
             say(f"calibrated in {result.wall_s:.0f} s: {describe_terms(result.fit.terms)}")
             calibration = {
@@ -286,7 +292,9 @@ def run_fidelity(
         if probe_path or (profile is None and probe_path is None):
             # the arms' request path (client, router, chat endpoint), probed on the servers
             say("the request path's delay ...")
+            start = meter.sample()
             path = _probe_path(runner, live_spec, spec, str(profile_path), engine, urls, say)
+            cpu.append(("path probe", busy_cores(start, meter.sample())))
             if path is not None:
                 profile_path = write_path(profile_path, path, out_dir / "profile.toml")
                 say(f"profile: {profile_path}")
@@ -300,11 +308,19 @@ def run_fidelity(
             "calibrated": any(k != "path" for k in pf.calibration),  # step terms fitted
             "calibration": pf.calibration,
         }
-        paced = PacedRunner(_SameSeed(runner, spec.run.seed), servers)
+        paced = PacedRunner(_SameSeed(runner, spec.run.seed), servers, meter)
         live_out = run_experiment(live_spec, paced, reporter, jobs=1)
         pace_cal = calibrated_pace_s(pf.calibration)
         say(paced.describe(pace_cal))
+        cpu += [(r["arm"], r["host_cpu"]) for r in paced.records]
+        if any(d is not None for _, d in cpu):
+            say(describe_cpu(meter.cores, cpu))
         calibration["decode_pace"] = {"calibration_s": pace_cal, "runs": paced.records}
+        calibration["host_cpu"] = {
+            "cores": meter.cores,
+            "calibration": dict(cpu).get("calibration"),
+            "path_probe": dict(cpu).get("path probe"),
+        }
     sim_spec = fidelity_sim_spec(spec, str(profile_path), engine, urls)
     # the servers are stopped by now: the simulated runs may take every core
     jobs = min(os.cpu_count() or 1, len(sim_spec.arms) * SIM_DRAWS)

@@ -5,8 +5,10 @@ drifts meanwhile (a shared or capped host: docs/simulator.md, "Each server its o
 host"), the simulator's times are off by the drift and nothing else says so. Around every live
 run :class:`PacedRunner` sends one streamed decode to every server at once (a 32-token prompt,
 :data:`PACE_TOKENS` output tokens, as the calibration's ``decode B=1`` phase does) and records
-the time per output token. Measurement only: the simulator does not use it, and the probe's
-requests come before the arm's prefix caches are reset and after its metrics are read.
+the time per output token, and where the host's CPU went during the run itself
+(:mod:`sessionroute.experiments.live.hostcpu`). Measurement only: the simulator does not use
+it, and the probe's requests come before the arm's prefix caches are reset and after its
+metrics are read.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 from sessionroute.calibrate.plan import DECODE_TOKENS
 from sessionroute.calibrate.probe import ProbeClient, probe_session, prompt_ids
 from sessionroute.calibrate.server import CalibrationError, ServerInfo
+from sessionroute.experiments.live.hostcpu import HostCpu, busy_cores
 from sessionroute.experiments.results import RunOutput
 from sessionroute.experiments.spec import ResolvedArm
 
@@ -59,26 +62,34 @@ def calibrated_pace_s(calibration: Mapping[str, Any]) -> float | None:
 
 
 class PacedRunner:
-    """An arm runner that measures :func:`decode_pace` before and after every run of ``runner``.
+    """An arm runner that measures :func:`decode_pace` before and after every run of ``runner``
+    and, given ``meter``, the host's CPU during the run.
 
     Attributes:
-        records: one ``{"arm", "before_s", "after_s"}`` per run (seconds per token, per server).
+        records: one ``{"arm", "before_s", "after_s", "host_cpu"}`` per run (seconds per
+            token, per server; :func:`~sessionroute.experiments.live.hostcpu.busy_cores` or
+            None).
     """
 
     def __init__(
         self,
         runner: Callable[[ResolvedArm, int, Callable[[float], None]], RunOutput],
         servers: Sequence[ServerInfo],
+        meter: HostCpu | None = None,
     ) -> None:
         self.runner = runner
         self.servers = list(servers)
+        self.meter = meter
         self.records: list[dict[str, Any]] = []
 
     def __call__(self, arm: ResolvedArm, seed: int, progress: Callable[[float], None]) -> RunOutput:
         before = self._pace()
+        start = self.meter.sample() if self.meter else None
         out = self.runner(arm, seed, progress)
+        cpu = busy_cores(start, self.meter.sample()) if self.meter else None
         after = self._pace()
-        self.records.append({"arm": arm.name, "before_s": before, "after_s": after})
+        record = {"arm": arm.name, "before_s": before, "after_s": after, "host_cpu": cpu}
+        self.records.append(record)
         return out
 
     def _pace(self) -> list[float]:

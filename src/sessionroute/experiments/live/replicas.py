@@ -154,6 +154,12 @@ class ReplicaFleet:
             shutil.rmtree(self.work_dir, ignore_errors=True)
 
     @property
+    def server_pids(self) -> list[int]:
+        """Process ids of the replica processes started here (each leads a session of its
+        own); empty for ``urls`` and in-process emulation."""
+        return [p.pid for p in self._started]
+
+    @property
     def worker_ports(self) -> list[int] | None:
         """Ports of ``[replicas] urls`` when they name this machine's replicas (emulate mode):
         the router is then given exactly those URLs, as the simulator's router is, so

@@ -1,0 +1,131 @@
+"""Where this host's CPU went during a live run: the servers, the client, everything else.
+
+On a GPU cluster each replica's step time is its GPU's; on a CPU test-bed (the real-vLLM CPU
+tier: 3 servers on 2 cores) it is the share of the cores the server gets, and the client, the
+router and the servers' HTTP frontends take their share of the same cores. ``calibrate`` probes
+the servers with the host to themselves; when an arm run leaves them less, their steps are
+slower than the profile says and the simulator's time metrics are off by as much, whatever
+the model (docs/simulator.md, "How far to trust it"). :class:`HostCpu` measures it:
+
+* the host: busy time of all cores (``/proc/stat``: every field but ``idle`` and ``iowait``);
+* each server: CPU time of every process in the session its started process leads (vLLM's
+  API server and its engine process), from ``/proc/PID/stat`` (``utime`` + ``stime``);
+* the client: this process, all its threads (:func:`os.times`);
+* other: the host less the two (the router, the placement taps, anything else running).
+
+Linux only; elsewhere :meth:`HostCpu.sample` returns None and nothing is reported. Source:
+proc(5), ``/proc/stat`` and ``/proc/PID/stat``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypedDict
+
+__all__ = ["BusyCores", "CpuSample", "HostCpu", "busy_cores", "describe"]
+
+_PROC = Path("/proc")
+_TICK_S = 1.0 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 0.01
+
+
+@dataclass(frozen=True)
+class CpuSample:
+    """Cumulative CPU seconds at one moment (see the module docstring for each part)."""
+
+    wall_s: float
+    host_s: float
+    servers_s: tuple[float, ...]
+    client_s: float
+
+
+class BusyCores(TypedDict):
+    """Mean cores busy over an interval (2 decimals)."""
+
+    host: float
+    servers: float
+    per_server: list[float]
+    client: float
+    other: float
+
+
+def _host_busy_s() -> float:
+    fields = (_PROC / "stat").read_text().split("\n", 1)[0].split()[1:]
+    ticks = [int(x) for x in fields[:8]]  # user nice system idle iowait irq softirq steal
+    return (sum(ticks) - ticks[3] - ticks[4]) * _TICK_S
+
+
+def _session_cpu_s(leaders: Sequence[int]) -> tuple[float, ...]:
+    """CPU seconds of the live processes in each session led by ``leaders`` (a process that
+    exited meanwhile is no longer counted; a server's processes live as long as it does)."""
+    want = {pid: i for i, pid in enumerate(leaders)}
+    out = [0.0] * len(leaders)
+    for entry in _PROC.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()  # after "pid (comm)": state ppid pgrp session
+        i = want.get(int(fields[3]))
+        if i is not None:
+            out[i] += (int(fields[11]) + int(fields[12])) * _TICK_S
+    return tuple(out)
+
+
+class HostCpu:
+    """Samples of the host's, the servers' and this process's CPU time.
+
+    Args:
+        server_pids: the started servers' process ids (each leads a session of its own:
+            :mod:`sessionroute.experiments.live.procs`); empty for servers not started here
+            (then only the host and the client are told apart).
+    """
+
+    def __init__(self, server_pids: Sequence[int]) -> None:
+        self.server_pids = list(server_pids)
+        self.cores = os.cpu_count() or 1
+        """The host's cores (all of ``/proc/stat``'s)."""
+
+    def sample(self) -> CpuSample | None:
+        """The cumulative counters now, or None where ``/proc`` cannot be read (not Linux)."""
+        try:
+            host = _host_busy_s()
+        except (OSError, ValueError, IndexError):
+            return None
+        times = os.times()
+        return CpuSample(
+            time.monotonic(), host, _session_cpu_s(self.server_pids), times.user + times.system
+        )
+
+
+def busy_cores(a: CpuSample | None, b: CpuSample | None) -> BusyCores | None:
+    """Mean cores busy between samples ``a`` and ``b`` (``servers`` is the sum of
+    ``per_server``), or None without both."""
+    if a is None or b is None or b.wall_s <= a.wall_s:
+        return None
+    wall = b.wall_s - a.wall_s
+    host = (b.host_s - a.host_s) / wall
+    per = [(y - x) / wall for x, y in zip(a.servers_s, b.servers_s, strict=True)]
+    client = (b.client_s - a.client_s) / wall
+    return {
+        "host": round(host, 2),
+        "servers": round(sum(per), 2),
+        "per_server": [round(c, 2) for c in per],
+        "client": round(client, 2),
+        "other": round(max(0.0, host - sum(per) - client), 2),
+    }
+
+
+def describe(cores: int, parts: Sequence[tuple[str, BusyCores | None]]) -> str:
+    """One line: cores busy per labelled interval as servers/client/other."""
+    shown = [
+        f"{label} {d['servers']:.2f}/{d['client']:.2f}/{d['other']:.2f}"
+        for label, d in parts
+        if d is not None
+    ]
+    return f"host CPU, cores busy of {cores} (servers/client/other): " + "; ".join(shown)
