@@ -259,7 +259,9 @@ def ttft_split(
     own hand-offs between its frontend and engine. ``client_stalled_s`` and ``client_wall_s``:
     how long the live client's event loop ran late and how long it ran
     (:mod:`~sessionroute.experiments.live.looplag`; a starved client stamps first tokens late,
-    which lands in ``outside``). Simulated: ``sim`` (TTFT) and ``sim_queue``.
+    which lands in ``outside``); ``client_cpu_wait_s``: how much of the run its loop's thread
+    waited for a core (a stall without it is the client's own work). Simulated: ``sim``
+    (TTFT) and ``sim_queue``.
     """
     client = _mean(live_runs, "ttft_s.mean")
     server = _mean(live_runs, "live.server_means.ttft_mean_s")
@@ -271,6 +273,7 @@ def ttft_split(
         "prefill": _mean(live_runs, "live.server_means.prefill_mean_s"),
         "client_stalled_s": _mean(live_runs, "live.client_loop.stalled_s"),
         "client_wall_s": _mean(live_runs, "live.client_loop.wall_s"),
+        "client_cpu_wait_s": _mean(live_runs, "live.client_loop.cpu_wait_s"),
         "sim": _mean(sim_runs, "ttft_s.mean"),
         "sim_queue": _mean(sim_runs, "queue_time_s.mean"),
     }

@@ -90,11 +90,14 @@ def _split_lines(doc: Mapping[str, Any]) -> list[str]:
     lines = []
     for name, t in (doc.get("ttft_split") or {}).items():
         stalled, wall = t.get("client_stalled_s"), t.get("client_wall_s")
+        waited = t.get("client_cpu_wait_s")
         starved = (
             f"; the client's loop stalled {stalled:.1f} s of {wall:.0f} s"
             if stalled is not None and wall
             else ""
         )
+        if starved and waited is not None:
+            starved += f" (waiting for a core {waited:.1f} s)"
         lines.append(
             f"{name}: live {_ms(t['client'])} = vLLM {_ms(t['server'])} (queue "
             f"{_ms(t['queue'])}, prefill {_ms(t['prefill'])}) + outside vLLM "
