@@ -8,9 +8,11 @@ from pathlib import Path
 import pytest
 
 from sessionroute.calibrate import write_profile
-from sessionroute.calibrate.path import PathFit, PathSample, fit_path_delay
+from sessionroute.calibrate.path import PathFit, PathSample, fit_path_delay, isotonic
+from sessionroute.errors import ConfigError
 from sessionroute.experiments.spec import load_experiment, resolve_arms
 from sessionroute.replica import load_profile_file
+from sessionroute.replica.profiles import PROFILES
 from sessionroute.sim import SimSpec, replica_config
 from sessionroute.sim.runner import run_simulation
 
@@ -65,6 +67,7 @@ def test_the_path_delay_round_trips_through_the_profile_file(tmp_path: Path) -> 
     assert table["load_dependent"] is True and table["samples"] == 60
     assert table["runs"] == [{"run": "light"}]
     assert set(table["fit_error"]) == {"path_delay_s", "path_delay_per_request_s"}
+    assert pf.profile.path_delay_curve and len(table["curve"]) == len(table["bins"])
     # and through [replicas] profile into the simulator's replica configuration
     (arm,) = resolve_arms(load_experiment(_experiment(tmp_path, path)))
     _, cfg = replica_config(SimSpec.from_settings(arm.settings))
@@ -120,6 +123,49 @@ def test_the_line_is_anchored_at_the_requests_sent_alone() -> None:
     assert fit.delay_s(0) < 0.02 and fit.delay_s(6) > 0.05
 
 
+def test_a_delay_that_grows_faster_once_the_host_saturates_is_followed_by_its_curve() -> None:
+    """The CI tier's light file, 2026-12-07: median path delay (ms) by others in flight 0: 0,
+    1: 8, 2: 19, 3.6: 42 ... 13.8: 265. The line through them says 29 ms at 2 in flight; the
+    simulator interpolates the bins instead."""
+    medians = {0: 0.0, 1: 0.008, 2: 0.019, 4: 0.042, 8: 0.107, 10: 0.148, 14: 0.265}
+    samples = [PathSample(n, d + e) for n, d in medians.items() for e in (-1e-3, 1e-3) * 6]
+    fit = fit_path_delay(samples)
+    assert fit.load_dependent
+    assert fit.d0_s + 2 * fit.d1_s > 0.025  # the line overstates it where the arms run
+    assert fit.delay_s(1) == pytest.approx(0.008) and fit.delay_s(2) == pytest.approx(0.019)
+    assert fit.delay_s(3) == pytest.approx((0.019 + 0.042) / 2)
+    assert fit.delay_s(20) == pytest.approx(0.265)  # held past the last bin
+
+
+def test_isotonic_pools_a_dip_with_its_neighbour() -> None:
+    assert isotonic([0.0, 0.02, 0.01, 0.03], [1, 1, 1, 1]) == pytest.approx(
+        [0.0, 0.015, 0.015, 0.03]
+    )
+    assert isotonic([0.05, 0.01, 0.02], [1, 3, 1]) == pytest.approx([0.02, 0.02, 0.02])
+    assert isotonic([0.01, 0.02], [1, 1]) == [0.01, 0.02]
+
+
+def test_the_profile_interpolates_its_curve_else_the_line() -> None:
+    import dataclasses
+
+    base = PROFILES["toy-8b-h100-tp1"]
+    line = dataclasses.replace(base, path_delay_s=0.01, path_delay_per_request_s=0.002)
+    assert line.path_delay(5) == pytest.approx(0.02)
+    curve = dataclasses.replace(line, path_delay_curve=((0.5, 0.01), (2.5, 0.03)))
+    assert curve.path_delay(0) == 0.01 and curve.path_delay(1) == pytest.approx(0.015)
+    assert curve.path_delay(9) == 0.03
+
+
+@pytest.mark.parametrize(
+    "value", ["[[2, 0.01], [1, 0.02]]", "[[0, -0.01]]", "[[0, 0.01, 2]]", "0.01"]
+)
+def test_a_bad_path_delay_curve_in_a_profile_file_is_named(tmp_path: Path, value: str) -> None:
+    text = tmp_path / "p.toml"
+    text.write_text(f'[profiles.p]\nbase = "toy-8b-h100-tp1"\npath_delay_curve = {value}\n')
+    with pytest.raises(ConfigError, match="path_delay_curve must be a list"):
+        load_profile_file(text)
+
+
 def test_the_fidelity_output_prints_every_term_with_its_fit_error() -> None:
     from sessionroute.calibrate import TermFit
     from sessionroute.experiments.live.fidelity_run import describe_path, describe_terms
@@ -132,3 +178,7 @@ def test_the_fidelity_output_prints_every_term_with_its_fit_error() -> None:
     line = describe_path(_path())
     assert line.startswith("path delay 30.0 ms (±") and "+ 4.00 ms (±" in line
     assert "per other request in flight" in line
+    assert line.endswith(
+        "; the simulator interpolates them, made non-decreasing (0.5: 32, "
+        "2.5: 40, 4.5: 48, 6.5: 56, 8.5: 64)"
+    )

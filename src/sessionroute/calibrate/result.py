@@ -82,9 +82,13 @@ class CalibrationResult:
 
     def with_path(self, path: PathFit) -> CalibrationResult:
         """This result with the path delay ``path`` in its profile (``path_delay_s``,
-        ``path_delay_per_request_s``) and in its ``[calibration.path]`` table."""
+        ``path_delay_per_request_s``, ``path_delay_curve``) and in its ``[calibration.path]``
+        table."""
         profile = dataclasses.replace(
-            self.profile, path_delay_s=path.d0_s, path_delay_per_request_s=path.d1_s
+            self.profile,
+            path_delay_s=path.d0_s,
+            path_delay_per_request_s=path.d1_s,
+            path_delay_curve=path.curve,
         )
         return dataclasses.replace(self, profile=profile, path=path)
 
@@ -155,6 +159,9 @@ def write_profile(result: CalibrationResult, path: str | Path) -> Path:
     p = Path(path)
     prof = dataclasses.asdict(result.profile)
     name = prof.pop("name")
+    curve = prof.pop("path_delay_curve")
+    if curve:
+        prof["path_delay_curve"] = [list(point) for point in curve]
     doc = {"profiles": {name: prof}, "calibration": result.calibration_table()}
     header = (
         f"# Step-time profile fitted by `sessionroute calibrate` on {result.date}.\n"
@@ -167,8 +174,8 @@ def write_profile(result: CalibrationResult, path: str | Path) -> Path:
 
 def write_path(source: str | Path, path: PathFit, dest: str | Path) -> Path:
     """Copy the profile file ``source`` to ``dest`` (TOML) with the path delay ``path`` in its
-    profile (``path_delay_s``, ``path_delay_per_request_s``) and its ``[calibration.path]``
-    table; returns ``dest``.
+    profile (``path_delay_s``, ``path_delay_per_request_s``, ``path_delay_curve`` where it has
+    one) and its ``[calibration.path]`` table; returns ``dest``.
 
     Raises:
         ConfigError: ``source`` is not a profile file (:func:`load_profile_file`).
@@ -179,10 +186,12 @@ def write_path(source: str | Path, path: PathFit, dest: str | Path) -> Path:
     text = src.read_text()
     data: Any = json.loads(text) if src.suffix.lower() == ".json" else tomllib.loads(text)
     tables = data["profiles"] if isinstance(data.get("profiles"), dict) else data
+    table = {k: v for k, v in tables[name].items() if k != "path_delay_curve"}
     tables[name] = {
-        **tables[name],
+        **table,
         "path_delay_s": path.d0_s,
         "path_delay_per_request_s": path.d1_s,
+        **({"path_delay_curve": [list(p) for p in path.curve]} if path.curve else {}),
     }
     data["calibration"] = {**data.get("calibration", {}), "path": path.table()}
     out = Path(dest)

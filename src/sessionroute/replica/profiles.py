@@ -69,6 +69,9 @@ class StepTimeProfile:
             trip to its replica (0: none). Not a step term: it occupies no engine.
         path_delay_per_request_s: how much that delay grows per other request in flight (the
             turns the clients have sent and not yet been answered), seconds (0: constant).
+        path_delay_curve: ``(in_flight, delay_s)`` points (``in_flight`` increasing) that
+            :meth:`path_delay` interpolates instead of the line above; empty: the line
+            (``sessionroute.calibrate.path``).
     """
 
     name: str
@@ -88,6 +91,14 @@ class StepTimeProfile:
     b_req_s: float = 0.0
     path_delay_s: float = 0.0
     path_delay_per_request_s: float = 0.0
+    path_delay_curve: tuple[tuple[float, float], ...] = ()
+
+    def path_delay(self, in_flight: int) -> float:
+        """The path delay of a request sent with ``in_flight`` other requests in flight,
+        seconds: the curve interpolated where there is one, else the line."""
+        if self.path_delay_curve:
+            return interpolate(self.path_delay_curve, in_flight)
+        return self.path_delay_s + self.path_delay_per_request_s * in_flight
 
     def t_mem(self, num_tokens: int) -> float:
         """Weight-read time ``T_mem(N)`` in seconds for ``num_tokens`` tokens in the step."""
@@ -165,9 +176,50 @@ PROFILES: dict[str, StepTimeProfile] = {
 }
 """Built-in profiles of ``ENGINE.md``: ``glm45air-h200-tp8`` and ``toy-8b-h100-tp1``."""
 
+
+def interpolate(curve: tuple[tuple[float, float], ...], x: float) -> float:
+    """``curve``'s value at ``x``: linear between its points (``x`` increasing), its first
+    value before the first point and its last after the last one."""
+    if x <= curve[0][0]:
+        return curve[0][1]
+    for i in range(1, len(curve)):
+        x1, y1 = curve[i]
+        if x <= x1:
+            x0, y0 = curve[i - 1]
+            return y0 + (y1 - y0) * (x - x0) / (x1 - x0) if x1 > x0 else y1
+    return curve[-1][1]
+
+
 _FIELDS = {f.name: f for f in dataclasses.fields(StepTimeProfile)}
-_OPTIONAL_FIELDS = {"b_seq_s", "b_req_s", "path_delay_s", "path_delay_per_request_s"}
+_OPTIONAL_FIELDS = {
+    "b_seq_s",
+    "b_req_s",
+    "path_delay_s",
+    "path_delay_per_request_s",
+    "path_delay_curve",
+}
 _INT_FIELDS = {"kv_capacity_tokens", "max_num_batched_tokens", "max_num_seqs", "max_model_len"}
+
+
+def _curve(name: str, value: Any) -> tuple[tuple[float, float], ...]:
+    """A ``path_delay_curve``: a list of ``[in_flight, delay_s]`` pairs, both >= 0, in_flight
+    increasing (empty: none)."""
+    err = ConfigError(
+        f"profile {name!r}: path_delay_curve must be a list of [in_flight, delay_s] pairs of "
+        f"numbers >= 0 with in_flight increasing, got {value!r}"
+    )
+    if not isinstance(value, list):
+        raise err
+    points: list[tuple[float, float]] = []
+    for pair in value:
+        if not isinstance(pair, list | tuple) or len(pair) != 2:
+            raise err
+        if any(isinstance(v, bool) or not isinstance(v, int | float) or v < 0 for v in pair):
+            raise err
+        if points and float(pair[0]) <= points[-1][0]:
+            raise err
+        points.append((float(pair[0]), float(pair[1])))
+    return tuple(points)
 
 
 def _profile_from_table(
@@ -184,6 +236,9 @@ def _profile_from_table(
             continue
         if key not in _FIELDS or key == "name":
             raise ConfigError(f"profile {name!r}: unknown key {key!r}")
+        if key == "path_delay_curve":
+            values[key] = _curve(name, value)
+            continue
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ConfigError(f"profile {name!r}: {key} must be a number, got {value!r}")
         if key in _INT_FIELDS and int(value) != value:

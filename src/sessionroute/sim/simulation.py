@@ -6,9 +6,9 @@ makes no routing decision of its own: a turn's request is built by ``core.reques
 live router builds it from headers and body), placed by ``core.place`` (admission, select +
 reserve), and every outcome of an attempt goes to the core as the live proxy's does
 (``attempt_failed``, ``attempt_answered``). A turn reaches its replica ``network_delay_s`` after
-it was placed, plus the profile's path delay (``path_delay_s + path_delay_per_request_s * n``,
-``n`` the other turns in flight when it is sent: what a request's path outside the engine adds,
-as ``compare --fidelity`` measures it), and its response reaches the client ``network_delay_s``
+it was placed, plus the profile's path delay (``StepTimeProfile.path_delay(n)``, ``n`` the
+other turns in flight when it is sent: what a request's path outside the engine adds, as
+``compare --fidelity`` measures it), and its response reaches the client ``network_delay_s``
 after the replica finished it. Replicas advance lazily: on an arrival at time ``t`` the replica
 runs to ``t`` and takes the request; a wake-up event at its ``next_event_time()`` collects
 completions.
@@ -125,8 +125,7 @@ class Simulation(ReplicaFaults, ReplicaWakeups):
         self._reqs: dict[int, InFlight] = {}
         self._handle = 0
         self._delay = router.network_delay_s
-        self._path_s = profile.path_delay_s
-        self._path_per_req_s = profile.path_delay_per_request_s
+        self._profile = profile
         self._session_start: dict[str, float] = {}
         self._last_rep: dict[str, int] = {}
         self.ended_sessions: list[str] = []
@@ -279,7 +278,7 @@ class Simulation(ReplicaFaults, ReplicaWakeups):
         req.res = res
         req.rep = rep
         req.state = ROUTED
-        delay = self._delay + (self._path_s + self._path_per_req_s * (len(self._reqs) - 1))
+        delay = self._delay + self._profile.path_delay(len(self._reqs) - 1)
         if delay > 0:
             queue = self.queue
             queue.push(queue.clock._t + delay, PRIO_ARRIVAL, self._arrive_cb, req)

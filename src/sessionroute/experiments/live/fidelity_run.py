@@ -203,10 +203,14 @@ def describe_path(fit: Any) -> str:
     else:
         d0 += ", constant (no measurable growth with requests in flight)"
     bins = ", ".join(f"{n:.1f}: {m * 1e3:.0f}" for n, _, m in fit.bins)
-    return (
+    line = (
         f"{d0}; RMS {fit.rms_error * 1e3:.1f} ms over {fit.samples} probe requests "
         f"(median ms by mean others in flight: {bins})"
     )
+    if fit.curve:
+        points = ", ".join(f"{n:.1f}: {d * 1e3:.0f}" for n, d in fit.curve)
+        line += f"; the simulator interpolates them, made non-decreasing ({points})"
+    return line
 
 
 def run_fidelity(
