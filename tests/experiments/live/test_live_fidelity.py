@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from sessionroute.replica import load_profile_file
 
 EXPERIMENT = """
@@ -89,6 +91,18 @@ def test_compare_fidelity_against_emulated_servers(tmp_path: Path) -> None:
     assert c["host_cpu"]["cores"] >= 1 and c["host_cpu"]["path_probe"]["servers"] > 0
     assert c["host_cpu"]["calibration"] is None  # --profile: not calibrated here
     assert "host CPU, cores busy of" in r.stderr
+    # scripts/fidelity_resim.py simulates the arms again as compare did: the same TTFT p50
+    script = Path(__file__).parents[3] / "scripts" / "fidelity_resim.py"
+    again = subprocess.run(
+        [sys.executable, str(script), str(out), str(exp)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert again.returncode == 0, again.stderr[-3000:]
+    line = next(
+        ln for ln in again.stdout.splitlines() if "sticky_least_loaded" in ln and "TTFT" in ln
+    )
+    sim = float(line.split(" sim ")[1].split()[0])
+    assert sim == pytest.approx(doc["arms"]["sticky_least_loaded"]["ttft_p50"]["sim"], rel=1e-3)
 
 
 def test_fidelity_refuses_in_process_emulators(tmp_path: Path) -> None:

@@ -1,0 +1,101 @@
+"""Simulate a ``compare --fidelity`` output's arms again and set them beside its live runs.
+
+A change to the simulator or to how the calibration is used can be judged on live runs already
+recorded, without running the servers again: this takes an output directory (``fidelity.json``
+with the servers' engine settings and worker URLs, the profile it used) and the experiment
+file, simulates every arm as ``compare --fidelity`` did (same seeds, 4 placement draws) with the
+profile's path delay as a line, as its curve, or as the profile file has it, and prints each
+arm's TTFT p50 and output tok/s, live and simulated, with the error (simulated - live) / live.
+
+Usage:
+    PYTHONPATH=src python scripts/fidelity_resim.py OUT FILE [--path-delay line|curve|profile]
+
+``FILE`` is the experiment file the output came from (``${TINY_MODEL}`` and the like in its
+``[live]`` section are read from the environment, as ``compare`` reads them). Used for
+docs/simulator.md, "Calibrating against a real server" (the path delay's curve).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+
+from sessionroute.calibrate.path import isotonic
+from sessionroute.experiments.live.fidelity_run import fidelity_sim_spec, simulate_draw
+from sessionroute.experiments.live_engine import EngineSettings
+from sessionroute.experiments.runner import run_experiment
+from sessionroute.experiments.spec import load_experiment
+
+
+def _profile(path: Path, how: str) -> Path:
+    """The profile file at ``path`` with its path delay as ``how`` says (a temporary copy)."""
+    doc = tomllib.loads(path.read_text())
+    if how == "profile":
+        return path
+    name = next(iter(doc["profiles"]))
+    table = doc["profiles"][name]
+    table.pop("path_delay_curve", None)
+    bins = (doc.get("calibration", {}).get("path") or {}).get("bins") or []
+    if how == "curve" and bins:
+        fitted = isotonic([b["median_delay_s"] for b in bins], [b["requests"] for b in bins])
+        table["path_delay_curve"] = [
+            [b["in_flight"], max(0.0, y)] for b, y in zip(bins, fitted, strict=True)
+        ]
+    out = Path(tempfile.mkdtemp(prefix="fidelity-resim-")) / "profile.toml"
+    out.write_text(tomli_w.dumps(doc))
+    return out
+
+
+def _get(metrics: dict[str, Any], path: tuple[str, ...]) -> float:
+    value: Any = metrics
+    for key in path:
+        value = value[key]
+    return float(value)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out", type=Path, help="a compare --fidelity output directory")
+    parser.add_argument("file", type=Path, help="the experiment file it came from")
+    parser.add_argument("--path-delay", choices=("line", "curve", "profile"), default="profile")
+    args = parser.parse_args()
+    fid_path = args.out / "fidelity.json"
+    if not fid_path.is_file():
+        print(f"{fid_path}: not found (not a compare --fidelity output?)", file=sys.stderr)
+        return 2
+    fid = json.loads(fid_path.read_text())
+    cond = fid["conditions"]
+    e = cond["engine"]
+    engine = EngineSettings(
+        e.get("kv_capacity_tokens"), e.get("max_num_seqs"), e.get("max_model_len"),
+        e.get("block_size"), e.get("max_num_batched_tokens"), "fidelity.json",
+    )  # fmt: skip
+    spec = load_experiment(args.file, env=dict(os.environ))
+    profile = _profile(Path(cond["profile"]), args.path_delay)
+    sim_spec = fidelity_sim_spec(spec, str(profile), engine, cond["worker_urls"])
+    sim = run_experiment(sim_spec, simulate_draw, None, jobs=1)
+    print(f"{args.out}: path delay as {args.path_delay}")
+    for arm in sim.results:
+        live = fid["arms"][arm.name]
+        for metric, name, path in (
+            ("TTFT p50", "ttft_p50", ("ttft_s", "p50")),
+            ("output tok/s", "output_tok_s", ("output_tokens_per_s",)),
+        ):
+            got = [_get(r.metrics, path) for r in arm.runs]
+            s, lv = statistics.fmean(got), statistics.fmean(live[name]["live"])
+            print(f"  {arm.name:32s} {metric:12s} live {lv:10.4g} sim {s:10.4g} "
+                  f"error {100 * (s - lv) / lv:+6.1f} %")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
