@@ -66,7 +66,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path, help="a compare --fidelity output directory")
     parser.add_argument("file", type=Path, help="the experiment file it came from")
-    parser.add_argument("--path-delay", choices=("line", "curve", "profile"), default="profile")
+    parser.add_argument(
+        "--path-delay",
+        choices=("line", "curve", "profile"),
+        default="profile",
+        help="the path delay as the fitted line, as the curve of the probe's bins (refitted "
+        "from [calibration.path]), or as the profile file has it (default)",
+    )
     args = parser.parse_args()
     fid_path = args.out / "fidelity.json"
     if not fid_path.is_file():
