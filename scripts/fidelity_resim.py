@@ -36,21 +36,28 @@ from sessionroute.experiments.runner import run_experiment
 from sessionroute.experiments.spec import load_experiment
 
 
-def _profile(path: Path, how: str) -> Path:
-    """The profile file at ``path`` with its path delay as ``how`` says (a temporary copy)."""
-    doc = tomllib.loads(path.read_text())
+def _profile(path: Path, how: str, work: Path) -> Path:
+    """The profile file at ``path`` with its path delay as ``how`` says (a copy in ``work``).
+
+    Raises:
+        SystemExit: ``curve`` for a profile whose path probe found no growth to follow.
+    """
     if how == "profile":
         return path
+    doc = tomllib.loads(path.read_text())
     name = next(iter(doc["profiles"]))
     table = doc["profiles"][name]
     table.pop("path_delay_curve", None)
-    bins = (doc.get("calibration", {}).get("path") or {}).get("bins") or []
-    if how == "curve" and bins:
+    fit = doc.get("calibration", {}).get("path") or {}
+    if how == "curve":
+        if not fit.get("load_dependent") or not fit.get("bins"):
+            raise SystemExit(f"{path}: its path delay does not grow with requests in flight")
+        bins = fit["bins"]
         fitted = isotonic([b["median_delay_s"] for b in bins], [b["requests"] for b in bins])
         table["path_delay_curve"] = [
             [b["in_flight"], max(0.0, y)] for b, y in zip(bins, fitted, strict=True)
         ]
-    out = Path(tempfile.mkdtemp(prefix="fidelity-resim-")) / "profile.toml"
+    out = work / "profile.toml"
     out.write_text(tomli_w.dumps(doc))
     return out
 
@@ -86,9 +93,15 @@ def main() -> int:
         e.get("block_size"), e.get("max_num_batched_tokens"), "fidelity.json",
     )  # fmt: skip
     spec = load_experiment(args.file, env=dict(os.environ))
-    profile = _profile(Path(cond["profile"]), args.path_delay)
-    sim_spec = fidelity_sim_spec(spec, str(profile), engine, cond["worker_urls"])
-    sim = run_experiment(sim_spec, simulate_draw, None, jobs=1)
+    source = Path(cond["profile"])
+    if not source.is_file():
+        print(f"{source}: the profile fidelity.json names is not there (relative to where "
+              "compare ran?)", file=sys.stderr)  # fmt: skip
+        return 2
+    with tempfile.TemporaryDirectory(prefix="fidelity-resim-") as work:
+        profile = _profile(source, args.path_delay, Path(work))
+        sim_spec = fidelity_sim_spec(spec, str(profile), engine, cond["worker_urls"])
+        sim = run_experiment(sim_spec, simulate_draw, None, jobs=1)
     print(f"{args.out}: path delay as {args.path_delay}")
     for arm in sim.results:
         live = fid["arms"][arm.name]

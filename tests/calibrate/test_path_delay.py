@@ -166,6 +166,21 @@ def test_a_bad_path_delay_curve_in_a_profile_file_is_named(tmp_path: Path, value
         load_profile_file(text)
 
 
+def test_a_profile_that_sets_the_line_drops_its_bases_curve(tmp_path: Path) -> None:
+    f = tmp_path / "p.toml"
+    f.write_text(
+        '[profiles.a]\nbase = "toy-8b-h100-tp1"\npath_delay_curve = [[0, 0.01], [4, 0.05]]\n'
+        '[profiles.b]\nbase = "a"\npath_delay_s = 0.0\n'
+        '[profiles.c]\nbase = "a"\nb0_s = 0.001\n'
+    )
+    from sessionroute.replica.profiles import load_profiles
+
+    got = load_profiles(f)
+    assert got["a"].path_delay(2) == pytest.approx(0.03)
+    assert got["b"].path_delay_curve == () and got["b"].path_delay(2) == 0.0  # turned off
+    assert got["c"].path_delay_curve == got["a"].path_delay_curve  # inherited
+
+
 def test_the_fidelity_output_prints_every_term_with_its_fit_error() -> None:
     from sessionroute.calibrate import TermFit
     from sessionroute.experiments.live.fidelity_run import describe_path, describe_terms

@@ -70,8 +70,9 @@ class StepTimeProfile:
         path_delay_per_request_s: how much that delay grows per other request in flight (the
             turns the clients have sent and not yet been answered), seconds (0: constant).
         path_delay_curve: ``(in_flight, delay_s)`` points (``in_flight`` increasing) that
-            :meth:`path_delay` interpolates instead of the line above; empty: the line
-            (``sessionroute.calibrate.path``).
+            :meth:`path_delay` interpolates instead of the line above, held at its first and
+            last values outside them; empty: the line (``sessionroute.calibrate.path``). A
+            profile file's table that sets the line without a curve drops its base's curve.
     """
 
     name: str
@@ -247,6 +248,10 @@ def _profile_from_table(
             raise ConfigError(f"profile {name!r}: {key} must be >= 0, got {value!r}")
         values[key] = int(value) if key in _INT_FIELDS else float(value)
     values["name"] = name
+    if "path_delay_curve" not in table and {"path_delay_s", "path_delay_per_request_s"} & set(
+        table
+    ):
+        values.pop("path_delay_curve", None)  # the line given here replaces the base's curve
     missing = sorted(set(_FIELDS) - set(values) - _OPTIONAL_FIELDS)
     if missing:
         raise ConfigError(f"profile {name!r}: missing keys {missing} (or give base = '<name>')")

@@ -65,6 +65,8 @@ def test_a_thread_sharing_its_core_with_a_busy_process_waits_for_it() -> None:
         busy.kill()
         busy.wait()
     assert before is not None and after is not None
+    if before == after == 0.0:
+        pytest.skip("this kernel does not account run-queue waits (schedstat reads 0)")
     assert after - before > 0.1  # the other half it waited on the run queue
 
 

@@ -204,7 +204,7 @@ def describe_path(fit: Any) -> str:
         d0 += ", constant (no measurable growth with requests in flight)"
     bins = ", ".join(f"{n:.1f}: {m * 1e3:.0f}" for n, _, m in fit.bins)
     line = (
-        f"{d0}; RMS {fit.rms_error * 1e3:.1f} ms over {fit.samples} probe requests "
+        f"{d0}; the line's RMS {fit.rms_error * 1e3:.1f} ms over {fit.samples} probe requests "
         f"(median ms by mean others in flight: {bins})"
     )
     if fit.curve:
@@ -316,15 +316,15 @@ def run_fidelity(
         live_out = run_experiment(live_spec, paced, reporter, jobs=1)
         pace_cal = calibrated_pace_s(pf.calibration)
         say(paced.describe(pace_cal))
-        cpu += [(r["arm"], r["host_cpu"]) for r in paced.records]
-        if any(d is not None for _, d in cpu):
-            say(describe_cpu(meter.cores, cpu))
-        calibration["decode_pace"] = {"calibration_s": pace_cal, "runs": paced.records}
         calibration["host_cpu"] = {
             "cores": meter.cores,
             "calibration": dict(cpu).get("calibration"),
             "path_probe": dict(cpu).get("path probe"),
         }
+        cpu += [(r["arm"], r["host_cpu"]) for r in paced.records]
+        if any(d is not None for _, d in cpu):
+            say(describe_cpu(meter.cores, cpu))
+        calibration["decode_pace"] = {"calibration_s": pace_cal, "runs": paced.records}
     sim_spec = fidelity_sim_spec(spec, str(profile_path), engine, urls)
     # the servers are stopped by now: the simulated runs may take every core
     jobs = min(os.cpu_count() or 1, len(sim_spec.arms) * SIM_DRAWS)

@@ -9,7 +9,10 @@ the model (docs/simulator.md, "How far to trust it"). :class:`HostCpu` measures 
 
 * the host: busy time of all cores (``/proc/stat``: every field but ``idle`` and ``iowait``);
 * each server: CPU time of every process in the session its started process leads (vLLM's
-  API server and its engine process), from ``/proc/PID/stat`` (``utime`` + ``stime``);
+  API server and its engine process), from ``/proc/PID/stat`` (``utime`` + ``stime``, and
+  ``cutime`` + ``cstime`` of the children each has reaped, so a helper process that ends
+  between two samples stays counted); a server started through a wrapper that runs it
+  elsewhere (``docker run``) is measured as the wrapper, its work lands in *other*;
 * the client: this process, all its threads (:func:`os.times`);
 * other: the host less the two (the router, the placement taps, anything else running).
 
@@ -59,8 +62,9 @@ def _host_busy_s() -> float:
 
 
 def _session_cpu_s(leaders: Sequence[int]) -> tuple[float, ...]:
-    """CPU seconds of the live processes in each session led by ``leaders`` (a process that
-    exited meanwhile is no longer counted; a server's processes live as long as it does)."""
+    """CPU seconds of the live processes in each session led by ``leaders``, with what each has
+    reaped of its children (a process that exits without being reaped by one of them is no
+    longer counted: :func:`busy_cores` clamps a server's share at 0)."""
     want = {pid: i for i, pid in enumerate(leaders)}
     out = [0.0] * len(leaders)
     for entry in _PROC.iterdir():
@@ -73,7 +77,7 @@ def _session_cpu_s(leaders: Sequence[int]) -> tuple[float, ...]:
         fields = stat.rsplit(")", 1)[1].split()  # after "pid (comm)": state ppid pgrp session
         i = want.get(int(fields[3]))
         if i is not None:
-            out[i] += (int(fields[11]) + int(fields[12])) * _TICK_S
+            out[i] += sum(int(f) for f in fields[11:15]) * _TICK_S  # u, s, cu, cs time
     return tuple(out)
 
 
@@ -110,7 +114,7 @@ def busy_cores(a: CpuSample | None, b: CpuSample | None) -> BusyCores | None:
         return None
     wall = b.wall_s - a.wall_s
     host = (b.host_s - a.host_s) / wall
-    per = [(y - x) / wall for x, y in zip(a.servers_s, b.servers_s, strict=True)]
+    per = [max(0.0, y - x) / wall for x, y in zip(a.servers_s, b.servers_s, strict=True)]
     client = (b.client_s - a.client_s) / wall
     return {
         "host": round(host, 2),

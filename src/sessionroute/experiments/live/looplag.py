@@ -6,7 +6,8 @@ that wait to the TTFT it records. :class:`LoopLag` sleeps a short interval again
 the client's loop and records how much later than asked each sleep ended; :func:`summarise`
 sums the stalls. It also reads how long the loop's thread waited for a core over the run (the
 kernel's run-queue wait, ``/proc/thread-self/schedstat``, Linux; proc(5)): a stall with no
-such wait is the client's own work holding the loop, not a starved client. On the 2-core CPU
+such wait is the client's own work holding the loop (or another of its threads holding the
+GIL), not a starved client. On the 2-core CPU
 tier, with the client and router in scheduler autogroups of their own beside the uncapped
 servers', the client's loop stalled 50-660 ms at a time, 3-5 s per 10-s arm run, while using
 0-13 ms of CPU in each stall (docs/simulator.md, "Each server its own share of the host").
