@@ -29,7 +29,7 @@ from typing import Any
 
 import tomli_w
 
-from sessionroute.calibrate.path import isotonic
+from sessionroute.calibrate.path import curve_from_bins
 from sessionroute.experiments.live.fidelity_run import fidelity_sim_spec, simulate_draw
 from sessionroute.experiments.live_engine import EngineSettings
 from sessionroute.experiments.runner import run_experiment
@@ -52,11 +52,8 @@ def _profile(path: Path, how: str, work: Path) -> Path:
     if how == "curve":
         if not fit.get("load_dependent") or not fit.get("bins"):
             raise SystemExit(f"{path}: its path delay does not grow with requests in flight")
-        bins = fit["bins"]
-        fitted = isotonic([b["median_delay_s"] for b in bins], [b["requests"] for b in bins])
-        table["path_delay_curve"] = [
-            [b["in_flight"], max(0.0, y)] for b, y in zip(bins, fitted, strict=True)
-        ]
+        bins = [(b["in_flight"], b["requests"], b["median_delay_s"]) for b in fit["bins"]]
+        table["path_delay_curve"] = [list(point) for point in curve_from_bins(bins)]
     out = work / "profile.toml"
     out.write_text(tomli_w.dumps(doc))
     return out

@@ -34,7 +34,7 @@ from typing import Any
 
 from sessionroute.replica.profiles import interpolate
 
-__all__ = ["PathFit", "PathSample", "fit_path_delay", "isotonic"]
+__all__ = ["PathFit", "PathSample", "curve_from_bins", "fit_path_delay", "isotonic"]
 
 _MIN_BIN = 12
 """Requests per bin: adjacent in-flight counts are pooled until a bin holds this many (a median
@@ -131,6 +131,15 @@ def isotonic(values: Sequence[float], weights: Sequence[float]) -> list[float]:
     return [m for m, _, c in blocks for _ in range(int(c))]
 
 
+def curve_from_bins(
+    bins: Sequence[tuple[float, int, float]],
+) -> tuple[tuple[float, float], ...]:
+    """The path delay's curve from ``(in_flight, requests, median delay_s)`` bins: the medians
+    made non-decreasing (:func:`isotonic`, weights the requests) and >= 0."""
+    fitted = isotonic([m for _, _, m in bins], [float(c) for _, c, _ in bins])
+    return tuple((n, max(0.0, y)) for (n, _, _), y in zip(bins, fitted, strict=True))
+
+
 def _median_se(values: Sequence[float]) -> float:
     """Standard error of a median (normal approximation: 1.2533 * sd / sqrt(n))."""
     if len(values) < 2:
@@ -203,10 +212,7 @@ def fit_path_delay(samples: Sequence[PathSample], extra: dict[str, Any] | None =
                 d0 = y0 - slope * x0
                 d0_se = _median_se(pooled[0][1])
     d0_clamped = max(0.0, d0)
-    curve: tuple[tuple[float, float], ...] = ()
-    if load:
-        fitted = isotonic([m for _, _, m in bins], [float(c) for _, c, _ in bins])
-        curve = tuple((n, max(0.0, y)) for (n, _, _), y in zip(bins, fitted, strict=True))
+    curve = curve_from_bins(bins) if load else ()
     rms = math.sqrt(
         sum(c * (m - d0_clamped - d1 * n) ** 2 for n, c, m in bins) / sum(c for _, c, _ in bins)
     ) if bins else 0.0  # fmt: skip
