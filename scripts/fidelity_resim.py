@@ -7,8 +7,14 @@ file, simulates every arm as ``compare --fidelity`` did (same seeds, 4 placement
 profile's path delay as a line, as its curve, or as the profile file has it, and prints each
 arm's TTFT p50 and output tok/s, live and simulated, with the error (simulated - live) / live.
 
+``--host-speed`` simulates each arm with the profile's step terms scaled by the host's speed
+during that arm's live runs against the calibration's (``loop_ms`` in ``fidelity.json``'s
+``host_cpu``: :mod:`sessionroute.experiments.live.hostspeed`): how much of the error the
+host's own speed drift explains. A diagnosis, not a calibration: ``compare`` never does it.
+
 Usage:
     PYTHONPATH=src python scripts/fidelity_resim.py OUT FILE [--path-delay line|curve|profile]
+        [--host-speed]
 
 ``FILE`` is the experiment file the output came from (``${TINY_MODEL}`` and the like in its
 ``[live]`` section are read from the environment, as ``compare`` reads them). Used for
@@ -59,6 +65,36 @@ def _profile(path: Path, how: str, work: Path) -> Path:
     return out
 
 
+_STEP_TERMS = ("b0_s", "b_tok_s", "b_seq_s", "b_req_s", "b_kv_s", "b_pa_s")
+
+
+def _scaled(path: Path, factor: float, work: Path, name: str) -> Path:
+    """A copy of the profile file at ``path`` with its step terms times ``factor``."""
+    doc = tomllib.loads(path.read_text())
+    table = doc["profiles"][next(iter(doc["profiles"]))]
+    for term in _STEP_TERMS:
+        if term in table:
+            table[term] = float(table[term]) * factor
+    out = work / f"profile-{name}.toml"
+    out.write_text(tomli_w.dumps(doc))
+    return out
+
+
+def speed_factors(fid: dict[str, Any]) -> dict[str, float]:
+    """Each arm's mean ``loop_ms`` over its live runs over the calibration's (arms without a
+    measurement left out); empty where the calibration's speed was not measured."""
+    cond = fid["conditions"]
+    cal = ((cond.get("host_cpu") or {}).get("calibration") or {}).get("loop_ms")
+    if not cal:
+        return {}
+    per_arm: dict[str, list[float]] = {}
+    for run in (cond.get("decode_pace") or {}).get("runs") or []:
+        ms = (run.get("host_cpu") or {}).get("loop_ms")
+        if ms:
+            per_arm.setdefault(run["arm"], []).append(float(ms))
+    return {arm: statistics.fmean(v) / float(cal) for arm, v in per_arm.items()}
+
+
 def _get(metrics: dict[str, Any], path: tuple[str, ...]) -> float:
     value: Any = metrics
     for key in path:
@@ -76,6 +112,13 @@ def main() -> int:
         default="profile",
         help="the path delay as the fitted line, as the curve of the probe's bins (refitted "
         "from [calibration.path]), or as the profile file has it (default)",
+    )
+    parser.add_argument(
+        "--host-speed",
+        action="store_true",
+        help="scale each arm's step terms by the host's speed during its live runs against "
+        "the calibration's (needs loop_ms in fidelity.json: compare --fidelity since "
+        "2026-12-07)",
     )
     args = parser.parse_args()
     fid_path = args.out / "fidelity.json"
@@ -95,12 +138,27 @@ def main() -> int:
         print(f"{source}: the profile fidelity.json names is not there (relative to where "
               "compare ran?)", file=sys.stderr)  # fmt: skip
         return 2
+    factors = speed_factors(fid) if args.host_speed else {}
+    if args.host_speed and not factors:
+        print(f"{fid_path}: no host speed measured (loop_ms)", file=sys.stderr)
+        return 2
+    results = []
     with tempfile.TemporaryDirectory(prefix="fidelity-resim-") as work:
         profile = _profile(source, args.path_delay, Path(work))
-        sim_spec = fidelity_sim_spec(spec, str(profile), engine, cond["worker_urls"])
-        sim = run_experiment(sim_spec, simulate_draw, None, jobs=1)
-    print(f"{args.out}: path delay as {args.path_delay}")
-    for arm in sim.results:
+        arms = [[a] for a in spec.arms] if factors else [spec.arms]
+        for group in arms:
+            use = profile
+            if factors:
+                name = group[0].name or group[0].policy
+                use = _scaled(profile, factors.get(name, 1.0), Path(work), name)
+            one = spec.model_copy(update={"arms": group})
+            sim_spec = fidelity_sim_spec(one, str(use), engine, cond["worker_urls"])
+            results += run_experiment(sim_spec, simulate_draw, None, jobs=1).results
+    how = f"path delay as {args.path_delay}"
+    if factors:
+        how += "; step terms x host speed: " + ", ".join(f"{a} {f:.2f}" for a, f in factors.items())
+    print(f"{args.out}: {how}")
+    for arm in results:
         live = fid["arms"][arm.name]
         for metric, name, path in (
             ("TTFT p50", "ttft_p50", ("ttft_s", "p50")),

@@ -10,6 +10,7 @@ import asyncio
 import json
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -37,6 +38,10 @@ class FakeVllm:
     max_model_len: int = 1024
     expose_limits: bool = True
     token_delay_s: float = 0.0  # between streamed tokens
+    # hold each streamed reply and send its tokens at once (a vLLM frontend short of CPU), and
+    # report the time the tokens took to make in vllm:request_decode_time_seconds
+    burst: bool = False
+    decode_sum_s: float = 0.0
     posts: list[str] = field(default_factory=list)
     log: list[str] | None = None
     name: str = "fake"
@@ -67,9 +72,14 @@ class FakeVllm:
                 f"# TYPE {h} histogram",
                 f'{h}_bucket{{engine="0",le="+Inf",model_name="fake"}} {float(count)}',
                 f"{h}_count{lbl} {float(count)}",
-                f"{h}_sum{lbl} {0.001 * count}",
+                f"{h}_sum{lbl} {self._sum(h, count)}",
             ]
         return "\n".join(lines) + "\n"
+
+    def _sum(self, histogram: str, count: int) -> float:
+        if self.burst and histogram == "vllm:request_decode_time_seconds":
+            return self.decode_sum_s
+        return 0.001 * count
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -133,12 +143,22 @@ class FakeVllm:
                 return web.json_response({"choices": [{"text": "x" * n}], "usage": usage})
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
             await resp.prepare(req)
-            for _ in range(n):
+            held: list[bytes] = []
+            first = 0.0
+            for i in range(n):
                 self.steps += 1
                 if self.token_delay_s:
                     await asyncio.sleep(self.token_delay_s)
                 chunk = {"choices": [{"index": 0, "text": "x"}]}
-                await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                event = f"data: {json.dumps(chunk)}\n\n".encode()
+                if not self.burst:
+                    await resp.write(event)
+                    continue
+                held.append(event)
+                first = first or time.perf_counter()
+                if i == n - 1:
+                    self.decode_sum_s += time.perf_counter() - first
+                    await resp.write(b"".join(held))
             await resp.write(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n".encode())
             await resp.write(b"data: [DONE]\n\n")
             self.requests += 1

@@ -34,6 +34,16 @@ def test_decode_pace_is_each_servers_time_per_streamed_token() -> None:
     assert slow.posts.count("/v1/completions") == 1
 
 
+def test_a_reply_held_back_and_sent_at_once_is_paced_by_the_servers_decode_time() -> None:
+    # uncapped on a 2-core host the server's frontend can send a whole reply in one burst;
+    # timed at the client that read 0 ms per token
+    held = FakeVllm(token_delay_s=0.01, burst=True)
+    with serving(held.app()) as url:
+        (pace,) = decode_pace(_infos([url]), tokens=12)
+    assert held.decode_sum_s > 0.09
+    assert pace == pytest.approx(held.decode_sum_s / 11, rel=0.05), pace
+
+
 def test_the_paced_runner_probes_before_and_after_every_run() -> None:
     fake = FakeVllm(token_delay_s=0.001)
     order: list[str] = []

@@ -209,7 +209,7 @@ def phase_row(run: PhaseRun) -> Row | None:
     # a streamed decode round whose tokens reached the client much faster than the server made
     # them measured the client's lag, not the steps: it is left out (all left out: the
     # server's own histogram instead)
-    kept = [r for r in rounds if not (streamed and kind == "decode" and _lagged(r))]
+    kept = [r for r in rounds if not (streamed and kind == "decode" and r.lagged)]
     client = streamed and bool(kept)
     ys: list[float] = []
     xs: list[tuple[float, ...]] = []
@@ -238,20 +238,6 @@ def phase_row(run: PhaseRun) -> Row | None:
     server_y = float(np.median(servers)) if servers else None
     source = _SOURCE[kind] if client else _SERVER_SIDE[kind]
     return Row(ph.label, kind, run.server, x_mean, float(np.median(ys)), source, server_y)
-
-
-_LAG_RATIO = 0.5
-"""A decode round the client saw in under this share of vLLM's own decode time is lagged."""
-
-
-def _lagged(rnd: Round) -> bool:
-    """Whether the client saw the round's tokens in under :data:`_LAG_RATIO` of the time the
-    server took to make them (``vllm:request_decode_time_seconds``): it read the stream late and
-    in bursts (a client starved of CPU), so its first-to-last token times are not step times."""
-    server = rnd.means.get(_SERVER_SIDE["decode"])
-    if not server or not rnd.records:
-        return False
-    return statistics.fmean(r.decode_s or 0.0 for r in rnd.records) < _LAG_RATIO * server
 
 
 def _nnls(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, tuple[int, ...]]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from sessionroute.calibrate.server import (
 )
 
 __all__ = [
+    "LAG_RATIO",
     "PhaseRun",
     "ProbeClient",
     "Progress",
@@ -38,6 +40,7 @@ __all__ = [
     "reset_prefix_cache",
     "run_plan",
     "run_plan_together",
+    "run_round",
 ]
 
 _FALLBACK_IDS = range(100, 356)
@@ -83,6 +86,11 @@ class RequestRecord:
     decode_s: float | None
 
 
+LAG_RATIO = 0.5
+"""A streamed round whose tokens the client saw in under this share of vLLM's own decode time
+is lagged (:attr:`Round.lagged`)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Round:
     """One round of a phase: its requests, sent together (up to the phase's concurrency), and
@@ -102,6 +110,26 @@ class Round:
     means: dict[str, float | None]
     steps: float
     preemptions: float
+
+    @property
+    def lagged(self) -> bool:
+        """Whether the client saw the round's tokens, first to last, in under
+        :data:`LAG_RATIO` of the time the server took to make them
+        (``vllm:request_decode_time_seconds``): it got the stream late and in bursts (a client
+        or a server frontend short of CPU), so its first-to-last-token times are not step
+        times."""
+        server = self.means.get("vllm:request_decode_time_seconds")
+        if not server or not self.records:
+            return False
+        return statistics.fmean(r.decode_s or 0.0 for r in self.records) < LAG_RATIO * server
+
+    def decode_s(self) -> float | None:
+        """Mean first-to-last-token time of the round's requests, seconds: at the client, or
+        vLLM's own (``vllm:request_decode_time_seconds``) where the round is :attr:`lagged`
+        or was not streamed; None when neither is known."""
+        if self.lagged or any(r.decode_s is None for r in self.records) or not self.records:
+            return self.means.get("vllm:request_decode_time_seconds")
+        return statistics.fmean(r.decode_s or 0.0 for r in self.records)
 
 
 @dataclass(frozen=True, slots=True)
@@ -282,9 +310,15 @@ async def _settled(
         await asyncio.sleep(0.05)
 
 
-async def _run_round(
+async def run_round(
     client: ProbeClient, prompts: list[tuple[list[int], int]], concurrency: int, stream: bool
 ) -> Round:
+    """Send ``prompts`` (token ids, output tokens) to one server, up to ``concurrency`` at a
+    time, scraping its ``/metrics`` before and after (until its e2e histogram counted them).
+
+    Raises:
+        CalibrationError: the server did not answer.
+    """
     before = await scrape(client.session, client.info.url, client.info.model)
     gate = asyncio.Semaphore(concurrency)
 
@@ -409,7 +443,7 @@ async def run_plan_together(
             await asyncio.gather(*(_reset_and_warm(clients[j], prefixes[j][i], rngs[j]) for j in k))
             prompts = [_prepare_round(clients[j], phase, prefixes[j][i], rngs[j]) for j in k]
             measured = await asyncio.gather(
-                *(_run_round(clients[j], prompts[j], phase.concurrency, plan.stream) for j in k)
+                *(run_round(clients[j], prompts[j], phase.concurrency, plan.stream) for j in k)
             )
             for j, rnd in enumerate(measured):
                 rounds[j][i].append(rnd)

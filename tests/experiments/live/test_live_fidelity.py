@@ -91,6 +91,9 @@ def test_compare_fidelity_against_emulated_servers(tmp_path: Path) -> None:
     assert c["host_cpu"]["cores"] >= 1 and c["host_cpu"]["path_probe"]["servers"] > 0
     assert c["host_cpu"]["calibration"] is None  # --profile: not calibrated here
     assert "host CPU, cores busy of" in r.stderr
+    # and how fast the host's cores ran meanwhile (a fixed loop's CPU time, sampled throughout)
+    assert all(run["host_cpu"]["loop_ms"] > 0 for run in runs), runs
+    assert "host speed, CPU ms of a fixed loop" in r.stderr
     # scripts/fidelity_resim.py simulates the arms again as compare did: the same TTFT p50
     script = Path(__file__).parents[3] / "scripts" / "fidelity_resim.py"
     again = subprocess.run(
@@ -103,6 +106,12 @@ def test_compare_fidelity_against_emulated_servers(tmp_path: Path) -> None:
     )
     sim = float(line.split(" sim ")[1].split()[0])
     assert sim == pytest.approx(doc["arms"]["sticky_least_loaded"]["ttft_p50"]["sim"], rel=1e-3)
+    # --host-speed needs the calibration's speed, which --profile did not measure
+    scaled = subprocess.run(
+        [sys.executable, str(script), str(out), str(exp), "--host-speed"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert scaled.returncode == 2 and "no host speed measured" in scaled.stderr
 
 
 def test_fidelity_refuses_in_process_emulators(tmp_path: Path) -> None:

@@ -23,8 +23,9 @@ from typing import Any
 
 from sessionroute.errors import ConfigError
 from sessionroute.experiments.fidelity import arm_groups, fidelity_document, write_fidelity
-from sessionroute.experiments.live.hostcpu import BusyCores, HostCpu, busy_cores
+from sessionroute.experiments.live.hostcpu import BusyCores, HostCpu
 from sessionroute.experiments.live.hostcpu import describe as describe_cpu
+from sessionroute.experiments.live.hostspeed import HostSpeed
 from sessionroute.experiments.live.pace import PacedRunner, calibrated_pace_s
 from sessionroute.experiments.live_engine import EngineSettings, engine_from_servers
 from sessionroute.experiments.live_section import LiveSection
@@ -263,14 +264,14 @@ def run_fidelity(
         "max_num_batched_tokens": rcfg.batched_tokens if emulated else None,
     }
     calibration: dict[str, Any] = {}
-    with LiveArmRunner(live_spec) as runner:
+    with LiveArmRunner(live_spec) as runner, HostSpeed() as speed:
         urls = list(runner.fleet.urls)
         servers = _read_servers(urls, live_spec.live, fallback)
         engine = engine_from_servers(servers)
         say(f"servers: {engine.source}")
         if runner.fleet.cpu_note:
             say(runner.fleet.cpu_note)
-        meter = HostCpu(runner.fleet.server_pids)
+        meter = HostCpu(runner.fleet.server_pids, speed)
         cpu: list[tuple[str, BusyCores | None]] = []
         if profile is None:
             say(f"calibrating {len(urls)} servers (probe {probe}) ...")
@@ -282,7 +283,7 @@ def run_fidelity(
                 max_num_batched_tokens=fallback["max_num_batched_tokens"],
                 progress=_calibration_progress(say),
             )
-            cpu.append(("calibration", busy_cores(start, meter.sample())))
+            cpu.append(("calibration", meter.between(start, meter.sample())))
             profile_path = write_profile(result, out_dir / "profile.toml")
             say(f"calibrated in {result.wall_s:.0f} s: {describe_terms(result.fit.terms)}")
             calibration = {
@@ -298,7 +299,7 @@ def run_fidelity(
             say("the request path's delay ...")
             start = meter.sample()
             path = _probe_path(runner, live_spec, spec, str(profile_path), engine, urls, say)
-            cpu.append(("path probe", busy_cores(start, meter.sample())))
+            cpu.append(("path probe", meter.between(start, meter.sample())))
             if path is not None:
                 profile_path = write_path(profile_path, path, out_dir / "profile.toml")
                 say(f"profile: {profile_path}")

@@ -27,7 +27,10 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypedDict
+from typing import TYPE_CHECKING, NotRequired, TypedDict
+
+if TYPE_CHECKING:
+    from sessionroute.experiments.live.hostspeed import HostSpeed
 
 __all__ = ["BusyCores", "CpuSample", "HostCpu", "busy_cores", "describe"]
 
@@ -46,13 +49,16 @@ class CpuSample:
 
 
 class BusyCores(TypedDict):
-    """Mean cores busy over an interval (2 decimals)."""
+    """Mean cores busy over an interval (2 decimals), and where measured the host's speed:
+    ``loop_ms``, the median CPU milliseconds of a fixed loop
+    (:mod:`sessionroute.experiments.live.hostspeed`; higher: slower cores)."""
 
     host: float
     servers: float
     per_server: list[float]
     client: float
     other: float
+    loop_ms: NotRequired[float]
 
 
 def _host_busy_s() -> float:
@@ -88,10 +94,13 @@ class HostCpu:
         server_pids: the started servers' process ids (each leads a session of its own:
             :mod:`sessionroute.experiments.live.procs`); empty for servers not started here
             (then only the host and the client are told apart).
+        speed: a running :class:`~sessionroute.experiments.live.hostspeed.HostSpeed`, whose
+            median over each interval :meth:`between` adds, or None.
     """
 
-    def __init__(self, server_pids: Sequence[int]) -> None:
+    def __init__(self, server_pids: Sequence[int], speed: HostSpeed | None = None) -> None:
         self.server_pids = list(server_pids)
+        self.speed = speed
         self.cores = os.cpu_count() or 1
         """The host's cores (all of ``/proc/stat``'s)."""
 
@@ -105,6 +114,16 @@ class HostCpu:
         return CpuSample(
             time.monotonic(), host, _session_cpu_s(self.server_pids), times.user + times.system
         )
+
+    def between(self, a: CpuSample | None, b: CpuSample | None) -> BusyCores | None:
+        """:func:`busy_cores` from ``a`` to ``b``, with the host's speed meanwhile where
+        :attr:`speed` sampled it."""
+        busy = busy_cores(a, b)
+        if busy is not None and a is not None and b is not None and self.speed is not None:
+            ms = self.speed.median_ms(a.wall_s, b.wall_s)
+            if ms is not None:
+                busy["loop_ms"] = ms
+        return busy
 
 
 def busy_cores(a: CpuSample | None, b: CpuSample | None) -> BusyCores | None:
@@ -126,10 +145,15 @@ def busy_cores(a: CpuSample | None, b: CpuSample | None) -> BusyCores | None:
 
 
 def describe(cores: int, parts: Sequence[tuple[str, BusyCores | None]]) -> str:
-    """One line: cores busy per labelled interval as servers/client/other."""
+    """One line: cores busy per labelled interval as servers/client/other; a second with the
+    host's speed where measured."""
     shown = [
         f"{label} {d['servers']:.2f}/{d['client']:.2f}/{d['other']:.2f}"
         for label, d in parts
         if d is not None
     ]
-    return f"host CPU, cores busy of {cores} (servers/client/other): " + "; ".join(shown)
+    line = f"host CPU, cores busy of {cores} (servers/client/other): " + "; ".join(shown)
+    speeds = [f"{label} {d['loop_ms']:.1f}" for label, d in parts if d and "loop_ms" in d]
+    if speeds:
+        line += "\nhost speed, CPU ms of a fixed loop (higher: slower cores): " + "; ".join(speeds)
+    return line

@@ -19,9 +19,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from sessionroute.calibrate.plan import DECODE_TOKENS
-from sessionroute.calibrate.probe import ProbeClient, probe_session, prompt_ids
+from sessionroute.calibrate.probe import ProbeClient, probe_session, prompt_ids, run_round
 from sessionroute.calibrate.server import CalibrationError, ServerInfo
-from sessionroute.experiments.live.hostcpu import HostCpu, busy_cores
+from sessionroute.experiments.live.hostcpu import HostCpu
 from sessionroute.experiments.results import RunOutput
 from sessionroute.experiments.spec import ResolvedArm
 
@@ -36,12 +36,20 @@ async def _pace(servers: Sequence[ServerInfo], tokens: int) -> list[float]:
         ids = await prompt_ids(session, servers[0])
         prompt = [ids[i % len(ids)] for i in range(32)]
         clients = [ProbeClient(session, s) for s in servers]
-        records = await asyncio.gather(*(c.complete(prompt, tokens) for c in clients))
-    return [(r.decode_s or 0.0) / max(1, r.output_tokens - 1) for r in records]
+        rounds = await asyncio.gather(*(run_round(c, [(prompt, tokens)], 1, True) for c in clients))
+    paces = []
+    for rnd in rounds:
+        made = max(1, rnd.records[0].output_tokens - 1) if rnd.records else 1
+        paces.append((rnd.decode_s() or 0.0) / made)
+    return paces
 
 
 def decode_pace(servers: Sequence[ServerInfo], tokens: int = PACE_TOKENS) -> list[float]:
-    """Seconds per output token of one streamed decode on each server, all at once.
+    """Seconds per output token of one streamed decode on each server, all at once: first to
+    last token at the client, or vLLM's own decode time where the client got the tokens in a
+    burst (:attr:`~sessionroute.calibrate.probe.Round.lagged`, as the calibration decides it:
+    on a host short of CPU the server's frontend can hold the whole reply back and send it at
+    once, which timed at the client reads as 0 ms per token); 0.0 where neither is known.
 
     Raises:
         CalibrationError: a server did not answer.
@@ -86,7 +94,7 @@ class PacedRunner:
         before = self._pace()
         start = self.meter.sample() if self.meter else None
         out = self.runner(arm, seed, progress)
-        cpu = busy_cores(start, self.meter.sample()) if self.meter else None
+        cpu = self.meter.between(start, self.meter.sample()) if self.meter else None
         after = self._pace()
         record = {"arm": arm.name, "before_s": before, "after_s": after, "host_cpu": cpu}
         self.records.append(record)

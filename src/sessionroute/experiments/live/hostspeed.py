@@ -1,0 +1,115 @@
+"""How fast this host's cores run right now: the CPU time of a fixed loop, sampled throughout.
+
+A CPU test-bed's step times are its cores' speed, and a virtual machine's cores do not keep
+one speed: on the 2-core development machine (2026-12-07) the same 200,000-iteration Python
+loop took 12.5 to 25.4 ms of its own thread's CPU time, idle, from one second to the next (a
+core shared with work outside the machine: another tenant on its hyperthread sibling, or a
+host quota; nothing inside the machine shows it, not even ``/proc/stat``'s steal). A profile
+calibrated minutes before an arm runs is then off by however much the speed moved between
+the two, whatever the model.
+
+:class:`HostSpeed` runs a child process that times :data:`LOOP_ITERATIONS` iterations of a
+loop every :data:`INTERVAL_S` by its thread's CPU clock (``time.thread_time``: time on a
+core, not time waiting for one, so the servers' own load does not count, only how fast a core
+runs while it has the loop) and :meth:`HostSpeed.median_ms` gives the median over any interval.
+About 1 % of a core. Linux's ``CLOCK_MONOTONIC`` is system-wide, so the child's timestamps
+and the parent's ``time.monotonic()`` compare.
+
+Run as ``python -m sessionroute.experiments.live.hostspeed [INTERVAL_S]`` it prints one
+``monotonic_s loop_ms`` line per sample until stopped.
+"""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from types import TracebackType
+
+__all__ = ["INTERVAL_S", "LOOP_ITERATIONS", "HostSpeed", "loop_ms"]
+
+LOOP_ITERATIONS = 50_000
+"""Iterations of the timed loop (3-6 ms of CPU on the development machine)."""
+
+INTERVAL_S = 0.5
+"""Seconds between two samples."""
+
+
+def loop_ms(iterations: int = LOOP_ITERATIONS) -> float:
+    """CPU milliseconds this thread spends on ``iterations`` additions (higher: slower core)."""
+    t0 = time.thread_time()
+    total = 0
+    for i in range(iterations):
+        total += i
+    return (time.thread_time() - t0) * 1e3
+
+
+class HostSpeed:
+    """A child process sampling :func:`loop_ms` every ``interval_s`` (a context manager: the
+    child is started on entry and stopped, by its PID, on exit).
+
+    Attributes:
+        samples: ``(monotonic_s, loop_ms)`` pairs, in order.
+    """
+
+    def __init__(self, interval_s: float = INTERVAL_S) -> None:
+        self.interval_s = interval_s
+        self.samples: list[tuple[float, float]] = []
+        self._proc: subprocess.Popen[str] | None = None
+        self._reader: threading.Thread | None = None
+
+    def __enter__(self) -> HostSpeed:
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", __name__, str(self.interval_s)],
+            stdout=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            text=True,
+        )
+        self._reader = threading.Thread(target=self._read, name="host-speed", daemon=True)
+        self._reader.start()
+        return self
+
+    def _read(self) -> None:
+        assert self._proc is not None and self._proc.stdout is not None
+        for line in self._proc.stdout:
+            t, ms = line.split()
+            self.samples.append((float(t), float(ms)))
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._proc is not None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+        if self._reader is not None:
+            self._reader.join(timeout=5)
+
+    def median_ms(self, start_s: float, end_s: float) -> float | None:
+        """Median :func:`loop_ms` of the samples taken between two ``time.monotonic()``
+        readings, or None where none was."""
+        got = [ms for t, ms in list(self.samples) if start_s <= t <= end_s]
+        return round(statistics.median(got), 2) if got else None
+
+
+def _main(argv: list[str]) -> None:
+    interval = float(argv[0]) if argv else INTERVAL_S
+    try:
+        while True:
+            ms = loop_ms()
+            print(f"{time.monotonic():.4f} {ms:.3f}", flush=True)
+            time.sleep(interval)
+    except (KeyboardInterrupt, BrokenPipeError):
+        pass
+
+
+if __name__ == "__main__":
+    _main(sys.argv[1:])
