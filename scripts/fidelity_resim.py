@@ -5,7 +5,7 @@ recorded, without running the servers again: this takes an output directory (``f
 with the servers' engine settings and worker URLs, the profile it used) and the experiment
 file, simulates every arm as ``compare --fidelity`` did (same seeds, 4 placement draws) with the
 profile's path delay as a line, as its curve, or as the profile file has it, and prints each
-arm's TTFT p50 and output tok/s, live and simulated, with the error (simulated - live) / live.
+arm's TTFT p50, ITL p50 and output tok/s, live and simulated, with the error (simulated - live) / live.
 
 ``--host-speed`` simulates each arm with the profile's step terms scaled by the host's speed
 during that arm's live runs against the calibration's (``loop_ms`` in ``fidelity.json``'s
@@ -162,6 +162,7 @@ def main() -> int:
         live = fid["arms"][arm.name]
         for metric, name, path in (
             ("TTFT p50", "ttft_p50", ("ttft_s", "p50")),
+            ("ITL p50", "itl_p50", ("itl_s", "p50")),
             ("output tok/s", "output_tok_s", ("output_tokens_per_s",)),
         ):
             got = [_get(r.metrics, path) for r in arm.runs]

@@ -90,6 +90,8 @@ def test_compare_fidelity_against_emulated_servers(tmp_path: Path) -> None:
     assert all(run["host_cpu"]["servers"] > 0 for run in runs), runs
     assert c["host_cpu"]["cores"] >= 1 and c["host_cpu"]["path_probe"]["servers"] > 0
     assert c["host_cpu"]["calibration"] is None  # --profile: not calibrated here
+    assert c["servers_started_here"] == 0 and c["host_cores"] >= 1  # emulators: no note
+    assert "servers share this host's" not in r.stderr
     assert "host CPU, cores busy of" in r.stderr
     # and how fast the host's cores ran meanwhile (a fixed loop's CPU time, sampled throughout)
     assert all(run["host_cpu"]["loop_ms"] > 0 for run in runs), runs

@@ -9,7 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from sessionroute.experiments.live.hostcpu import CpuSample, HostCpu, busy_cores, describe
+from sessionroute.experiments.live.hostcpu import (
+    CpuSample,
+    HostCpu,
+    busy_cores,
+    crowding_note,
+    describe,
+)
 
 pytestmark = pytest.mark.skipif(not Path("/proc/stat").exists(), reason="needs Linux /proc")
 
@@ -73,3 +79,12 @@ def test_a_server_counts_every_process_of_its_session_and_an_idle_one_nothing() 
     assert rest < 0.05, got
     assert got["client"] < 0.3, got  # this process slept
     assert got["host"] >= got["servers"] - 0.05, got
+
+
+def test_more_servers_than_cores_are_named_and_as_many_as_cores_are_not() -> None:
+    assert crowding_note(2, 2) is None and crowding_note(1, 2) is None
+    assert crowding_note(0, 1) is None  # servers started elsewhere
+    note = crowding_note(3, 2)
+    assert note is not None
+    assert note.startswith("note: 3 servers share this host's 2 cores")
+    assert "at most one server per core" in note

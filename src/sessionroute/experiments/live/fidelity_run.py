@@ -23,7 +23,8 @@ from typing import Any
 
 from sessionroute.errors import ConfigError
 from sessionroute.experiments.fidelity import arm_groups, fidelity_document, write_fidelity
-from sessionroute.experiments.live.hostcpu import BusyCores, HostCpu
+from sessionroute.experiments.live.cpuslice import host_cpus
+from sessionroute.experiments.live.hostcpu import BusyCores, HostCpu, crowding_note
 from sessionroute.experiments.live.hostcpu import describe as describe_cpu
 from sessionroute.experiments.live.hostspeed import HostSpeed
 from sessionroute.experiments.live.pace import PacedRunner, calibrated_pace_s
@@ -272,6 +273,10 @@ def run_fidelity(
         if runner.fleet.cpu_note:
             say(runner.fleet.cpu_note)
         meter = HostCpu(runner.fleet.server_pids, speed)
+        started = len(runner.fleet.server_pids) if live_spec.live.replicas == "command" else 0
+        crowded = crowding_note(started, host_cpus())
+        if crowded:
+            say(crowded)
         cpu: list[tuple[str, BusyCores | None]] = []
         if profile is None:
             say(f"calibrating {len(urls)} servers (probe {probe}) ...")
@@ -309,6 +314,8 @@ def run_fidelity(
             **calibration,
             "profile": str(profile_path),
             "replica_cpus": runner.fleet.replica_cpus,
+            "servers_started_here": started,
+            "host_cores": host_cpus(),
             "profile_name": pf.profile.name,
             "calibrated": any(k != "path" for k in pf.calibration),  # step terms fitted
             "calibration": pf.calibration,
