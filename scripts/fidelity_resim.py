@@ -5,16 +5,20 @@ recorded, without running the servers again: this takes an output directory (``f
 with the servers' engine settings and worker URLs, the profile it used) and the experiment
 file, simulates every arm as ``compare --fidelity`` did (same seeds, 4 placement draws) with the
 profile's path delay as a line, as its curve, or as the profile file has it, and prints each
-arm's TTFT p50, ITL p50 and output tok/s, live and simulated, with the error (simulated - live) / live.
+arm's metrics of the fidelity table, live and simulated, with the error (simulated - live, in
+points for the hit rate, relative otherwise).
 
 ``--host-speed`` simulates each arm with the profile's step terms scaled by the host's speed
 during that arm's live runs against the calibration's (``loop_ms`` in ``fidelity.json``'s
 ``host_cpu``: :mod:`sessionroute.experiments.live.hostspeed`): how much of the error the
-host's own speed drift explains. A diagnosis, not a calibration: ``compare`` never does it.
+host's own speed drift explains. ``--pace`` scales them by the servers' decode pace measured
+around the arm's runs against the calibration's (``decode_pace``). Diagnoses, not a
+calibration: ``compare`` does neither (docs/simulator.md, "Servers and cores": both moved some
+errors down and others up).
 
 Usage:
     PYTHONPATH=src python scripts/fidelity_resim.py OUT FILE [--path-delay line|curve|profile]
-        [--host-speed]
+        [--host-speed | --pace]
 
 ``FILE`` is the experiment file the output came from (``${TINY_MODEL}`` and the like in its
 ``[live]`` section are read from the environment, as ``compare`` reads them). Used for
@@ -36,6 +40,7 @@ from typing import Any
 import tomli_w
 
 from sessionroute.calibrate.path import curve_from_bins
+from sessionroute.experiments.fidelity import METRICS
 from sessionroute.experiments.live.fidelity_run import fidelity_sim_spec, simulate_draw
 from sessionroute.experiments.live_engine import EngineSettings
 from sessionroute.experiments.runner import run_experiment
@@ -95,6 +100,20 @@ def speed_factors(fid: dict[str, Any]) -> dict[str, float]:
     return {arm: statistics.fmean(v) / float(cal) for arm, v in per_arm.items()}
 
 
+def pace_factors(fid: dict[str, Any]) -> dict[str, float]:
+    """Each arm's mean decode pace around its live runs (before and after, every server) over
+    the calibration's (``decode_pace`` in ``fidelity.json``); empty without the calibration's."""
+    pace = fid["conditions"].get("decode_pace") or {}
+    cal = pace.get("calibration_s")
+    if not cal:
+        return {}
+    per_arm: dict[str, list[float]] = {}
+    for run in pace.get("runs") or []:
+        got = [float(v) for v in [*run.get("before_s", []), *run.get("after_s", [])] if v > 0]
+        per_arm.setdefault(run["arm"], []).extend(got)
+    return {arm: statistics.fmean(v) / float(cal) for arm, v in per_arm.items() if v}
+
+
 def _get(metrics: dict[str, Any], path: tuple[str, ...]) -> float:
     value: Any = metrics
     for key in path:
@@ -120,6 +139,12 @@ def main() -> int:
         "the calibration's (needs loop_ms in fidelity.json: compare --fidelity since "
         "2026-12-07)",
     )
+    parser.add_argument(
+        "--pace",
+        action="store_true",
+        help="scale each arm's step terms by the servers' decode pace measured around its live "
+        "runs against the calibration's",
+    )
     args = parser.parse_args()
     fid_path = args.out / "fidelity.json"
     if not fid_path.is_file():
@@ -138,9 +163,14 @@ def main() -> int:
         print(f"{source}: the profile fidelity.json names is not there (relative to where "
               "compare ran?)", file=sys.stderr)  # fmt: skip
         return 2
-    factors = speed_factors(fid) if args.host_speed else {}
+    if args.host_speed and args.pace:
+        parser.error("--host-speed and --pace are two readings of one drift: choose one")
+    factors = speed_factors(fid) if args.host_speed else pace_factors(fid) if args.pace else {}
     if args.host_speed and not factors:
         print(f"{fid_path}: no host speed measured (loop_ms)", file=sys.stderr)
+        return 2
+    if args.pace and not factors:
+        print(f"{fid_path}: no decode pace measured", file=sys.stderr)
         return 2
     results = []
     with tempfile.TemporaryDirectory(prefix="fidelity-resim-") as work:
@@ -156,19 +186,24 @@ def main() -> int:
             results += run_experiment(sim_spec, simulate_draw, None, jobs=1).results
     how = f"path delay as {args.path_delay}"
     if factors:
-        how += "; step terms x host speed: " + ", ".join(f"{a} {f:.2f}" for a, f in factors.items())
+        how += f"; step terms x {'host speed' if args.host_speed else 'decode pace'}: " + ", ".join(
+            f"{a} {f:.2f}" for a, f in factors.items()
+        )
     print(f"{args.out}: {how}")
     for arm in results:
         live = fid["arms"][arm.name]
-        for metric, name, path in (
-            ("TTFT p50", "ttft_p50", ("ttft_s", "p50")),
-            ("ITL p50", "itl_p50", ("itl_s", "p50")),
-            ("output tok/s", "output_tok_s", ("output_tokens_per_s",)),
-        ):
-            got = [_get(r.metrics, path) for r in arm.runs]
-            s, lv = statistics.fmean(got), statistics.fmean(live[name]["live"])
-            print(f"  {arm.name:32s} {metric:12s} live {lv:10.4g} sim {s:10.4g} "
-                  f"error {100 * (s - lv) / lv:+6.1f} %")  # fmt: skip
+        for m in METRICS:
+            if m.key not in live:
+                continue
+            got = [_get(r.metrics, tuple(m.path.split("."))) for r in arm.runs]
+            s, lv = statistics.fmean(got), statistics.fmean(live[m.key]["live"])
+            if m.error == "pp":
+                error = f"{100 * (s - lv):+6.1f} pp"
+            elif m.error == "count":
+                error = f"live {live[m.key]['live']}"
+            else:
+                error = f"{100 * (s - lv) / lv:+6.1f} %" if lv else "-"
+            print(f"  {arm.name:32s} {m.label:12s} live {lv:10.4g} sim {s:10.4g} error {error}")
     return 0
 
 

@@ -1,4 +1,4 @@
-"""scripts/fidelity_resim.py: the host-speed factors it scales each arm's step terms by."""
+"""scripts/fidelity_resim.py: what it scales each arm's step terms by (host speed, decode pace)."""
 
 from __future__ import annotations
 
@@ -50,3 +50,15 @@ def test_a_scaled_profile_multiplies_every_step_term_and_nothing_else(tmp_path: 
     assert table["b0_s"] == pytest.approx(0.0015) and table["b_req_s"] == pytest.approx(0.015)
     assert table["b_tok_s"] == pytest.approx(3e-5)
     assert table["max_num_seqs"] == 16 and table["path_delay_s"] == pytest.approx(0.02)
+
+
+def test_each_arm_is_scaled_by_its_measured_decode_pace_over_the_calibrations() -> None:
+    runs = [
+        {"arm": "a", "before_s": [0.002, 0.0], "after_s": [0.004, 0.003]},  # 0: not measured
+        {"arm": "a", "before_s": [0.003], "after_s": [0.003]},
+        {"arm": "b", "before_s": [], "after_s": []},  # the servers did not answer
+    ]
+    fid = {"conditions": {"decode_pace": {"calibration_s": 0.002, "runs": runs}}}
+    assert _script().pace_factors(fid) == {"a": pytest.approx(1.5)}
+    fid["conditions"]["decode_pace"]["calibration_s"] = None
+    assert _script().pace_factors(fid) == {}
