@@ -80,8 +80,8 @@ echo "== tiny model"
 
 echo "== live A/B and fidelity: 2 vLLM servers, the tier's workload and a KV-pressure setting"
 # One set of servers for both checks: scripts/ci_fidelity_tier.sh runs
-# examples/fidelity_vllm_cpu.toml (examples/live_vllm_cpu.toml's workload and arms, 16 MiB KV
-# that this workload never fills) live and simulated, then the pressure setting on servers of
+# examples/fidelity_vllm_cpu.toml (examples/live_vllm_cpu.toml's workload and arms on 2
+# servers, not its 3, at most one per core; 16 MiB KV that this workload never fills) live and simulated, then the pressure setting on servers of
 # its own, and asserts the simulator's bounds; the A/B below reads the first file's live runs.
 KEEP=${VLLM_TIER_KEEP:-$PWD/runs/vllm-tier}
 mkdir -p "$(dirname "$KEEP")"

@@ -13,8 +13,8 @@ during that arm's live runs against the calibration's (``loop_ms`` in ``fidelity
 ``host_cpu``: :mod:`sessionroute.experiments.live.hostspeed`): how much of the error the
 host's own speed drift explains. ``--pace`` scales them by the servers' decode pace measured
 around the arm's runs against the calibration's (``decode_pace``). Diagnoses, not a
-calibration: ``compare`` does neither (docs/simulator.md, "Servers and cores": both moved some
-errors down and others up).
+calibration: ``compare`` does neither (docs/simulator.md, "Servers and cores" and "Measured on
+the CPU tier": both moved some errors down and others up).
 
 Usage:
     PYTHONPATH=src python scripts/fidelity_resim.py OUT FILE [--path-delay line|curve|profile]
@@ -40,11 +40,13 @@ from typing import Any
 import tomli_w
 
 from sessionroute.calibrate.path import curve_from_bins
+from sessionroute.errors import ConfigError
 from sessionroute.experiments.fidelity import METRICS
 from sessionroute.experiments.live.fidelity_run import fidelity_sim_spec, simulate_draw
 from sessionroute.experiments.live_engine import EngineSettings
 from sessionroute.experiments.runner import run_experiment
 from sessionroute.experiments.spec import load_experiment
+from sessionroute.replica.profiles import load_profile_file
 
 
 def _profile(path: Path, how: str, work: Path) -> Path:
@@ -74,22 +76,32 @@ _STEP_TERMS = ("b0_s", "b_tok_s", "b_seq_s", "b_req_s", "b_kv_s", "b_pa_s")
 
 
 def _scaled(path: Path, factor: float, work: Path, name: str) -> Path:
-    """A copy of the profile file at ``path`` with its step terms times ``factor``."""
-    doc = tomllib.loads(path.read_text())
-    table = doc["profiles"][next(iter(doc["profiles"]))]
+    """A copy of the profile file at ``path`` with its profile's step terms (its own, or its
+    ``base``'s) set to the resolved values times ``factor``.
+
+    Raises:
+        SystemExit: not a TOML profile file with a ``[profiles.NAME]`` table.
+    """
+    try:
+        resolved = load_profile_file(path).profile
+        doc = tomllib.loads(path.read_text())
+        table = doc["profiles"][resolved.name]
+    except (ConfigError, KeyError, tomllib.TOMLDecodeError) as e:
+        raise SystemExit(f"{path}: not a profile file with a [profiles.NAME] table ({e})") from e
     for term in _STEP_TERMS:
-        if term in table:
-            table[term] = float(table[term]) * factor
+        table[term] = float(getattr(resolved, term)) * factor
     out = work / f"profile-{name}.toml"
     out.write_text(tomli_w.dumps(doc))
     return out
 
 
 def speed_factors(fid: dict[str, Any]) -> dict[str, float]:
-    """Each arm's mean ``loop_ms`` over its live runs over the calibration's (arms without a
-    measurement left out); empty where the calibration's speed was not measured."""
+    """Each arm's mean ``loop_ms`` over its live runs over the calibration's (measured in this
+    run, or kept in the profile's ``[calibration]`` as ``host_loop_ms``; arms without a
+    measurement left out); empty where the calibration's speed is not known."""
     cond = fid["conditions"]
     cal = ((cond.get("host_cpu") or {}).get("calibration") or {}).get("loop_ms")
+    cal = cal or (cond.get("calibration") or {}).get("host_loop_ms")  # --profile: its own
     if not cal:
         return {}
     per_arm: dict[str, list[float]] = {}
@@ -114,11 +126,11 @@ def pace_factors(fid: dict[str, Any]) -> dict[str, float]:
     return {arm: statistics.fmean(v) / float(cal) for arm, v in per_arm.items() if v}
 
 
-def _get(metrics: dict[str, Any], path: tuple[str, ...]) -> float:
+def _get(metrics: dict[str, Any], path: tuple[str, ...]) -> float | None:
     value: Any = metrics
     for key in path:
-        value = value[key]
-    return float(value)
+        value = (value or {}).get(key)
+    return None if value is None else float(value)
 
 
 def main() -> int:
@@ -132,14 +144,15 @@ def main() -> int:
         help="the path delay as the fitted line, as the curve of the probe's bins (refitted "
         "from [calibration.path]), or as the profile file has it (default)",
     )
-    parser.add_argument(
+    scale = parser.add_mutually_exclusive_group()
+    scale.add_argument(
         "--host-speed",
         action="store_true",
         help="scale each arm's step terms by the host's speed during its live runs against "
         "the calibration's (needs loop_ms in fidelity.json: compare --fidelity since "
         "2026-12-07)",
     )
-    parser.add_argument(
+    scale.add_argument(
         "--pace",
         action="store_true",
         help="scale each arm's step terms by the servers' decode pace measured around its live "
@@ -163,8 +176,6 @@ def main() -> int:
         print(f"{source}: the profile fidelity.json names is not there (relative to where "
               "compare ran?)", file=sys.stderr)  # fmt: skip
         return 2
-    if args.host_speed and args.pace:
-        parser.error("--host-speed and --pace are two readings of one drift: choose one")
     factors = speed_factors(fid) if args.host_speed else pace_factors(fid) if args.pace else {}
     if args.host_speed and not factors:
         print(f"{fid_path}: no host speed measured (loop_ms)", file=sys.stderr)
@@ -195,12 +206,20 @@ def main() -> int:
         for m in METRICS:
             if m.key not in live:
                 continue
-            got = [_get(r.metrics, tuple(m.path.split("."))) for r in arm.runs]
-            s, lv = statistics.fmean(got), statistics.fmean(live[m.key]["live"])
+            got = [
+                g for r in arm.runs if (g := _get(r.metrics, tuple(m.path.split(".")))) is not None
+            ]
+            lives = [float(v) for v in live[m.key].get("live") or [] if v is not None]
+            if not got or not lives:
+                continue
+            s, lv = statistics.fmean(got), statistics.fmean(lives)
             if m.error == "pp":
                 error = f"{100 * (s - lv):+6.1f} pp"
             elif m.error == "count":
-                error = f"live {live[m.key]['live']}"
+                sides = (lv > 0, s > 0)
+                error = {(True, True): "both", (False, False): "neither"}.get(
+                    sides, "live only" if sides[0] else "simulated only"
+                )
             else:
                 error = f"{100 * (s - lv) / lv:+6.1f} %" if lv else "-"
             print(f"  {arm.name:32s} {m.label:12s} live {lv:10.4g} sim {s:10.4g} error {error}")

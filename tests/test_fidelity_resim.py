@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import importlib.util
-import tomllib
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
+
+from sessionroute.replica.profiles import load_profile_file
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "fidelity_resim.py"
 
@@ -27,7 +29,7 @@ def test_each_arm_is_scaled_by_its_runs_mean_speed_over_the_calibrations() -> No
         {"arm": "b", "host_cpu": {"loop_ms": 1.0}},
         {"arm": "c", "host_cpu": None},  # not measured: left out (scaled by 1)
     ]
-    fid = {
+    fid: dict[str, Any] = {
         "conditions": {
             "host_cpu": {"calibration": {"loop_ms": 2.0}},
             "decode_pace": {"runs": runs},
@@ -39,17 +41,24 @@ def test_each_arm_is_scaled_by_its_runs_mean_speed_over_the_calibrations() -> No
     assert _script().speed_factors(fid) == {}
 
 
-def test_a_scaled_profile_multiplies_every_step_term_and_nothing_else(tmp_path: Path) -> None:
+def test_a_scaled_profile_multiplies_every_step_term_its_own_or_its_bases(
+    tmp_path: Path,
+) -> None:
     src = tmp_path / "p.toml"
     src.write_text(
-        "[profiles.x]\nb0_s = 0.001\nb_tok_s = 2e-5\nb_req_s = 0.01\nmax_num_seqs = 16\n"
-        "path_delay_s = 0.02\n"
+        '[profiles.x]\nbase = "toy-8b-h100-tp1"\nb0_s = 0.001\nb_req_s = 0.01\n'
+        "max_num_seqs = 16\npath_delay_s = 0.02\n"
     )
+    base = load_profile_file(src).profile
     out = _script()._scaled(src, 1.5, tmp_path, "arm")
-    table = tomllib.loads(out.read_text())["profiles"]["x"]
-    assert table["b0_s"] == pytest.approx(0.0015) and table["b_req_s"] == pytest.approx(0.015)
-    assert table["b_tok_s"] == pytest.approx(3e-5)
-    assert table["max_num_seqs"] == 16 and table["path_delay_s"] == pytest.approx(0.02)
+    got = load_profile_file(out).profile
+    assert got.b0_s == pytest.approx(0.0015) and got.b_req_s == pytest.approx(0.015)
+    assert got.b_tok_s == pytest.approx(1.5 * base.b_tok_s) and base.b_tok_s > 0  # the base's
+    assert got.max_num_seqs == 16 and got.path_delay_s == pytest.approx(0.02)
+    flat = tmp_path / "flat.toml"
+    flat.write_text("b0_s = 0.001\n")
+    with pytest.raises(SystemExit, match="not a profile file"):
+        _script()._scaled(flat, 1.5, tmp_path, "arm")
 
 
 def test_each_arm_is_scaled_by_its_measured_decode_pace_over_the_calibrations() -> None:
@@ -58,7 +67,7 @@ def test_each_arm_is_scaled_by_its_measured_decode_pace_over_the_calibrations() 
         {"arm": "a", "before_s": [0.003], "after_s": [0.003]},
         {"arm": "b", "before_s": [], "after_s": []},  # the servers did not answer
     ]
-    fid = {"conditions": {"decode_pace": {"calibration_s": 0.002, "runs": runs}}}
+    fid: dict[str, Any] = {"conditions": {"decode_pace": {"calibration_s": 0.002, "runs": runs}}}
     assert _script().pace_factors(fid) == {"a": pytest.approx(1.5)}
     fid["conditions"]["decode_pace"]["calibration_s"] = None
     assert _script().pace_factors(fid) == {}

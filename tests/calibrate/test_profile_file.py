@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -66,6 +67,12 @@ def test_written_profile_reads_back_equal(tmp_path: Path) -> None:
     assert pf.calibration["servers"][0]["num_gpu_blocks"] == 1024
     # also an ordinary profiles file
     assert load_profiles(path)["calibrated-m"] == result.profile
+    assert "host_loop_ms" not in pf.calibration  # not measured: not written
+    # the host's speed while calibrating, where compare --fidelity measured it, is kept
+    timed = dataclasses.replace(result, host_loop_ms=1.33)
+    assert load_profile_file(write_profile(timed, tmp_path / "t.toml")).calibration[
+        "host_loop_ms"
+    ] == pytest.approx(1.33)
 
 
 def test_replicas_profile_path_takes_the_servers_settings(tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sessionroute.calibrate.probe import PhaseRun, RequestRecord, Round
+from sessionroute.calibrate.probe import DECODE_HISTOGRAM, PhaseRun, RequestRecord, Round
 
 __all__ = ["TERMS", "FitResult", "PhaseFit", "Row", "TermFit", "fit_rows", "phase_row"]
 
@@ -38,7 +38,7 @@ _SOURCE = {
 _SERVER_SIDE = {
     "prefill": "vllm:time_to_first_token_seconds",
     "cached": "vllm:time_to_first_token_seconds",
-    "decode": "vllm:request_decode_time_seconds",
+    "decode": DECODE_HISTOGRAM,
 }
 """The server's own histogram of what a phase measures at the client (shown beside it: the
 difference is HTTP and the frontend's work)."""

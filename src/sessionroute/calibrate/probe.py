@@ -29,6 +29,7 @@ from sessionroute.calibrate.server import (
 )
 
 __all__ = [
+    "DECODE_HISTOGRAM",
     "LAG_RATIO",
     "PhaseRun",
     "ProbeClient",
@@ -86,6 +87,9 @@ class RequestRecord:
     decode_s: float | None
 
 
+DECODE_HISTOGRAM = "vllm:request_decode_time_seconds"
+"""vLLM's own histogram of a request's first-to-last-token time."""
+
 LAG_RATIO = 0.5
 """A streamed round whose tokens the client saw in under this share of vLLM's own decode time
 is lagged (:attr:`Round.lagged`)."""
@@ -118,17 +122,17 @@ class Round:
         (``vllm:request_decode_time_seconds``): it got the stream late and in bursts (a client
         or a server frontend short of CPU), so its first-to-last-token times are not step
         times."""
-        server = self.means.get("vllm:request_decode_time_seconds")
+        server = self.means.get(DECODE_HISTOGRAM)
         if not server or not self.records:
             return False
         return statistics.fmean(r.decode_s or 0.0 for r in self.records) < LAG_RATIO * server
 
-    def decode_s(self) -> float | None:
+    def mean_decode_s(self) -> float | None:
         """Mean first-to-last-token time of the round's requests, seconds: at the client, or
         vLLM's own (``vllm:request_decode_time_seconds``) where the round is :attr:`lagged`
         or was not streamed; None when neither is known."""
         if self.lagged or any(r.decode_s is None for r in self.records) or not self.records:
-            return self.means.get("vllm:request_decode_time_seconds")
+            return self.means.get(DECODE_HISTOGRAM)
         return statistics.fmean(r.decode_s or 0.0 for r in self.records)
 
 

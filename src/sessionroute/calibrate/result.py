@@ -67,6 +67,9 @@ class CalibrationResult:
             server was).
         path: the request path's delay as the arms' path measured it (``compare
             --fidelity``, :meth:`with_path`), or None (then the profile has none).
+        host_loop_ms: the host's speed while calibrating, where ``compare --fidelity``
+            measured it (:mod:`sessionroute.experiments.live.hostspeed`: a fixed loop's median
+            CPU milliseconds; a later run on the profile compares its own with it), or None.
     """
 
     profile: StepTimeProfile
@@ -79,6 +82,7 @@ class CalibrationResult:
     wall_s: float
     probe: str = "first"
     path: PathFit | None = None
+    host_loop_ms: float | None = None
 
     def with_path(self, path: PathFit) -> CalibrationResult:
         """This result with the path delay ``path`` in its profile (``path_delay_s``,
@@ -102,6 +106,7 @@ class CalibrationResult:
             "wall_s": round(self.wall_s, 1),
             "tool": "sessionroute calibrate",
             "probe": self.probe,
+            **({"host_loop_ms": self.host_loop_ms} if self.host_loop_ms is not None else {}),
             "model_terms": "t_step = b0 + b_tok*N + b_seq*D + b_req*R + b_kv*C + b_pa*A "
             "(T_mem not fitted: w_dense_bytes = 0)",
             "servers": [

@@ -90,7 +90,7 @@ def test_compare_fidelity_against_emulated_servers(tmp_path: Path) -> None:
     assert all(run["host_cpu"]["servers"] > 0 for run in runs), runs
     assert c["host_cpu"]["cores"] >= 1 and c["host_cpu"]["path_probe"]["servers"] > 0
     assert c["host_cpu"]["calibration"] is None  # --profile: not calibrated here
-    assert c["servers_started_here"] == 0 and c["host_cores"] >= 1  # emulators: no note
+    assert c["command_servers_started_here"] == 0 and c["cores_for_servers"] >= 1  # emulators
     assert "servers share this host's" not in r.stderr
     assert "host CPU, cores busy of" in r.stderr
     # and how fast the host's cores ran meanwhile (a fixed loop's CPU time, sampled throughout)
@@ -108,6 +108,23 @@ def test_compare_fidelity_against_emulated_servers(tmp_path: Path) -> None:
     )
     sim = float(line.split(" sim ")[1].split()[0])
     assert sim == pytest.approx(doc["arms"]["sticky_least_loaded"]["ttft_p50"]["sim"], rel=1e-3)
+    # one simulation per arm (--host-speed's path) with every factor 1: the same TTFT p50
+    measured = json.loads((out / "fidelity.json").read_text("utf-8"))
+    measured["conditions"]["calibration"]["host_loop_ms"] = 2.0  # as a calibrated profile keeps
+    for run in measured["conditions"]["decode_pace"]["runs"]:
+        run["host_cpu"]["loop_ms"] = 2.0
+    (tmp_path / "measured").mkdir()
+    (tmp_path / "measured" / "fidelity.json").write_text(json.dumps(measured), "utf-8")
+    per_arm = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "measured"), str(exp), "--host-speed"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert per_arm.returncode == 0, per_arm.stderr[-3000:]
+    assert "step terms x host speed: sticky_least_loaded 1.00, round_robin 1.00" in per_arm.stdout
+    line = next(
+        ln for ln in per_arm.stdout.splitlines() if "sticky_least_loaded" in ln and "TTFT" in ln
+    )
+    assert float(line.split(" sim ")[1].split()[0]) == pytest.approx(sim, rel=1e-9)
     # --host-speed needs the calibration's speed, which --profile did not measure
     scaled = subprocess.run(
         [sys.executable, str(script), str(out), str(exp), "--host-speed"],

@@ -14,6 +14,7 @@ Output directory::
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 from collections.abc import Callable, Mapping
@@ -273,6 +274,7 @@ def run_fidelity(
         if runner.fleet.cpu_note:
             say(runner.fleet.cpu_note)
         meter = HostCpu(runner.fleet.server_pids, speed)
+        # servers whose speed is the host's cores (emulators sleep out their steps)
         started = len(runner.fleet.server_pids) if live_spec.live.replicas == "command" else 0
         crowded = crowding_note(started, host_cpus())
         if crowded:
@@ -288,7 +290,10 @@ def run_fidelity(
                 max_num_batched_tokens=fallback["max_num_batched_tokens"],
                 progress=_calibration_progress(say),
             )
-            cpu.append(("calibration", meter.between(start, meter.sample())))
+            busy = meter.between(start, meter.sample())
+            cpu.append(("calibration", busy))
+            if busy is not None and "loop_ms" in busy:
+                result = dataclasses.replace(result, host_loop_ms=busy["loop_ms"])
             profile_path = write_profile(result, out_dir / "profile.toml")
             say(f"calibrated in {result.wall_s:.0f} s: {describe_terms(result.fit.terms)}")
             calibration = {
@@ -314,8 +319,8 @@ def run_fidelity(
             **calibration,
             "profile": str(profile_path),
             "replica_cpus": runner.fleet.replica_cpus,
-            "servers_started_here": started,
-            "host_cores": host_cpus(),
+            "command_servers_started_here": started,
+            "cores_for_servers": host_cpus(),
             "profile_name": pf.profile.name,
             "calibrated": any(k != "path" for k in pf.calibration),  # step terms fitted
             "calibration": pf.calibration,
@@ -332,6 +337,9 @@ def run_fidelity(
         cpu += [(r["arm"], r["host_cpu"]) for r in paced.records]
         if any(d is not None for _, d in cpu):
             say(describe_cpu(meter.cores, cpu))
+        calibrated_speed = pf.calibration.get("host_loop_ms")
+        if profile is not None and calibrated_speed is not None:
+            say(f"host speed when {profile_path} was calibrated: {calibrated_speed:.1f} ms")
         calibration["decode_pace"] = {"calibration_s": pace_cal, "runs": paced.records}
     sim_spec = fidelity_sim_spec(spec, str(profile_path), engine, urls)
     # the servers are stopped by now: the simulated runs may take every core

@@ -1,10 +1,11 @@
 """How fast this host's cores run right now: the CPU time of a fixed loop, sampled throughout.
 
 A CPU test-bed's step times are its cores' speed, and a virtual machine's cores do not keep
-one speed: on the 2-core development machine (2026-12-07) the same 200,000-iteration Python
-loop took 12.5 to 25.4 ms of its own thread's CPU time, idle, from one second to the next (a
-core shared with work outside the machine: another tenant on its hyperthread sibling, or a
-host quota; nothing inside the machine shows it, not even ``/proc/stat``'s steal). A profile
+one speed: on the 2-core development machine (2026-12-07) :func:`loop_ms` took 1.3 or 2.3 ms
+of its own thread's CPU time, idle, from one second to the next, and 1.3 to 2.9 ms from one
+run to the next (a core shared with work outside the machine: another tenant on its
+hyperthread sibling, or a host quota; nothing inside the machine shows it, not even
+``/proc/stat``'s steal). A profile
 calibrated minutes before an arm runs is then off by however much the speed moved between
 the two, whatever the model.
 
@@ -12,7 +13,7 @@ the two, whatever the model.
 loop every :data:`INTERVAL_S` by its thread's CPU clock (``time.thread_time``: time on a
 core, not time waiting for one, so the servers' own load does not count, only how fast a core
 runs while it has the loop) and :meth:`HostSpeed.median_ms` gives the median over any interval.
-About 1 % of a core. Linux's ``CLOCK_MONOTONIC`` is system-wide, so the child's timestamps
+Under 1 % of a core. Linux's ``CLOCK_MONOTONIC`` is system-wide, so the child's timestamps
 and the parent's ``time.monotonic()`` compare.
 
 Run as ``python -m sessionroute.experiments.live.hostspeed [INTERVAL_S]`` it prints one
@@ -21,6 +22,7 @@ Run as ``python -m sessionroute.experiments.live.hostspeed [INTERVAL_S]`` it pri
 
 from __future__ import annotations
 
+import os
 import statistics
 import subprocess
 import sys
@@ -31,7 +33,7 @@ from types import TracebackType
 __all__ = ["INTERVAL_S", "LOOP_ITERATIONS", "HostSpeed", "loop_ms"]
 
 LOOP_ITERATIONS = 50_000
-"""Iterations of the timed loop (3-6 ms of CPU on the development machine)."""
+"""Iterations of the timed loop (1.3-2.9 ms of CPU on the development machine)."""
 
 INTERVAL_S = 0.5
 """Seconds between two samples."""
@@ -62,7 +64,8 @@ class HostSpeed:
 
     def __enter__(self) -> HostSpeed:
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", __name__, str(self.interval_s)],
+            # -W ignore: the package's import-time warnings are the parent's to print
+            [sys.executable, "-W", "ignore", "-m", __name__, str(self.interval_s)],
             stdout=subprocess.PIPE,
             stdin=subprocess.DEVNULL,
             text=True,
@@ -92,6 +95,8 @@ class HostSpeed:
                 self._proc.wait()
         if self._reader is not None:
             self._reader.join(timeout=5)
+        if self._proc is not None and self._proc.stdout is not None:
+            self._proc.stdout.close()
 
     def median_ms(self, start_s: float, end_s: float) -> float | None:
         """Median :func:`loop_ms` of the samples taken between two ``time.monotonic()``
@@ -107,8 +112,10 @@ def _main(argv: list[str]) -> None:
             ms = loop_ms()
             print(f"{time.monotonic():.4f} {ms:.3f}", flush=True)
             time.sleep(interval)
-    except (KeyboardInterrupt, BrokenPipeError):
+    except KeyboardInterrupt:
         pass
+    except BrokenPipeError:  # the parent is gone: nothing left to flush to
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115
 
 
 if __name__ == "__main__":

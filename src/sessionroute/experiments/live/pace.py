@@ -40,7 +40,7 @@ async def _pace(servers: Sequence[ServerInfo], tokens: int) -> list[float]:
     paces = []
     for rnd in rounds:
         made = max(1, rnd.records[0].output_tokens - 1) if rnd.records else 1
-        paces.append((rnd.decode_s() or 0.0) / made)
+        paces.append((rnd.mean_decode_s() or 0.0) / made)
     return paces
 
 
@@ -49,7 +49,8 @@ def decode_pace(servers: Sequence[ServerInfo], tokens: int = PACE_TOKENS) -> lis
     last token at the client, or vLLM's own decode time where the client got the tokens in a
     burst (:attr:`~sessionroute.calibrate.probe.Round.lagged`, as the calibration decides it:
     on a host short of CPU the server's frontend can hold the whole reply back and send it at
-    once, which timed at the client reads as 0 ms per token); 0.0 where neither is known.
+    once, which timed at the client reads as 0 ms per token); 0.0 where neither is known
+    (:meth:`PacedRunner.describe` leaves those out).
 
     Raises:
         CalibrationError: a server did not answer.
@@ -112,7 +113,8 @@ class PacedRunner:
         """One line: the calibration's pace and the mean over the servers around each run."""
 
         def ms(values: Sequence[float]) -> str:
-            return f"{1e3 * statistics.fmean(values):.1f}" if values else "-"
+            known = [v for v in values if v > 0]  # 0.0: not measured (decode_pace)
+            return f"{1e3 * statistics.fmean(known):.1f}" if known else "-"
 
         runs = "; ".join(f"{r['arm']} {ms(r['before_s'])}/{ms(r['after_s'])}" for r in self.records)
         cal = f"{1e3 * calibrated_s:.1f}" if calibrated_s is not None else "-"
