@@ -178,7 +178,11 @@ def main() -> int:
         return 2
     factors = speed_factors(fid) if args.host_speed else pace_factors(fid) if args.pace else {}
     if args.host_speed and not factors:
-        print(f"{fid_path}: no host speed measured (loop_ms)", file=sys.stderr)
+        print(
+            f"{fid_path}: the calibration's host speed is not known (no loop_ms in "
+            "host_cpu, no host_loop_ms in the profile's [calibration])",
+            file=sys.stderr,
+        )
         return 2
     if args.pace and not factors:
         print(f"{fid_path}: no decode pace measured", file=sys.stderr)

@@ -130,7 +130,7 @@ def test_compare_fidelity_against_emulated_servers(tmp_path: Path) -> None:
         [sys.executable, str(script), str(out), str(exp), "--host-speed"],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
-    assert scaled.returncode == 2 and "no host speed measured" in scaled.stderr
+    assert scaled.returncode == 2 and "host speed is not known" in scaled.stderr
 
 
 def test_fidelity_refuses_in_process_emulators(tmp_path: Path) -> None:
