@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sessionroute.replica.profiles import interpolate
+from sessionroute.replica.profiles import path_delay_at
 
 __all__ = ["PathFit", "PathSample", "curve_from_bins", "fit_path_delay", "isotonic"]
 
@@ -86,9 +86,7 @@ class PathFit:
 
     def delay_s(self, in_flight: int) -> float:
         """The fitted delay with ``in_flight`` other requests in flight, seconds."""
-        if self.curve:
-            return interpolate(self.curve, in_flight)
-        return self.d0_s + self.d1_s * in_flight
+        return path_delay_at(self.curve, self.d0_s, self.d1_s, in_flight)
 
     def table(self) -> dict[str, Any]:
         """The ``[calibration.path]`` table of a profile file."""

@@ -97,9 +97,9 @@ class StepTimeProfile:
     def path_delay(self, in_flight: int) -> float:
         """The path delay of a request sent with ``in_flight`` other requests in flight,
         seconds: the curve interpolated where there is one, else the line."""
-        if self.path_delay_curve:
-            return interpolate(self.path_delay_curve, in_flight)
-        return self.path_delay_s + self.path_delay_per_request_s * in_flight
+        return path_delay_at(
+            self.path_delay_curve, self.path_delay_s, self.path_delay_per_request_s, in_flight
+        )
 
     def t_mem(self, num_tokens: int) -> float:
         """Weight-read time ``T_mem(N)`` in seconds for ``num_tokens`` tokens in the step."""
@@ -189,6 +189,18 @@ def interpolate(curve: tuple[tuple[float, float], ...], x: float) -> float:
             x0, y0 = curve[i - 1]
             return y0 + (y1 - y0) * (x - x0) / (x1 - x0) if x1 > x0 else y1
     return curve[-1][1]
+
+
+def path_delay_at(
+    curve: tuple[tuple[float, float], ...], d0_s: float, d1_s: float, in_flight: float
+) -> float:
+    """The request path's delay with ``in_flight`` other requests in flight, seconds:
+    ``curve`` interpolated (:func:`interpolate`) where it has points, else ``d0_s + d1_s *
+    in_flight`` (the one rule of a profile's and a path fit's delay:
+    :meth:`StepTimeProfile.path_delay`, ``sessionroute.calibrate.path.PathFit.delay_s``)."""
+    if curve:
+        return interpolate(curve, in_flight)
+    return d0_s + d1_s * in_flight
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(StepTimeProfile)}

@@ -21,15 +21,17 @@ def test_the_loop_costs_cpu_time_in_proportion_to_its_iterations() -> None:
     assert 4 < long / short < 20, (short, long)
 
 
-def test_the_child_samples_until_stopped_and_a_window_takes_the_median_of_its_own() -> None:
-    with HostSpeed(interval_s=0.05) as speed:
+def test_the_child_samples_until_stopped_and_a_window_takes_the_median_of_its_own(
+    tmp_path: Path,
+) -> None:
+    with HostSpeed(tmp_path / "speed.txt", interval_s=0.05) as speed:
         t0 = time.monotonic()
         deadline = t0 + 20
         while len(speed.samples) < 6 and time.monotonic() < deadline:
             time.sleep(0.05)
         t1 = time.monotonic()
         proc = speed._proc
-    assert proc is not None and proc.poll() is not None  # stopped on exit
+    assert proc is not None and proc.exited() is not None  # stopped on exit
     inside = [ms for t, ms in speed.samples if t0 <= t <= t1]
     assert len(inside) >= 5, speed.samples
     assert speed.median_ms(t0, t1) == round(statistics.median(inside), 2)
@@ -39,8 +41,8 @@ def test_the_child_samples_until_stopped_and_a_window_takes_the_median_of_its_ow
     assert len(speed.samples) == count  # nothing after the stop
 
 
-def test_the_host_cpu_meter_adds_the_speed_of_each_interval_and_says_it() -> None:
-    with HostSpeed(interval_s=0.05) as speed:
+def test_the_host_cpu_meter_adds_the_speed_of_each_interval_and_says_it(tmp_path: Path) -> None:
+    with HostSpeed(tmp_path / "speed.txt", interval_s=0.05) as speed:
         meter = HostCpu([], speed)
         start = meter.sample()
         deadline = time.monotonic() + 20

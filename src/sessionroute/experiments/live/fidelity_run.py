@@ -9,6 +9,8 @@ Output directory::
     OUT/fidelity.json                    the comparison
     OUT/turns.json                       every live run's answered turns (send time, replica,
                                          lengths, block keys, cached tokens, TTFT), per arm
+    OUT/host_speed.txt                   the host's speed sampled throughout (monotonic s,
+                                         loop ms: experiments/live/hostspeed.py)
 """
 
 from __future__ import annotations
@@ -266,7 +268,7 @@ def run_fidelity(
         "max_num_batched_tokens": rcfg.batched_tokens if emulated else None,
     }
     calibration: dict[str, Any] = {}
-    with LiveArmRunner(live_spec) as runner, HostSpeed() as speed:
+    with LiveArmRunner(live_spec) as runner, HostSpeed(out_dir / "host_speed.txt") as speed:
         urls = list(runner.fleet.urls)
         servers = _read_servers(urls, live_spec.live, fallback)
         engine = engine_from_servers(servers)
@@ -276,7 +278,8 @@ def run_fidelity(
         meter = HostCpu(runner.fleet.server_pids, speed)
         # servers whose speed is the host's cores (emulators sleep out their steps)
         started = len(runner.fleet.server_pids) if live_spec.live.replicas == "command" else 0
-        crowded = crowding_note(started, host_cpus())
+        cores = host_cpus()
+        crowded = crowding_note(started, cores)
         if crowded:
             say(crowded)
         cpu: list[tuple[str, BusyCores | None]] = []
@@ -320,7 +323,7 @@ def run_fidelity(
             "profile": str(profile_path),
             "replica_cpus": runner.fleet.replica_cpus,
             "command_servers_started_here": started,
-            "cores_for_servers": host_cpus(),
+            "cores_for_servers": cores,
             "profile_name": pf.profile.name,
             "calibrated": any(k != "path" for k in pf.calibration),  # step terms fitted
             "calibration": pf.calibration,

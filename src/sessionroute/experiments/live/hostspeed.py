@@ -10,11 +10,11 @@ calibrated minutes before an arm runs is then off by however much the speed move
 the two, whatever the model.
 
 :class:`HostSpeed` runs a child process that times :data:`LOOP_ITERATIONS` iterations of a
-loop every :data:`INTERVAL_S` by its thread's CPU clock (``time.thread_time``: time on a
-core, not time waiting for one, so the servers' own load does not count, only how fast a core
-runs while it has the loop) and :meth:`HostSpeed.median_ms` gives the median over any interval.
-Under 1 % of a core. Linux's ``CLOCK_MONOTONIC`` is system-wide, so the child's timestamps
-and the parent's ``time.monotonic()`` compare.
+loop every :data:`INTERVAL_S` by its thread's CPU clock (``time.thread_time``: time on a core,
+not time waiting for one, so the servers' own load does not count, only how fast a core runs
+while it has the loop) and writes each sample to a file; :meth:`HostSpeed.median_ms` gives the
+median over any interval. Under 1 % of a core. Linux's ``CLOCK_MONOTONIC`` is system-wide, so
+the child's timestamps and the parent's ``time.monotonic()`` compare.
 
 Run as ``python -m sessionroute.experiments.live.hostspeed [INTERVAL_S]`` it prints one
 ``monotonic_s loop_ms`` line per sample until stopped.
@@ -24,11 +24,12 @@ from __future__ import annotations
 
 import os
 import statistics
-import subprocess
 import sys
-import threading
 import time
+from pathlib import Path
 from types import TracebackType
+
+from sessionroute.experiments.live.procs import StartedProcess
 
 __all__ = ["INTERVAL_S", "LOOP_ITERATIONS", "HostSpeed", "loop_ms"]
 
@@ -49,36 +50,26 @@ def loop_ms(iterations: int = LOOP_ITERATIONS) -> float:
 
 
 class HostSpeed:
-    """A child process sampling :func:`loop_ms` every ``interval_s`` (a context manager: the
-    child is started on entry and stopped, by its PID, on exit).
-
-    Attributes:
-        samples: ``(monotonic_s, loop_ms)`` pairs, in order.
+    """A child process sampling :func:`loop_ms` every ``interval_s`` into ``path``, one
+    ``monotonic_s loop_ms`` line each (a context manager: the child is started on entry and
+    stopped, by its process group, on exit:
+    :class:`~sessionroute.experiments.live.procs.StartedProcess`).
     """
 
-    def __init__(self, interval_s: float = INTERVAL_S) -> None:
+    def __init__(self, path: Path, interval_s: float = INTERVAL_S) -> None:
+        self.path = path
         self.interval_s = interval_s
-        self.samples: list[tuple[float, float]] = []
-        self._proc: subprocess.Popen[str] | None = None
-        self._reader: threading.Thread | None = None
+        self._proc: StartedProcess | None = None
 
     def __enter__(self) -> HostSpeed:
-        self._proc = subprocess.Popen(
+        self._proc = StartedProcess(
+            "host speed",
             # -W ignore: the package's import-time warnings are the parent's to print
             [sys.executable, "-W", "ignore", "-m", __name__, str(self.interval_s)],
-            stdout=subprocess.PIPE,
-            stdin=subprocess.DEVNULL,
-            text=True,
+            os.environ,
+            self.path,
         )
-        self._reader = threading.Thread(target=self._read, name="host-speed", daemon=True)
-        self._reader.start()
         return self
-
-    def _read(self) -> None:
-        assert self._proc is not None and self._proc.stdout is not None
-        for line in self._proc.stdout:
-            t, ms = line.split()
-            self.samples.append((float(t), float(ms)))
 
     def __exit__(
         self,
@@ -87,21 +78,30 @@ class HostSpeed:
         tb: TracebackType | None,
     ) -> None:
         if self._proc is not None:
-            self._proc.terminate()
-            try:
-                self._proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
-        if self._reader is not None:
-            self._reader.join(timeout=5)
-        if self._proc is not None and self._proc.stdout is not None:
-            self._proc.stdout.close()
+            self._proc.stop(grace_s=5.0)
+
+    @property
+    def samples(self) -> list[tuple[float, float]]:
+        """``(monotonic_s, loop_ms)`` pairs written so far, in order (a line still being
+        written is left out)."""
+        try:
+            text = self.path.read_text()
+        except OSError:
+            return []
+        out = []
+        for line in text.splitlines():
+            parts = line.split()
+            if len(parts) == 2:
+                try:
+                    out.append((float(parts[0]), float(parts[1])))
+                except ValueError:
+                    continue
+        return out
 
     def median_ms(self, start_s: float, end_s: float) -> float | None:
         """Median :func:`loop_ms` of the samples taken between two ``time.monotonic()``
         readings, or None where none was."""
-        got = [ms for t, ms in list(self.samples) if start_s <= t <= end_s]
+        got = [ms for t, ms in self.samples if start_s <= t <= end_s]
         return round(statistics.median(got), 2) if got else None
 
 
@@ -114,8 +114,6 @@ def _main(argv: list[str]) -> None:
             time.sleep(interval)
     except KeyboardInterrupt:
         pass
-    except BrokenPipeError:  # the parent is gone: nothing left to flush to
-        sys.stdout = open(os.devnull, "w")  # noqa: SIM115
 
 
 if __name__ == "__main__":
