@@ -12,13 +12,17 @@ points for the hit rate, relative otherwise).
 during that arm's live runs against the calibration's (``loop_ms`` in ``fidelity.json``'s
 ``host_cpu``: :mod:`sessionroute.experiments.live.hostspeed`): how much of the error the
 host's own speed drift explains. ``--pace`` scales them by the servers' decode pace measured
-around the arm's runs against the calibration's (``decode_pace``). Diagnoses, not a
-calibration: ``compare`` does neither (docs/simulator.md, "Servers and cores" and "Measured on
-the CPU tier": both moved some errors down and others up).
+around the arm's runs against the calibration's (``decode_pace``). ``--speed-noise CV``
+redraws every replica's step speed every ``--noise-period`` seconds (a ``slow`` fault with a
+log-normal factor of mean 1 and that coefficient of variation, ``--noise-schedules`` different
+draws, each simulated with the arm's own draws): whether a host whose pace moves from second to
+second, as the CPU tier's does, would explain a closed-loop error. Diagnoses, not a
+calibration: ``compare`` does none of them (docs/simulator.md, "Servers and cores" and
+"Measured on the CPU tier": each moved some errors down and others up).
 
 Usage:
     PYTHONPATH=src python scripts/fidelity_resim.py OUT FILE [--path-delay line|curve|profile]
-        [--host-speed | --pace]
+        [--host-speed | --pace] [--speed-noise CV [--noise-period S] [--noise-schedules K]]
 
 ``FILE`` is the experiment file the output came from (``${TINY_MODEL}`` and the like in its
 ``[live]`` section are read from the environment, as ``compare`` reads them). Used for
@@ -29,7 +33,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import random
 import statistics
 import sys
 import tempfile
@@ -47,6 +53,7 @@ from sessionroute.experiments.live_engine import EngineSettings
 from sessionroute.experiments.runner import run_experiment
 from sessionroute.experiments.spec import load_experiment
 from sessionroute.replica.profiles import load_profile_file
+from sessionroute.sim.spec import FaultSection
 
 
 def _profile(path: Path, how: str, work: Path) -> Path:
@@ -126,6 +133,28 @@ def pace_factors(fid: dict[str, Any]) -> dict[str, float]:
     return {arm: statistics.fmean(v) / float(cal) for arm, v in per_arm.items() if v}
 
 
+def speed_noise(
+    cv: float, period_s: float, replicas: int, seed: int, until_s: float = 3600.0
+) -> list[FaultSection]:
+    """``slow`` faults that redraw each replica's step speed every ``period_s`` seconds from 0
+    to ``until_s``: factors log-normal with mean 1 and coefficient of variation ``cv``, from
+    ``random.Random(seed)``.
+
+    Raises:
+        ValueError: ``cv`` < 0 or ``period_s`` <= 0.
+    """
+    if cv < 0 or period_s <= 0:
+        raise ValueError(f"speed noise needs cv >= 0 and a period > 0 (got {cv}, {period_s})")
+    sigma = math.sqrt(math.log1p(cv * cv))
+    rng = random.Random(seed)
+    faults = []
+    for k in range(int(until_s / period_s) + 1):
+        for i in range(replicas):
+            factor = math.exp(rng.gauss(-sigma * sigma / 2, sigma))
+            faults.append(FaultSection(at_s=k * period_s, replica=i, kind="slow", factor=factor))
+    return faults
+
+
 def _get(metrics: dict[str, Any], path: tuple[str, ...]) -> float | None:
     value: Any = metrics
     for key in path:
@@ -158,6 +187,24 @@ def main() -> int:
         help="scale each arm's step terms by the servers' decode pace measured around its live "
         "runs against the calibration's",
     )
+    parser.add_argument(
+        "--speed-noise",
+        type=float,
+        default=0.0,
+        metavar="CV",
+        help="redraw every replica's step speed every --noise-period seconds, log-normal with "
+        "mean 1 and this coefficient of variation (default 0: none)",
+    )
+    parser.add_argument(
+        "--noise-period", type=float, default=0.5, metavar="S", help="seconds (default 0.5)"
+    )
+    parser.add_argument(
+        "--noise-schedules",
+        type=int,
+        default=4,
+        metavar="K",
+        help="different noise draws per arm, each simulated as compare does (default 4)",
+    )
     args = parser.parse_args()
     fid_path = args.out / "fidelity.json"
     if not fid_path.is_file():
@@ -187,7 +234,18 @@ def main() -> int:
     if args.pace and not factors:
         print(f"{fid_path}: no decode pace measured", file=sys.stderr)
         return 2
-    results = []
+    if args.speed_noise < 0 or args.noise_period <= 0 or args.noise_schedules < 1:
+        parser.error("--speed-noise >= 0, --noise-period > 0 and --noise-schedules >= 1")
+    replicas = len(cond["worker_urls"])
+    schedules = (
+        [
+            speed_noise(args.speed_noise, args.noise_period, replicas, seed=k)
+            for k in range(args.noise_schedules)
+        ]
+        if args.speed_noise > 0
+        else [[]]
+    )
+    runs: dict[str, list[Any]] = {}
     with tempfile.TemporaryDirectory(prefix="fidelity-resim-") as work:
         profile = _profile(source, args.path_delay, Path(work))
         arms = [[a] for a in spec.arms] if factors else [spec.arms]
@@ -196,22 +254,29 @@ def main() -> int:
             if factors:
                 name = group[0].name or group[0].policy
                 use = _scaled(profile, factors.get(name, 1.0), Path(work), name)
-            one = spec.model_copy(update={"arms": group})
-            sim_spec = fidelity_sim_spec(one, str(use), engine, cond["worker_urls"])
-            results += run_experiment(sim_spec, simulate_draw, None, jobs=1).results
+            for noise in schedules:
+                one = spec.model_copy(update={"arms": group, "faults": [*spec.faults, *noise]})
+                sim_spec = fidelity_sim_spec(one, str(use), engine, cond["worker_urls"])
+                for arm in run_experiment(sim_spec, simulate_draw, None, jobs=1).results:
+                    runs.setdefault(arm.name, []).extend(arm.runs)
     how = f"path delay as {args.path_delay}"
     if factors:
         how += f"; step terms x {'host speed' if args.host_speed else 'decode pace'}: " + ", ".join(
             f"{a} {f:.2f}" for a, f in factors.items()
         )
+    if args.speed_noise > 0:
+        how += (
+            f"; step speed redrawn every {args.noise_period:g} s (cv {args.speed_noise:g}), "
+            f"{len(schedules)} draws"
+        )
     print(f"{args.out}: {how}")
-    for arm in results:
-        live = fid["arms"][arm.name]
+    for name, arm_runs in runs.items():
+        live = fid["arms"][name]
         for m in METRICS:
             if m.key not in live:
                 continue
             got = [
-                g for r in arm.runs if (g := _get(r.metrics, tuple(m.path.split(".")))) is not None
+                g for r in arm_runs if (g := _get(r.metrics, tuple(m.path.split(".")))) is not None
             ]
             lives = [float(v) for v in live[m.key].get("live") or [] if v is not None]
             if not got or not lives:
@@ -223,10 +288,10 @@ def main() -> int:
                 sides = (lv > 0, s > 0)
                 error = {(True, True): "both", (False, False): "neither"}.get(
                     sides, "live only" if sides[0] else "simulated only"
-                )
+                ) + f" (simulated > 0 in {sum(g > 0 for g in got)} of {len(got)} runs)"
             else:
                 error = f"{100 * (s - lv) / lv:+6.1f} %" if lv else "-"
-            print(f"  {arm.name:32s} {m.label:12s} live {lv:10.4g} sim {s:10.4g} error {error}")
+            print(f"  {name:32s} {m.label:12s} live {lv:10.4g} sim {s:10.4g} error {error}")
     return 0
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import statistics
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -71,3 +72,19 @@ def test_each_arm_is_scaled_by_its_measured_decode_pace_over_the_calibrations() 
     assert _script().pace_factors(fid) == {"a": pytest.approx(1.5)}
     fid["conditions"]["decode_pace"]["calibration_s"] = None
     assert _script().pace_factors(fid) == {}
+
+
+def test_speed_noise_redraws_every_replica_every_period_with_mean_one() -> None:
+    faults = _script().speed_noise(0.3, 0.5, 2, seed=1, until_s=2000.0)
+    assert len(faults) == 2 * 4001
+    assert {f.kind for f in faults} == {"slow"}
+    assert [(f.at_s, f.replica) for f in faults[:4]] == [(0.0, 0), (0.0, 1), (0.5, 0), (0.5, 1)]
+    factors = [f.factor for f in faults]
+    mean = statistics.fmean(factors)
+    assert mean == pytest.approx(1.0, abs=0.02)
+    assert statistics.pstdev(factors) / mean == pytest.approx(0.3, rel=0.1)
+    again = _script().speed_noise(0.3, 0.5, 2, seed=1, until_s=2000.0)
+    assert [f.factor for f in again] == factors  # seeded
+    assert {f.factor for f in _script().speed_noise(0.0, 1.0, 1, seed=0, until_s=5.0)} == {1.0}
+    with pytest.raises(ValueError, match="period > 0"):
+        _script().speed_noise(0.3, 0.0, 2, seed=0)
