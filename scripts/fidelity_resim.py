@@ -13,10 +13,11 @@ during that arm's live runs against the calibration's (``loop_ms`` in ``fidelity
 ``host_cpu``: :mod:`sessionroute.experiments.live.hostspeed`): how much of the error the
 host's own speed drift explains. ``--pace`` scales them by the servers' decode pace measured
 around the arm's runs against the calibration's (``decode_pace``). ``--speed-noise CV``
-redraws every replica's step speed every ``--noise-period`` seconds (a ``slow`` fault with a
-log-normal factor of mean 1 and that coefficient of variation, ``--noise-schedules`` different
-draws, each simulated with the arm's own draws): whether a host whose pace moves from second to
-second, as the CPU tier's does, would explain a closed-loop error. Diagnoses, not a
+redraws every replica's step speed every ``--noise-period`` seconds, log-normal with mean 1
+(steps per second; a ``slow`` fault whose step-time factor is its inverse) and that
+coefficient of variation, ``--noise-schedules`` different draws, each simulated with the arm's
+own placement draws: whether a host whose pace moves from second to second, as the CPU tier's
+does, would explain a closed-loop error. Diagnoses, not a
 calibration: ``compare`` does none of them (docs/simulator.md, "Servers and cores" and
 "Measured on the CPU tier": each moved some errors down and others up).
 
@@ -134,25 +135,59 @@ def pace_factors(fid: dict[str, Any]) -> dict[str, float]:
 
 
 def speed_noise(
-    cv: float, period_s: float, replicas: int, seed: int, until_s: float = 3600.0
+    cv: float, period_s: float, replicas: int, seed: int, until_s: float
 ) -> list[FaultSection]:
-    """``slow`` faults that redraw each replica's step speed every ``period_s`` seconds from 0
-    to ``until_s``: factors log-normal with mean 1 and coefficient of variation ``cv``, from
-    ``random.Random(seed)``.
+    """``slow`` faults that redraw each replica's speed every ``period_s`` seconds from 0 to
+    ``until_s``: speeds log-normal with mean 1 and coefficient of variation ``cv``, from
+    ``random.Random(seed)``; a fault's factor (step time) is the speed's inverse, so the steps
+    a busy replica makes per second average what the profile says.
 
     Raises:
-        ValueError: ``cv`` < 0 or ``period_s`` <= 0.
+        ValueError: ``cv`` not finite or < 0, ``period_s`` not > 0.
     """
-    if cv < 0 or period_s <= 0:
-        raise ValueError(f"speed noise needs cv >= 0 and a period > 0 (got {cv}, {period_s})")
+    if not (math.isfinite(cv) and cv >= 0 and period_s > 0):
+        raise ValueError(
+            f"speed noise needs a finite cv >= 0 and a period > 0 (got {cv}, {period_s})"
+        )
     sigma = math.sqrt(math.log1p(cv * cv))
     rng = random.Random(seed)
     faults = []
     for k in range(int(until_s / period_s) + 1):
         for i in range(replicas):
-            factor = math.exp(rng.gauss(-sigma * sigma / 2, sigma))
-            faults.append(FaultSection(at_s=k * period_s, replica=i, kind="slow", factor=factor))
+            speed = math.exp(rng.gauss(-sigma * sigma / 2, sigma))
+            faults.append(FaultSection(at_s=k * period_s, replica=i, kind="slow", factor=1 / speed))
     return faults
+
+
+def live_span_s(results: dict[str, Any]) -> float | None:
+    """The longest live run of a ``compare`` output's ``results.json`` (output tokens over
+    output tok/s, every arm and repeat), seconds; None where none says."""
+    spans = []
+    for arm in results.get("arms") or []:
+        for rep in arm.get("repeats") or []:
+            m = rep.get("metrics") or {}
+            tokens, rate = m.get("output_tokens"), m.get("output_tokens_per_s")
+            if tokens and rate:
+                spans.append(float(tokens) / float(rate))
+    return max(spans) if spans else None
+
+
+def _sides(live_mean: float, sim_means: list[float]) -> str:
+    """Preemptions on both sides or on neither, as ``compare`` decides it (each side's mean >
+    0), for every noise schedule's mean over its draws: one verdict, or how many schedules
+    gave each."""
+    verdicts = []
+    for s in sim_means:
+        sides = (live_mean > 0, s > 0)
+        verdicts.append(
+            {(True, True): "both", (False, False): "neither"}.get(
+                sides, "live only" if sides[0] else "simulated only"
+            )
+        )
+    if len(verdicts) == 1:
+        return verdicts[0]
+    counts = {v: verdicts.count(v) for v in dict.fromkeys(verdicts)}
+    return ", ".join(f"{v} in {n} of {len(verdicts)} noise draws" for v, n in counts.items())
 
 
 def _get(metrics: dict[str, Any], path: tuple[str, ...]) -> float | None:
@@ -196,16 +231,27 @@ def main() -> int:
         "mean 1 and this coefficient of variation (default 0: none)",
     )
     parser.add_argument(
-        "--noise-period", type=float, default=0.5, metavar="S", help="seconds (default 0.5)"
+        "--noise-period",
+        type=float,
+        metavar="S",
+        help="seconds between redraws (default 0.5; with --speed-noise)",
     )
     parser.add_argument(
         "--noise-schedules",
         type=int,
-        default=4,
         metavar="K",
-        help="different noise draws per arm, each simulated as compare does (default 4)",
+        help="different noise draws per arm, each simulated as compare does (default 4; with "
+        "--speed-noise)",
     )
     args = parser.parse_args()
+    if not (math.isfinite(args.speed_noise) and args.speed_noise >= 0):
+        parser.error("--speed-noise must be a finite coefficient of variation >= 0")
+    if not args.speed_noise and (args.noise_period is not None or args.noise_schedules is not None):
+        parser.error("--noise-period and --noise-schedules need --speed-noise")
+    period = 0.5 if args.noise_period is None else args.noise_period
+    draws = 4 if args.noise_schedules is None else args.noise_schedules
+    if period <= 0 or draws < 1:
+        parser.error("--noise-period must be > 0 and --noise-schedules >= 1")
     fid_path = args.out / "fidelity.json"
     if not fid_path.is_file():
         print(f"{fid_path}: not found (not a compare --fidelity output?)", file=sys.stderr)
@@ -234,18 +280,21 @@ def main() -> int:
     if args.pace and not factors:
         print(f"{fid_path}: no decode pace measured", file=sys.stderr)
         return 2
-    if args.speed_noise < 0 or args.noise_period <= 0 or args.noise_schedules < 1:
-        parser.error("--speed-noise >= 0, --noise-period > 0 and --noise-schedules >= 1")
-    replicas = len(cond["worker_urls"])
-    schedules = (
-        [
-            speed_noise(args.speed_noise, args.noise_period, replicas, seed=k)
-            for k in range(args.noise_schedules)
+    schedules: list[list[FaultSection]] = [[]]
+    if args.speed_noise > 0:
+        results_path = args.out / "results.json"
+        span = live_span_s(json.loads(results_path.read_text())) if results_path.is_file() else None
+        if span is None:
+            print(f"{results_path}: no live run's length to cover with noise", file=sys.stderr)
+            return 2
+        replicas = len(cond["worker_urls"])
+        until = 2 * span + 60  # the simulated runs' lengths differ from the live ones'
+        schedules = [
+            speed_noise(args.speed_noise, period, replicas, seed=k, until_s=until)
+            for k in range(draws)
         ]
-        if args.speed_noise > 0
-        else [[]]
-    )
-    runs: dict[str, list[Any]] = {}
+    # arm -> one list of simulated runs per noise schedule
+    runs: dict[str, list[list[Any]]] = {}
     with tempfile.TemporaryDirectory(prefix="fidelity-resim-") as work:
         profile = _profile(source, args.path_delay, Path(work))
         arms = [[a] for a in spec.arms] if factors else [spec.arms]
@@ -255,10 +304,11 @@ def main() -> int:
                 name = group[0].name or group[0].policy
                 use = _scaled(profile, factors.get(name, 1.0), Path(work), name)
             for noise in schedules:
+                # the noise's slow faults come after the file's own, and replace their factor
                 one = spec.model_copy(update={"arms": group, "faults": [*spec.faults, *noise]})
                 sim_spec = fidelity_sim_spec(one, str(use), engine, cond["worker_urls"])
                 for arm in run_experiment(sim_spec, simulate_draw, None, jobs=1).results:
-                    runs.setdefault(arm.name, []).extend(arm.runs)
+                    runs.setdefault(arm.name, []).append(list(arm.runs))
     how = f"path delay as {args.path_delay}"
     if factors:
         how += f"; step terms x {'host speed' if args.host_speed else 'decode pace'}: " + ", ".join(
@@ -266,29 +316,29 @@ def main() -> int:
         )
     if args.speed_noise > 0:
         how += (
-            f"; step speed redrawn every {args.noise_period:g} s (cv {args.speed_noise:g}), "
+            f"; step speed redrawn every {period:g} s (cv {args.speed_noise:g}), "
             f"{len(schedules)} draws"
         )
     print(f"{args.out}: {how}")
-    for name, arm_runs in runs.items():
+    for name, per_schedule in runs.items():
         live = fid["arms"][name]
         for m in METRICS:
             if m.key not in live:
                 continue
-            got = [
-                g for r in arm_runs if (g := _get(r.metrics, tuple(m.path.split(".")))) is not None
-            ]
+            path = tuple(m.path.split("."))
+            means = [
+                statistics.fmean(got)
+                for arm_runs in per_schedule
+                if (got := [g for r in arm_runs if (g := _get(r.metrics, path)) is not None])
+            ]  # each schedule's mean over its placement draws, as compare takes it
             lives = [float(v) for v in live[m.key].get("live") or [] if v is not None]
-            if not got or not lives:
+            if not means or not lives:
                 continue
-            s, lv = statistics.fmean(got), statistics.fmean(lives)
+            s, lv = statistics.fmean(means), statistics.fmean(lives)
             if m.error == "pp":
                 error = f"{100 * (s - lv):+6.1f} pp"
             elif m.error == "count":
-                sides = (lv > 0, s > 0)
-                error = {(True, True): "both", (False, False): "neither"}.get(
-                    sides, "live only" if sides[0] else "simulated only"
-                ) + f" (simulated > 0 in {sum(g > 0 for g in got)} of {len(got)} runs)"
+                error = _sides(lv, means)
             else:
                 error = f"{100 * (s - lv) / lv:+6.1f} %" if lv else "-"
             print(f"  {name:32s} {m.label:12s} live {lv:10.4g} sim {s:10.4g} error {error}")

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from sessionroute.experiments.live.fidelity_run import SIM_DRAWS
 from sessionroute.replica import load_profile_file
 
 EXPERIMENT = """
@@ -132,16 +131,26 @@ def test_compare_fidelity_against_emulated_servers(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert scaled.returncode == 2 and "host speed is not known" in scaled.stderr
-    # --speed-noise: every draw of each noise schedule simulated, the counts say how many
+    # --speed-noise: each noise draw simulated, preemptions judged per draw; the noise moves
+    # the simulated TTFT (the noise's faults reach the simulation)
     noisy = subprocess.run(
-        [sys.executable, str(script), str(out), str(exp), "--speed-noise", "0.3",
+        [sys.executable, str(script), str(out), str(exp), "--speed-noise", "0.5",
          "--noise-schedules", "2"],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert noisy.returncode == 0, noisy.stderr[-3000:]
-    assert "step speed redrawn every 0.5 s (cv 0.3), 2 draws" in noisy.stdout
+    assert "step speed redrawn every 0.5 s (cv 0.5), 2 draws" in noisy.stdout
     preempted = [ln for ln in noisy.stdout.splitlines() if "preemptions" in ln]
-    assert preempted and all(f"of {2 * SIM_DRAWS} runs)" in ln for ln in preempted), preempted
+    assert preempted and all("of 2 noise draws" in ln for ln in preempted), preempted
+    line = next(
+        ln for ln in noisy.stdout.splitlines() if "sticky_least_loaded" in ln and "TTFT" in ln
+    )
+    assert float(line.split(" sim ")[1].split()[0]) != pytest.approx(sim, rel=1e-6)
+    wrong = subprocess.run(
+        [sys.executable, str(script), str(out), str(exp), "--noise-period", "1"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert wrong.returncode == 2 and "need --speed-noise" in wrong.stderr
 
 
 def test_fidelity_refuses_in_process_emulators(tmp_path: Path) -> None:
