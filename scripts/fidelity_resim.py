@@ -5,8 +5,9 @@ recorded, without running the servers again: this takes an output directory (``f
 with the servers' engine settings and worker URLs, the profile it used) and the experiment
 file, simulates every arm as ``compare --fidelity`` did (same seeds, 4 placement draws) with the
 profile's path delay as a line, as its curve, or as the profile file has it, and prints each
-arm's metrics of the fidelity table, live and simulated, with the error (simulated - live, in
-points for the hit rate, relative otherwise).
+arm's metrics of the fidelity table, live (the output's ``results.json``) and simulated, with
+the error (simulated - live, in points for the hit rate, relative otherwise) and ``compare``'s
+verdict on it (the bound widened by the noise; preemptions on both sides or neither).
 
 ``--host-speed`` simulates each arm with the profile's step terms scaled by the host's speed
 during that arm's live runs against the calibration's (``loop_ms`` in ``fidelity.json``'s
@@ -48,7 +49,7 @@ import tomli_w
 
 from sessionroute.calibrate.path import curve_from_bins
 from sessionroute.errors import ConfigError
-from sessionroute.experiments.fidelity import METRICS
+from sessionroute.experiments.fidelity import METRICS, compare_arm
 from sessionroute.experiments.live.fidelity_run import fidelity_sim_spec, simulate_draw
 from sessionroute.experiments.live_engine import EngineSettings
 from sessionroute.experiments.runner import run_experiment
@@ -159,42 +160,55 @@ def speed_noise(
     return faults
 
 
-def live_span_s(results: dict[str, Any]) -> float | None:
-    """The longest live run of a ``compare`` output's ``results.json`` (output tokens over
-    output tok/s, every arm and repeat), seconds; None where none says."""
+def live_runs(results: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """Each arm's live runs' metrics in a ``compare --fidelity`` output's ``results.json``."""
+    return {
+        arm["name"]: [rep.get("metrics") or {} for rep in arm.get("repeats") or []]
+        for arm in results.get("arms") or []
+    }
+
+
+def live_span_s(runs: dict[str, list[dict[str, Any]]]) -> float | None:
+    """The longest of the live runs of :func:`live_runs` (output tokens over output tok/s),
+    seconds; None where none says."""
     spans = []
-    for arm in results.get("arms") or []:
-        for rep in arm.get("repeats") or []:
-            m = rep.get("metrics") or {}
+    for arm_runs in runs.values():
+        for m in arm_runs:
             tokens, rate = m.get("output_tokens"), m.get("output_tokens_per_s")
             if tokens and rate:
                 spans.append(float(tokens) / float(rate))
     return max(spans) if spans else None
 
 
-def _sides(live_mean: float, sim_means: list[float]) -> str:
-    """Preemptions on both sides or on neither, as ``compare`` decides it (each side's mean >
-    0), for every noise schedule's mean over its draws: one verdict, or how many schedules
-    gave each."""
-    verdicts = []
-    for s in sim_means:
-        sides = (live_mean > 0, s > 0)
-        verdicts.append(
-            {(True, True): "both", (False, False): "neither"}.get(
-                sides, "live only" if sides[0] else "simulated only"
+def describe_arm(name: str, live: list[dict[str, Any]], per_schedule: list[list[Any]]) -> list[str]:
+    """One line per fidelity metric of arm ``name``: live and simulated means and the error
+    with ``compare``'s own verdict (:func:`~sessionroute.experiments.fidelity.compare_arm`:
+    the bound widened by the noise; preemptions on both sides or neither), for every noise
+    schedule's simulated runs (one verdict, or in how many schedules it held)."""
+    cmps = [compare_arm(live, [r.metrics for r in runs]) for runs in per_schedule]
+    lines = []
+    for m in METRICS:
+        cs = [c[m.key] for c in cmps if c[m.key]["error"] is not None]
+        if not cs:
+            continue
+        lv = cs[0]["live_mean"]
+        sim = statistics.fmean(c["sim"] for c in cs)
+        error = statistics.fmean(c["error"] for c in cs)
+        if m.error == "count":
+            text = f"{error:+6.2f}"
+            verdict = "both or neither", "one side only"
+        else:
+            text = f"{error:+6.1f} {'pp' if m.error == 'pp' else '%'}"
+            verdict = "within", "outside"
+        if m.bound is not None or m.error == "count":
+            held = sum(bool(c["ok"]) for c in cs)
+            text += (
+                f" ({verdict[0] if held else verdict[1]})"
+                if len(cs) == 1
+                else (f" ({verdict[0]} in {held} of {len(cs)} noise draws)")
             )
-        )
-    if len(verdicts) == 1:
-        return verdicts[0]
-    counts = {v: verdicts.count(v) for v in dict.fromkeys(verdicts)}
-    return ", ".join(f"{v} in {n} of {len(verdicts)} noise draws" for v, n in counts.items())
-
-
-def _get(metrics: dict[str, Any], path: tuple[str, ...]) -> float | None:
-    value: Any = metrics
-    for key in path:
-        value = (value or {}).get(key)
-    return None if value is None else float(value)
+        lines.append(f"  {name:32s} {m.label:12s} live {lv:10.4g} sim {sim:10.4g} error {text}")
+    return lines
 
 
 def main() -> int:
@@ -280,10 +294,14 @@ def main() -> int:
     if args.pace and not factors:
         print(f"{fid_path}: no decode pace measured", file=sys.stderr)
         return 2
+    results_path = args.out / "results.json"
+    if not results_path.is_file():
+        print(f"{results_path}: not found (the live runs of the output)", file=sys.stderr)
+        return 2
+    live = live_runs(json.loads(results_path.read_text()))
     schedules: list[list[FaultSection]] = [[]]
     if args.speed_noise > 0:
-        results_path = args.out / "results.json"
-        span = live_span_s(json.loads(results_path.read_text())) if results_path.is_file() else None
+        span = live_span_s(live)
         if span is None:
             print(f"{results_path}: no live run's length to cover with noise", file=sys.stderr)
             return 2
@@ -321,27 +339,8 @@ def main() -> int:
         )
     print(f"{args.out}: {how}")
     for name, per_schedule in runs.items():
-        live = fid["arms"][name]
-        for m in METRICS:
-            if m.key not in live:
-                continue
-            path = tuple(m.path.split("."))
-            means = [
-                statistics.fmean(got)
-                for arm_runs in per_schedule
-                if (got := [g for r in arm_runs if (g := _get(r.metrics, path)) is not None])
-            ]  # each schedule's mean over its placement draws, as compare takes it
-            lives = [float(v) for v in live[m.key].get("live") or [] if v is not None]
-            if not means or not lives:
-                continue
-            s, lv = statistics.fmean(means), statistics.fmean(lives)
-            if m.error == "pp":
-                error = f"{100 * (s - lv):+6.1f} pp"
-            elif m.error == "count":
-                error = _sides(lv, means)
-            else:
-                error = f"{100 * (s - lv) / lv:+6.1f} %" if lv else "-"
-            print(f"  {name:32s} {m.label:12s} live {lv:10.4g} sim {s:10.4g} error {error}")
+        for line in describe_arm(name, live[name], per_schedule):
+            print(line)
     return 0
 
 

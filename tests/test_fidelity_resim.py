@@ -96,15 +96,38 @@ def test_the_noise_covers_the_longest_live_run() -> None:
     def rep(tokens: float, rate: float) -> dict[str, Any]:
         return {"metrics": {"output_tokens": tokens, "output_tokens_per_s": rate}}
 
-    results = {"arms": [{"repeats": [rep(1000, 100), rep(1000, 50)]}, {"repeats": [rep(0, 0)]}]}
-    assert _script().live_span_s(results) == pytest.approx(20.0)
-    assert _script().live_span_s({"arms": []}) is None
+    results = {
+        "arms": [
+            {"name": "a", "repeats": [rep(1000, 100), rep(1000, 50)]},
+            {"name": "b", "repeats": [rep(0, 0)]},
+        ]
+    }
+    runs = _script().live_runs(results)
+    assert list(runs) == ["a", "b"] and len(runs["a"]) == 2
+    assert _script().live_span_s(runs) == pytest.approx(20.0)
+    assert _script().live_span_s({}) is None
 
 
-def test_preemptions_are_judged_per_noise_draw_as_compare_judges_them() -> None:
-    sides = _script()._sides
-    assert sides(0.0, [0.0]) == "neither"
-    assert sides(2.0, [0.5]) == "both"
-    assert sides(0.0, [0.0, 0.25, 0.0]) == (
-        "neither in 2 of 3 noise draws, simulated only in 1 of 3 noise draws"
-    )
+class _Run:
+    def __init__(self, **metrics: Any) -> None:
+        self.metrics = metrics
+
+
+def test_each_metric_gets_compares_verdict_per_noise_draw() -> None:
+    live = [
+        {"prefix_cache_hit_rate": 0.50, "preemptions": 0},
+        {"prefix_cache_hit_rate": 0.52, "preemptions": 0},
+    ]
+    # noise draw 1: hit rate +1 point, no preemption; draw 2: +8 points, one preemption
+    draws = [
+        [_Run(prefix_cache_hit_rate=0.52, preemptions=0)],
+        [_Run(prefix_cache_hit_rate=0.59, preemptions=1)],
+    ]
+    lines = _script().describe_arm("a", live, draws)
+    hit = next(ln for ln in lines if "hit rate" in ln)
+    assert "+4.5 pp (within in 1 of 2 noise draws)" in hit  # bound 3 + noise 1 on draw 1
+    pre = next(ln for ln in lines if "preemptions" in ln)
+    assert "(both or neither in 1 of 2 noise draws)" in pre
+    one = _script().describe_arm("a", live, draws[1:])
+    assert "(outside)" in next(ln for ln in one if "hit rate" in ln)
+    assert "(one side only)" in next(ln for ln in one if "preemptions" in ln)

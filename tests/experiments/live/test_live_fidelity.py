@@ -108,6 +108,8 @@ def test_compare_fidelity_against_emulated_servers(tmp_path: Path) -> None:
     )
     sim = float(line.split(" sim ")[1].split()[0])
     assert sim == pytest.approx(doc["arms"]["sticky_least_loaded"]["ttft_p50"]["sim"], rel=1e-3)
+    ok = doc["arms"]["sticky_least_loaded"]["ttft_p50"]["ok"]
+    assert line.endswith("(within)" if ok else "(outside)"), line  # compare's own verdict
     # one simulation per arm (--host-speed's path) with every factor 1: the same TTFT p50
     measured = json.loads((out / "fidelity.json").read_text("utf-8"))
     measured["conditions"]["calibration"]["host_loop_ms"] = 2.0  # as a calibrated profile keeps
@@ -115,6 +117,9 @@ def test_compare_fidelity_against_emulated_servers(tmp_path: Path) -> None:
         run["host_cpu"]["loop_ms"] = 2.0
     (tmp_path / "measured").mkdir()
     (tmp_path / "measured" / "fidelity.json").write_text(json.dumps(measured), "utf-8")
+    (tmp_path / "measured" / "results.json").write_text(
+        (out / "results.json").read_text("utf-8"), "utf-8"
+    )
     per_arm = subprocess.run(
         [sys.executable, str(script), str(tmp_path / "measured"), str(exp), "--host-speed"],
         capture_output=True, text=True, timeout=300,
