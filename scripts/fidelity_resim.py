@@ -277,7 +277,11 @@ def main() -> int:
         e.get("kv_capacity_tokens"), e.get("max_num_seqs"), e.get("max_model_len"),
         e.get("block_size"), e.get("max_num_batched_tokens"), "fidelity.json",
     )  # fmt: skip
-    spec = load_experiment(args.file, env=dict(os.environ))
+    try:
+        spec = load_experiment(args.file, env=dict(os.environ))
+    except (ConfigError, OSError) as e:  # the message names the file
+        print(f"{args.file}: {e}" if isinstance(e, OSError) else str(e), file=sys.stderr)
+        return 2
     source = Path(cond["profile"])
     if not source.is_file():
         print(f"{source}: the profile fidelity.json names is not there (relative to where "

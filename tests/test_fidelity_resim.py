@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib.util
 import statistics
+import subprocess
+import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -131,3 +133,17 @@ def test_each_metric_gets_compares_verdict_per_noise_draw() -> None:
     one = _script().describe_arm("a", live, draws[1:])
     assert "(outside)" in next(ln for ln in one if "hit rate" in ln)
     assert "(one side only)" in next(ln for ln in one if "preemptions" in ln)
+
+
+def test_a_bad_experiment_file_is_named_without_a_traceback(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "fidelity.json").write_text('{"conditions": {"engine": {}, "profile": "p"}}')
+    bad = tmp_path / "bad.toml"
+    bad.write_text('name = "x"\n[[arms]]\npolicy = "nope"\n')
+    r = subprocess.run(
+        [sys.executable, str(SCRIPT), str(out), str(bad)], capture_output=True, text=True
+    )
+    assert r.returncode == 2
+    assert "bad.toml" in r.stderr and "unknown policy 'nope'" in r.stderr
+    assert "Traceback" not in r.stderr
