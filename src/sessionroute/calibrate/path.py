@@ -32,6 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from sessionroute.calibrate.host import HostFit
 from sessionroute.replica.profiles import path_delay_at
 
 __all__ = ["PathFit", "PathSample", "curve_from_bins", "fit_path_delay", "isotonic"]
@@ -83,6 +84,10 @@ class PathFit:
     rms_error: float
     extra: dict[str, Any]
     curve: tuple[tuple[float, float], ...] = ()
+    host: HostFit | None = None
+    """How the servers' steps slow down on the probe's path and while the others are busy
+    (:mod:`sessionroute.calibrate.host`), fitted before the delay and replayed with it; None:
+    not fitted (the step terms as calibrated)."""
 
     def delay_s(self, in_flight: int) -> float:
         """The fitted delay with ``in_flight`` other requests in flight, seconds."""
@@ -91,8 +96,10 @@ class PathFit:
     def table(self) -> dict[str, Any]:
         """The ``[calibration.path]`` table of a profile file."""
         curve = {"curve": [[round(n, 2), round(d, 6)] for n, d in self.curve]} if self.curve else {}
+        host = {"host": self.host.as_dict()} if self.host is not None else {}
         return {
             **curve,
+            **host,
             "model": (
                 "path_delay_curve interpolated by other requests in flight"
                 if self.curve

@@ -42,7 +42,7 @@ from sessionroute.calibrate.probe import PhaseRun
 from sessionroute.calibrate.server import ServerInfo
 from sessionroute.replica import StepTimeProfile, load_profile_file
 
-__all__ = ["CalibrationResult", "profile_name", "write_path", "write_profile"]
+__all__ = ["CalibrationResult", "host_fields", "profile_name", "write_path", "write_profile"]
 
 _BW_PLACEHOLDER = 1e12
 """``bw_eff_bytes_per_s`` of a calibrated profile: any positive value (``w_dense_bytes`` is 0,
@@ -94,6 +94,12 @@ class CalibrationResult:
             path_delay_per_request_s=path.d1_s,
             path_delay_curve=path.curve,
         )
+        if path.host is not None:
+            profile = dataclasses.replace(
+                profile,
+                path_step_factor=path.host.path_step_factor,
+                peer_busy_slowdown=path.host.peer_busy_slowdown,
+            )
         return dataclasses.replace(self, profile=profile, path=path)
 
     def calibration_table(self) -> dict[str, Any]:
@@ -177,6 +183,18 @@ def write_profile(result: CalibrationResult, path: str | Path) -> Path:
     return p
 
 
+def host_fields(path: PathFit) -> dict[str, float]:
+    """The profile's ``path_step_factor`` and ``peer_busy_slowdown`` from ``path``'s host fit
+    (empty without one)."""
+    host = path.host
+    if host is None:
+        return {}
+    return {
+        "path_step_factor": host.path_step_factor,
+        "peer_busy_slowdown": host.peer_busy_slowdown,
+    }
+
+
 def write_path(source: str | Path, path: PathFit, dest: str | Path) -> Path:
     """Copy the profile file ``source`` to ``dest`` (TOML) with the path delay ``path`` in its
     profile (``path_delay_s``, ``path_delay_per_request_s``, ``path_delay_curve`` where it has
@@ -197,6 +215,7 @@ def write_path(source: str | Path, path: PathFit, dest: str | Path) -> Path:
         "path_delay_s": path.d0_s,
         "path_delay_per_request_s": path.d1_s,
         **({"path_delay_curve": [list(p) for p in path.curve]} if path.curve else {}),
+        **host_fields(path),
     }
     data["calibration"] = {**data.get("calibration", {}), "path": path.table()}
     out = Path(dest)

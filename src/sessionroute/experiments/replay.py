@@ -14,26 +14,118 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from sessionroute.replica import Replica
 from sessionroute.replica.api import EngineRequest, ReplicaConfig, RequestResult
 
-__all__ = ["replay_arms", "replay_run", "replay_ttft"]
+__all__ = [
+    "busy_others",
+    "busy_spans",
+    "host_schedule",
+    "replay_arms",
+    "replay_results",
+    "replay_run",
+    "replay_ttft",
+]
+
+Span = tuple[float, float]
 
 
-def _replay_engine(rows: Sequence[Mapping[str, Any]], config: ReplicaConfig) -> list[RequestResult]:
-    """One replica's turns (in send order) through one engine: each one's result, in order."""
-    engine = Replica(config)
+def busy_spans(turns: Sequence[Mapping[str, Any]]) -> dict[int, list[Span]]:
+    """When each replica was busy in a live run: the union of its turns' ``[sent_s, sent_s +
+    latency_s)``, as sorted disjoint spans per replica index (turns of unknown replica, -1,
+    are left out)."""
+    raw: dict[int, list[Span]] = defaultdict(list)
+    for t in turns:
+        if int(t["replica"]) >= 0:
+            start = float(t["sent_s"])
+            raw[int(t["replica"])].append((start, start + float(t["latency_s"])))
+    out: dict[int, list[Span]] = {}
+    for rep, spans in raw.items():
+        merged: list[Span] = []
+        for start, end in sorted(spans):
+            if merged and start <= merged[-1][1]:
+                merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+            else:
+                merged.append((start, end))
+        out[rep] = merged
+    return out
+
+
+def busy_others(
+    spans: Mapping[int, Sequence[Span]], replica: int, start: float, end: float
+) -> float:
+    """How many replicas other than ``replica`` were busy on average over ``[start, end)``
+    (``spans`` from :func:`busy_spans`); at the instant ``start`` when ``end <= start``."""
+    width = end - start
+    total = 0.0
+    for rep, rows in spans.items():
+        if rep == replica:
+            continue
+        for s, e in rows:
+            if width <= 0:
+                total += float(s <= start < e)
+            else:
+                total += max(0.0, min(e, end) - max(s, start)) / width
+    return total
+
+
+def host_schedule(
+    spans: Mapping[int, Sequence[Span]], replica: int, config: ReplicaConfig
+) -> list[tuple[float, float]]:
+    """``(t, factor)``: from ``t`` on, ``replica``'s step terms times ``factor``
+    (``StepTimeProfile.host_factor`` of the other replicas busy then, in ``spans``); empty
+    for a profile whose replicas share nothing."""
+    profile = config.profile
+    if profile.peer_busy_slowdown == 0:
+        return []
+    edges = sorted(
+        (t, d) for rep, rows in spans.items() if rep != replica for s, e in rows
+        for t, d in ((s, 1), (e, -1))
+    )  # fmt: skip
+    out: list[tuple[float, float]] = []
+    busy = 0
+    for t, d in edges:
+        busy += d
+        factor = profile.host_factor(busy)
+        if out and out[-1][0] == t:
+            out[-1] = (t, factor)
+        elif not out or out[-1][1] != factor:
+            out.append((t, factor))
+    return out
+
+
+def _replay_engine(
+    rows: Sequence[Mapping[str, Any]],
+    config: ReplicaConfig,
+    schedule: Sequence[tuple[float, float]] = (),
+) -> list[RequestResult]:
+    """One replica's turns (in send order) through one engine: each one's result, in order.
+    The engine's steps take the profile's ``host_factor(0)`` (no other replica busy) and
+    from each ``(t, factor)`` of ``schedule`` on, ``factor`` (:func:`host_schedule`)."""
+    base = config.slowdown
+    engine = Replica(replace(config, slowdown=base * config.profile.host_factor(0)))
     results: list[RequestResult] = []
+    changes = iter(schedule)
+    pending = next(changes, None)
     for i, t in enumerate(rows):
         now = float(t["sent_s"])
+        while pending is not None and pending[0] <= now:
+            results += engine.advance(pending[0])
+            engine.set_slowdown(base * pending[1], pending[0])
+            pending = next(changes, None)
         results += engine.advance(now)
         req = EngineRequest(
             str(i), int(t["prompt_len"]), int(t["output_len"]), list(t["block_keys"]),
             t.get("cache_salt"),
         )  # fmt: skip
         engine.add_request(req, now)
+    while pending is not None:
+        results += engine.advance(pending[0])
+        engine.set_slowdown(base * pending[1], pending[0])
+        pending = next(changes, None)
     results += engine.advance(float("inf"))
     by_id = {r.request_id: r for r in results}
     return [by_id[str(i)] for i in range(len(rows))]
@@ -59,19 +151,35 @@ def _by_replica(
     return by_replica, skipped
 
 
+def replay_results(
+    turns: Sequence[Mapping[str, Any]], config: ReplicaConfig, replicas: int = 1
+) -> list[RequestResult | None]:
+    """Each turn's result in the simulator's engine when it arrives at its live send time
+    (open loop, one engine per replica, no path delay; times on the run's clock, ``sent_s``);
+    None for a turn of unknown replica. Same order as ``turns`` (see :func:`replay_run`).
+    Each replica's steps slow down while the others are busy in the live run, as the
+    profile's ``peer_busy_slowdown`` says (:func:`host_schedule`)."""
+    out: list[RequestResult | None] = [None] * len(turns)
+    by_replica, _ = _by_replica(turns, replicas)
+    spans = busy_spans(turns)
+    for rep, rows in by_replica.items():
+        results = _replay_engine(
+            [turns[i] for i in rows], config, host_schedule(spans, rep, config)
+        )
+        for i, res in zip(rows, results, strict=True):
+            out[i] = res
+    return out
+
+
 def replay_ttft(
     turns: Sequence[Mapping[str, Any]], config: ReplicaConfig, replicas: int = 1
 ) -> list[float | None]:
-    """Each turn's time to first token in the simulator's engine when it arrives at its live
-    send time (``first_token_s - sent_s``, open loop, one engine per replica, no path delay);
-    None for a turn of unknown replica. Same order as ``turns`` (see :func:`replay_run`)."""
-    out: list[float | None] = [None] * len(turns)
-    by_replica, _ = _by_replica(turns, replicas)
-    for rows in by_replica.values():
-        results = _replay_engine([turns[i] for i in rows], config)
-        for i, res in zip(rows, results, strict=True):
-            out[i] = res.first_token_s - float(turns[i]["sent_s"])
-    return out
+    """Each turn's time to first token in the replay (:func:`replay_results`:
+    ``first_token_s - sent_s``), None for a turn of unknown replica."""
+    return [
+        None if r is None else r.first_token_s - float(t["sent_s"])
+        for t, r in zip(turns, replay_results(turns, config, replicas), strict=True)
+    ]
 
 
 def replay_run(

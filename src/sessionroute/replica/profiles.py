@@ -73,6 +73,17 @@ class StepTimeProfile:
             :meth:`path_delay` interpolates instead of the line above, held at its first and
             last values outside them; empty: the line (``sessionroute.calibrate.path``). A
             profile file's table that sets the line without a curve drops its base's curve.
+        path_step_factor: factor on every step time of a replica that shares its host with
+            no busy replica (1: none): what the arms' request path (router, chat template,
+            streamed responses through every process on the host) makes of the step times the
+            calibration measured straight at the servers. The simulator only.
+        peer_busy_slowdown: how much a replica's steps slow down per other replica busy at the
+            same time (a request in its engine), as a fraction: each step takes
+            ``path_step_factor * (1 + peer_busy_slowdown * busy_others)`` times the step
+            terms (0: replicas do not share a host's cores). Servers on one CPU host, whose
+            engines, frontends, router and clients take turns on the same cores; fitted by
+            ``compare --fidelity``'s path probe (``sessionroute.calibrate.path``). The
+            simulator only.
     """
 
     name: str
@@ -93,6 +104,13 @@ class StepTimeProfile:
     path_delay_s: float = 0.0
     path_delay_per_request_s: float = 0.0
     path_delay_curve: tuple[tuple[float, float], ...] = ()
+    path_step_factor: float = 1.0
+    peer_busy_slowdown: float = 0.0
+
+    def host_factor(self, busy_others: int) -> float:
+        """Factor on the step terms of a replica with ``busy_others`` other replicas busy
+        (``path_step_factor * (1 + peer_busy_slowdown * busy_others)``)."""
+        return self.path_step_factor * (1.0 + self.peer_busy_slowdown * busy_others)
 
     def path_delay(self, in_flight: int) -> float:
         """The path delay of a request sent with ``in_flight`` other requests in flight,
@@ -210,6 +228,8 @@ _OPTIONAL_FIELDS = {
     "path_delay_s",
     "path_delay_per_request_s",
     "path_delay_curve",
+    "path_step_factor",
+    "peer_busy_slowdown",
 }
 _INT_FIELDS = {"kv_capacity_tokens", "max_num_batched_tokens", "max_num_seqs", "max_model_len"}
 
@@ -267,8 +287,8 @@ def _profile_from_table(
     missing = sorted(set(_FIELDS) - set(values) - _OPTIONAL_FIELDS)
     if missing:
         raise ConfigError(f"profile {name!r}: missing keys {missing} (or give base = '<name>')")
-    for key in ("bw_eff_bytes_per_s", *_INT_FIELDS):
-        if values[key] <= 0:
+    for key in ("bw_eff_bytes_per_s", "path_step_factor", *_INT_FIELDS):
+        if values.get(key, 1) <= 0:
             raise ConfigError(f"profile {name!r}: {key} must be > 0, got {values[key]!r}")
     return StepTimeProfile(**values)
 

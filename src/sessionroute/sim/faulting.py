@@ -49,6 +49,8 @@ class ReplicaFaults:
 
         def _reschedule(self, rep: SimReplica) -> None: ...
 
+        def host_changed(self) -> None: ...
+
     def add_replica(self) -> SimReplica:
         """A new replica with the next index joins the cluster and the router."""
         i = len(self.replicas)
@@ -75,6 +77,8 @@ class ReplicaFaults:
             self._sync(rep)
         stranded = list(rep.inflight.values())
         rep.fail()
+        if stranded:
+            self.host_changed()
         for req in stranded:
             self.rec.counts["requests_failed_over"] += 1
             self.dispatch.attempt_failed(

@@ -43,6 +43,9 @@ class SimReplica:
         inflight: engine request id -> the simulator's request record.
         wake_t: time of the pending wake-up event, or None.
         wake_token: id of the valid wake-up event (older ones are stale).
+        host_factor: the factor on its step terms from the host it shares with the other
+            replicas (``StepTimeProfile.host_factor``; set by the simulation as they turn busy
+            or idle), on top of ``config.slowdown`` (a ``slow`` fault's).
         requests, prompt_tokens, output_tokens: finished requests and their tokens.
         samples: number of time-series samples taken, and the sums of running, waiting and
             KV usage over them (for means).
@@ -55,6 +58,7 @@ class SimReplica:
         "engine",
         "fast",
         "frozen",
+        "host_factor",
         "index",
         "inflight",
         "kv_sum",
@@ -75,7 +79,8 @@ class SimReplica:
         self.url = url
         self.config = config
         self.fast = fast
-        self.engine: Replica | None = Replica(config, fast=fast)
+        self.host_factor = config.profile.host_factor(0)
+        self.engine: Replica | None = self._new_engine()
         self.on_engine: Callable[[SimReplica, bool], None] | None = None
         """Called with ``(self, True)`` when a new engine starts (restart) and ``(self,
         False)`` when it is lost (the simulator's KV event feed listens here)."""
@@ -93,6 +98,12 @@ class SimReplica:
         self.running_sum = 0.0
         self.waiting_sum = 0.0
         self.kv_sum = 0.0
+
+    def _new_engine(self) -> Replica:
+        config = self.config
+        if self.host_factor != 1.0:
+            config = dataclasses.replace(config, slowdown=config.slowdown * self.host_factor)
+        return Replica(config, fast=self.fast)
 
     @property
     def up(self) -> bool:
@@ -143,7 +154,7 @@ class SimReplica:
     def restart(self) -> None:
         """A fresh engine with an empty cache (no-op if up)."""
         if self.engine is None:
-            self.engine = Replica(self.config, fast=self.fast)
+            self.engine = self._new_engine()
             if self.on_engine is not None:
                 self.on_engine(self, True)
 
@@ -152,7 +163,13 @@ class SimReplica:
         replica restarted later keeps the factor."""
         self.config = dataclasses.replace(self.config, slowdown=factor)
         if self.engine is not None:
-            self.engine.set_slowdown(factor, now)
+            self.engine.set_slowdown(factor * self.host_factor, now)
+
+    def set_host_factor(self, factor: float, now: float) -> None:
+        """The host's factor on every step starting from ``now`` (``host_factor``)."""
+        self.host_factor = factor
+        if self.engine is not None:
+            self.engine.set_slowdown(self.config.slowdown * factor, now)
 
     def gauges(self) -> tuple[int, int, float]:
         """``(running, waiting, kv usage)`` now; zeros while down."""

@@ -126,6 +126,7 @@ class Simulation(ReplicaFaults, ReplicaWakeups):
         self._handle = 0
         self._delay = router.network_delay_s
         self._profile = profile
+        self._shared_host = profile.peer_busy_slowdown > 0
         self._session_start: dict[str, float] = {}
         self._last_rep: dict[str, int] = {}
         self.ended_sessions: list[str] = []
@@ -309,8 +310,11 @@ class Simulation(ReplicaFaults, ReplicaWakeups):
         for result in results:
             self._finish(rep, result)
         req.state = ENGINE
-        rep.inflight[rid] = req
+        inflight = rep.inflight
+        inflight[rid] = req
         self._schedule_wake(rep, t)  # _reschedule with the engine's next event time known
+        if self._shared_host and len(inflight) == 1:
+            self.host_changed()
 
     def _complete(self, req: InFlight) -> None:
         if req.res is not None:
@@ -358,6 +362,8 @@ class Simulation(ReplicaFaults, ReplicaWakeups):
         queue = self.queue
         now = queue.clock._t
         queue.push(done if done > now else now, PRIO_TIMER, self._deliver_cb, req)
+        if self._shared_host and not inflight:
+            self.host_changed()
 
     def _deliver(self, req: InFlight) -> None:
         if req.state != DELIVER:

@@ -30,6 +30,38 @@ class ReplicaWakeups:
     def __init__(self, queue: EventQueue, replicas: list[SimReplica]) -> None:
         self.queue = queue
         self.replicas = replicas
+        self._hosting = False
+        self._host_dirty = False
+
+    # -- replicas sharing a host ----------------------------------------------------------------
+    def host_changed(self) -> None:
+        """A replica turned busy (its first request in the engine) or idle (its last one
+        finished): set every replica's host factor for the others busy now
+        (``StepTimeProfile.host_factor``; a no-op for profiles whose replicas share nothing).
+        Running a replica to now may finish requests and turn it idle in turn; those changes
+        are settled here, one pass after another, not by a nested call."""
+        if self._hosting:
+            self._host_dirty = True
+            return
+        self._hosting = True
+        try:
+            self._host_dirty = True
+            while self._host_dirty:
+                self._host_dirty = False
+                busy = sum(1 for r in self.replicas if r.inflight and r.engine is not None)
+                now = self.queue.clock._t
+                for rep in self.replicas:
+                    engine = rep.engine
+                    if engine is None:
+                        continue
+                    others = busy - (1 if rep.inflight else 0)
+                    factor = engine.config.profile.host_factor(others)
+                    if factor != rep.host_factor:
+                        self._sync(rep)
+                        rep.set_host_factor(factor, now)
+                        self._reschedule(rep)
+        finally:
+            self._hosting = False
 
     def _finish(self, rep: SimReplica, r: RequestResult) -> None:
         """Handle a request ``rep`` finished (the simulation's request lifecycle)."""

@@ -79,10 +79,18 @@ def test_compare_fidelity_against_emulated_servers(tmp_path: Path) -> None:
     assert c["path_probed_here"] is True and c["profile"] == str(out / "profile.toml")
     path = load_profile_file(out / "profile.toml").calibration["path"]
     assert path["samples"] > 0 and [run["run"] for run in path["runs"]] == [
+        "alone",
         "light",
         "loaded",
         "heavy",
     ]
+    # and how the steps ran on that path, fitted on the alone and light runs' requests
+    host = path["host"]
+    assert host["samples"] > 0 and sum(b["requests"] for b in host["bins"]) == host["samples"]
+    assert load_profile_file(out / "profile.toml").profile.path_step_factor == pytest.approx(
+        host["path_step_factor"], rel=1e-3
+    )
+    assert "steps on the arms' path" in r.stderr
     assert "path delay" in r.stderr
     # where the host's CPU went: the one emulate process answered every arm run's requests
     runs = c["decode_pace"]["runs"]

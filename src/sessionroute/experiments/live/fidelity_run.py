@@ -215,6 +215,18 @@ def describe_path(fit: Any) -> str:
     if fit.curve:
         points = ", ".join(f"{n:.1f}: {d * 1e3:.0f}" for n, d in fit.curve)
         line += f"; the simulator interpolates them, made non-decreasing ({points})"
+    host = fit.host
+    if host is not None:
+        ratios = ", ".join(f"{b:.2f}: {m:.2f}" for b, _, m in host.bins)
+        line += (
+            f"\nsteps on the arms' path: x{host.path_step_factor:.2f} the calibrated step terms"
+            + (
+                f", +{host.peer_busy_slowdown:.0%} per other server busy"
+                if host.shared
+                else ", no measurable slowdown while other servers are busy"
+            )
+            + f" (live / replayed time per token by mean other servers busy: {ratios})"
+        )
     return line
 
 

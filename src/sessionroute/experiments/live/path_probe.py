@@ -5,26 +5,46 @@ straight at the servers; the arms' requests take another path: the live client, 
 router, streamed ``/v1/chat/completions`` with the chat template. :func:`probe_path` sends
 probe runs of its own along that path (a small ``toy`` workload at :data:`PROBE_LEVELS` of
 load, through the experiment's first arm's router and policy, with the live runner that runs
-the arms), replays every probe request at its send time into the simulator's engine on the
-profile just fitted (:func:`sessionroute.experiments.replay.replay_ttft`) and fits the
-difference, client TTFT minus engine TTFT, against the other requests in flight
+the arms) and replays every probe request at its send time into the simulator's engine on the
+profile just fitted (:func:`sessionroute.experiments.replay.replay_results`). First it fits how
+the servers' steps run on that path and slow down while the other servers are busy, from each
+request's live time per output token over the replayed one
+(:func:`sessionroute.calibrate.host.fit_host`); then, replayed with that, the difference,
+client TTFT minus engine TTFT, against the other requests in flight
 (:func:`sessionroute.calibrate.path.fit_path_delay`). Nothing of the compared runs enters it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
+from sessionroute.calibrate.host import HostSample, fit_host
 from sessionroute.calibrate.path import PathFit, PathSample, fit_path_delay
-from sessionroute.experiments.replay import replay_ttft
+from sessionroute.experiments.replay import busy_others, busy_spans, replay_results, replay_ttft
 from sessionroute.experiments.results import RunOutput
 from sessionroute.experiments.spec import ResolvedArm
 from sessionroute.replica.api import ReplicaConfig
 
-__all__ = ["PROBE_LEVELS", "in_flight_at_send", "path_samples", "probe_arm", "probe_path"]
+__all__ = [
+    "HOST_LEVELS",
+    "MIN_DECODE_TOKENS",
+    "PROBE_LEVELS",
+    "host_samples",
+    "in_flight_at_send",
+    "path_samples",
+    "probe_arm",
+    "probe_path",
+]
+
+MIN_DECODE_TOKENS = 8
+"""Output tokens at least of a turn whose time per token :func:`host_samples` takes."""
 
 PROBE_LEVELS: tuple[tuple[str, dict[str, Any]], ...] = (
+    # sessions apart, most of the time one at a time: a server decodes with the others idle
+    ("alone", {"sessions": 8, "arrival_rate_per_s": 0.6, "think_p50_s": 0.15,
+               "think_p90_s": 0.3}),
     # about one session at a time per server: the idle path
     ("light", {"sessions": 4, "arrival_rate_per_s": 3.0, "think_p50_s": 0.15, "think_p90_s": 0.3}),
     # sessions arriving together and back to back: up to ~7, then ~15 others in flight
@@ -34,6 +54,13 @@ PROBE_LEVELS: tuple[tuple[str, dict[str, Any]], ...] = (
                "think_p90_s": 0.1}),
 )  # fmt: skip
 """Probe runs: name and the ``toy`` options that set their load (the rest in :func:`probe_arm`)."""
+
+HOST_LEVELS: tuple[str, ...] = ("alone", "light")
+"""The probe runs whose requests fit the host's sharing (:func:`host_samples`): a few requests
+per server at a time, as the arms of the fidelity files run. In the loaded runs every server
+is busy all the time (nothing to set beside an idle one) with full batches, whose steps the
+others' work stretches by another amount (on the CPU tier, 2026-12-07: live over replayed time
+per token 1.1 there, 1.3-1.4 with one request per server)."""
 
 
 def probe_arm(template: ResolvedArm, name: str, load: Mapping[str, Any]) -> ResolvedArm:
@@ -66,6 +93,32 @@ def in_flight_at_send(turns: Sequence[Mapping[str, Any]]) -> list[int]:
     ]
 
 
+def host_samples(
+    turns: Sequence[Mapping[str, Any]], config: ReplicaConfig, replicas: int
+) -> list[HostSample]:
+    """Each probe turn's live time per output token over the same request's replayed at its
+    send time into the simulator's engine with no sharing of the host, and the other servers
+    busy over its decode (:mod:`sessionroute.calibrate.host`); turns of fewer than
+    :data:`MIN_DECODE_TOKENS` output tokens, without a streamed token or of unknown replica are
+    left out."""
+    alone = replace(config, profile=replace(config.profile, path_step_factor=1.0,
+                                            peer_busy_slowdown=0.0))  # fmt: skip
+    spans = busy_spans(turns)
+    out = []
+    for t, res in zip(turns, replay_results(turns, alone, replicas), strict=True):
+        ttft = t.get("ttft_s")
+        tokens = int(t["output_len"])
+        if res is None or ttft is None or tokens < MIN_DECODE_TOKENS:
+            continue
+        first = float(t["sent_s"]) + float(ttft)
+        last = float(t["sent_s"]) + float(t["latency_s"])
+        replayed = res.finish_s - res.first_token_s
+        if last > first and replayed > 0:
+            rep = max(0, int(t["replica"]))
+            out.append(HostSample(busy_others(spans, rep, first, last), (last - first) / replayed))
+    return out
+
+
 def path_samples(
     turns: Sequence[Mapping[str, Any]], config: ReplicaConfig, replicas: int
 ) -> list[PathSample]:
@@ -91,7 +144,8 @@ def probe_path(
     seed: int = 0,
     say: Callable[[str], None] = print,
 ) -> PathFit | None:
-    """Run the probe (module docstring) and fit the path delay; None when no probe request
+    """Run the probe (module docstring) and fit the path delay, with the host's sharing as its
+    ``host`` (None when no request had enough output tokens); None when no probe request
     could be replayed (a router that does not name the worker of each request, with several
     servers: the replay needs it).
 
@@ -105,12 +159,12 @@ def probe_path(
         seed: the probe workload's seed.
 
     """
-    samples: list[PathSample] = []
+    recorded: list[list[Mapping[str, Any]]] = []
     runs: list[dict[str, Any]] = []
     for name, load in PROBE_LEVELS:
         out = runner(probe_arm(template, name, load), seed, lambda _f: None)
-        got = path_samples(out.turns or [], config, replicas)
-        samples += got
+        recorded.append(list(out.turns or []))
+        got = path_samples(recorded[-1], config, replicas)
         m = out.metrics
         server = (m.get("live") or {}).get("server_means") or {}
         row: dict[str, Any] = {
@@ -123,6 +177,19 @@ def probe_path(
         }
         runs.append({k: v for k, v in row.items() if v is not None})  # TOML has no null
         say(f"  path probe {name}: {len(got)} requests")
+    per_token = [
+        s
+        for (name, _), turns in zip(PROBE_LEVELS, recorded, strict=True)
+        if name in HOST_LEVELS
+        for s in host_samples(turns, config, replicas)
+    ]
+    host = fit_host(per_token) if per_token else None
+    if host is not None:
+        config = replace(config, profile=replace(
+            config.profile, path_step_factor=host.path_step_factor,
+            peer_busy_slowdown=host.peer_busy_slowdown,
+        ))  # fmt: skip
+    samples = [s for turns in recorded for s in path_samples(turns, config, replicas)]
     if not samples:
         return None
-    return fit_path_delay(samples, {"runs": runs})
+    return replace(fit_path_delay(samples, {"runs": runs}), host=host)
