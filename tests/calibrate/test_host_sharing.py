@@ -22,14 +22,11 @@ from sessionroute.experiments.replay import (
     host_schedule,
     replay_results,
 )
-from sessionroute.experiments.spec import load_experiment, resolve_arms
 from sessionroute.replica import PROFILES, load_profile_file
 from sessionroute.replica.api import ReplicaConfig
-from sessionroute.sim import SimSpec
 from sessionroute.sim.replicas import SimReplica
-from sessionroute.sim.runner import run_simulation
 
-from .test_profile_file import _experiment, _result
+from .test_profile_file import _result, simulate_one_turn
 
 TOY = PROFILES["toy-8b-h100-tp1"]
 
@@ -141,22 +138,9 @@ def _itl_p50(tmp_path: Path, name: str, c0: float, k: float, sessions: int) -> f
     path = fit_path_delay([PathSample(0, 0.0)] * 12)
     path = dataclasses.replace(path, host=HostFit(c0, k, k > 0, 12, ()))
     profile = write_profile(_result().with_path(path), tmp_path / f"{name}.toml")
-    f = _experiment(tmp_path, profile)
-    f.write_text(
-        f.read_text()
-        .replace(
-            "sessions = 4",
-            f"sessions = {sessions}\narrival_rate_per_s = 1000.0\nfirst_p50 = 200\n"
-            "first_p90 = 400\noutput_p50 = 64\noutput_p90 = 128",
-        )
-        .replace("turns_max = 3", "turns_max = 1")
-        .replace("turns_p50 = 2", "turns_p50 = 1")
-        .replace("turns_p90 = 3", "turns_p90 = 1")
-        .replace('policy = "sticky_least_loaded"', 'policy = "round_robin"')
-    )
-    (arm,) = resolve_arms(load_experiment(f))
-    r = run_simulation(SimSpec.from_settings(arm.settings), arm.policy, arm.policy_options, 0)
-    return float(r.metrics["itl_s"]["p50"])
+    options = "first_p50 = 200\nfirst_p90 = 400\noutput_p50 = 64\noutput_p90 = 128"
+    metrics = simulate_one_turn(tmp_path, profile, sessions, options, "round_robin")
+    return float(metrics["itl_s"]["p50"])
 
 
 def test_the_simulator_slows_replicas_while_others_are_busy(tmp_path: Path) -> None:

@@ -14,9 +14,8 @@ from sessionroute.experiments.spec import load_experiment, resolve_arms
 from sessionroute.replica import load_profile_file
 from sessionroute.replica.profiles import PROFILES
 from sessionroute.sim import SimSpec, replica_config
-from sessionroute.sim.runner import run_simulation
 
-from .test_profile_file import _experiment, _result
+from .test_profile_file import _experiment, _result, simulate_one_turn
 
 
 def _samples(d0: float, d1: float, noise: list[float]) -> list[PathSample]:
@@ -80,17 +79,7 @@ def _ttft_p50(tmp_path: Path, name: str, d0: float, d1: float, sessions: int) ->
         fit = fit_path_delay([PathSample(n, d0 + d1 * n) for n in range(3) for _ in range(12)])
         result = result.with_path(fit)
     path = write_profile(result, tmp_path / f"{name}.toml")
-    f = _experiment(tmp_path, path)
-    f.write_text(
-        f.read_text()
-        .replace("sessions = 4", f"sessions = {sessions}\narrival_rate_per_s = 1000.0")
-        .replace("turns_max = 3", "turns_max = 1")
-        .replace("turns_p50 = 2", "turns_p50 = 1")
-        .replace("turns_p90 = 3", "turns_p90 = 1")
-    )
-    (arm,) = resolve_arms(load_experiment(f))
-    r = run_simulation(SimSpec.from_settings(arm.settings), arm.policy, arm.policy_options, 0)
-    return float(r.metrics["ttft_s"]["p50"])
+    return float(simulate_one_turn(tmp_path, path, sessions)["ttft_s"]["p50"])
 
 
 def test_the_simulator_adds_the_path_delay_to_a_request(tmp_path: Path) -> None:

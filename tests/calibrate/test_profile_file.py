@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -55,6 +56,28 @@ policy = "sticky_least_loaded"
 """
     )
     return f
+
+
+def simulate_one_turn(
+    tmp_path: Path, profile: Path, sessions: int, options: str = "", policy: str = ""
+) -> dict[str, Any]:
+    """The metrics of ``sessions`` one-turn sessions sent together (:func:`_experiment`'s
+    file on ``profile``; ``options`` more workload options, ``policy`` another arm)."""
+    f = _experiment(tmp_path, profile)
+    text = (
+        f.read_text()
+        .replace("sessions = 4", f"sessions = {sessions}\narrival_rate_per_s = 1000.0\n{options}")
+        .replace("turns_max = 3", "turns_max = 1")
+        .replace("turns_p50 = 2", "turns_p50 = 1")
+        .replace("turns_p90 = 3", "turns_p90 = 1")
+    )
+    if policy:
+        text = text.replace('policy = "sticky_least_loaded"', f'policy = "{policy}"')
+    f.write_text(text)
+    (arm,) = resolve_arms(load_experiment(f))
+    return run_simulation(
+        SimSpec.from_settings(arm.settings), arm.policy, arm.policy_options, 0
+    ).metrics
 
 
 def test_written_profile_reads_back_equal(tmp_path: Path) -> None:

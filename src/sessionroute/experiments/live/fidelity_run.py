@@ -9,6 +9,7 @@ Output directory::
     OUT/fidelity.json                    the comparison
     OUT/turns.json                       every live run's answered turns (send time, replica,
                                          lengths, block keys, cached tokens, TTFT), per arm
+    OUT/path_probe_turns.json            the path probe runs' turns, by run (when probed here)
     OUT/host_speed.txt                   the host's speed sampled throughout (monotonic s,
                                          loop ms: experiments/live/hostspeed.py)
 """
@@ -172,15 +173,22 @@ def _probe_path(
     engine: EngineSettings,
     urls: list[str],
     say: Say,
+    keep: Path | None = None,
 ) -> Any:
     """The arms' request path, probed on the servers and fitted on ``profile`` (no path delay
-    yet): :func:`sessionroute.experiments.live.path_probe.probe_path`; says the fit."""
+    yet): :func:`sessionroute.experiments.live.path_probe.probe_path`; says the fit. The probe
+    runs' turns go to ``keep`` (JSON, by run name) where given."""
     from sessionroute.experiments.live.path_probe import probe_path
     from sessionroute.sim import SimSpec, replica_config
 
     sim_arm = resolve_arms(fidelity_sim_spec(spec, profile, engine, urls))[0]
     count, config = replica_config(SimSpec.from_settings(sim_arm.settings))
-    fit = probe_path(runner, resolve_arms(live_spec)[0], config, count, seed=spec.run.seed, say=say)
+    turns: dict[str, list[Any]] = {}
+    fit = probe_path(
+        runner, resolve_arms(live_spec)[0], config, count, seed=spec.run.seed, say=say, keep=turns
+    )
+    if keep is not None:
+        keep.write_text(json.dumps(turns), "utf-8")
     if fit is None:
         say(
             "path probe: no request's server known (the router does not name it): the "
@@ -323,7 +331,10 @@ def run_fidelity(
             # the arms' request path (client, router, chat endpoint), probed on the servers
             say("the request path's delay ...")
             start = meter.sample()
-            path = _probe_path(runner, live_spec, spec, str(profile_path), engine, urls, say)
+            path = _probe_path(
+                runner, live_spec, spec, str(profile_path), engine, urls, say,
+                out_dir / "path_probe_turns.json",
+            )  # fmt: skip
             cpu.append(("path probe", meter.between(start, meter.sample())))
             if path is not None:
                 profile_path = write_path(profile_path, path, out_dir / "profile.toml")

@@ -143,6 +143,7 @@ def probe_path(
     *,
     seed: int = 0,
     say: Callable[[str], None] = print,
+    keep: dict[str, list[Mapping[str, Any]]] | None = None,
 ) -> PathFit | None:
     """Run the probe (module docstring) and fit the path delay, with the host's sharing as its
     ``host`` (None when no request had enough output tokens); None when no probe request
@@ -157,6 +158,7 @@ def probe_path(
             delay.
         replicas: how many servers.
         seed: the probe workload's seed.
+        keep: where given, each probe run's recorded turns by its name (for a refit later).
 
     """
     recorded: list[list[Mapping[str, Any]]] = []
@@ -164,6 +166,8 @@ def probe_path(
     for name, load in PROBE_LEVELS:
         out = runner(probe_arm(template, name, load), seed, lambda _f: None)
         recorded.append(list(out.turns or []))
+        if keep is not None:
+            keep[name] = recorded[-1]
         got = path_samples(recorded[-1], config, replicas)
         m = out.metrics
         server = (m.get("live") or {}).get("server_means") or {}
