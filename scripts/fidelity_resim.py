@@ -9,6 +9,11 @@ arm's metrics of the fidelity table, live (the output's ``results.json``) and si
 the error (simulated - live, in points for the hit rate, relative otherwise) and ``compare``'s
 verdict on it (the bound widened by the noise; preemptions on both sides or neither).
 
+``--refit sharing`` (or ``no-sharing``) fits the servers' sharing of the host (or none) and
+then the path delay again from the path probe's kept turns (``OUT/path_probe_turns.json``), on
+the profile's step terms, as ``compare --fidelity`` fits them: the same live runs simulated
+with and without the sharing (docs/simulator.md, "Measured on the CPU tier").
+
 ``--host-speed`` simulates each arm with the profile's step terms scaled by the host's speed
 during that arm's live runs against the calibration's (``loop_ms`` in ``fidelity.json``'s
 ``host_cpu``: :mod:`sessionroute.experiments.live.hostspeed`): how much of the error the
@@ -24,7 +29,8 @@ calibration: ``compare`` does none of them (docs/simulator.md, "Servers and core
 
 Usage:
     PYTHONPATH=src python scripts/fidelity_resim.py OUT FILE [--path-delay line|curve|profile]
-        [--host-speed | --pace] [--speed-noise CV [--noise-period S] [--noise-schedules K]]
+        [--refit sharing|no-sharing] [--host-speed | --pace]
+        [--speed-noise CV [--noise-period S] [--noise-schedules K]]
 
 ``FILE`` is the experiment file the output came from (``${TINY_MODEL}`` and the like in its
 ``[live]`` section are read from the environment, as ``compare`` reads them). Used for
@@ -34,6 +40,7 @@ docs/simulator.md, "Calibrating against a real server" (the path delay's curve).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -47,14 +54,18 @@ from typing import Any
 
 import tomli_w
 
-from sessionroute.calibrate.path import curve_from_bins
+from sessionroute.calibrate.host import fit_host
+from sessionroute.calibrate.path import PathSample, curve_from_bins, fit_path_delay
+from sessionroute.calibrate.result import write_path
 from sessionroute.errors import ConfigError
 from sessionroute.experiments.fidelity import METRICS, compare_arm
 from sessionroute.experiments.live.fidelity_run import fidelity_sim_spec, simulate_draw
+from sessionroute.experiments.live.path_probe import HOST_LEVELS, host_samples, path_samples
 from sessionroute.experiments.live_engine import EngineSettings
 from sessionroute.experiments.runner import run_experiment
-from sessionroute.experiments.spec import load_experiment
+from sessionroute.experiments.spec import load_experiment, resolve_arms
 from sessionroute.replica.profiles import load_profile_file
+from sessionroute.sim import SimSpec, replica_config
 from sessionroute.sim.spec import FaultSection
 
 
@@ -79,6 +90,40 @@ def _profile(path: Path, how: str, work: Path) -> Path:
     out = work / "profile.toml"
     out.write_text(tomli_w.dumps(doc))
     return out
+
+
+def _refit(
+    path: Path, probe: Path, sharing: bool, spec: Any, engine: Any, urls: list[str], work: Path
+) -> Path:
+    """A copy of the profile file at ``path`` with the host's sharing (or none) and the path
+    delay fitted again, as ``compare --fidelity`` fits them, from the path probe's kept turns
+    (``OUT/path_probe_turns.json``) on the profile's step terms.
+
+    Raises:
+        SystemExit: the probe's turns are not there, or no probe request could be replayed.
+    """
+    if not probe.is_file():
+        raise SystemExit(f"{probe}: not found (compare --fidelity keeps it since 2026-12-07)")
+    turns: dict[str, list[Any]] = json.loads(probe.read_text())
+    bare = write_path(path, fit_path_delay([PathSample(0, 0.0)]), work / "profile-bare.toml")
+    sim_arm = resolve_arms(fidelity_sim_spec(spec, str(bare), engine, urls))[0]
+    count, config = replica_config(SimSpec.from_settings(sim_arm.settings))
+    host = None
+    if sharing:
+        samples = [
+            s for name in HOST_LEVELS for s in host_samples(turns.get(name, []), config, count)
+        ]
+        host = fit_host(samples, count) if samples else None
+    if host is not None:
+        config = dataclasses.replace(config, profile=dataclasses.replace(
+            config.profile, path_step_factor=host.path_step_factor,
+            peer_busy_slowdown=host.peer_busy_slowdown,
+        ))  # fmt: skip
+    delays = [s for run in turns.values() for s in path_samples(run, config, count)]
+    if not delays:
+        raise SystemExit(f"{probe}: no probe request could be replayed")
+    fit = dataclasses.replace(fit_path_delay(delays), host=host)
+    return write_path(path, fit, work / "profile-refit.toml")
 
 
 _STEP_TERMS = ("b0_s", "b_tok_s", "b_seq_s", "b_req_s", "b_kv_s", "b_pa_s")
@@ -222,6 +267,13 @@ def main() -> int:
         help="the path delay as the fitted line, as the curve of the probe's bins (refitted "
         "from [calibration.path]), or as the profile file has it (default)",
     )
+    parser.add_argument(
+        "--refit",
+        choices=("sharing", "no-sharing"),
+        help="fit the servers' sharing of the host (or none) and then the path delay again "
+        "from the path probe's kept turns (OUT/path_probe_turns.json), as compare "
+        "--fidelity fits them, instead of the profile's",
+    )
     scale = parser.add_mutually_exclusive_group()
     scale.add_argument(
         "--host-speed",
@@ -318,6 +370,11 @@ def main() -> int:
     # arm -> one list of simulated runs per noise schedule
     runs: dict[str, list[list[Any]]] = {}
     with tempfile.TemporaryDirectory(prefix="fidelity-resim-") as work:
+        if args.refit:
+            source = _refit(
+                source, args.out / "path_probe_turns.json", args.refit == "sharing", spec,
+                engine, cond["worker_urls"], Path(work),
+            )  # fmt: skip
         profile = _profile(source, args.path_delay, Path(work))
         arms = [[a] for a in spec.arms] if factors else [spec.arms]
         for group in arms:
@@ -332,6 +389,8 @@ def main() -> int:
                 for arm in run_experiment(sim_spec, simulate_draw, None, jobs=1).results:
                     runs.setdefault(arm.name, []).append(list(arm.runs))
     how = f"path delay as {args.path_delay}"
+    if args.refit:
+        how += f", refitted from the path probe's turns ({args.refit})"
     if factors:
         how += f"; step terms x {'host speed' if args.host_speed else 'decode pace'}: " + ", ".join(
             f"{a} {f:.2f}" for a, f in factors.items()

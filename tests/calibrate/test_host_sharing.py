@@ -24,7 +24,9 @@ from sessionroute.experiments.replay import (
 )
 from sessionroute.replica import PROFILES, load_profile_file
 from sessionroute.replica.api import ReplicaConfig
+from sessionroute.sim.events import EventQueue
 from sessionroute.sim.replicas import SimReplica
+from sessionroute.sim.wakeups import ReplicaWakeups
 
 from .test_profile_file import _result, simulate_one_turn
 
@@ -166,3 +168,83 @@ def test_a_slow_fault_and_the_host_factor_multiply() -> None:
     rep.fail()
     rep.restart()
     assert rep.engine is not None and rep.engine.config.slowdown == 3.0
+
+
+def test_short_bins_join_their_neighbour() -> None:
+    """A last bin of fewer than 12 requests joins the one before (none lost, none counted
+    twice)."""
+    for n in (13, 16, 30):
+        fit = fit_host(_samples(1.0, 0.5, 0.05, n=n))
+        assert sum(c for _, c, _ in fit.bins) == n
+        assert all(c >= 12 for _, c, _ in fit.bins)
+    assert [c for _, c, _ in fit_host(_samples(1.0, 0.5, 0.05, n=30)).bins] == [12, 18]
+
+
+def test_no_sharing_is_fitted_from_too_little_or_the_wrong_way() -> None:
+    idle = [HostSample(0.0, 1.0)] * 8
+    # equal ratios (a median absolute deviation of 0): a hair's difference proves nothing
+    assert not fit_host([*idle, *[HostSample(1.0, 1.0 + 1e-9)] * 8]).shared
+    # a busy group of 7: too few
+    assert not fit_host([*idle, *[HostSample(1.0, 2.0)] * 7]).shared
+    # busy faster than idle: no negative slowdown
+    fit = fit_host([*idle, *[HostSample(1.0, 0.5)] * 8])
+    assert not fit.shared and fit.peer_busy_slowdown == 0.0
+    fit = fit_host([*idle, *[HostSample(1.0, 2.0)] * 8], servers=2)
+    assert fit.shared and fit.peer_busy_slowdown == pytest.approx(1.0)
+    assert fit.as_dict()["servers"] == 2
+
+
+class _Host(ReplicaWakeups):
+    def _finish(self, rep: SimReplica, r: Any) -> None:
+        rep.inflight.pop(r.request_id, None)
+
+
+def test_every_replica_follows_the_others_busy_down_and_hung() -> None:
+    """The host factor of each replica counts the others with a request in a running engine;
+    a replica down or hung counts for nothing and keeps its factor for its next engine."""
+    profile = dataclasses.replace(TOY, peer_busy_slowdown=1.0)
+    reps = [SimReplica(i, f"http://r{i}", ReplicaConfig(profile)) for i in range(3)]
+    host = _Host(EventQueue(), reps)
+    reps[0].inflight["a"] = object()
+    reps[1].inflight["b"] = object()
+    host.host_changed()
+    assert [r.host_factor for r in reps] == [2.0, 2.0, 3.0]
+    engine = reps[2].engine
+    assert engine is not None and engine.config.slowdown == 3.0
+    reps[1].freeze()  # hung: its request waits, its engine runs nothing
+    host.host_changed()
+    assert [r.host_factor for r in reps] == [1.0, 2.0, 2.0]
+    reps[2].fail()
+    host.host_changed()
+    reps[1].unfreeze()
+    reps[1].fail()
+    reps[0].inflight.clear()
+    host.host_changed()
+    assert [r.host_factor for r in reps] == [1.0, 1.0, 1.0]
+    reps[0].inflight["c"] = object()
+    host.host_changed()
+    reps[2].restart()  # a fresh engine starts at the factor of now
+    engine = reps[2].engine
+    assert engine is not None and engine.config.slowdown == 2.0
+
+
+def test_the_hit_rate_replay_takes_the_sharing_too() -> None:
+    """compare's replay of the live runs (hit rates) slows each server while the other was
+    busy, as the probe's replay does: its prefill and the hits it finds are the same model's."""
+    from sessionroute.experiments.replay import replay_run
+
+    turns = [_turn(0.0, 1.0, 0, output=64), _turn(0.0, 100.0, 1, output=64)]
+    alone = replay_run(turns, ReplicaConfig(TOY, kv_capacity_tokens=8192), replicas=2)
+    shared = dataclasses.replace(TOY, peer_busy_slowdown=0.5)
+    both = replay_run(turns, ReplicaConfig(shared, kv_capacity_tokens=8192), replicas=2)
+    assert both["replay_prefill_mean_s"] == pytest.approx(1.5 * alone["replay_prefill_mean_s"])
+    assert both["replay_hit_rate"] == alone["replay_hit_rate"]
+
+
+def test_a_path_fit_without_sharing_resets_the_profiles_fields() -> None:
+    path = fit_path_delay([PathSample(0, 0.01)] * 12)
+    shared = _result().with_path(
+        dataclasses.replace(path, host=HostFit(0.9, 0.4, True, 120, ((0.5, 120, 1.1),)))
+    )
+    again = shared.with_path(path)
+    assert again.profile.path_step_factor == 1.0 and again.profile.peer_busy_slowdown == 0.0

@@ -17,7 +17,8 @@ those that decoded with them busy (over 0.75: ``c0 * (1 + k * b)``, ``b`` their 
 ``busy_others``), and ``k`` (the profile's ``peer_busy_slowdown``; see
 ``StepTimeProfile.host_factor``) from the two. Two medians, not a line through bins: the ratio
 of one probe request scatters by tens of percent, and the probe's requests pile up at the two
-ends. Where the busy median is not above the idle one by 2 standard errors, or either group
+ends. Where the busy median is not above the idle one by 2 standard errors (at least 1 % of the
+idle median each), or either group
 has fewer than :data:`_MIN_GROUP` requests, ``k`` is 0 and ``c0`` the median of every ratio.
 """
 
@@ -63,6 +64,8 @@ class HostFit:
         samples: probe requests used.
         bins: ``(busy_others, requests, median ratio)`` per bin, ``busy_others`` the bin's
             mean.
+        servers: how many servers the probe ran on (0: not given). A profile fitted on 2
+            says nothing of how 32 replicas on one host would slow each other.
     """
 
     path_step_factor: float
@@ -70,6 +73,7 @@ class HostFit:
     shared: bool
     samples: int
     bins: tuple[tuple[float, int, float], ...]
+    servers: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         """For the profile file's ``[calibration.host]`` and ``fidelity.json``."""
@@ -79,6 +83,7 @@ class HostFit:
             "peer_busy_slowdown": round(self.peer_busy_slowdown, 4),
             "shared": self.shared,
             "samples": self.samples,
+            "servers": self.servers,
             "bins": [
                 {"busy_others": round(b, 3), "requests": c, "median_ratio": round(m, 4)}
                 for b, c, m in self.bins
@@ -90,15 +95,16 @@ def _bins(samples: Sequence[HostSample]) -> list[tuple[float, int, float]]:
     ordered = sorted(samples, key=lambda s: s.busy_others)
     groups = [list(ordered[i : i + _BIN]) for i in range(0, len(ordered), _BIN)]
     if len(groups) > 1 and len(groups[-1]) < _BIN:
-        groups[-2] += groups.pop()
+        tail = groups.pop()
+        groups[-1] += tail
     return [
         (statistics.fmean(s.busy_others for s in g), len(g), statistics.median(s.ratio for s in g))
         for g in groups
     ]
 
 
-def fit_host(samples: Sequence[HostSample]) -> HostFit:
-    """Fit the probe's requests (module docstring).
+def fit_host(samples: Sequence[HostSample], servers: int = 0) -> HostFit:
+    """Fit the probe's requests (module docstring), made on ``servers`` servers.
 
     Raises:
         ValueError: no samples, or a ratio that is not > 0.
@@ -115,10 +121,11 @@ def fit_host(samples: Sequence[HostSample]) -> HostFit:
         r0 = statistics.median(idle)
         r1 = statistics.median(s.ratio for s in busy)
         b = statistics.fmean(s.busy_others for s in busy)
-        se = math.hypot(_median_se(idle), _median_se([s.ratio for s in busy]))
+        # a floor of 1 % of the idle median: ratios mostly equal (a MAD of 0) prove nothing
+        se = max(math.hypot(_median_se(idle), _median_se([s.ratio for s in busy])), 0.01 * r0)
         if r1 - r0 > 2 * se:
-            return HostFit(r0, (r1 / r0 - 1) / b, True, len(samples), bins)
-    return HostFit(c0, 0.0, False, len(samples), bins)
+            return HostFit(r0, (r1 / r0 - 1) / b, True, len(samples), bins, servers)
+    return HostFit(c0, 0.0, False, len(samples), bins, servers)
 
 
 def _median_se(values: Sequence[float]) -> float:

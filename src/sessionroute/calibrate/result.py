@@ -86,20 +86,20 @@ class CalibrationResult:
 
     def with_path(self, path: PathFit) -> CalibrationResult:
         """This result with the path delay ``path`` in its profile (``path_delay_s``,
-        ``path_delay_per_request_s``, ``path_delay_curve``) and in its ``[calibration.path]``
-        table."""
+        ``path_delay_per_request_s``, ``path_delay_curve``, and the host's sharing:
+        :func:`host_fields`) and in its ``[calibration.path]`` table."""
         profile = dataclasses.replace(
             self.profile,
             path_delay_s=path.d0_s,
             path_delay_per_request_s=path.d1_s,
             path_delay_curve=path.curve,
         )
-        if path.host is not None:
-            profile = dataclasses.replace(
-                profile,
-                path_step_factor=path.host.path_step_factor,
-                peer_busy_slowdown=path.host.peer_busy_slowdown,
-            )
+        host = host_fields(path)
+        profile = dataclasses.replace(
+            profile,
+            path_step_factor=host["path_step_factor"],
+            peer_busy_slowdown=host["peer_busy_slowdown"],
+        )
         return dataclasses.replace(self, profile=profile, path=path)
 
     def calibration_table(self) -> dict[str, Any]:
@@ -185,10 +185,10 @@ def write_profile(result: CalibrationResult, path: str | Path) -> Path:
 
 def host_fields(path: PathFit) -> dict[str, float]:
     """The profile's ``path_step_factor`` and ``peer_busy_slowdown`` from ``path``'s host fit
-    (empty without one)."""
+    (1 and 0 without one: a profile's earlier fit goes with its earlier path table)."""
     host = path.host
     if host is None:
-        return {}
+        return {"path_step_factor": 1.0, "peer_busy_slowdown": 0.0}
     return {
         "path_step_factor": host.path_step_factor,
         "peer_busy_slowdown": host.peer_busy_slowdown,
@@ -198,7 +198,8 @@ def host_fields(path: PathFit) -> dict[str, float]:
 def write_path(source: str | Path, path: PathFit, dest: str | Path) -> Path:
     """Copy the profile file ``source`` to ``dest`` (TOML) with the path delay ``path`` in its
     profile (``path_delay_s``, ``path_delay_per_request_s``, ``path_delay_curve`` where it has
-    one) and its ``[calibration.path]`` table; returns ``dest``.
+    one, and the host's sharing: :func:`host_fields`) and its ``[calibration.path]`` table;
+    returns ``dest``.
 
     Raises:
         ConfigError: ``source`` is not a profile file (:func:`load_profile_file`).

@@ -161,7 +161,7 @@ def replay_results(
     profile's ``peer_busy_slowdown`` says (:func:`host_schedule`)."""
     out: list[RequestResult | None] = [None] * len(turns)
     by_replica, _ = _by_replica(turns, replicas)
-    spans = busy_spans(turns)
+    spans = busy_spans(turns) if config.profile.peer_busy_slowdown else {}
     for rep, rows in by_replica.items():
         results = _replay_engine(
             [turns[i] for i in rows], config, host_schedule(spans, rep, config)
@@ -205,11 +205,12 @@ def replay_run(
         own. Hit rates and means are None without a replayed turn.
     """
     by_replica, skipped = _by_replica(turns, replicas)
+    spans = busy_spans(turns) if config.profile.peer_busy_slowdown else {}
     prompt = live_cached = replay_cached = same = preemptions = requests = 0
     queue = prefill = 0.0
-    for idx in by_replica.values():
+    for rep, idx in by_replica.items():
         rows = [turns[i] for i in idx]
-        results = _replay_engine(rows, config)
+        results = _replay_engine(rows, config, host_schedule(spans, rep, config))
         for t, res in zip(rows, results, strict=True):
             got = res.cached_tokens
             prompt += int(t["prompt_len"])

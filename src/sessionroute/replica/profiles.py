@@ -82,7 +82,7 @@ class StepTimeProfile:
             ``path_step_factor * (1 + peer_busy_slowdown * busy_others)`` times the step
             terms (0: replicas do not share a host's cores). Servers on one CPU host, whose
             engines, frontends, router and clients take turns on the same cores; fitted by
-            ``compare --fidelity``'s path probe (``sessionroute.calibrate.path``). The
+            ``compare --fidelity``'s path probe (``sessionroute.calibrate.host``). The
             simulator only.
     """
 

@@ -62,6 +62,7 @@ class ReplicaFaults:
         self.replicas.append(rep)
         self._by_url[rep.url] = rep
         self.core.add_worker(rep.url)
+        self.host_changed()
         return rep
 
     def fail_replica(self, rep: SimReplica) -> None:
@@ -93,6 +94,7 @@ class ReplicaFaults:
             return
         self.sync(rep)
         rep.freeze()
+        self.host_changed()
 
     # -- the router's health checks --------------------------------------------------------------
     def _probe(self, url: str) -> None:

@@ -36,7 +36,8 @@ class ReplicaWakeups:
     # -- replicas sharing a host ----------------------------------------------------------------
     def host_changed(self) -> None:
         """A replica turned busy (its first request in the engine) or idle (its last one
-        finished): set every replica's host factor for the others busy now
+        finished, or it went down, hung or joined): set every replica's host factor for the
+        others busy now (a replica is busy while a request is in its running engine)
         (``StepTimeProfile.host_factor``; a no-op for profiles whose replicas share nothing).
         Running a replica to now may finish requests and turn it idle in turn; those changes
         are settled here, one pass after another, not by a nested call."""
@@ -52,11 +53,11 @@ class ReplicaWakeups:
                 now = self.queue.clock._t
                 for rep in self.replicas:
                     engine = rep.engine
-                    if engine is None:
-                        continue
-                    others = busy - (1 if rep.inflight else 0)
-                    factor = engine.config.profile.host_factor(others)
-                    if factor != rep.host_factor:
+                    mine = 1 if rep.inflight and engine is not None else 0
+                    factor = rep.config.profile.host_factor(busy - mine)
+                    if engine is None:  # down or hung: its next engine starts with it
+                        rep.host_factor = factor
+                    elif factor != rep.host_factor:
                         self._sync(rep)
                         rep.set_host_factor(factor, now)
                         self._reschedule(rep)

@@ -184,11 +184,14 @@ def _probe_path(
     sim_arm = resolve_arms(fidelity_sim_spec(spec, profile, engine, urls))[0]
     count, config = replica_config(SimSpec.from_settings(sim_arm.settings))
     turns: dict[str, list[Any]] = {}
-    fit = probe_path(
-        runner, resolve_arms(live_spec)[0], config, count, seed=spec.run.seed, say=say, keep=turns
-    )
-    if keep is not None:
-        keep.write_text(json.dumps(turns), "utf-8")
+    try:
+        fit = probe_path(
+            runner, resolve_arms(live_spec)[0], config, count, seed=spec.run.seed, say=say,
+            keep=turns,
+        )  # fmt: skip
+    finally:  # kept even when the fit fails, for a look at what the probe saw
+        if keep is not None:
+            keep.write_text(json.dumps(turns), "utf-8")
     if fit is None:
         say(
             "path probe: no request's server known (the router does not name it): the "

@@ -60,7 +60,7 @@ HOST_LEVELS: tuple[str, ...] = ("alone", "light")
 per server at a time, as the arms of the fidelity files run. In the loaded runs every server
 is busy all the time (nothing to set beside an idle one) with full batches, whose steps the
 others' work stretches by another amount (on the CPU tier, 2026-12-07: live over replayed time
-per token 1.1 there, 1.3-1.4 with one request per server)."""
+per token about 1.1 there, 1.32-1.40 in the arms with a few requests per server)."""
 
 
 def probe_arm(template: ResolvedArm, name: str, load: Mapping[str, Any]) -> ResolvedArm:
@@ -187,7 +187,7 @@ def probe_path(
         if name in HOST_LEVELS
         for s in host_samples(turns, config, replicas)
     ]
-    host = fit_host(per_token) if per_token else None
+    host = fit_host(per_token, replicas) if per_token else None
     if host is not None:
         config = replace(config, profile=replace(
             config.profile, path_step_factor=host.path_step_factor,
