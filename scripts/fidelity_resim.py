@@ -100,10 +100,8 @@ def _refit(
     (``OUT/path_probe_turns.json``) on the profile's step terms.
 
     Raises:
-        SystemExit: the probe's turns are not there, or no probe request could be replayed.
+        SystemExit: no probe request could be replayed.
     """
-    if not probe.is_file():
-        raise SystemExit(f"{probe}: not found (compare --fidelity keeps it since 2026-12-07)")
     turns: dict[str, list[Any]] = json.loads(probe.read_text())
     bare = write_path(path, fit_path_delay([PathSample(0, 0.0)]), work / "profile-bare.toml")
     sim_arm = resolve_arms(fidelity_sim_spec(spec, str(bare), engine, urls))[0]
@@ -339,6 +337,10 @@ def main() -> int:
         print(f"{source}: the profile fidelity.json names is not there (relative to where "
               "compare ran?)", file=sys.stderr)  # fmt: skip
         return 2
+    probe = args.out / "path_probe_turns.json"
+    if args.refit and not probe.is_file():
+        print(f"{probe}: not found (compare --fidelity keeps it since 2026-12-07)", file=sys.stderr)
+        return 2
     factors = speed_factors(fid) if args.host_speed else pace_factors(fid) if args.pace else {}
     if args.host_speed and not factors:
         print(
@@ -372,8 +374,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="fidelity-resim-") as work:
         if args.refit:
             source = _refit(
-                source, args.out / "path_probe_turns.json", args.refit == "sharing", spec,
-                engine, cond["worker_urls"], Path(work),
+                source, probe, args.refit == "sharing", spec, engine, cond["worker_urls"],
+                Path(work),
             )  # fmt: skip
         profile = _profile(source, args.path_delay, Path(work))
         arms = [[a] for a in spec.arms] if factors else [spec.arms]

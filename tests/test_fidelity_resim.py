@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import statistics
 import subprocess
 import sys
@@ -147,3 +148,22 @@ def test_a_bad_experiment_file_is_named_without_a_traceback(tmp_path: Path) -> N
     assert r.returncode == 2
     assert "bad.toml" in r.stderr and "unknown policy 'nope'" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_a_refit_without_the_probes_turns_names_the_file(tmp_path: Path) -> None:
+    """--refit needs OUT/path_probe_turns.json (outputs before 2026-12-07 lack it)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    profile = tmp_path / "p.toml"
+    profile.write_text('[profiles.p]\nbase = "toy-8b-h100-tp1"\n')
+    (out / "fidelity.json").write_text(
+        json.dumps({"conditions": {"engine": {}, "profile": str(profile)}})
+    )
+    exp = tmp_path / "exp.toml"
+    exp.write_text('name = "x"\n[[arms]]\npolicy = "random"\n')
+    r = subprocess.run(
+        [sys.executable, str(SCRIPT), str(out), str(exp), "--refit", "sharing"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert r.returncode == 2
+    assert "path_probe_turns.json: not found" in r.stderr and "Traceback" not in r.stderr

@@ -194,17 +194,12 @@ def test_no_sharing_is_fitted_from_too_little_or_the_wrong_way() -> None:
     assert fit.as_dict()["servers"] == 2
 
 
-class _Host(ReplicaWakeups):
-    def _finish(self, rep: SimReplica, r: Any) -> None:
-        rep.inflight.pop(r.request_id, None)
-
-
 def test_every_replica_follows_the_others_busy_down_and_hung() -> None:
     """The host factor of each replica counts the others with a request in a running engine;
     a replica down or hung counts for nothing and keeps its factor for its next engine."""
     profile = dataclasses.replace(TOY, peer_busy_slowdown=1.0)
     reps = [SimReplica(i, f"http://r{i}", ReplicaConfig(profile)) for i in range(3)]
-    host = _Host(EventQueue(), reps)
+    host = ReplicaWakeups(EventQueue(), reps)  # no request in any engine: nothing finishes
     reps[0].inflight["a"] = object()
     reps[1].inflight["b"] = object()
     host.host_changed()
