@@ -40,7 +40,6 @@ docs/simulator.md, "Calibrating against a real server" (the path delay's curve).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import os
@@ -54,18 +53,20 @@ from typing import Any
 
 import tomli_w
 
-from sessionroute.calibrate.host import fit_host
 from sessionroute.calibrate.path import PathSample, curve_from_bins, fit_path_delay
 from sessionroute.calibrate.result import write_path
 from sessionroute.errors import ConfigError
 from sessionroute.experiments.fidelity import METRICS, compare_arm
-from sessionroute.experiments.live.fidelity_run import fidelity_sim_spec, simulate_draw
-from sessionroute.experiments.live.path_probe import HOST_LEVELS, host_samples, path_samples
+from sessionroute.experiments.live.fidelity_run import (
+    fidelity_replicas,
+    fidelity_sim_spec,
+    simulate_draw,
+)
+from sessionroute.experiments.live.path_probe import fit_probe
 from sessionroute.experiments.live_engine import EngineSettings
 from sessionroute.experiments.runner import run_experiment
-from sessionroute.experiments.spec import load_experiment, resolve_arms
+from sessionroute.experiments.spec import load_experiment
 from sessionroute.replica.profiles import load_profile_file
-from sessionroute.sim import SimSpec, replica_config
 from sessionroute.sim.spec import FaultSection
 
 
@@ -104,23 +105,10 @@ def _refit(
     """
     turns: dict[str, list[Any]] = json.loads(probe.read_text())
     bare = write_path(path, fit_path_delay([PathSample(0, 0.0)]), work / "profile-bare.toml")
-    sim_arm = resolve_arms(fidelity_sim_spec(spec, str(bare), engine, urls))[0]
-    count, config = replica_config(SimSpec.from_settings(sim_arm.settings))
-    host = None
-    if sharing:
-        samples = [
-            s for name in HOST_LEVELS for s in host_samples(turns.get(name, []), config, count)
-        ]
-        host = fit_host(samples, count) if samples else None
-    if host is not None:
-        config = dataclasses.replace(config, profile=dataclasses.replace(
-            config.profile, path_step_factor=host.path_step_factor,
-            peer_busy_slowdown=host.peer_busy_slowdown,
-        ))  # fmt: skip
-    delays = [s for run in turns.values() for s in path_samples(run, config, count)]
-    if not delays:
+    count, config = fidelity_replicas(spec, str(bare), engine, urls)
+    fit = fit_probe(turns, config, count, sharing=sharing)
+    if fit is None:
         raise SystemExit(f"{probe}: no probe request could be replayed")
-    fit = dataclasses.replace(fit_path_delay(delays), host=host)
     return write_path(path, fit, work / "profile-refit.toml")
 
 

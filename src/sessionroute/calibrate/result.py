@@ -88,15 +88,12 @@ class CalibrationResult:
         """This result with the path delay ``path`` in its profile (``path_delay_s``,
         ``path_delay_per_request_s``, ``path_delay_curve``, and the host's sharing:
         :func:`host_fields`) and in its ``[calibration.path]`` table."""
+        host = host_fields(path)
         profile = dataclasses.replace(
             self.profile,
             path_delay_s=path.d0_s,
             path_delay_per_request_s=path.d1_s,
             path_delay_curve=path.curve,
-        )
-        host = host_fields(path)
-        profile = dataclasses.replace(
-            profile,
             path_step_factor=host["path_step_factor"],
             peer_busy_slowdown=host["peer_busy_slowdown"],
         )

@@ -108,25 +108,28 @@ def _replay_engine(
     base = config.slowdown
     engine = Replica(replace(config, slowdown=base * config.profile.host_factor(0)))
     results: list[RequestResult] = []
-    changes = iter(schedule)
-    pending = next(changes, None)
+    changes = list(schedule)
+    done = 0
+
+    def change_until(now: float) -> None:
+        nonlocal done
+        while done < len(changes) and changes[done][0] <= now:
+            t, factor = changes[done]
+            results.extend(engine.advance(t))
+            engine.set_slowdown(base * factor, t)
+            done += 1
+
     for i, t in enumerate(rows):
         now = float(t["sent_s"])
-        while pending is not None and pending[0] <= now:
-            results += engine.advance(pending[0])
-            engine.set_slowdown(base * pending[1], pending[0])
-            pending = next(changes, None)
-        results += engine.advance(now)
+        change_until(now)
+        results.extend(engine.advance(now))
         req = EngineRequest(
             str(i), int(t["prompt_len"]), int(t["output_len"]), list(t["block_keys"]),
             t.get("cache_salt"),
         )  # fmt: skip
         engine.add_request(req, now)
-    while pending is not None:
-        results += engine.advance(pending[0])
-        engine.set_slowdown(base * pending[1], pending[0])
-        pending = next(changes, None)
-    results += engine.advance(float("inf"))
+    change_until(float("inf"))
+    results.extend(engine.advance(float("inf")))
     by_id = {r.request_id: r for r in results}
     return [by_id[str(i)] for i in range(len(rows))]
 

@@ -43,11 +43,13 @@ from sessionroute.experiments.spec import (
     parse_experiment,
     resolve_arms,
 )
+from sessionroute.replica.api import ReplicaConfig
 
 __all__ = [
     "SIM_DRAWS",
     "FidelityOutput",
     "fidelity_live_spec",
+    "fidelity_replicas",
     "fidelity_sim_spec",
     "run_fidelity",
     "simulate_draw",
@@ -165,6 +167,17 @@ def _read_servers(urls: list[str], live: LiveSection, fallback: Mapping[str, Any
     return asyncio.run(read())
 
 
+def fidelity_replicas(
+    spec: ExperimentSpec, profile: str, engine: EngineSettings, urls: list[str]
+) -> tuple[int, ReplicaConfig]:
+    """How many replicas the simulated side runs and their ``ReplicaConfig`` (its first arm's)
+    on the profile file ``profile`` with the servers' settings (:func:`fidelity_sim_spec`)."""
+    from sessionroute.sim import SimSpec, replica_config
+
+    sim_arm = resolve_arms(fidelity_sim_spec(spec, profile, engine, urls))[0]
+    return replica_config(SimSpec.from_settings(sim_arm.settings))
+
+
 def _probe_path(
     runner: Any,
     live_spec: ExperimentSpec,
@@ -179,11 +192,9 @@ def _probe_path(
     yet): :func:`sessionroute.experiments.live.path_probe.probe_path`; says the fit. The probe
     runs' turns go to ``keep`` (JSON, by run name) where given."""
     from sessionroute.experiments.live.path_probe import probe_path
-    from sessionroute.sim import SimSpec, replica_config
 
-    sim_arm = resolve_arms(fidelity_sim_spec(spec, profile, engine, urls))[0]
-    count, config = replica_config(SimSpec.from_settings(sim_arm.settings))
-    turns: dict[str, list[Any]] = {}
+    count, config = fidelity_replicas(spec, profile, engine, urls)
+    turns: dict[str, Any] = {}
     try:
         fit = probe_path(
             runner, resolve_arms(live_spec)[0], config, count, seed=spec.run.seed, say=say,

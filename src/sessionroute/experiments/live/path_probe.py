@@ -31,6 +31,7 @@ __all__ = [
     "HOST_LEVELS",
     "MIN_DECODE_TOKENS",
     "PROBE_LEVELS",
+    "fit_probe",
     "host_samples",
     "in_flight_at_send",
     "path_samples",
@@ -101,8 +102,7 @@ def host_samples(
     busy over its decode (:mod:`sessionroute.calibrate.host`); turns of fewer than
     :data:`MIN_DECODE_TOKENS` output tokens, without a streamed token or of unknown replica are
     left out."""
-    alone = replace(config, profile=replace(config.profile, path_step_factor=1.0,
-                                            peer_busy_slowdown=0.0))  # fmt: skip
+    alone = _with_sharing(config, 1.0, 0.0)
     spans = busy_spans(turns)
     out = []
     for t, res in zip(turns, replay_results(turns, alone, replicas), strict=True):
@@ -143,7 +143,7 @@ def probe_path(
     *,
     seed: int = 0,
     say: Callable[[str], None] = print,
-    keep: dict[str, list[Mapping[str, Any]]] | None = None,
+    keep: dict[str, Sequence[Mapping[str, Any]]] | None = None,
 ) -> PathFit | None:
     """Run the probe (module docstring) and fit the path delay, with the host's sharing as its
     ``host`` (None when no request had enough output tokens); None when no probe request
@@ -161,14 +161,12 @@ def probe_path(
         keep: where given, each probe run's recorded turns by its name (for a refit later).
 
     """
-    recorded: list[list[Mapping[str, Any]]] = []
+    recorded = {} if keep is None else keep
     runs: list[dict[str, Any]] = []
     for name, load in PROBE_LEVELS:
         out = runner(probe_arm(template, name, load), seed, lambda _f: None)
-        recorded.append(list(out.turns or []))
-        if keep is not None:
-            keep[name] = recorded[-1]
-        got = path_samples(recorded[-1], config, replicas)
+        recorded[name] = list(out.turns or [])
+        got = path_samples(recorded[name], config, replicas)
         m = out.metrics
         server = (m.get("live") or {}).get("server_means") or {}
         row: dict[str, Any] = {
@@ -181,19 +179,48 @@ def probe_path(
         }
         runs.append({k: v for k, v in row.items() if v is not None})  # TOML has no null
         say(f"  path probe {name}: {len(got)} requests")
-    per_token = [
-        s
-        for (name, _), turns in zip(PROBE_LEVELS, recorded, strict=True)
-        if name in HOST_LEVELS
-        for s in host_samples(turns, config, replicas)
-    ]
-    host = fit_host(per_token, replicas) if per_token else None
-    if host is not None:
-        config = replace(config, profile=replace(
-            config.profile, path_step_factor=host.path_step_factor,
-            peer_busy_slowdown=host.peer_busy_slowdown,
-        ))  # fmt: skip
-    samples = [s for turns in recorded for s in path_samples(turns, config, replicas)]
+    return fit_probe(recorded, config, replicas, extra={"runs": runs})
+
+
+def fit_probe(
+    recorded: Mapping[str, Sequence[Mapping[str, Any]]],
+    config: ReplicaConfig,
+    replicas: int,
+    *,
+    sharing: bool = True,
+    extra: dict[str, Any] | None = None,
+) -> PathFit | None:
+    """Fit the probe runs' turns (by run name, as :func:`probe_path` records them): the host's
+    sharing on the :data:`HOST_LEVELS` runs (``sharing`` False: none), then the path delay on
+    every run replayed with it; None when no probe request could be replayed.
+
+    Args:
+        recorded: each probe run's answered turns, by its name in :data:`PROBE_LEVELS`.
+        config: the simulator's replica configuration on the fitted profile, without a path
+            delay; its sharing fields are not used.
+        replicas: how many servers.
+        sharing: fit the host's sharing (else the step terms as calibrated).
+        extra: kept in the fit (:attr:`PathFit.extra`).
+    """
+    host = None
+    if sharing:
+        per_token = [
+            s
+            for name in HOST_LEVELS
+            for s in host_samples(recorded.get(name, []), config, replicas)
+        ]
+        host = fit_host(per_token, replicas) if per_token else None
+    if host is None:  # the profile the fit goes into gets 1 and 0 (``host_fields``)
+        config = _with_sharing(config, 1.0, 0.0)
+    else:
+        config = _with_sharing(config, host.path_step_factor, host.peer_busy_slowdown)
+    samples = [s for turns in recorded.values() for s in path_samples(turns, config, replicas)]
     if not samples:
         return None
-    return replace(fit_path_delay(samples, {"runs": runs}), host=host)
+    return replace(fit_path_delay(samples, extra), host=host)
+
+
+def _with_sharing(config: ReplicaConfig, factor: float, slowdown: float) -> ReplicaConfig:
+    """``config`` with its profile's ``path_step_factor`` and ``peer_busy_slowdown`` set."""
+    profile = replace(config.profile, path_step_factor=factor, peer_busy_slowdown=slowdown)
+    return replace(config, profile=profile)
