@@ -102,3 +102,39 @@ def test_the_path_probe_fits_nothing_without_known_servers() -> None:
     assert ran == [f"path-probe-{name}" for name, _ in PROBE_LEVELS]
     fit = probe_path(runner, template, cfg, replicas=1, say=lambda _l: None)
     assert fit is not None and fit.samples == len(PROBE_LEVELS)
+
+
+@pytest.mark.parametrize(
+    ("router", "level", "policy"),
+    [
+        ("sessionroute", "light", "round_robin"),
+        ("vllm-router", "light", "round_robin"),
+        # a router of the user's: its policy names unknown
+        ("command", "light", "consistent_hash_bounded_load"),
+        ("sessionroute", "alone", "consistent_hash_bounded_load"),
+        ("sessionroute", "heavy", "consistent_hash_bounded_load"),
+    ],
+)
+def test_the_probe_spreads_its_host_level_whatever_the_arms_policy(
+    router: str, level: str, policy: str
+) -> None:
+    """The probe run that measures the servers busy at once routes ``round_robin`` (a
+    session-affine first arm put most probe sessions on one server); the others keep the first
+    arm's policy and options, and every run keeps its router."""
+    from sessionroute.experiments.live.path_probe import PROBE_LEVELS, probe_arm
+    from sessionroute.experiments.spec import ResolvedArm
+
+    template = ResolvedArm(
+        name="a",
+        policy="consistent_hash_bounded_load",
+        policy_options={"c": 1.5},
+        settings={"replicas": {}, "live": {"router": router}},
+        objective_options={"x": 1},
+    )
+    arm = probe_arm(template, level, dict(PROBE_LEVELS)[level])
+    assert arm.policy == policy
+    assert arm.settings["live"]["router"] == router
+    assert arm.name == f"path-probe-{level}"
+    kept = policy == "consistent_hash_bounded_load"
+    assert (arm.policy_options == {"c": 1.5}) is kept
+    assert (arm.objective_options == {"x": 1}) is kept

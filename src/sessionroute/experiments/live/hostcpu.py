@@ -1,7 +1,7 @@
 """Where this host's CPU went during a live run: the servers, the client, everything else.
 
 On a GPU cluster each replica's step time is its GPU's; on a CPU test-bed (the real-vLLM CPU
-tier: 3 servers on 2 cores) it is the share of the cores the server gets, and the client, the
+tier: 2 servers on 2 cores) it is the share of the cores the server gets, and the client, the
 router and the servers' HTTP frontends take their share of the same cores. ``calibrate`` probes
 the servers with the host to themselves; when an arm run leaves them less, their steps are
 slower than the profile says and the simulator's time metrics are off by as much, whatever

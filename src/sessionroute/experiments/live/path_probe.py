@@ -4,11 +4,12 @@ The calibration (``sessionroute calibrate``) times ``/v1/completions`` with toke
 straight at the servers; the arms' requests take another path: the live client, the arm's
 router, streamed ``/v1/chat/completions`` with the chat template. :func:`probe_path` sends
 probe runs of its own along that path (a small ``toy`` workload at :data:`PROBE_LEVELS` of
-load, through the experiment's first arm's router and policy, with the live runner that runs
-the arms) and replays every probe request at its send time into the simulator's engine on the
-profile just fitted (:func:`sessionroute.experiments.replay.replay_results`). First it fits how
-the servers' steps run on that path and slow down while the other servers are busy, from each
-request's live time per output token over the replayed one
+load, through the experiment's first arm's router and policy, :data:`SPREAD_LEVELS` with
+``round_robin`` instead, with the live runner that runs the arms) and replays every probe
+request at its send time into the simulator's engine on the profile just fitted
+(:func:`sessionroute.experiments.replay.replay_results`). First it fits how the servers' steps
+run on that path and slow down while the other servers are busy, from each request's live time
+per output token over the replayed one
 (:func:`sessionroute.calibrate.host.fit_host`); then, replayed with that, the difference,
 client TTFT minus engine TTFT, against the other requests in flight
 (:func:`sessionroute.calibrate.path.fit_path_delay`). Nothing of the compared runs enters it.
@@ -46,8 +47,8 @@ PROBE_LEVELS: tuple[tuple[str, dict[str, Any]], ...] = (
     # sessions apart, most of the time one at a time: a server decodes with the others idle
     ("alone", {"sessions": 8, "arrival_rate_per_s": 0.6, "think_p50_s": 0.15,
                "think_p90_s": 0.3}),
-    # about one session at a time per server: the idle path
-    ("light", {"sessions": 4, "arrival_rate_per_s": 3.0, "think_p50_s": 0.15, "think_p90_s": 0.3}),
+    # one or two requests at a time per server: every server busy at once, with few requests
+    ("light", {"sessions": 8, "arrival_rate_per_s": 3.0, "think_p50_s": 0.15, "think_p90_s": 0.3}),
     # sessions arriving together and back to back: up to ~7, then ~15 others in flight
     ("loaded", {"sessions": 8, "arrival_rate_per_s": 16.0, "think_p50_s": 0.02,
                 "think_p90_s": 0.1}),
@@ -62,6 +63,17 @@ per server at a time, as the arms of the fidelity files run. In the loaded runs 
 is busy all the time (nothing to set beside an idle one) with full batches, whose steps the
 others' work stretches by another amount (on the CPU tier, 2026-12-07: live over replayed time
 per token about 1.1 there, 1.32-1.40 in the arms with a few requests per server)."""
+
+
+SPREAD_LEVELS: tuple[str, ...] = ("light",)
+"""The probe runs routed ``round_robin`` (one request to each server in turn) rather than by
+the first arm's policy, where its router is sessionroute's or vllm-router: the host's sharing
+needs requests that decode with the other servers busy, and a session-affine policy can put
+most probe sessions on one server (consistent_hash did on a held-back KV-pressure file: in 3
+of 5 runs only 7-10 requests decoded with the other server busy, and the sharing went
+unmeasured; routed so, 38 of 48 did)."""
+
+_ROUTERS_WITH_ROUND_ROBIN = ("sessionroute", "sessionroute-inprocess", "vllm-router")
 
 
 def probe_arm(template: ResolvedArm, name: str, load: Mapping[str, Any]) -> ResolvedArm:
@@ -81,7 +93,11 @@ def probe_arm(template: ResolvedArm, name: str, load: Mapping[str, Any]) -> Reso
         **load,
     }  # fmt: skip
     settings["workload"] = {"kind": "toy", "options": options}
-    return template.model_copy(update={"name": f"path-probe-{name}", "settings": settings})
+    update: dict[str, Any] = {"name": f"path-probe-{name}", "settings": settings}
+    router = settings.get("live", {}).get("router", "sessionroute")
+    if name in SPREAD_LEVELS and router in _ROUTERS_WITH_ROUND_ROBIN:
+        update |= {"policy": "round_robin", "policy_options": {}, "objective_options": {}}
+    return template.model_copy(update=update)
 
 
 def in_flight_at_send(turns: Sequence[Mapping[str, Any]]) -> list[int]:
