@@ -24,8 +24,8 @@ redraws every replica's step speed every ``--noise-period`` seconds, log-normal 
 coefficient of variation, ``--noise-schedules`` different draws, each simulated with the arm's
 own placement draws: whether a host whose pace moves from second to second, as the CPU tier's
 does, would explain a closed-loop error. Diagnoses, not a
-calibration: ``compare`` does none of them (docs/simulator.md, "Servers and cores" and
-"Measured on the CPU tier": each moved some errors down and others up).
+calibration: ``compare`` does none of them (docs/simulator.md, "Tried and not kept": each
+moved some errors down and others up).
 
 Usage:
     PYTHONPATH=src python scripts/fidelity_resim.py OUT FILE [--path-delay line|curve|profile]
@@ -34,7 +34,8 @@ Usage:
 
 ``FILE`` is the experiment file the output came from (``${TINY_MODEL}`` and the like in its
 ``[live]`` section are read from the environment, as ``compare`` reads them). Used for
-docs/simulator.md, "Calibrating against a real server" (the path delay's curve).
+docs/simulator.md, "The request path" (the path delay's curve) and "Measured on the CPU tier"
+(the sharing's A/B).
 """
 
 from __future__ import annotations

@@ -108,32 +108,37 @@ def test_the_path_probe_fits_nothing_without_known_servers() -> None:
     ("router", "level", "policy"),
     [
         ("sessionroute", "light", "round_robin"),
+        ("sessionroute-inprocess", "light", "round_robin"),
         ("vllm-router", "light", "round_robin"),
+        (None, "light", "round_robin"),  # no router named: sessionroute's, the default
         # a router of the user's: its policy names unknown
         ("command", "light", "consistent_hash_bounded_load"),
         ("sessionroute", "alone", "consistent_hash_bounded_load"),
+        ("sessionroute", "loaded", "consistent_hash_bounded_load"),
         ("sessionroute", "heavy", "consistent_hash_bounded_load"),
     ],
 )
 def test_the_probe_spreads_its_host_level_whatever_the_arms_policy(
-    router: str, level: str, policy: str
+    router: str | None, level: str, policy: str
 ) -> None:
     """The probe run that measures the servers busy at once routes ``round_robin`` (a
     session-affine first arm put most probe sessions on one server); the others keep the first
     arm's policy and options, and every run keeps its router."""
     from sessionroute.experiments.live.path_probe import PROBE_LEVELS, probe_arm
     from sessionroute.experiments.spec import ResolvedArm
+    from sessionroute.router.policies.registry import choose_policy
 
     template = ResolvedArm(
         name="a",
         policy="consistent_hash_bounded_load",
         policy_options={"c": 1.5},
-        settings={"replicas": {}, "live": {"router": router}},
+        settings={"replicas": {}, "live": {} if router is None else {"router": router}},
         objective_options={"x": 1},
     )
     arm = probe_arm(template, level, dict(PROBE_LEVELS)[level])
     assert arm.policy == policy
-    assert arm.settings["live"]["router"] == router
+    assert choose_policy(arm.policy, arm.policy_options).cls.name == policy  # the runner's check
+    assert arm.settings["live"].get("router") == router
     assert arm.name == f"path-probe-{level}"
     kept = policy == "consistent_hash_bounded_load"
     assert (arm.policy_options == {"c": 1.5}) is kept

@@ -163,17 +163,18 @@ def crowding_note(servers: int, cores: int) -> str | None:
     """A warning where more servers were started on this host than it has cores, else None.
 
     Servers that outnumber the cores take turns on them: a server decodes faster or slower with
-    how many of the others are busy, and the client and router wait behind them. The simulator
-    runs each replica on a machine of its own, so on such a test-bed its time metrics are held
-    to the host's scheduler as much as to vLLM. Measured (docs/simulator.md, "Servers and
+    how many of the others are busy, and the client and router wait behind them. The sharing
+    the path probe fits (a factor per other busy server, from requests with one other busy)
+    does not hold it, so on such a test-bed the simulator's time metrics are held to the
+    host's scheduler as much as to vLLM. Measured (docs/simulator.md, "Servers and
     cores"): the held-back KV-pressure workload on 1 and 2 servers of this 2-core machine met
-    every per-arm bound; on 3 it missed output tok/s in most runs.
+    every per-arm bound in most runs; on 3 it missed output tok/s in most runs.
     """
     if servers <= cores:
         return None
     return (
         f"note: {servers} servers share this host's {cores} cores: each runs slower or faster "
-        "with how many others are busy, which the simulator (a machine per replica) does not "
-        "model; read TTFT, ITL and output tok/s against the bounds on at most one server per "
-        'core (docs/simulator.md, "Servers and cores")'
+        "with how many others are busy, beyond what the simulator's fitted sharing holds; "
+        "read TTFT, ITL and output tok/s against the bounds on at most one server per core "
+        '(docs/simulator.md, "Servers and cores")'
     )

@@ -4,8 +4,9 @@ The calibration (``sessionroute calibrate``) times ``/v1/completions`` with toke
 straight at the servers; the arms' requests take another path: the live client, the arm's
 router, streamed ``/v1/chat/completions`` with the chat template. :func:`probe_path` sends
 probe runs of its own along that path (a small ``toy`` workload at :data:`PROBE_LEVELS` of
-load, through the experiment's first arm's router and policy, :data:`SPREAD_LEVELS` with
-``round_robin`` instead, with the live runner that runs the arms) and replays every probe
+load, through the experiment's first arm's router and policy, but :data:`SPREAD_LEVELS`
+with ``round_robin`` where that router is sessionroute's or vllm-router; with the live runner
+that runs the arms) and replays every probe
 request at its send time into the simulator's engine on the profile just fitted
 (:func:`sessionroute.experiments.replay.replay_results`). First it fits how the servers' steps
 run on that path and slow down while the other servers are busy, from each request's live time
@@ -32,6 +33,7 @@ __all__ = [
     "HOST_LEVELS",
     "MIN_DECODE_TOKENS",
     "PROBE_LEVELS",
+    "SPREAD_LEVELS",
     "fit_probe",
     "host_samples",
     "in_flight_at_send",
@@ -47,7 +49,7 @@ PROBE_LEVELS: tuple[tuple[str, dict[str, Any]], ...] = (
     # sessions apart, most of the time one at a time: a server decodes with the others idle
     ("alone", {"sessions": 8, "arrival_rate_per_s": 0.6, "think_p50_s": 0.15,
                "think_p90_s": 0.3}),
-    # one or two requests at a time per server: every server busy at once, with few requests
+    # one or two requests at a time per server, every server busy at once (SPREAD_LEVELS)
     ("light", {"sessions": 8, "arrival_rate_per_s": 3.0, "think_p50_s": 0.15, "think_p90_s": 0.3}),
     # sessions arriving together and back to back: up to ~7, then ~15 others in flight
     ("loaded", {"sessions": 8, "arrival_rate_per_s": 16.0, "think_p50_s": 0.02,
@@ -70,8 +72,10 @@ SPREAD_LEVELS: tuple[str, ...] = ("light",)
 the first arm's policy, where its router is sessionroute's or vllm-router: the host's sharing
 needs requests that decode with the other servers busy, and a session-affine policy can put
 most probe sessions on one server (consistent_hash did on a held-back KV-pressure file: in 3
-of 5 runs only 7-10 requests decoded with the other server busy, and the sharing went
-unmeasured; routed so, 38 of 48 did)."""
+of 5 runs only 7-10 requests decoded with the other server busy and the sharing went
+unmeasured, and in one of them the simulator ran fast enough to miss the hit rate by 8
+points; routed so, 36-38 of 48 did). A router of the user's (``command``) keeps the arm's
+policy: its policy names are its own."""
 
 _ROUTERS_WITH_ROUND_ROBIN = ("sessionroute", "sessionroute-inprocess", "vllm-router")
 
