@@ -94,6 +94,7 @@ def test_vllm_router_and_sessionroute_place_sessions_alike() -> None:
     data["live"]["time_scale"] = 2.0
     spec = parse_experiment(data, env={})
     out = run_live_experiment(spec)
+    assert not out.failed, [(f.label, f.error, f.detail) for f in out.failed]
     theirs, ours = (r.metrics for r in out.results)
     assert theirs["requests_failed"] == ours["requests_failed"] == 0
     assert sum(ours["sessions_per_replica"]) == 13
