@@ -54,7 +54,7 @@ from typing import Any
 
 import tomli_w
 
-from sessionroute.calibrate.path import PathSample, curve_from_bins, fit_path_delay
+from sessionroute.calibrate.path import curve_from_bins
 from sessionroute.calibrate.result import write_path
 from sessionroute.errors import ConfigError
 from sessionroute.experiments.fidelity import METRICS, compare_arm
@@ -99,14 +99,14 @@ def _refit(
 ) -> Path:
     """A copy of the profile file at ``path`` with the host's sharing (or none) and the path
     delay fitted again, as ``compare --fidelity`` fits them, from the path probe's kept turns
-    (``OUT/path_probe_turns.json``) on the profile's step terms.
+    (``OUT/path_probe_turns.json``) on the profile's step terms (the replay's engine adds no
+    path delay, and :func:`fit_probe` sets the sharing, so the profile's own do not enter).
 
     Raises:
         SystemExit: no probe request could be replayed.
     """
     turns: dict[str, list[Any]] = json.loads(probe.read_text())
-    bare = write_path(path, fit_path_delay([PathSample(0, 0.0)]), work / "profile-bare.toml")
-    count, config = fidelity_replicas(spec, str(bare), engine, urls)
+    count, config = fidelity_replicas(spec, str(path), engine, urls)
     fit = fit_probe(turns, config, count, sharing=sharing)
     if fit is None:
         raise SystemExit(f"{probe}: no probe request could be replayed")

@@ -164,6 +164,7 @@ def replay_results(
     profile's ``peer_busy_slowdown`` says (:func:`host_schedule`)."""
     out: list[RequestResult | None] = [None] * len(turns)
     by_replica, _ = _by_replica(turns, replicas)
+    # (``latency_s`` is read only for a profile whose replicas share a host)
     spans = busy_spans(turns) if config.profile.peer_busy_slowdown else {}
     for rep, rows in by_replica.items():
         results = _replay_engine(
@@ -207,23 +208,24 @@ def replay_run(
         first scheduled) and prefill (first scheduled to first token), to set beside vLLM's
         own. Hit rates and means are None without a replayed turn.
     """
-    by_replica, skipped = _by_replica(turns, replicas)
-    spans = busy_spans(turns) if config.profile.peer_busy_slowdown else {}
+    replayed = [
+        (t, res)
+        for t, res in zip(turns, replay_results(turns, config, replicas), strict=True)
+        if res is not None
+    ]
+    skipped = len(turns) - len(replayed)
     prompt = live_cached = replay_cached = same = preemptions = requests = 0
     queue = prefill = 0.0
-    for rep, idx in by_replica.items():
-        rows = [turns[i] for i in idx]
-        results = _replay_engine(rows, config, host_schedule(spans, rep, config))
-        for t, res in zip(rows, results, strict=True):
-            got = res.cached_tokens
-            prompt += int(t["prompt_len"])
-            live_cached += int(t["cached_tokens"])
-            replay_cached += got
-            same += int(got == int(t["cached_tokens"]))
-            queue += res.queue_time_s
-            prefill += res.first_token_s - res.first_scheduled_s
-        preemptions += sum(r.preemptions for r in results)
-        requests += len(rows)
+    for t, res in replayed:
+        got = res.cached_tokens
+        prompt += int(t["prompt_len"])
+        live_cached += int(t["cached_tokens"])
+        replay_cached += got
+        same += int(got == int(t["cached_tokens"]))
+        queue += res.queue_time_s
+        prefill += res.first_token_s - res.first_scheduled_s
+        preemptions += res.preemptions
+        requests += 1
     return {
         "requests": requests,
         "skipped": skipped,
