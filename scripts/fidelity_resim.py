@@ -16,9 +16,11 @@ with and without the sharing (docs/simulator.md, "Measured on the CPU tier").
 
 ``--host-speed`` simulates each arm with the profile's step terms scaled by the host's speed
 during that arm's live runs against the calibration's (``loop_ms`` in ``fidelity.json``'s
-``host_cpu``: :mod:`sessionroute.experiments.live.hostspeed`): how much of the error the
-host's own speed drift explains. ``--pace`` scales them by the servers' decode pace measured
-around the arm's runs against the calibration's (``decode_pace``). ``--speed-noise CV``
+``host_cpu``: :mod:`sessionroute.experiments.live.hostspeed`), or with ``--speed-ref
+path_probe`` against the path probe's: how much of the error the host's own speed drift
+explains. ``--pace`` scales them by the servers' decode pace measured around the arm's runs
+against the calibration's (``decode_pace``). ``--one-factor`` scales every arm by the mean of
+those factors instead, so that the arms still differ only in their policy. ``--speed-noise CV``
 redraws every replica's step speed every ``--noise-period`` seconds, log-normal with mean 1
 (steps per second; a ``slow`` fault whose step-time factor is its inverse) and that
 coefficient of variation, ``--noise-schedules`` different draws, each simulated with the arm's
@@ -29,7 +31,8 @@ moved some errors down and others up).
 
 Usage:
     PYTHONPATH=src python scripts/fidelity_resim.py OUT FILE [--path-delay line|curve|profile]
-        [--refit sharing|no-sharing] [--host-speed | --pace]
+        [--refit sharing|no-sharing]
+        [--host-speed [--speed-ref calibration|path_probe] | --pace] [--one-factor]
         [--speed-noise CV [--noise-period S] [--noise-schedules K]]
 
 ``FILE`` is the experiment file the output came from (``${TINY_MODEL}`` and the like in its
@@ -136,21 +139,35 @@ def _scaled(path: Path, factor: float, work: Path, name: str) -> Path:
     return out
 
 
-def speed_factors(fid: dict[str, Any]) -> dict[str, float]:
-    """Each arm's mean ``loop_ms`` over its live runs over the calibration's (measured in this
-    run, or kept in the profile's ``[calibration]`` as ``host_loop_ms``; arms without a
-    measurement left out); empty where the calibration's speed is not known."""
+def speed_factors(fid: dict[str, Any], reference: str = "calibration") -> dict[str, float]:
+    """Each arm's mean ``loop_ms`` over its live runs over the reference's (arms without a
+    measurement left out); empty where the reference's speed is not known.
+
+    ``reference`` is ``calibration`` (measured in this run, or kept in the profile's
+    ``[calibration]`` as ``host_loop_ms``) or ``path_probe`` (the probe's requests, whose live
+    over replayed pace sets the profile's ``path_step_factor`` and ``peer_busy_slowdown``, so
+    the simulator's pace is the host's at the probe, not at the calibration)."""
     cond = fid["conditions"]
-    cal = ((cond.get("host_cpu") or {}).get("calibration") or {}).get("loop_ms")
-    cal = cal or (cond.get("calibration") or {}).get("host_loop_ms")  # --profile: its own
-    if not cal:
+    ref = ((cond.get("host_cpu") or {}).get(reference) or {}).get("loop_ms")
+    if reference == "calibration":
+        ref = ref or (cond.get("calibration") or {}).get("host_loop_ms")  # --profile: its own
+    if not ref:
         return {}
     per_arm: dict[str, list[float]] = {}
     for run in (cond.get("decode_pace") or {}).get("runs") or []:
         ms = (run.get("host_cpu") or {}).get("loop_ms")
         if ms:
             per_arm.setdefault(run["arm"], []).append(float(ms))
-    return {arm: statistics.fmean(v) / float(cal) for arm, v in per_arm.items()}
+    return {arm: statistics.fmean(v) / float(ref) for arm, v in per_arm.items()}
+
+
+def one_factor(factors: dict[str, float]) -> dict[str, float]:
+    """Every arm scaled by the mean of the arms' factors: the experiment's pace over its whole
+    span, one for all arms, so that the arms still differ only in their policy."""
+    if not factors:
+        return {}
+    mean = statistics.fmean(factors.values())
+    return dict.fromkeys(factors, mean)
 
 
 def pace_factors(fid: dict[str, Any]) -> dict[str, float]:
@@ -269,6 +286,19 @@ def main() -> int:
         "the calibration's (needs loop_ms in fidelity.json: compare --fidelity since "
         "2026-12-07)",
     )
+    parser.add_argument(
+        "--speed-ref",
+        choices=("calibration", "path_probe"),
+        default="calibration",
+        help="with --host-speed: the host's speed the arms' is set against, the calibration's "
+        "(default) or the path probe's",
+    )
+    parser.add_argument(
+        "--one-factor",
+        action="store_true",
+        help="with --host-speed or --pace: scale every arm by the mean of the arms' factors "
+        "(one pace for the whole experiment) instead of each by its own",
+    )
     scale.add_argument(
         "--pace",
         action="store_true",
@@ -330,17 +360,27 @@ def main() -> int:
     if args.refit and not probe.is_file():
         print(f"{probe}: not found (compare --fidelity keeps it since 2026-12-07)", file=sys.stderr)
         return 2
-    factors = speed_factors(fid) if args.host_speed else pace_factors(fid) if args.pace else {}
+    if args.speed_ref != "calibration" and not args.host_speed:
+        parser.error("--speed-ref needs --host-speed")
+    if args.one_factor and not (args.host_speed or args.pace):
+        parser.error("--one-factor needs --host-speed or --pace")
+    factors = (
+        speed_factors(fid, args.speed_ref) if args.host_speed
+        else pace_factors(fid) if args.pace else {}
+    )  # fmt: skip
     if args.host_speed and not factors:
         print(
-            f"{fid_path}: the calibration's host speed is not known (no loop_ms in "
-            "host_cpu, no host_loop_ms in the profile's [calibration])",
+            f"{fid_path}: the {args.speed_ref.replace('_', ' ')}'s host speed is not known "
+            "(no loop_ms in host_cpu or in the arms' runs, no host_loop_ms in the profile's "
+            "[calibration])",
             file=sys.stderr,
         )
         return 2
     if args.pace and not factors:
         print(f"{fid_path}: no decode pace measured", file=sys.stderr)
         return 2
+    if args.one_factor:
+        factors = one_factor(factors)
     results_path = args.out / "results.json"
     if not results_path.is_file():
         print(f"{results_path}: not found (the live runs of the output)", file=sys.stderr)
@@ -383,9 +423,9 @@ def main() -> int:
     if args.refit:
         how += f", refitted from the path probe's turns ({args.refit})"
     if factors:
-        how += f"; step terms x {'host speed' if args.host_speed else 'decode pace'}: " + ", ".join(
-            f"{a} {f:.2f}" for a, f in factors.items()
-        )
+        what = f"host speed against the {args.speed_ref}'s" if args.host_speed else "decode pace"
+        what += ", one factor for every arm" if args.one_factor else ""
+        how += f"; step terms x {what}: " + ", ".join(f"{a} {f:.2f}" for a, f in factors.items())
     if args.speed_noise > 0:
         how += (
             f"; step speed redrawn every {period:g} s (cv {args.speed_noise:g}), "

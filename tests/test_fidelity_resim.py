@@ -45,6 +45,30 @@ def test_each_arm_is_scaled_by_its_runs_mean_speed_over_the_calibrations() -> No
     assert _script().speed_factors(fid) == {}
 
 
+def test_the_host_speed_can_be_set_against_the_path_probes_instead() -> None:
+    runs = [{"arm": "a", "host_cpu": {"loop_ms": 3.0}}, {"arm": "b", "host_cpu": {"loop_ms": 1.0}}]
+    fid: dict[str, Any] = {
+        "conditions": {
+            "host_cpu": {"calibration": {"loop_ms": 1.0}, "path_probe": {"loop_ms": 2.0}},
+            "decode_pace": {"runs": runs},
+        }
+    }
+    got = _script().speed_factors(fid, "path_probe")
+    assert got == {"a": pytest.approx(1.5), "b": pytest.approx(0.5)}
+    assert _script().speed_factors(fid) == {"a": pytest.approx(3.0), "b": pytest.approx(1.0)}
+    # the profile's own host_loop_ms stands in for the calibration only
+    fid["conditions"]["host_cpu"] = {}
+    fid["conditions"]["calibration"] = {"host_loop_ms": 1.5}
+    assert _script().speed_factors(fid) == {"a": pytest.approx(2.0), "b": pytest.approx(2 / 3)}
+    assert _script().speed_factors(fid, "path_probe") == {}
+
+
+def test_one_factor_gives_every_arm_the_mean_of_the_arms_factors() -> None:
+    got = _script().one_factor({"a": 1.5, "b": 0.5, "c": 1.3})
+    assert got == {"a": pytest.approx(1.1), "b": pytest.approx(1.1), "c": pytest.approx(1.1)}
+    assert _script().one_factor({}) == {}
+
+
 def test_a_scaled_profile_multiplies_every_step_term_its_own_or_its_bases(
     tmp_path: Path,
 ) -> None:
