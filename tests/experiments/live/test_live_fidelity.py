@@ -133,7 +133,8 @@ def test_compare_fidelity_against_emulated_servers(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert per_arm.returncode == 0, per_arm.stderr[-3000:]
-    assert "step terms x host speed: sticky_least_loaded 1.00, round_robin 1.00" in per_arm.stdout
+    factors = "sticky_least_loaded 1.00, round_robin 1.00"
+    assert f"step terms x host speed against the calibration's: {factors}" in per_arm.stdout
     line = next(
         ln for ln in per_arm.stdout.splitlines() if "sticky_least_loaded" in ln and "TTFT" in ln
     )
