@@ -290,14 +290,14 @@ def main() -> int:
         "--speed-ref",
         choices=("calibration", "path_probe"),
         default="calibration",
-        help="with --host-speed: the host's speed the arms' is set against, the calibration's "
-        "(default) or the path probe's",
+        help="with --host-speed: whose loop time the arms' loop times are divided by, the "
+        "calibration's (default) or the path probe's",
     )
     parser.add_argument(
         "--one-factor",
         action="store_true",
         help="with --host-speed or --pace: scale every arm by the mean of the arms' factors "
-        "(one pace for the whole experiment) instead of each by its own",
+        "(one factor for the whole experiment) instead of each by its own",
     )
     scale.add_argument(
         "--pace",
@@ -371,8 +371,12 @@ def main() -> int:
     if args.host_speed and not factors:
         print(
             f"{fid_path}: the {args.speed_ref.replace('_', ' ')}'s host speed is not known "
-            "(no loop_ms in host_cpu or in the arms' runs, no host_loop_ms in the profile's "
-            "[calibration])",
+            "(no loop_ms in fidelity.json's host_cpu or in its arms' runs"
+            + (
+                ", no host_loop_ms in the profile's [calibration])"
+                if args.speed_ref == "calibration"
+                else ")"
+            ),
             file=sys.stderr,
         )
         return 2

@@ -61,6 +61,34 @@ def test_a_failed_run_is_reported_and_the_rest_finish(jobs: int) -> None:
     assert all(len(r.runs) == 1 for r in output.results)
 
 
+def test_runs_go_in_counterbalanced_order_and_each_arm_keeps_its_repeats_in_order() -> None:
+    """A B C C B A A B C: a test-bed that drifts during the experiment shifts every arm alike."""
+    spec = _toy("consistent_hash,sticky_least_loaded,round_robin", repeats=3)
+    called: list[tuple[str, int]] = []
+
+    def record(arm: ResolvedArm, seed: int, progress: Any) -> RunOutput:
+        called.append((arm.policy, seed - spec.run.seed))
+        return simulate_arm(arm, seed, progress)
+
+    output = run_experiment(spec, record, jobs=1)
+    ch, sticky, rr = "consistent_hash", "sticky_least_loaded", "round_robin"
+    assert called == [
+        (ch, 0), (sticky, 0), (rr, 0),
+        (rr, 1), (sticky, 1), (ch, 1),
+        (ch, 2), (sticky, 2), (rr, 2),
+    ]  # fmt: skip
+    assert [a.name for a in output.arms] == [ch, sticky, rr]
+    # each arm's runs stay in repeat order: run k is the arm's run with seed run.seed + k
+    arms = resolve_arms(spec)
+    for arm, result in zip(arms, output.results, strict=True):
+        alone = [simulate_arm(arm, spec.run.seed + k, lambda _f: None) for k in range(3)]
+        got = [_numbers(r) for r in result.runs]  # + the SLO goodput run_experiment adds
+        assert [{k: g[k] for k in _numbers(a)} for g, a in zip(got, alone, strict=True)] == [
+            _numbers(a) for a in alone
+        ]
+        assert _numbers(alone[0]) != _numbers(alone[1])  # the repeats do differ
+
+
 def test_ray_missing_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
     with pytest.raises(ConfigError, match=r"sessionroute\[ray\]"):

@@ -126,6 +126,12 @@ def run_experiment(
 ) -> ExperimentOutput:
     """Run every arm ``spec.run.repeats`` times (repeat k uses seed ``run.seed + k``).
 
+    Runs that execute one after the other (live servers, ``jobs=1``) go in counterbalanced
+    order, repeat by repeat, the arms in order on even repeats and reversed on odd ones (A B B
+    A with two arms and two repeats): a test-bed whose speed drifts during the experiment then
+    shifts every arm's mean alike and widens each arm's spread, instead of passing for a
+    difference between arms, as it would with each arm's repeats back to back.
+
     Args:
         spec: the experiment.
         arm_runner: executes one run; must be a picklable module-level callable when
@@ -145,8 +151,9 @@ def run_experiment(
     objective = spec.resolved_objective()
     slo = (objective.slo_ttft_s, objective.slo_itl_s)
     tasks: list[tuple[int, ResolvedArm, int, str]] = []
-    for i, arm in enumerate(arms):
-        for k in range(spec.run.repeats):
+    for k in range(spec.run.repeats):
+        order = list(enumerate(arms))
+        for i, arm in order if k % 2 == 0 else reversed(order):
             label = arm.name if spec.run.repeats == 1 else f"{arm.name} #{k + 1}"
             tasks.append((i, arm, spec.run.seed + k, label))
     runs = executor if executor is not None else LocalExecutor(jobs)
