@@ -215,3 +215,38 @@ def test_fidelity_names_an_arms_options_for_the_objective_too(
     assert main([*argv, "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert "stubbed" in err and "adaptive_hold runs with its options for this objective" in err
+
+
+def test_fidelity_says_which_runs_failed_and_exits_1(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A live or simulated run that raised is named with its error and traceback, and the exit
+    status is 1, as a plain compare's (the figures hold the runs that finished)."""
+    from sessionroute.experiments import fidelity_report
+    from sessionroute.experiments.executor import RunFailed
+    from sessionroute.experiments.live import fidelity_run
+    from sessionroute.experiments.runner import ExperimentOutput
+
+    spec = None
+
+    def output(failed: list[RunFailed]) -> ExperimentOutput:
+        return ExperimentOutput(spec, [], [], failed)  # type: ignore[arg-type]
+
+    lost = RunFailed("round_robin #3", "BrokenPipeError: gone", "Traceback: [at] line 1")
+    doc = tmp_path / "fidelity.json"
+    doc.write_text("{}")
+    made = fidelity_run.FidelityOutput(
+        output([]), output([lost]), {}, {"fidelity": doc, "report": doc, "profile": doc}
+    )
+    monkeypatch.setattr(fidelity_run, "run_fidelity", lambda *a, **k: made)
+    monkeypatch.setattr(fidelity_report, "print_fidelity", lambda *a, **k: None)
+    argv = ["compare", "--workload", "toy", "--policies", "round_robin", "--fidelity"]
+    assert main([*argv, "--out", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert "simulated: 1 run(s) failed" in err and "round_robin #3: BrokenPipeError: gone" in err
+    assert "Traceback: [at] line 1" in err  # the detail as it is, brackets and all
+    assert "live:" not in err
+    made = fidelity_run.FidelityOutput(
+        output([]), output([]), {}, {"fidelity": doc, "report": doc, "profile": doc}
+    )
+    assert main([*argv, "--out", str(tmp_path / "out")]) == 0

@@ -230,7 +230,13 @@ def _run_fidelity(args: argparse.Namespace, spec: Any, err_console: Any, out_con
     )
     if args.json:
         sys.stdout.write(result.paths["fidelity"].read_text("utf-8"))
-    return 0
+    # as a plain compare: the figures hold the runs that finished, each failure said, exit 1
+    for side, failed in (("live", result.live.failed), ("simulated", result.sim.failed)):
+        if failed:
+            err_console.print(f"{side}: " + escape(failed_runs_text(failed)), highlight=False)
+            for f in failed:
+                err_console.print(f.detail, highlight=False, markup=False)
+    return 1 if result.live.failed or result.sim.failed else 0
 
 
 def _jobs(args: argparse.Namespace, spec: Any) -> int:

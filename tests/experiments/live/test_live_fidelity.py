@@ -62,6 +62,7 @@ def test_compare_fidelity_against_emulated_servers(tmp_path: Path) -> None:
     assert c["repeats_live"] == 2 and c["calibrated"] is False and len(c["worker_urls"]) == 3
     assert c["engine"]["kv_capacity_tokens"] == 65536  # read from the servers' /metrics
     sticky = doc["arms"]["sticky_least_loaded"]["hit_rate"]
+    assert c["failed_runs"] == [], r.stderr[-3000:]  # each with its error and traceback
     assert len(sticky["live"]) == 2 and len(sticky["sim_runs"]) == 4
     # same replica model, same content, same worker URLs: sticky's hit rate agrees
     assert abs(sticky["error"]) < 3.0

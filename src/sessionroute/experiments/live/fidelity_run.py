@@ -403,6 +403,12 @@ def run_fidelity(
             for s in servers
         ],
         **calibration,
+        # runs that raised: their arms' figures hold the runs that finished (none silently lost)
+        "failed_runs": [
+            {"side": side, "label": f.label, "error": f.error}
+            for side, out in (("live", live_out), ("sim", sim_out))
+            for f in out.failed
+        ],
     }
     replay = replay_arms(live_out.results, resolve_arms(sim_spec))
     doc = fidelity_document(
