@@ -335,6 +335,10 @@ def main() -> int:
     draws = 4 if args.noise_schedules is None else args.noise_schedules
     if period <= 0 or draws < 1:
         parser.error("--noise-period must be > 0 and --noise-schedules >= 1")
+    if args.speed_ref != "calibration" and not args.host_speed:
+        parser.error("--speed-ref needs --host-speed")
+    if args.one_factor and not (args.host_speed or args.pace):
+        parser.error("--one-factor needs --host-speed or --pace")
     fid_path = args.out / "fidelity.json"
     if not fid_path.is_file():
         print(f"{fid_path}: not found (not a compare --fidelity output?)", file=sys.stderr)
@@ -360,25 +364,16 @@ def main() -> int:
     if args.refit and not probe.is_file():
         print(f"{probe}: not found (compare --fidelity keeps it since 2026-12-07)", file=sys.stderr)
         return 2
-    if args.speed_ref != "calibration" and not args.host_speed:
-        parser.error("--speed-ref needs --host-speed")
-    if args.one_factor and not (args.host_speed or args.pace):
-        parser.error("--one-factor needs --host-speed or --pace")
     factors = (
         speed_factors(fid, args.speed_ref) if args.host_speed
         else pace_factors(fid) if args.pace else {}
     )  # fmt: skip
     if args.host_speed and not factors:
-        print(
-            f"{fid_path}: the {args.speed_ref.replace('_', ' ')}'s host speed is not known "
-            "(no loop_ms in fidelity.json's host_cpu or in its arms' runs"
-            + (
-                ", no host_loop_ms in the profile's [calibration])"
-                if args.speed_ref == "calibration"
-                else ")"
-            ),
-            file=sys.stderr,
-        )
+        missing = "no loop_ms in fidelity.json's host_cpu or in its arms' runs"
+        if args.speed_ref == "calibration":
+            missing += ", no host_loop_ms in the profile's [calibration]"
+        where = args.speed_ref.replace("_", " ")
+        print(f"{fid_path}: the {where}'s host speed is not known ({missing})", file=sys.stderr)
         return 2
     if args.pace and not factors:
         print(f"{fid_path}: no decode pace measured", file=sys.stderr)
